@@ -1,0 +1,236 @@
+//! The CustomResourceDefinitions served by capo-rs, generated from the Rust types, plus the
+//! few touches derive cannot express: the `status` default of the v1beta2 contract,
+//! immutability rules that CAPO enforces in webhooks, and no `nullable` (we never write
+//! null, and CAPO's schemas do not accept it either).
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use super::{
+    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
+    OpenStackMachineTemplate, OpenStackServer,
+};
+
+/// Errors writing CRD files.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// A CRD could not be serialised.
+    #[error("cannot serialise CRD {name}: {source}")]
+    Serialize {
+        /// CRD name.
+        name: String,
+        /// Cause.
+        source: serde_yaml::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// File path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Every CRD, in a stable order.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![
+        finish(OpenStackCluster::crd(), &[cluster_rules]),
+        finish(OpenStackClusterTemplate::crd(), &[]),
+        finish(OpenStackMachine::crd(), &[machine_rules]),
+        finish(OpenStackMachineTemplate::crd(), &[]),
+        finish(OpenStackServer::crd(), &[server_rules]),
+        finish(OpenStackClusterIdentity::crd(), &[]),
+    ]
+}
+
+/// `<group>_<plural>.yaml`, the conventional file name of a CRD.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
+/// One YAML document.
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
+    serde_yaml::to_string(crd).map_err(|source| CrdError::Serialize {
+        name: crd.metadata.name.clone().unwrap_or_default(),
+        source,
+    })
+}
+
+/// All CRDs as one multi-document YAML stream.
+pub fn to_multi_yaml(crds: &[CustomResourceDefinition]) -> Result<String, CrdError> {
+    let docs = crds.iter().map(to_yaml).collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.iter().map(|d| format!("---\n{d}")).collect())
+}
+
+/// Writes one file per CRD into `dir` (created if missing); returns the paths written.
+pub fn write_dir(crds: &[CustomResourceDefinition], dir: &Path) -> Result<Vec<PathBuf>, CrdError> {
+    std::fs::create_dir_all(dir).map_err(|source| CrdError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    crds.iter()
+        .map(|crd| {
+            let path = dir.join(file_name(crd));
+            std::fs::write(&path, to_yaml(crd)?).map_err(|source| CrdError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            Ok(path)
+        })
+        .collect()
+}
+
+type SchemaEdit = fn(&mut Value);
+
+fn finish(crd: CustomResourceDefinition, edits: &[SchemaEdit]) -> CustomResourceDefinition {
+    let mut value = serde_json::to_value(&crd).expect("a CRD always serialises to JSON");
+    for version in value["spec"]["versions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        let schema = &mut version["schema"]["openAPIV3Schema"];
+        tidy(schema);
+        add_type_meta(schema);
+        if let Some(status) = schema.pointer_mut("/properties/status") {
+            status["default"] = json!({"observedGeneration": -1});
+        }
+        for edit in edits {
+            edit(schema);
+        }
+    }
+    serde_json::from_value(value).expect("an edited CRD is still a CRD")
+}
+
+/// Drops `nullable` and writes whole-number bounds as integers (`minimum: 1`, not `1.0`).
+fn tidy(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            map.remove("nullable");
+            for (key, value) in map.iter_mut() {
+                let is_bound = matches!(key.as_str(), "minimum" | "maximum");
+                match value.as_f64() {
+                    Some(f) if is_bound && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                        *value = json!(f as i64)
+                    }
+                    _ => tidy(value),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(tidy),
+        _ => {}
+    }
+}
+
+/// Declares `apiVersion`, `kind` and `metadata` at the root, as `kubectl explain` expects.
+fn add_type_meta(schema: &mut Value) {
+    let properties = &mut schema["properties"];
+    properties["apiVersion"] = json!({"type": "string", "description": "Versioned schema of this representation of an object."});
+    properties["kind"] =
+        json!({"type": "string", "description": "REST resource this object represents."});
+    properties["metadata"] = json!({"type": "object"});
+}
+
+fn add_rule(node: &mut Value, rule: String, message: &str) {
+    let rules = node
+        .as_object_mut()
+        .expect("schema nodes are objects")
+        .entry("x-kubernetes-validations")
+        .or_insert(json!([]));
+    rules
+        .as_array_mut()
+        .expect("validations are a list")
+        .push(json!({"rule": rule, "message": message}));
+}
+
+/// A CEL expression that holds when property `f` is unchanged: present in both with the same
+/// value, or absent in both.
+fn unchanged(f: &str) -> String {
+    format!("(has(self.{f}) ? has(oldSelf.{f}) && self.{f} == oldSelf.{f} : !has(oldSelf.{f}))")
+}
+
+/// A CEL expression that holds when every property of `node` except `mutable` is unchanged.
+/// Generated from the schema so that new fields are immutable by default.
+fn unchanged_except(node: &Value, mutable: &[&str]) -> String {
+    let fields = node["properties"]
+        .as_object()
+        .expect("an object schema with properties");
+    fields
+        .keys()
+        .filter(|k| !mutable.contains(&k.as_str()))
+        .map(|k| unchanged(k))
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+/// OpenStackMachine: the spec is immutable, except `identityRef` (its region has its own
+/// rule) and `providerID`, which the controller sets once when the machine may serve.
+fn machine_rules(schema: &mut Value) {
+    let spec = &mut schema["properties"]["spec"];
+    let rule = unchanged_except(spec, &["identityRef", "providerID"]);
+    add_rule(
+        spec,
+        rule,
+        "spec is immutable (except identityRef); replace the machine instead",
+    );
+    add_rule(
+        spec,
+        "!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)".into(),
+        "providerID can be set once and never changed",
+    );
+}
+
+/// OpenStackServer: the whole spec is immutable.
+fn server_rules(schema: &mut Value) {
+    add_rule(
+        &mut schema["properties"]["spec"],
+        "self == oldSelf".into(),
+        "spec is immutable; replace the server instead",
+    );
+}
+
+/// OpenStackCluster: the API load balancer cannot be added, removed or changed, except its
+/// allowed CIDRs and health monitor.
+fn cluster_rules(schema: &mut Value) {
+    let spec = &mut schema["properties"]["spec"];
+    let has_lb =
+        |s: &str| format!("(has({s}.apiServer) && has({s}.apiServer.managedLoadBalancer))");
+    add_rule(
+        spec,
+        format!("{} == {}", has_lb("self"), has_lb("oldSelf")),
+        "apiServer.managedLoadBalancer cannot be added or removed",
+    );
+    let lb = &mut spec["properties"]["apiServer"]["properties"]["managedLoadBalancer"];
+    let rule = unchanged_except(lb, &["allowedCIDRs", "monitor"]);
+    add_rule(
+        lb,
+        rule,
+        "apiServer.managedLoadBalancer is immutable except allowedCIDRs and monitor",
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchanged_except_lists_every_other_field() {
+        let node = json!({"properties": {"a": {}, "b": {}, "c": {}}});
+        let rule = unchanged_except(&node, &["b"]);
+        assert!(rule.contains("self.a == oldSelf.a") && rule.contains("self.c == oldSelf.c"));
+        assert!(!rule.contains("self.b"));
+    }
+
+    #[test]
+    fn file_names_follow_the_group_plural_convention() {
+        let names: Vec<String> = all().iter().map(file_name).collect();
+        assert!(
+            names.contains(&"infrastructure.cluster.x-k8s.io_openstackclusters.yaml".to_owned())
+        );
+        assert_eq!(names.len(), 6);
+    }
+}

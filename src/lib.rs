@@ -1,0 +1,9 @@
+//! capo-rs: a Cluster API infrastructure provider for OpenStack that keeps a cluster's API
+//! load balancer serving during control-plane rollouts.
+//!
+//! Module layout follows DESIGN.md §1: `api` holds the CRD types and pure helpers; the
+//! OpenStack layer, the membership engine, controllers and simulators arrive in their own
+//! modules.
+
+pub mod api;
+pub mod cli;
