@@ -1,5 +1,10 @@
 //! OpenStackCluster and OpenStackClusterTemplate (v1beta2).
 
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "each kube printcolumn(...) repeats the same keys"
+)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -186,6 +186,16 @@ pub fn status_of(conditions: &[Condition], type_: &str) -> Status {
 /// Sets a condition. `lastTransitionTime` becomes `now` only when the condition is new or
 /// its status changes; reason, message and `observedGeneration` are always refreshed.
 /// Returns whether anything changed.
+///
+/// ```
+/// use capo_rs::api::conditions::{Desired, Status, reasons, set, types};
+/// use k8s_openapi::jiff::Timestamp;
+///
+/// let mut conditions = Vec::new();
+/// let pending = Desired::new(types::API_SERVER_LOAD_BALANCER_READY, Status::False, reasons::MEMBERS_PENDING, "cp-1 PENDING_CREATE");
+/// assert!(set(&mut conditions, &pending, Some(1), Timestamp::now()));
+/// assert!(!set(&mut conditions, &pending, Some(1), Timestamp::now()), "no change, no write");
+/// ```
 pub fn set(
     conditions: &mut Vec<Condition>,
     desired: &Desired<'_>,
@@ -324,6 +334,13 @@ pub enum KStatus {
 /// Computes the kstatus of an object in its JSON form, following kstatus's rules for
 /// custom resources: deletion first, then `observedGeneration` vs `generation`, then the
 /// `Reconciling`, `Stalled` and `Ready` conditions.
+///
+/// ```
+/// use capo_rs::api::conditions::{KStatus, kstatus};
+/// // A new object as the API server returns it: generation 1, status defaulted by the CRD.
+/// let fresh = serde_json::json!({"metadata": {"generation": 1}, "status": {"observedGeneration": -1}});
+/// assert!(matches!(kstatus(&fresh), KStatus::InProgress(_)));
+/// ```
 pub fn kstatus(object: &Value) -> KStatus {
     if object
         .pointer("/metadata/deletionTimestamp")

@@ -1,5 +1,10 @@
 //! OpenStackClusterIdentity (v1alpha1): cluster-scoped credentials shared across namespaces.
 
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "each kube printcolumn(...) repeats the same keys"
+)]
+
 use std::collections::BTreeMap;
 
 use kube::CustomResource;

@@ -1,5 +1,10 @@
 //! OpenStackMachine and OpenStackMachineTemplate (v1beta2).
 
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "each kube printcolumn(...) repeats the same keys"
+)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

@@ -1,5 +1,10 @@
 //! OpenStackServer (v1alpha1): a Nova server managed on its own, e.g. the bastion.
 
+#![allow(
+    clippy::duplicated_attributes,
+    reason = "each kube printcolumn(...) repeats the same keys"
+)]
+
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,269 @@
+//! Compatibility with CAPO: its sample manifests are accepted unchanged by our types and our
+//! CRD schemas, and our spec field paths equal CAPO's. Skips (with a notice) when the
+//! reference material in `../shared/capo` is absent.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use capo_rs::api::structural::{apply_defaults, prune, validate};
+use capo_rs::api::{
+    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
+    OpenStackMachineTemplate, OpenStackServer,
+};
+use common::{capo_reference_dir, our_schema, storage_schema, yaml_documents};
+use kube::core::cel::Validator;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
+/// Our kinds with the API version their sample documents must use.
+const KINDS: [(&str, &str); 6] = [
+    ("OpenStackCluster", "v1beta2"),
+    ("OpenStackClusterTemplate", "v1beta2"),
+    ("OpenStackMachine", "v1beta2"),
+    ("OpenStackMachineTemplate", "v1beta2"),
+    ("OpenStackServer", "v1alpha1"),
+    ("OpenStackClusterIdentity", "v1alpha1"),
+];
+
+/// Replaces `${VAR}` and `${VAR:=default}` with the default or a plausible value.
+fn substitute(text: &str) -> String {
+    let re = regex::Regex::new(r"\$\{([A-Z0-9_]+)(?::=([^}]*))?\}").expect("valid regex");
+    re.replace_all(text, |c: &regex::Captures| match c.get(2) {
+        Some(default) => default.as_str().to_owned(),
+        None => plausible(&c[1]),
+    })
+    .into_owned()
+}
+
+fn plausible(var: &str) -> String {
+    let value = if var.ends_with("_ID") {
+        "3c1f0a52-8f4e-4c8a-b6a4-0d7f6e2b9c11"
+    } else if var.contains("NAMESERVERS") {
+        "192.0.2.53"
+    } else if var.ends_with("_COUNT") {
+        "3"
+    } else if var.ends_with("_B64") {
+        "Y2xvdWRzOiB7fQ=="
+    } else if var.contains("VERSION") {
+        "v1.33.4"
+    } else {
+        return var.to_lowercase().replace('_', "-");
+    };
+    value.to_owned()
+}
+
+/// Every document of ours in CAPO's sample templates, with the file it came from.
+fn sample_documents() -> Option<Vec<(String, Value)>> {
+    let dir = capo_reference_dir()?.join("templates");
+    let mut docs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("templates dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+    {
+        let text = substitute(&std::fs::read_to_string(path).expect("readable template"));
+        for doc in yaml_documents(&text) {
+            let kind = doc["kind"].as_str().unwrap_or_default();
+            let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+            if KINDS
+                .iter()
+                .any(|(k, v)| *k == kind && api_version == format!("{GROUP}/{v}"))
+            {
+                docs.push((
+                    path.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    doc,
+                ));
+            }
+        }
+    }
+    Some(docs)
+}
+
+/// Parses strictly (any field our types do not know is an error) and re-serialises.
+fn strict_round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Value, String> {
+    let mut unknown = Vec::new();
+    let typed: T = serde_ignored::deserialize(doc.clone(), |path| unknown.push(path.to_string()))
+        .map_err(|e| e.to_string())?;
+    // The derived root types write `apiVersion` and `kind` themselves; the round trip below
+    // checks that they come back equal.
+    unknown.retain(|path| path != "apiVersion" && path != "kind");
+    if !unknown.is_empty() {
+        return Err(format!("unknown fields: {unknown:?}"));
+    }
+    serde_json::to_value(typed).map_err(|e| e.to_string())
+}
+
+fn round_trip(kind: &str, doc: &Value) -> Result<Value, String> {
+    match kind {
+        "OpenStackCluster" => strict_round_trip::<OpenStackCluster>(doc),
+        "OpenStackClusterTemplate" => strict_round_trip::<OpenStackClusterTemplate>(doc),
+        "OpenStackMachine" => strict_round_trip::<OpenStackMachine>(doc),
+        "OpenStackMachineTemplate" => strict_round_trip::<OpenStackMachineTemplate>(doc),
+        "OpenStackServer" => strict_round_trip::<OpenStackServer>(doc),
+        "OpenStackClusterIdentity" => strict_round_trip::<OpenStackClusterIdentity>(doc),
+        other => Err(format!("not our kind: {other}")),
+    }
+}
+
+#[test]
+fn every_capo_sample_document_is_accepted_unchanged() {
+    let Some(docs) = sample_documents() else {
+        return;
+    };
+    assert!(
+        !docs.is_empty(),
+        "CAPO's templates hold documents of our kinds"
+    );
+    let mut problems = Vec::new();
+    for (file, doc) in &docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let at = format!("{file}: {kind} {name}");
+        match round_trip(kind, doc) {
+            Ok(back) if &back == doc => {}
+            Ok(back) => problems.push(format!(
+                "{at}: round trip changed the document:\n{back:#}\nvs\n{doc:#}"
+            )),
+            Err(e) => problems.push(format!("{at}: {e}")),
+        }
+        let schema = our_schema(kind);
+        let mut stored = doc.clone();
+        apply_defaults(&mut stored, &schema);
+        let pruned = prune(&mut stored, &schema);
+        if !pruned.is_empty() {
+            problems.push(format!("{at}: the schema would prune {pruned:?}"));
+        }
+        for e in validate(&stored, &schema) {
+            problems.push(format!("{at}: {e}"));
+        }
+        if let Err(errors) = Validator::new().validate(&schema, &stored, None) {
+            problems.extend(
+                errors
+                    .into_vec()
+                    .into_iter()
+                    .map(|e| format!("{at}: CEL {}: {}", e.field_path, e.message)),
+            );
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    eprintln!("{} CAPO sample documents accepted", docs.len());
+}
+
+/// What the parity check compares at each field path.
+#[derive(Clone, Debug, PartialEq)]
+struct FieldShape {
+    type_: Value,
+    required: bool,
+    enum_: Value,
+    default: Value,
+    format: Value,
+    list_type: Value,
+}
+
+/// Every field path below `spec` with its shape. `list_type` is recorded only where the
+/// reference declares one, so we may add list-type markers CAPO lacks.
+fn spec_fields(schema: &Value) -> BTreeMap<String, FieldShape> {
+    let mut out = BTreeMap::new();
+    walk(&schema["properties"]["spec"], "spec", false, &mut out);
+    out
+}
+
+fn walk(node: &Value, path: &str, required: bool, out: &mut BTreeMap<String, FieldShape>) {
+    out.insert(
+        path.to_owned(),
+        FieldShape {
+            type_: node["type"].clone(),
+            required,
+            enum_: node["enum"].clone(),
+            default: node["default"].clone(),
+            format: node["format"].clone(),
+            list_type: node["x-kubernetes-list-type"].clone(),
+        },
+    );
+    let required_names: Vec<&str> = node["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for (name, child) in node["properties"].as_object().into_iter().flatten() {
+        walk(
+            child,
+            &format!("{path}.{name}"),
+            required_names.contains(&name.as_str()),
+            out,
+        );
+    }
+    if node.get("items").is_some() {
+        walk(&node["items"], &format!("{path}[]"), false, out);
+    }
+    if node["additionalProperties"].is_object() {
+        walk(
+            &node["additionalProperties"],
+            &format!("{path}{{}}"),
+            false,
+            out,
+        );
+    }
+}
+
+#[test]
+fn our_spec_field_paths_equal_capos() {
+    let Some(dir) = capo_reference_dir() else {
+        return;
+    };
+    let mut differences = Vec::new();
+    for (kind, _) in KINDS {
+        let file = dir.join("crds").join(format!(
+            "{GROUP}_{}.yaml",
+            kind.to_lowercase().replace("identity", "identitie") + "s"
+        ));
+        let reference = yaml_documents(&std::fs::read_to_string(&file).expect("CAPO CRD file"));
+        let theirs = spec_fields(&storage_schema(&reference[0]));
+        let ours = spec_fields(&our_schema(kind));
+        assert!(theirs.len() > 1, "{kind}: reference has spec fields");
+        for (path, their_shape) in &theirs {
+            let Some(our_shape) = ours.get(path) else {
+                differences.push(format!("{kind} {path}: missing"));
+                continue;
+            };
+            let comparable = FieldShape {
+                list_type: if their_shape.list_type.is_null() {
+                    Value::Null
+                } else {
+                    our_shape.list_type.clone()
+                },
+                // The root `spec` is required in our CRDs (see README); CAPO leaves it optional.
+                required: if path == "spec" {
+                    their_shape.required
+                } else {
+                    our_shape.required
+                },
+                ..our_shape.clone()
+            };
+            if &comparable != their_shape {
+                differences.push(format!(
+                    "{kind} {path}: ours {our_shape:?} vs CAPO {their_shape:?}"
+                ));
+            }
+        }
+        differences.extend(
+            ours.keys()
+                .filter(|p| !theirs.contains_key(*p))
+                .map(|p| format!("{kind} {p}: not in CAPO")),
+        );
+    }
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+}
