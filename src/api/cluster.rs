@@ -483,7 +483,7 @@ pub struct OpenStackClusterStatus {
     /// The bastion host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bastion: Option<BastionStatus>,
-    /// Conditions; see `api::conditions` for the types and reasons.
+    /// Observations of the object's state, one per type; `Ready` summarises the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Conditions,

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::schema;
+
 /// Tag filters shared by every Neutron filter. Each tag must be non-empty and comma-free,
 /// because Neutron takes them as a comma-separated query parameter.
 macro_rules! neutron_filter {
@@ -676,4 +678,40 @@ impl Initialization {
     pub fn is_provisioned(init: Option<&Self>) -> bool {
         init.and_then(|i| i.provisioned).unwrap_or(false)
     }
+}
+
+/// The status of a kind that owns one Nova server (OpenStackMachine, OpenStackServer).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Cluster API v1beta2 initialization status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+    /// Nova server UUID.
+    #[serde(
+        default,
+        rename = "instanceID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub instance_id: Option<String>,
+    /// Nova server state (BUILD, ACTIVE, ERROR, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_state: Option<String>,
+    /// Addresses of the server.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub addresses: Vec<MachineAddress>,
+    /// The spec with references resolved to UUIDs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<ResolvedServerSpec>,
+    /// Resources created in OpenStack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<MachineResources>,
+    /// Observations of the object's state, one per type; `Ready` summarises the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Conditions,
+    /// The `metadata.generation` last reconciled; -1 before the first reconcile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }

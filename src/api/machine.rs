@@ -143,40 +143,7 @@ pub struct OpenStackMachineSpec {
 }
 
 /// What exists in OpenStack for an OpenStackMachine, and its conditions.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct OpenStackMachineStatus {
-    /// Cluster API v1beta2 initialization status.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initialization: Option<Initialization>,
-    /// Nova server UUID.
-    #[serde(
-        default,
-        rename = "instanceID",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub instance_id: Option<String>,
-    /// Nova server state (BUILD, ACTIVE, ERROR, ...).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_state: Option<String>,
-    /// Addresses of the server.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
-    pub addresses: Vec<MachineAddress>,
-    /// The spec with references resolved to UUIDs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<ResolvedServerSpec>,
-    /// Resources created in OpenStack.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<MachineResources>,
-    /// Conditions; see `api::conditions` for the types and reasons.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "schema::conditions")]
-    pub conditions: Conditions,
-    /// The `metadata.generation` last reconciled; -1 before the first reconcile.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+pub type OpenStackMachineStatus = InstanceStatus;
 
 /// A template for OpenStackMachines, used by MachineDeployments and KubeadmControlPlanes.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -227,7 +194,7 @@ pub struct OpenStackMachineTemplateStatus {
     /// Facts about the nodes this template creates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_info: Option<NodeInfo>,
-    /// Conditions.
+    /// Observations of the object's state, one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Conditions,

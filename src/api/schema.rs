@@ -10,7 +10,6 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
         "type": "array",
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"],
-        "description": "Observations of the object's state, one per condition type.",
         "items": {
             "type": "object",
             "required": ["lastTransitionTime", "message", "reason", "status", "type"],

@@ -10,7 +10,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::*;
-use super::schema;
 
 /// A Nova server and its ports.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -138,37 +137,4 @@ pub struct LocalObjectReference {
 }
 
 /// What exists in OpenStack for an OpenStackServer, and its conditions.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct OpenStackServerStatus {
-    /// Cluster API v1beta2 style initialization status.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initialization: Option<Initialization>,
-    /// Nova server UUID.
-    #[serde(
-        default,
-        rename = "instanceID",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub instance_id: Option<String>,
-    /// Nova server state.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_state: Option<String>,
-    /// Addresses of the server.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
-    pub addresses: Vec<MachineAddress>,
-    /// The spec with references resolved to UUIDs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<ResolvedServerSpec>,
-    /// Resources created in OpenStack.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<MachineResources>,
-    /// Conditions; see `api::conditions`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "schema::conditions")]
-    pub conditions: Conditions,
-    /// The `metadata.generation` last reconciled; -1 before the first reconcile.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
+pub type OpenStackServerStatus = InstanceStatus;
