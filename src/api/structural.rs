@@ -97,7 +97,12 @@ fn check_node(
     }
     for junction in ["anyOf", "oneOf", "allOf", "not"] {
         if let Some(branch) = obj.get(junction) {
-            check_value_validation_only(branch, &child(path, junction), errors);
+            check_value_validation_only(
+                branch,
+                &child(path, junction),
+                is_int_or_string(schema),
+                errors,
+            );
         }
     }
     let type_ = str_field(schema, "type");
