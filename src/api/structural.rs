@@ -174,13 +174,27 @@ fn check_node(
     }
 }
 
-/// Inside `anyOf`/`oneOf`/`allOf`/`not` only value validations may appear, never structure.
-fn check_value_validation_only(branch: &Value, path: &str, errors: &mut Vec<FieldError>) {
+/// Inside `anyOf`/`oneOf`/`allOf`/`not` only value validations may appear, never structure;
+/// `type` is allowed only for the int-or-string idiom (`anyOf: [{type: integer}, {type: string}]`).
+fn check_value_validation_only(
+    branch: &Value,
+    path: &str,
+    int_or_string: bool,
+    errors: &mut Vec<FieldError>,
+) {
     let nodes: Vec<&Value> = match branch {
         Value::Array(items) => items.iter().collect(),
         other => vec![other],
     };
     for node in nodes {
+        let type_ok =
+            int_or_string && matches!(str_field(node, "type"), Some("integer" | "string"));
+        if node.get("type").is_some() && !type_ok {
+            errors.push(error(
+                path,
+                "`type` is not allowed inside a value validation",
+            ));
+        }
         for structural in [
             "properties",
             "items",
@@ -774,6 +788,10 @@ mod tests {
             (
                 json!({"type": "object", "default": {}}),
                 "root may not have a default",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "string", "anyOf": [{"type": "integer"}]}}}),
+                "`type` is not allowed",
             ),
         ];
         for (schema, expected) in cases {
