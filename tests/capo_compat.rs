@@ -259,6 +259,7 @@ fn our_spec_field_paths_equal_capos() {
                 ));
             }
         }
+        eprintln!("{kind}: {} spec field paths compared", theirs.len());
         differences.extend(
             ours.keys()
                 .filter(|p| !theirs.contains_key(*p))
