@@ -6,6 +6,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use capo_rs::api::GROUP;
+use capo_rs::api::crds;
 use capo_rs::api::structural::{apply_defaults, prune, validate};
 use capo_rs::api::{
     OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
@@ -16,8 +18,6 @@ use kube::core::cel::Validator;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-
-const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 
 /// Our kinds with the API version their sample documents must use.
 const KINDS: [(&str, &str); 6] = [
@@ -226,10 +226,12 @@ fn our_spec_field_paths_equal_capos() {
     };
     let mut differences = Vec::new();
     for (kind, _) in KINDS {
-        let file = dir.join("crds").join(format!(
-            "{GROUP}_{}.yaml",
-            kind.to_lowercase().replace("identity", "identitie") + "s"
-        ));
+        // CAPO's files follow the same `<group>_<plural>.yaml` convention as ours.
+        let ours_crd = crds::all()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect("our CRD");
+        let file = dir.join("crds").join(crds::file_name(&ours_crd));
         let reference = yaml_documents(&std::fs::read_to_string(&file).expect("CAPO CRD file"));
         let theirs = spec_fields(&storage_schema(&reference[0]));
         let ours = spec_fields(&our_schema(kind));

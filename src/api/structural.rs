@@ -494,22 +494,16 @@ fn limit(schema: &Value, key: &str) -> Option<f64> {
 
 fn validate_string(s: &str, schema: &Value, path: &str, errors: &mut Vec<FieldError>) {
     let len = s.chars().count() as f64;
-    if limit(schema, "minLength").is_some_and(|m| len < m) {
+    if let Some(min) = limit(schema, "minLength").filter(|m| len < *m) {
         errors.push(error(
             path,
-            format!(
-                "must be at least {} characters long",
-                limit(schema, "minLength").unwrap_or_default()
-            ),
+            format!("must be at least {min} characters long"),
         ));
     }
-    if limit(schema, "maxLength").is_some_and(|m| len > m) {
+    if let Some(max) = limit(schema, "maxLength").filter(|m| len > *m) {
         errors.push(error(
             path,
-            format!(
-                "may not be more than {} characters long",
-                limit(schema, "maxLength").unwrap_or_default()
-            ),
+            format!("may not be more than {max} characters long"),
         ));
     }
     if let Some(pattern) = str_field(schema, "pattern") {
