@@ -1,10 +1,12 @@
 //! The `capo-rs` command line.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::api::crds;
+use crate::sim::kube::{KubeSim, KubeSimConfig};
 
 /// capo-rs: Cluster API infrastructure provider for OpenStack.
 #[derive(Debug, Parser)]
@@ -24,6 +26,26 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Run a simulator standalone.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+/// Simulators.
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// A simulated Kubernetes API server (plain HTTP), for kubectl and controllers.
+    Kube {
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+        /// Write a kubeconfig for the server to this file.
+        #[arg(long)]
+        kubeconfig_out: Option<PathBuf>,
+        /// Install capo-rs's CRDs at start.
+        #[arg(long)]
+        with_crds: bool,
+    },
 }
 
 /// Runs a parsed command.
@@ -37,6 +59,43 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
+        Command::Sim(SimCommand::Kube {
+            listen,
+            kubeconfig_out,
+            with_crds,
+        }) => run_kube_sim(listen, kubeconfig_out, with_crds)?,
     }
     Ok(())
+}
+
+fn run_kube_sim(
+    listen: SocketAddr,
+    kubeconfig_out: Option<PathBuf>,
+    with_crds: bool,
+) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let config = KubeSimConfig {
+            listen,
+            ..KubeSimConfig::default()
+        };
+        let sim = KubeSim::start(config).await?;
+        if with_crds {
+            let crds: Vec<serde_json::Value> = crds::all()
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            sim.install(&crds)?;
+        }
+        match kubeconfig_out {
+            Some(path) => {
+                std::fs::write(&path, sim.kubeconfig())?;
+                eprintln!("kubeconfig written to {}", path.display());
+            }
+            None => eprintln!("serving on {}", sim.url()),
+        }
+        tokio::signal::ctrl_c().await?;
+        sim.shutdown().await;
+        Ok(())
+    })
 }

@@ -7,3 +7,4 @@
 
 pub mod api;
 pub mod cli;
+pub mod sim;

@@ -385,6 +385,38 @@ pub fn apply_defaults(value: &mut Value, schema: &Value) {
     }
 }
 
+/// Drops `null` values the schema does not mark `nullable`, as the API server does before
+/// defaulting (so a null field then gets its default).
+pub fn drop_nulls(value: &mut Value, schema: &Value) {
+    match value {
+        Value::Object(map) => {
+            let sub_schema = |name: &str| {
+                props(schema)
+                    .and_then(|p| p.get(name))
+                    .or_else(|| schema.get("additionalProperties").filter(|a| a.is_object()))
+            };
+            map.retain(|name, v| {
+                !v.is_null()
+                    || sub_schema(name)
+                        .is_some_and(|s| s.get("nullable") == Some(&Value::Bool(true)))
+            });
+            for (name, v) in map.iter_mut() {
+                if let Some(sub) = sub_schema(name) {
+                    drop_nulls(v, sub);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for v in items {
+                    drop_nulls(v, item_schema);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Removes fields the schema does not declare (unless it preserves unknown fields) and
 /// returns their paths. Root `metadata`, `apiVersion` and `kind` are the server's business.
 pub fn prune(value: &mut Value, schema: &Value) -> Vec<String> {

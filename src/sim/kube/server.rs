@@ -1,0 +1,733 @@
+//! The HTTP face of the simulator: URL routing like kube-apiserver's, query parameters,
+//! content negotiation (JSON or `Table`), and watch streams.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::errors::ApiError;
+use super::patch::Patch;
+use super::resources::{ResourceDef, ResourceKey};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::store::{
+    Change, DeleteOptions, EventType, FieldValidation, ListQuery, Store, Target, WatchStart,
+    WriteOptions, present,
+};
+use super::table::{self, IncludeObject};
+
+/// State shared by all requests.
+pub struct Shared {
+    /// Everything stored.
+    pub store: Mutex<Store>,
+    /// How often watches that allow bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Ends watches when the server stops.
+    pub shutdown: CancellationToken,
+}
+
+impl Shared {
+    /// The store, even if a panicking request poisoned the lock (every write is applied
+    /// whole or not at all, so the data stays consistent).
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The router: every path goes through one dispatcher, as kube-apiserver's paths are
+/// data-dependent (CRDs add them at run time).
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(handle).with_state(shared)
+}
+
+type Query = HashMap<String, String>;
+
+fn parse_query(raw: Option<&str>) -> Query {
+    raw.map(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let query = parse_query(uri.query());
+    let request = Request {
+        method: &method,
+        path: uri.path(),
+        query: &query,
+        headers: &headers,
+        body: &body,
+    };
+    let response = match dispatch(&shared, &request) {
+        Ok(response) => response,
+        Err(error) => error_response(&error),
+    };
+    tracing::debug!(method = %method, path = uri.path(), status = response.status().as_u16(), "sim kube request");
+    response
+}
+
+struct Request<'a> {
+    method: &'a Method,
+    path: &'a str,
+    query: &'a Query,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+}
+
+impl Request<'_> {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.param(name), Some("true" | "1"))
+    }
+
+    fn wants_table(&self) -> bool {
+        self.headers
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("as=Table"))
+    }
+
+    fn content_type(&self) -> &str {
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|c| c.to_str().ok())
+            .unwrap_or("application/json")
+    }
+
+    fn json_body(&self) -> Result<Value, ApiError> {
+        if self.body.is_empty() {
+            return Ok(Value::Null);
+        }
+        if self.content_type().contains("protobuf") {
+            return Err(ApiError::unsupported_media_type(self.content_type()));
+        }
+        if self.content_type().contains("yaml") {
+            return serde_yaml::from_slice(self.body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")));
+        }
+        serde_json::from_slice(self.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+    }
+
+    fn write_options(&self) -> Result<WriteOptions, ApiError> {
+        let field_validation = match self.param("fieldValidation") {
+            None | Some("Warn") => FieldValidation::Warn,
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Strict") => FieldValidation::Strict,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "fieldValidation must be one of Ignore, Warn or Strict, not {other:?}"
+                )));
+            }
+        };
+        Ok(WriteOptions {
+            dry_run: self.dry_run()?,
+            field_validation,
+        })
+    }
+
+    fn dry_run(&self) -> Result<bool, ApiError> {
+        match self.param("dryRun") {
+            None => Ok(false),
+            Some("All") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "unsupported dryRun {other:?}"
+            ))),
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let status = StatusCode::from_u16(error.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, &error.status())
+}
+
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let text = format!("299 - {}", serde_json::Value::String(warning.clone()));
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            response.headers_mut().append("Warning", value);
+        }
+    }
+    response
+}
+
+/// Where a resource request points.
+struct ResourcePath<'a> {
+    group: &'a str,
+    version: &'a str,
+    namespace: Option<&'a str>,
+    plural: &'a str,
+    name: Option<&'a str>,
+    subresource: Option<&'a str>,
+}
+
+fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, ApiError> {
+    let segments: Vec<&str> = request.path.split('/').filter(|s| !s.is_empty()).collect();
+    let get_only = |value: Option<Value>| -> Result<Response, ApiError> {
+        if request.method != Method::GET {
+            return Err(ApiError::method_not_allowed());
+        }
+        value
+            .map(|v| json_response(StatusCode::OK, &v))
+            .ok_or_else(ApiError::no_such_path)
+    };
+    let registry = shared.store().registry();
+    let (group, version, rest) = match segments.as_slice() {
+        ["api"] => {
+            return get_only(Some(json!({
+                "kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": request.headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default()}],
+            })));
+        }
+        ["apis"] => return get_only(Some(registry.api_group_list())),
+        ["apis", group] => return get_only(registry.api_group(group)),
+        ["version"] => return get_only(Some(version_info())),
+        ["healthz" | "livez" | "readyz"] => {
+            return Ok((StatusCode::OK, "ok").into_response());
+        }
+        ["openapi", "v2"] => return get_only(Some(super::openapi::v2(&registry))),
+        ["openapi", "v3"] => return get_only(Some(super::openapi::v3_root(&registry))),
+        ["openapi", "v3", rest @ ..] => {
+            return get_only(super::openapi::v3_group_version(&registry, &rest.join("/")));
+        }
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(ApiError::no_such_path()),
+    };
+    if rest.is_empty() {
+        return get_only(registry.api_resource_list(group, version));
+    }
+    let namespace_subresource = group.is_empty()
+        && rest.len() == 3
+        && rest[0] == "namespaces"
+        && matches!(rest[2], "status" | "finalize");
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, more @ ..] if !more.is_empty() && !namespace_subresource => {
+            (Some(*ns), more)
+        }
+        other => (None, other),
+    };
+    let (plural, name, subresource) = match rest {
+        [plural] => (*plural, None, None),
+        [plural, name] => (*plural, Some(*name), None),
+        [plural, name, sub] => (*plural, Some(*name), Some(*sub)),
+        _ => return Err(ApiError::no_such_path()),
+    };
+    let path = ResourcePath {
+        group,
+        version,
+        namespace,
+        plural,
+        name,
+        subresource,
+    };
+    resource_request(shared, request, &path)
+}
+
+fn version_info() -> Value {
+    json!({
+        "major": "1", "minor": "34", "gitVersion": "v1.34.0-capo-rs-sim",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn resource_request(
+    shared: &Arc<Shared>,
+    request: &Request<'_>,
+    path: &ResourcePath<'_>,
+) -> Result<Response, ApiError> {
+    let def = shared
+        .store()
+        .registry()
+        .find(path.group, path.version, path.plural)
+        .ok_or_else(ApiError::no_such_path)?;
+    if path.namespace.is_some() && !def.namespaced {
+        return Err(ApiError::no_such_path());
+    }
+    if def.namespaced && path.namespace.is_none() && path.name.is_some() {
+        return Err(ApiError::no_such_path());
+    }
+    let status = match path.subresource {
+        None => false,
+        Some("status")
+            if def
+                .version(path.version)
+                .is_some_and(|v| v.status_subresource) =>
+        {
+            true
+        }
+        Some(_) => return Err(ApiError::no_such_path()),
+    };
+    let target = Target {
+        def: def.clone(),
+        version: path.version.to_owned(),
+        namespace: path.namespace.unwrap_or_default().to_owned(),
+    };
+    let method = request.method.clone();
+    match (method, path.name) {
+        (Method::GET, Some(name)) => {
+            let object = shared.store().get(&target, name)?;
+            Ok(object_response(&target, &object, request, StatusCode::OK))
+        }
+        (Method::GET, None) if request.flag("watch") => {
+            watch(shared, request, &target, path.namespace)
+        }
+        (Method::GET, None) => list(shared, request, &target, path.namespace),
+        (Method::POST, None) if def.namespaced && path.namespace.is_none() => {
+            Err(ApiError::method_not_allowed())
+        }
+        (Method::POST, None) => {
+            let opts = request.write_options()?;
+            let written = shared
+                .store()
+                .create(&target, request.json_body()?, &opts)?;
+            Ok(written_response(&target, written, request))
+        }
+        (Method::PUT, Some(name)) => {
+            let opts = request.write_options()?;
+            let written =
+                shared
+                    .store()
+                    .update(&target, name, request.json_body()?, status, &opts)?;
+            Ok(written_response(&target, written, request))
+        }
+        (Method::PATCH, Some(name)) => patch(shared, request, &target, name, status),
+        (Method::DELETE, Some(name)) => {
+            let opts = delete_options(request)?;
+            let mut store = shared.store();
+            let object = store.delete(&target, name, &opts)?;
+            let still_there = store.get(&target, name).is_ok() && !opts.dry_run;
+            let code = if still_there {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            Ok(object_response(&target, &object, request, code))
+        }
+        (Method::DELETE, None) if def.namespaced && path.namespace.is_none() => {
+            Err(ApiError::method_not_allowed())
+        }
+        (Method::DELETE, None) => {
+            let opts = delete_options(request)?;
+            let (labels, fields) = selectors(request, &target)?;
+            let filter = |o: &Value| labels.matches(o) && fields.matches(o);
+            let deleted =
+                shared
+                    .store()
+                    .delete_collection(&target, path.namespace, &filter, &opts)?;
+            let items: Vec<Value> = deleted
+                .iter()
+                .map(|o| present(&def, &target.version, o))
+                .collect();
+            let rv = shared.store().resource_version();
+            Ok(json_response(
+                StatusCode::OK,
+                &list_json(
+                    &def,
+                    &target.version,
+                    items,
+                    json!({"resourceVersion": rv.to_string()}),
+                ),
+            ))
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn object_response(
+    target: &Target,
+    object: &Value,
+    request: &Request<'_>,
+    code: StatusCode,
+) -> Response {
+    let presented = present(&target.def, &target.version, object);
+    if request.wants_table() {
+        let include = IncludeObject::parse(request.param("includeObject"));
+        let rv = presented
+            .pointer("/metadata/resourceVersion")
+            .cloned()
+            .unwrap_or_default();
+        let t = table::table(
+            &target.def,
+            &target.version,
+            &[presented],
+            json!({"resourceVersion": rv}),
+            include,
+        );
+        return json_response(code, &t);
+    }
+    json_response(code, &presented)
+}
+
+fn written_response(
+    target: &Target,
+    written: super::store::Written,
+    request: &Request<'_>,
+) -> Response {
+    let code = if written.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    with_warnings(
+        object_response(target, &written.object, request, code),
+        &written.warnings,
+    )
+}
+
+fn patch(
+    shared: &Arc<Shared>,
+    request: &Request<'_>,
+    target: &Target,
+    name: &str,
+    status: bool,
+) -> Result<Response, ApiError> {
+    let patch = Patch::parse(request.content_type(), request.body)?;
+    let opts = request.write_options()?;
+    if matches!(patch, Patch::Apply(_)) && request.param("fieldManager").is_none() {
+        return Err(ApiError::bad_request(
+            "PATCH requests with application/apply-patch+yaml must set fieldManager",
+        ));
+    }
+    let mut store = shared.store();
+    let current = match store.get(target, name) {
+        Ok(current) => current,
+        Err(e) if e.code == 404 && !status => {
+            let Patch::Apply(body) = &patch else {
+                return Err(e);
+            };
+            let mut body = body.clone();
+            body["metadata"]["name"] = Value::String(name.to_owned());
+            let written = store.create(target, body, &opts)?;
+            drop(store);
+            return Ok(written_response(target, written, request));
+        }
+        Err(e) => return Err(e),
+    };
+    let presented = present(&target.def, &target.version, &current);
+    let patched = patch.apply_to(&presented)?;
+    let written = store.update(target, name, patched, status, &opts)?;
+    drop(store);
+    Ok(written_response(target, written, request))
+}
+
+fn delete_options(request: &Request<'_>) -> Result<DeleteOptions, ApiError> {
+    let body = match request.json_body()? {
+        Value::Null => json!({}),
+        body => body,
+    };
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+    let policy = text(body.get("propagationPolicy"))
+        .or_else(|| request.param("propagationPolicy").map(str::to_owned));
+    let body_dry_run = body
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|d| d.iter().any(|v| v == "All"));
+    Ok(DeleteOptions {
+        uid: text(body.pointer("/preconditions/uid")),
+        resource_version: text(body.pointer("/preconditions/resourceVersion")),
+        orphan: policy.as_deref() == Some("Orphan")
+            || body.get("orphanDependents") == Some(&Value::Bool(true)),
+        dry_run: body_dry_run || request.dry_run()?,
+    })
+}
+
+fn selectors(
+    request: &Request<'_>,
+    target: &Target,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(request.param("labelSelector").unwrap_or_default())?;
+    let fields = FieldSelector::parse(
+        request.param("fieldSelector").unwrap_or_default(),
+        &target.def.selectable_fields(&target.version),
+    )?;
+    Ok((labels, fields))
+}
+
+fn list_json(def: &ResourceDef, version: &str, items: Vec<Value>, metadata: Value) -> Value {
+    json!({"kind": def.list_kind, "apiVersion": def.api_version(version), "metadata": metadata, "items": items})
+}
+
+fn list(
+    shared: &Arc<Shared>,
+    request: &Request<'_>,
+    target: &Target,
+    namespace: Option<&str>,
+) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(request, target)?;
+    let limit = match request.param("limit") {
+        None => None,
+        Some(text) => Some(
+            text.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {text:?}")))?,
+        ),
+    };
+    let filter = |o: &Value| labels.matches(o) && fields.matches(o);
+    let query = ListQuery {
+        namespace,
+        filter: &filter,
+        limit,
+        continue_token: request.param("continue"),
+        resource_version: request.param("resourceVersion"),
+        exact: request.param("resourceVersionMatch") == Some("Exact"),
+    };
+    let page = shared.store().list(&target.def.key, &query)?;
+    let items: Vec<Value> = page
+        .items
+        .iter()
+        .map(|o| present(&target.def, &target.version, o))
+        .collect();
+    let mut metadata = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(token) = page.continue_token {
+        metadata["continue"] = token.into();
+    }
+    if let Some(remaining) = page.remaining {
+        metadata["remainingItemCount"] = remaining.into();
+    }
+    let body = if request.wants_table() {
+        let include = IncludeObject::parse(request.param("includeObject"));
+        table::table(&target.def, &target.version, &items, metadata, include)
+    } else {
+        list_json(&target.def, &target.version, items, metadata)
+    };
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// What one watch shows and how.
+struct WatchView {
+    def: Arc<ResourceDef>,
+    key: ResourceKey,
+    version: String,
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    table: Option<IncludeObject>,
+}
+
+impl WatchView {
+    fn matches(&self, object: &Value) -> bool {
+        self.labels.matches(object) && self.fields.matches(object)
+    }
+
+    /// The event a change becomes for this watcher, if any: objects moving into the
+    /// selection are ADDED, moving out are DELETED.
+    fn event_for(&self, change: &Change) -> Option<Value> {
+        if change.key != self.key
+            || self
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| *ns != change.namespace)
+        {
+            return None;
+        }
+        let now = self.matches(&change.object);
+        let before = change.previous.as_ref().is_some_and(|p| self.matches(p));
+        let kind = match change.kind {
+            EventType::Added if now => EventType::Added,
+            EventType::Modified if now && before => EventType::Modified,
+            EventType::Modified if now => EventType::Added,
+            EventType::Modified if before => EventType::Deleted,
+            EventType::Deleted if now || before => EventType::Deleted,
+            _ => return None,
+        };
+        Some(self.event(kind.as_str(), &change.object))
+    }
+
+    fn event(&self, kind: &str, object: &Value) -> Value {
+        let presented = present(&self.def, &self.version, object);
+        let object = match self.table {
+            Some(include) => {
+                let rv = presented
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or_default();
+                table::table(
+                    &self.def,
+                    &self.version,
+                    &[presented],
+                    json!({"resourceVersion": rv}),
+                    include,
+                )
+            }
+            None => presented,
+        };
+        json!({"type": kind, "object": object})
+    }
+
+    fn bookmark(&self, rv: u64, initial_events_end: bool) -> Value {
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if initial_events_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        json!({"type": "BOOKMARK", "object": {
+            "kind": self.def.kind, "apiVersion": self.def.api_version(&self.version), "metadata": metadata,
+        }})
+    }
+}
+
+fn watch(
+    shared: &Arc<Shared>,
+    request: &Request<'_>,
+    target: &Target,
+    namespace: Option<&str>,
+) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(request, target)?;
+    let send_initial = request.flag("sendInitialEvents");
+    let bookmarks = request.flag("allowWatchBookmarks");
+    let timeout = request
+        .param("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(Duration::from_secs(1800), Duration::from_secs);
+    let view = WatchView {
+        def: target.def.clone(),
+        key: target.def.key.clone(),
+        version: target.version.clone(),
+        namespace: namespace.map(str::to_owned),
+        labels,
+        fields,
+        table: request
+            .wants_table()
+            .then(|| IncludeObject::parse(request.param("includeObject"))),
+    };
+    let start = shared.store().watch(
+        &target.def.key,
+        namespace,
+        request.param("resourceVersion"),
+        send_initial,
+    )?;
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let stream = WatchStream {
+        view,
+        tx,
+        bookmarks,
+        send_initial,
+        interval: shared.bookmark_interval,
+        shutdown: shared.shutdown.clone(),
+    };
+    tokio::spawn(stream.run(start, timeout));
+    let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(chunk), rx))
+    }));
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+struct WatchStream {
+    view: WatchView,
+    tx: mpsc::Sender<Bytes>,
+    bookmarks: bool,
+    send_initial: bool,
+    interval: Duration,
+    shutdown: CancellationToken,
+}
+
+impl WatchStream {
+    async fn send(&self, event: &Value) -> bool {
+        let mut line = event.to_string();
+        line.push('\n');
+        self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+
+    async fn expire(&self, error: &ApiError) {
+        self.send(&json!({"type": "ERROR", "object": error.status()}))
+            .await;
+    }
+
+    async fn run(self, start: WatchStart, timeout: Duration) {
+        let WatchStart {
+            initial,
+            mut live,
+            rv,
+            expired,
+        } = start;
+        if let Some(error) = expired {
+            self.expire(&error).await;
+            return;
+        }
+        for change in &initial {
+            if let Some(event) = self.view.event_for(change)
+                && !self.send(&event).await
+            {
+                return;
+            }
+        }
+        if self.send_initial && self.bookmarks && !self.send(&self.view.bookmark(rv, true)).await {
+            return;
+        }
+        let mut progress = rv;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(self.interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                received = live.recv() => match received {
+                    Ok(change) => {
+                        progress = progress.max(change.rv);
+                        if let Some(event) = self.view.event_for(&change)
+                            && !self.send(&event).await
+                        {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        self.expire(&ApiError::expired("watcher fell too far behind; too old resource version")).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = ticker.tick(), if self.bookmarks => {
+                    if !self.send(&self.view.bookmark(progress, false)).await {
+                        return;
+                    }
+                }
+                () = &mut deadline => return,
+                () = self.shutdown.cancelled() => return,
+                () = self.tx.closed() => return,
+            }
+        }
+    }
+}
