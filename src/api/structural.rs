@@ -417,6 +417,9 @@ pub fn drop_nulls(value: &mut Value, schema: &Value) {
     }
 }
 
+/// Root fields every object keeps whatever its schema says.
+const ROOT_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
+
 /// Removes fields the schema does not declare (unless it preserves unknown fields) and
 /// returns their paths. Root `metadata`, `apiVersion` and `kind` are the server's business.
 pub fn prune(value: &mut Value, schema: &Value) -> Vec<String> {
@@ -433,17 +436,19 @@ fn prune_at(value: &mut Value, schema: &Value, path: &str, pruned: &mut Vec<Stri
         Value::Object(map) => {
             if let Some(properties) = props(schema) {
                 map.retain(|k, _| {
-                    let keep = properties.contains_key(k);
+                    let server_owned = path.is_empty() && ROOT_FIELDS.contains(&k.as_str());
+                    let keep = properties.contains_key(k) || server_owned;
                     if !keep {
                         pruned.push(child(path, k));
                     }
                     keep
                 });
                 for (k, v) in map.iter_mut() {
-                    if path.is_empty() && k == "metadata" {
-                        continue;
+                    if let Some(sub) = properties.get(k)
+                        && !(path.is_empty() && k == "metadata")
+                    {
+                        prune_at(v, sub, &child(path, k), pruned);
                     }
-                    prune_at(v, &properties[k], &child(path, k), pruned);
                 }
             } else if let Some(additional) =
                 schema.get("additionalProperties").filter(|a| a.is_object())
@@ -757,6 +762,18 @@ mod tests {
         assert_eq!(
             obj,
             json!({"metadata": {"name": "m"}, "spec": {"name": "x"}})
+        );
+    }
+
+    #[test]
+    fn prune_keeps_the_root_fields_every_object_has() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object"}}});
+        let mut obj =
+            json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": "m"}, "other": 1});
+        assert_eq!(prune(&mut obj, &schema), vec!["other".to_owned()]);
+        assert_eq!(
+            obj,
+            json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": "m"}})
         );
     }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use capo_rs::api::crds;
+use capo_rs::api::{GROUP, crds};
 use serde_json::Value;
 
 /// `../shared/capo` beside the repository (or `$CAPO_SHARED_DIR/capo`), if present.
@@ -54,4 +54,76 @@ pub fn yaml_documents(text: &str) -> Vec<Value> {
         .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
         .filter(|v: &Value| !v.is_null())
         .collect()
+}
+
+/// Our kinds with the API version their sample documents must use.
+pub const KINDS: [(&str, &str); 6] = [
+    ("OpenStackCluster", "v1beta2"),
+    ("OpenStackClusterTemplate", "v1beta2"),
+    ("OpenStackMachine", "v1beta2"),
+    ("OpenStackMachineTemplate", "v1beta2"),
+    ("OpenStackServer", "v1alpha1"),
+    ("OpenStackClusterIdentity", "v1alpha1"),
+];
+
+/// Replaces `${VAR}` and `${VAR:=default}` with the default or a plausible value.
+pub fn substitute(text: &str) -> String {
+    let re = regex::Regex::new(r"\$\{([A-Z0-9_]+)(?::=([^}]*))?\}").expect("valid regex");
+    re.replace_all(text, |c: &regex::Captures| match c.get(2) {
+        Some(default) => default.as_str().to_owned(),
+        None => plausible(&c[1]),
+    })
+    .into_owned()
+}
+
+fn plausible(var: &str) -> String {
+    let value = if var.ends_with("_ID") {
+        "3c1f0a52-8f4e-4c8a-b6a4-0d7f6e2b9c11"
+    } else if var.contains("NAMESERVERS") {
+        "192.0.2.53"
+    } else if var.ends_with("_COUNT") {
+        "3"
+    } else if var.ends_with("_B64") {
+        "Y2xvdWRzOiB7fQ=="
+    } else if var.contains("VERSION") {
+        "v1.33.4"
+    } else {
+        return var.to_lowercase().replace('_', "-");
+    };
+    value.to_owned()
+}
+
+/// Every document of ours in CAPO's sample templates, with the file it came from.
+pub fn sample_documents() -> Option<Vec<(String, Value)>> {
+    let dir = capo_reference_dir()?.join("templates");
+    let mut docs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("templates dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+    {
+        let text = substitute(&std::fs::read_to_string(path).expect("readable template"));
+        for doc in yaml_documents(&text) {
+            let kind = doc["kind"].as_str().unwrap_or_default();
+            let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+            if KINDS
+                .iter()
+                .any(|(k, v)| *k == kind && api_version == format!("{GROUP}/{v}"))
+            {
+                docs.push((
+                    path.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    doc,
+                ));
+            }
+        }
+    }
+    Some(docs)
 }

@@ -48,14 +48,29 @@ impl Patch {
         let mut patched = current.clone();
         match self {
             Self::Merge(patch) | Self::Apply(patch) => json_patch::merge(&mut patched, patch),
-            Self::Json(patch) => json_patch::patch(&mut patched, patch).map_err(|e| {
-                ApiError::unprocessable(format!(
-                    "the server rejected our request due to an error in our request: {e}"
-                ))
-            })?,
+            Self::Json(patch) => apply_json_patch(&mut patched, patch)?,
         }
         Ok(patched)
     }
+}
+
+/// Applies operations in order. Like the API server (evanphx/json-patch), a `test` that
+/// a missing path is `null` passes: kube-rs's finalizer helper relies on it.
+fn apply_json_patch(document: &mut Value, patch: &json_patch::Patch) -> Result<(), ApiError> {
+    for operation in &patch.0 {
+        if let json_patch::PatchOperation::Test(test) = operation
+            && test.value.is_null()
+            && document.pointer(test.path.as_str()).is_none()
+        {
+            continue;
+        }
+        json_patch::patch(document, std::slice::from_ref(operation)).map_err(|e| {
+            ApiError::unprocessable(format!(
+                "the server rejected our request due to an error in our request: {e}"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -86,6 +101,17 @@ mod tests {
         .unwrap();
         let err = patch.apply_to(&json!({"spec": {"a": 1}})).unwrap_err();
         assert_eq!(err.code, 422);
+    }
+
+    #[test]
+    fn a_null_test_passes_on_a_missing_path() {
+        let patch = Patch::parse(
+            "application/json-patch+json",
+            br#"[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["f"]}]"#,
+        )
+        .unwrap();
+        let out = patch.apply_to(&json!({"metadata": {}})).unwrap();
+        assert_eq!(out, json!({"metadata": {"finalizers": ["f"]}}));
     }
 
     #[test]
