@@ -318,3 +318,57 @@ async fn kubectl_gets_watches_patches_status_and_deletes() {
     let _ = watch.wait();
     drop(h.sim);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_creates_built_ins_from_protobuf_bodies() {
+    let Some(h) = Harness::start(false).await else {
+        return;
+    };
+    h.ok(&["create", "namespace", "capo-system"]).await;
+    h.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "cloud-config",
+        "-n",
+        "capo-system",
+        "--from-literal=clouds.yaml=clouds: {}",
+    ])
+    .await;
+    h.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "-n",
+        "capo-system",
+        "--from-literal=qps=10",
+    ])
+    .await;
+    let secret = h
+        .ok(&[
+            "get",
+            "secret",
+            "cloud-config",
+            "-n",
+            "capo-system",
+            "-o",
+            "jsonpath={.type} {.data.clouds\\.yaml}",
+        ])
+        .await;
+    assert_eq!(secret, "Opaque Y2xvdWRzOiB7fQ==");
+    let qps = h
+        .ok(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "capo-system",
+            "-o",
+            "jsonpath={.data.qps}",
+        ])
+        .await;
+    assert_eq!(qps, "10");
+    h.ok(&["delete", "namespace", "capo-system"]).await;
+    let gone = h.fails(&["get", "namespace", "capo-system"]).await;
+    assert!(gone.contains("not found"), "{gone}");
+}

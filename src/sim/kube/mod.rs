@@ -8,6 +8,7 @@
 pub mod errors;
 pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod resources;
 pub mod selectors;
 pub mod server;

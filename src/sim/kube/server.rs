@@ -124,7 +124,7 @@ impl Request<'_> {
             return Ok(Value::Null);
         }
         if self.content_type().contains("protobuf") {
-            return Err(ApiError::unsupported_media_type(self.content_type()));
+            return super::protobuf::decode(self.body);
         }
         if self.content_type().contains("yaml") {
             return serde_yaml::from_slice(self.body)

@@ -854,6 +854,17 @@ impl Store {
                 body["status"] = json!({"phase": "Active"});
                 Ok(None)
             }
+            ("", "secrets") => {
+                if body
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .is_empty()
+                {
+                    body["type"] = "Opaque".into();
+                }
+                Ok(None)
+            }
             (APIEXTENSIONS, "customresourcedefinitions") => {
                 let resource = resources::check_crd(body)?;
                 let mut list = finalizers(body);
