@@ -198,7 +198,8 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
     .collect()
 }
 
-fn strings(value: Option<&Value>) -> Vec<String> {
+/// The strings of a JSON array (none when it is absent or not an array).
+pub fn strings(value: Option<&Value>) -> Vec<String> {
     value
         .and_then(Value::as_array)
         .map(|a| {

@@ -239,16 +239,7 @@ fn metadata_mut(object: &mut Value) -> &mut Map<String, Value> {
 }
 
 fn finalizers(object: &Value) -> Vec<String> {
-    object
-        .pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    resources::strings(object.pointer("/metadata/finalizers"))
 }
 
 fn is_deleting(object: &Value) -> bool {
@@ -1035,34 +1026,7 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let def = target.def.clone();
         let old = self.get(target, name)?;
-        if let Some(uid) = &opts.uid
-            && Some(uid.as_str()) != meta_str(&old, "uid")
-        {
-            let why = format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta_str(&old, "uid").unwrap_or_default()
-            );
-            return Err(ApiError::conflict(
-                &def.key.group,
-                &def.key.plural,
-                name,
-                &why,
-            ));
-        }
-        if let Some(rv) = &opts.resource_version
-            && Some(rv.as_str()) != meta_str(&old, "resourceVersion")
-        {
-            let why = format!(
-                "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
-                meta_str(&old, "resourceVersion").unwrap_or_default()
-            );
-            return Err(ApiError::conflict(
-                &def.key.group,
-                &def.key.plural,
-                name,
-                &why,
-            ));
-        }
+        check_preconditions(&def, name, &old, opts)?;
         let is_namespace = def.key == namespace_key();
         if is_namespace && INITIAL_NAMESPACES[..3].contains(&name) {
             return Err(ApiError::forbidden(
@@ -1301,6 +1265,44 @@ impl Store {
     }
 }
 
+/// `preconditions` of a delete: the object must still be the one the client saw.
+fn check_preconditions(
+    def: &ResourceDef,
+    name: &str,
+    current: &Value,
+    opts: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let checks = [
+        (
+            &opts.uid,
+            "uid",
+            "UID in precondition",
+            "UID in object meta",
+        ),
+        (
+            &opts.resource_version,
+            "resourceVersion",
+            "ResourceVersion in precondition",
+            "ResourceVersion in record",
+        ),
+    ];
+    for (wanted, field, ours, theirs) in checks {
+        let actual = meta_str(current, field).unwrap_or_default();
+        if let Some(wanted) = wanted
+            && wanted != actual
+        {
+            let why = format!("Precondition failed: {ours}: {wanted}, {theirs}: {actual}");
+            return Err(ApiError::conflict(
+                &def.key.group,
+                &def.key.plural,
+                name,
+                &why,
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn namespace_key() -> ResourceKey {
     ResourceKey {
         group: String::new(),
@@ -1333,16 +1335,7 @@ fn set_condition(object: &mut Value, type_: &str, status: &str, reason: &str) {
 /// A CRD's status as the apiextensions server keeps it: names accepted, established, and
 /// every version ever used for storage.
 fn crd_status(crd: &Value, resource: &ResourceDef, old: Option<&Value>) -> Value {
-    let mut stored: Vec<String> = old
-        .and_then(|o| o.pointer("/status/storedVersions"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut stored = resources::strings(old.and_then(|o| o.pointer("/status/storedVersions")));
     if !stored.contains(&resource.storage_version) {
         stored.push(resource.storage_version.clone());
     }
