@@ -614,6 +614,7 @@ fn watch(
     let timeout = request
         .param("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
         .map_or(Duration::from_secs(1800), Duration::from_secs);
     let view = WatchView {
         def: target.def.clone(),
@@ -700,7 +701,7 @@ impl WatchStream {
         let mut progress = rv;
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let mut ticker = tokio::time::interval(self.interval);
+        let mut ticker = tokio::time::interval(self.interval.max(Duration::from_millis(1)));
         ticker.tick().await;
         loop {
             tokio::select! {
