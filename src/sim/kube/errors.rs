@@ -200,11 +200,6 @@ impl ApiError {
     }
 }
 
-/// A `Success` Status, as returned by some deletes.
-pub fn success_status() -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

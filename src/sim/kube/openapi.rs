@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::resources::{Registry, ResourceDef};
 
 /// `/openapi/v2`: an empty but valid Swagger document (clients fall back to v3).
-pub fn v2(_registry: &Registry) -> Value {
+pub fn v2() -> Value {
     json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.34.0"},
            "paths": {}, "definitions": {}})
 }

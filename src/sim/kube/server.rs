@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::errors::ApiError;
 use super::patch::Patch;
-use super::resources::{ResourceDef, ResourceKey};
+use super::resources::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{
     Change, DeleteOptions, EventType, FieldValidation, ListQuery, Store, Target, WatchStart,
@@ -220,7 +220,7 @@ fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, Api
         ["healthz" | "livez" | "readyz"] => {
             return Ok((StatusCode::OK, "ok").into_response());
         }
-        ["openapi", "v2"] => return get_only(Some(super::openapi::v2(&registry))),
+        ["openapi", "v2"] => return get_only(Some(super::openapi::v2())),
         ["openapi", "v3"] => return get_only(Some(super::openapi::v3_root(&registry))),
         ["openapi", "v3", rest @ ..] => {
             return get_only(super::openapi::v3_group_version(&registry, &rest.join("/")));
@@ -256,7 +256,7 @@ fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, Api
         name,
         subresource,
     };
-    resource_request(shared, request, &path)
+    resource_request(shared, &registry, request, &path)
 }
 
 fn version_info() -> Value {
@@ -270,12 +270,11 @@ fn version_info() -> Value {
 
 fn resource_request(
     shared: &Arc<Shared>,
+    registry: &Registry,
     request: &Request<'_>,
     path: &ResourcePath<'_>,
 ) -> Result<Response, ApiError> {
-    let def = shared
-        .store()
-        .registry()
+    let def = registry
         .find(path.group, path.version, path.plural)
         .ok_or_else(ApiError::no_such_path)?;
     if path.namespace.is_some() && !def.namespaced {
@@ -533,7 +532,6 @@ fn list(
 /// What one watch shows and how.
 struct WatchView {
     def: Arc<ResourceDef>,
-    key: ResourceKey,
     version: String,
     namespace: Option<String>,
     labels: LabelSelector,
@@ -549,7 +547,7 @@ impl WatchView {
     /// The event a change becomes for this watcher, if any: objects moving into the
     /// selection are ADDED, moving out are DELETED.
     fn event_for(&self, change: &Change) -> Option<Value> {
-        if change.key != self.key
+        if change.key != self.def.key
             || self
                 .namespace
                 .as_ref()
@@ -618,7 +616,6 @@ fn watch(
         .map_or(Duration::from_secs(1800), Duration::from_secs);
     let view = WatchView {
         def: target.def.clone(),
-        key: target.def.key.clone(),
         version: target.version.clone(),
         namespace: namespace.map(str::to_owned),
         labels,
