@@ -898,23 +898,14 @@ impl Store {
             .version(&target.version)
             .is_some_and(|v| v.status_subresource);
         let old_view = present(&def, &target.version, &old);
+        // `/status` takes only status from the body; the main resource keeps the old one.
         let mut new = if status {
             let mut new = old_view.clone();
-            match body.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    new.as_object_mut().map(|m| m.remove("status"));
-                }
-            }
+            copy_status(body.get("status"), &mut new);
             new
         } else {
             if has_status {
-                match old_view.get("status") {
-                    Some(s) => body["status"] = s.clone(),
-                    None => {
-                        body.as_object_mut().map(|m| m.remove("status"));
-                    }
-                }
+                copy_status(old_view.get("status"), &mut body);
             }
             body
         };
@@ -1301,6 +1292,17 @@ fn check_preconditions(
         }
     }
     Ok(())
+}
+
+/// Makes `to`'s status `status`, or removes it when there is none.
+fn copy_status(status: Option<&Value>, to: &mut Value) {
+    match (status, to.as_object_mut()) {
+        (Some(s), _) => to["status"] = s.clone(),
+        (None, Some(map)) => {
+            map.remove("status");
+        }
+        (None, None) => {}
+    }
 }
 
 fn namespace_key() -> ResourceKey {
