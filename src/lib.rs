@@ -7,4 +7,5 @@
 
 pub mod api;
 pub mod cli;
+pub mod cloud;
 pub mod sim;

@@ -1,0 +1,285 @@
+//! [`Clouds`]: the process-wide owner of sessions (one token per credential) and endpoint
+//! gates (one limiter per auth URL, region and service). [`CloudClient`]: what callers hold.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openstack_sdk::AsyncOpenStack;
+use prometheus::Registry;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use super::credentials::{CloudCredentials, ResolvedCloud};
+use super::error::ErrorContext;
+use super::limiter::{EndpointGate, GateKey, RateLimit};
+use super::metrics::ApiMetrics;
+use super::path::{PathOptions, RequestPath, ServiceGates};
+use super::session::{SdkSession, Session, SessionScope};
+use super::{CloudError, Operation, Service};
+
+/// Tunables of OpenStack access.
+#[derive(Clone, Debug)]
+pub struct CloudOptions {
+    pub rate_limit: RateLimit,
+    pub path: PathOptions,
+    /// Renew a token this long before it expires (capped at a fifth of its lifetime, so a
+    /// short-lived token is not renewed in a tight loop).
+    pub token_renew_margin: Duration,
+}
+
+impl Default for CloudOptions {
+    fn default() -> Self {
+        CloudOptions {
+            rate_limit: RateLimit::default(),
+            path: PathOptions::default(),
+            token_renew_margin: Duration::from_secs(300),
+        }
+    }
+}
+
+type SessionCell = Arc<OnceCell<Arc<SdkSession>>>;
+
+/// Shared by every controller of the process.
+pub struct Clouds {
+    options: CloudOptions,
+    metrics: ApiMetrics,
+    gates: Mutex<HashMap<GateKey, Arc<EndpointGate>>>,
+    sessions: Mutex<HashMap<String, SessionCell>>,
+    cancel: CancellationToken,
+}
+
+const CONNECT: Operation = Operation::new(Service::Identity, "token_create");
+
+impl Clouds {
+    /// Registers the request path's metrics on `registry`; `cancel` stops every call in flight.
+    pub fn new(
+        options: CloudOptions,
+        registry: &Registry,
+        cancel: CancellationToken,
+    ) -> Result<Arc<Self>, CloudError> {
+        let metrics = ApiMetrics::register(registry)
+            .map_err(|e| CloudError::Config(format!("cannot register metrics: {e}")))?;
+        Ok(Arc::new(Clouds {
+            options,
+            metrics,
+            gates: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            cancel,
+        }))
+    }
+
+    pub fn options(&self) -> &CloudOptions {
+        &self.options
+    }
+
+    /// A client for these credentials. The first call per credential authenticates; later calls
+    /// reuse its token, which is renewed in the background before it expires.
+    pub async fn connect(&self, credentials: &CloudCredentials) -> Result<CloudClient, CloudError> {
+        let resolved = credentials.resolve()?;
+        let cell = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions
+                .entry(resolved.identity.clone())
+                .or_default()
+                .clone()
+        };
+        let session = cell
+            .get_or_try_init(|| self.open_session(&resolved, credentials.cacert.as_deref()))
+            .await?
+            .clone();
+        Ok(self.client(session))
+    }
+
+    /// A client over any session (tests, the no-auth test stack).
+    pub fn client(&self, session: Arc<dyn Session>) -> CloudClient {
+        let scope = session.scope().clone();
+        let gates = ServiceGates::build(|service| self.gate(&scope, service));
+        CloudClient {
+            path: RequestPath::new(
+                session,
+                Arc::new(gates),
+                self.metrics.clone(),
+                self.options.path.clone(),
+                self.cancel.clone(),
+            ),
+        }
+    }
+
+    fn gate(&self, scope: &SessionScope, service: Service) -> Arc<EndpointGate> {
+        let key = GateKey {
+            auth_url: scope.auth_url.clone(),
+            region: scope.region.clone(),
+            service,
+        };
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates
+            .entry(key)
+            .or_insert_with(|| Arc::new(EndpointGate::new(self.options.rate_limit)))
+            .clone()
+    }
+
+    async fn open_session(
+        &self,
+        resolved: &ResolvedCloud,
+        cacert: Option<&str>,
+    ) -> Result<Arc<SdkSession>, CloudError> {
+        let scope = SessionScope {
+            auth_url: resolved.auth_url.clone(),
+            region: resolved.region.clone(),
+        };
+        let gate = self.gate(&scope, Service::Identity);
+        let started = tokio::time::Instant::now();
+        let result = self.authenticate(resolved, cacert, &gate, scope).await;
+        self.metrics
+            .requests
+            .with_label_values(&[CONNECT.name])
+            .inc();
+        self.metrics
+            .duration
+            .with_label_values(&[CONNECT.name])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            self.metrics
+                .errors
+                .with_label_values(&[CONNECT.name, error.kind()])
+                .inc();
+        }
+        tracing::debug!(
+            service = "identity",
+            operation = CONNECT.name,
+            auth_url = %resolved.auth_url,
+            region = %resolved.region,
+            status = match &result { Ok(_) => "ok", Err(e) => e.kind() },
+            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "openstack authentication"
+        );
+        result.map(Arc::new)
+    }
+
+    async fn authenticate(
+        &self,
+        resolved: &ResolvedCloud,
+        cacert: Option<&str>,
+        gate: &EndpointGate,
+        scope: SessionScope,
+    ) -> Result<SdkSession, CloudError> {
+        let mut config = resolved.config.clone();
+        let cacert_file = match cacert {
+            Some(pem) => {
+                let file = write_cacert(pem)?;
+                config.cacert = Some(file.path().to_string_lossy().into_owned());
+                Some(file)
+            }
+            None => None,
+        };
+        let limits = &self.options.path;
+        gate.admit(limits.max_gate_wait)
+            .await
+            .map_err(|_| CloudError::RateLimited {
+                ctx: connect_context("identity endpoint saturated; not sent".into()),
+                retry_after: limits.max_gate_wait,
+            })?;
+        let connecting = AsyncOpenStack::builder(&config)
+            .disable_auth_cache(true)
+            .max_auth_retries(1)
+            .http_timeout(limits.request_timeout)
+            .connect();
+        let client = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => {
+                return Err(CloudError::Cancelled(connect_context("cancelled".into())));
+            }
+            outcome = tokio::time::timeout(limits.request_timeout * 2, connecting) => match outcome {
+                Err(_) => return Err(CloudError::Transient(connect_context("Keystone did not answer in time".into()))),
+                Ok(Err(error)) => return Err(connect_error(&error)),
+                Ok(Ok(client)) => client,
+            },
+        };
+        let margin = renew_margin(&client, self.options.token_renew_margin);
+        let renewal = client.enable_auto_renew(margin);
+        Ok(SdkSession::new(client, scope, renewal, cacert_file))
+    }
+}
+
+fn write_cacert(pem: &str) -> Result<tempfile::NamedTempFile, CloudError> {
+    let mut file = tempfile::Builder::new()
+        .prefix("capo-rs-cacert-")
+        .suffix(".pem")
+        .tempfile()
+        .map_err(|e| CloudError::Config(format!("cannot write the CA bundle: {e}")))?;
+    file.write_all(pem.as_bytes())
+        .and_then(|()| file.flush())
+        .map_err(|e| CloudError::Config(format!("cannot write the CA bundle: {e}")))?;
+    Ok(file)
+}
+
+/// The renewal margin for this token: the configured one, but at most a fifth of the token's
+/// remaining lifetime.
+fn renew_margin(client: &AsyncOpenStack, configured: Duration) -> chrono::TimeDelta {
+    let configured = chrono::TimeDelta::from_std(configured).unwrap_or(chrono::TimeDelta::MAX);
+    let lifetime = client
+        .get_auth_info()
+        .map(|info| info.token.expires_at - chrono::Utc::now());
+    match lifetime {
+        Some(lifetime) if lifetime > chrono::TimeDelta::zero() => configured.min(lifetime / 5),
+        _ => configured,
+    }
+}
+
+fn connect_context(message: String) -> ErrorContext {
+    ErrorContext {
+        service: Service::Identity,
+        operation: CONNECT.name.to_owned(),
+        message,
+    }
+}
+
+/// Keystone's refusal is terminal until someone fixes the Secret; anything else may pass.
+fn connect_error(error: &openstack_sdk::OpenStackError) -> CloudError {
+    let message = error.to_string();
+    let refused = ["401", "Unauthorized", "authentication", "403", "Forbidden"]
+        .iter()
+        .any(|needle| message.contains(needle));
+    if refused {
+        CloudError::Unauthorized(connect_context(message))
+    } else {
+        CloudError::Transient(connect_context(message))
+    }
+}
+
+/// A client of one cloud: typed calls over the shared request path.
+#[derive(Clone)]
+pub struct CloudClient {
+    path: RequestPath,
+}
+
+impl CloudClient {
+    /// The same client, whose calls are also cancelled by `cancel`.
+    pub fn with_cancel(&self, cancel: &CancellationToken) -> Self {
+        CloudClient {
+            path: self.path.with_cancel(cancel),
+        }
+    }
+
+    pub fn path(&self) -> &RequestPath {
+        &self.path
+    }
+
+    pub fn octavia(&self) -> super::octavia::Octavia<'_> {
+        super::octavia::Octavia::new(&self.path)
+    }
+
+    pub fn neutron(&self) -> super::neutron::Neutron<'_> {
+        super::neutron::Neutron::new(&self.path)
+    }
+
+    pub fn nova(&self) -> super::nova::Nova<'_> {
+        super::nova::Nova::new(&self.path)
+    }
+
+    pub fn glance(&self) -> super::glance::Glance<'_> {
+        super::glance::Glance::new(&self.path)
+    }
+}

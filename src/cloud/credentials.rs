@@ -1,0 +1,219 @@
+//! Credentials as an `identityRef` Secret holds them: `clouds.yaml` text, an optional CA bundle,
+//! the cloud's name and an optional region override. Parsed with `openstack_sdk`'s own config
+//! types. Nothing here is ever logged: error messages name fields and positions, never values.
+
+use std::fmt;
+
+use openstack_sdk::config::{CloudConfig, ConfigFile, get_config_identity_hash};
+
+use super::CloudError;
+
+/// The auth types we accept; others (websso, OIDC, TOTP, ...) need a human or a browser.
+const AUTH_TYPES: &[&str] = &[
+    "password",
+    "v3password",
+    "v3applicationcredential",
+    "applicationcredential",
+    "token",
+    "v3token",
+];
+
+#[derive(Clone)]
+pub struct CloudCredentials {
+    pub clouds_yaml: String,
+    /// PEM CA bundle, as the Secret's `cacert` key holds it.
+    pub cacert: Option<String>,
+    pub cloud_name: String,
+    /// Overrides the cloud's `region_name` (`identityRef.region`).
+    pub region: Option<String>,
+}
+
+impl fmt::Debug for CloudCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CloudCredentials")
+            .field("cloud_name", &self.cloud_name)
+            .field("region", &self.region)
+            .field("clouds_yaml", &"<redacted>")
+            .field("cacert", &self.cacert.as_ref().map(|_| "<pem>"))
+            .finish()
+    }
+}
+
+/// A cloud entry ready for the SDK, with the facts we key caches and limiters by.
+#[derive(Clone)]
+pub struct ResolvedCloud {
+    pub config: CloudConfig,
+    pub auth_url: String,
+    pub region: String,
+    pub auth_type: String,
+    /// Identifies the credential (a hash, never the secret itself): one token per identity.
+    pub identity: String,
+}
+
+impl fmt::Debug for ResolvedCloud {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResolvedCloud")
+            .field("auth_url", &self.auth_url)
+            .field("region", &self.region)
+            .field("auth_type", &self.auth_type)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CloudCredentials {
+    /// Parses and checks the clouds.yaml entry.
+    pub fn resolve(&self) -> Result<ResolvedCloud, CloudError> {
+        let file: ConfigFile = serde_yaml::from_str(&self.clouds_yaml).map_err(|e| {
+            let at = e
+                .location()
+                .map(|l| format!(" at line {} column {}", l.line(), l.column()))
+                .unwrap_or_default();
+            CloudError::Config(format!("clouds.yaml is not valid{at}"))
+        })?;
+        let mut config = file
+            .get_cloud_config(&self.cloud_name)
+            .map_err(|_| CloudError::Config(format!("cloud {:?} cannot be read", self.cloud_name)))?
+            .ok_or_else(|| {
+                let mut known = file.get_available_clouds();
+                known.sort();
+                CloudError::Config(format!(
+                    "cloud {:?} is not in clouds.yaml (it has: {})",
+                    self.cloud_name,
+                    known.join(", ")
+                ))
+            })?;
+        let auth_type = config
+            .auth_type
+            .clone()
+            .unwrap_or_else(|| "password".to_owned());
+        if !AUTH_TYPES.contains(&auth_type.as_str()) {
+            return Err(CloudError::Config(format!(
+                "auth_type {auth_type:?} is not supported (use one of: {})",
+                AUTH_TYPES.join(", ")
+            )));
+        }
+        config.auth_type = Some(auth_type.clone());
+        let auth_url = config
+            .auth
+            .as_ref()
+            .and_then(|auth| auth.auth_url.clone())
+            .ok_or_else(|| CloudError::Config("auth.auth_url is missing".into()))?;
+        url::Url::parse(&auth_url)
+            .map_err(|e| CloudError::Config(format!("auth.auth_url is not a URL: {e}")))?;
+        if let Some(region) = &self.region {
+            config.region_name = Some(region.clone());
+        }
+        // Never read or write the SDK's on-disk token cache (~/.osc): tokens stay in memory.
+        config.auth_cache = Some(false);
+        let region = config.region_name.clone().unwrap_or_default();
+        let identity = format!(
+            "{}|{}|{}|{}|{:?}|{}",
+            get_config_identity_hash(&config),
+            auth_type,
+            region,
+            config.interface.as_deref().unwrap_or("public"),
+            config.verify,
+            self.cacert.as_deref().map(fingerprint).unwrap_or_default(),
+        );
+        Ok(ResolvedCloud {
+            config,
+            auth_url,
+            region,
+            auth_type,
+            identity,
+        })
+    }
+}
+
+/// A short non-cryptographic fingerprint; the CA bundle is public data.
+fn fingerprint(text: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLOUDS: &str = r#"
+clouds:
+  openstack:
+    auth:
+      auth_url: https://keystone.example.com:5000/v3
+      username: demo
+      password: hunter2-secret
+      project_name: demo
+      user_domain_name: Default
+      project_domain_name: Default
+    region_name: RegionOne
+    interface: internal
+    verify: false
+  appcred:
+    auth_type: v3applicationcredential
+    auth:
+      auth_url: https://keystone.example.com:5000/v3
+      application_credential_id: abc
+      application_credential_secret: s3cr3t-appcred
+  sso:
+    auth_type: v3websso
+    auth:
+      auth_url: https://keystone.example.com:5000/v3
+"#;
+
+    fn creds(cloud: &str, region: Option<&str>) -> CloudCredentials {
+        CloudCredentials {
+            clouds_yaml: CLOUDS.into(),
+            cacert: None,
+            cloud_name: cloud.into(),
+            region: region.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn password_cloud_resolves_with_its_region_and_interface() {
+        let resolved = creds("openstack", None).resolve().unwrap();
+        assert_eq!(resolved.auth_url, "https://keystone.example.com:5000/v3");
+        assert_eq!(resolved.region, "RegionOne");
+        assert_eq!(resolved.auth_type, "password");
+        assert_eq!(resolved.config.interface.as_deref(), Some("internal"));
+        assert_eq!(resolved.config.verify, Some(false));
+        assert_eq!(resolved.config.auth_cache, Some(false));
+        assert!(!resolved.identity.contains("hunter2"));
+    }
+
+    #[test]
+    fn region_override_wins_and_changes_the_identity() {
+        let base = creds("openstack", None).resolve().unwrap();
+        let other = creds("openstack", Some("RegionTwo")).resolve().unwrap();
+        assert_eq!(other.region, "RegionTwo");
+        assert_ne!(base.identity, other.identity);
+    }
+
+    #[test]
+    fn application_credentials_are_accepted() {
+        let resolved = creds("appcred", None).resolve().unwrap();
+        assert_eq!(resolved.auth_type, "v3applicationcredential");
+    }
+
+    #[test]
+    fn bad_input_is_a_clear_config_error_without_secrets() {
+        let missing = creds("nope", None).resolve().unwrap_err().to_string();
+        assert!(
+            missing.contains("\"nope\" is not in clouds.yaml"),
+            "{missing}"
+        );
+        assert!(missing.contains("appcred, openstack, sso"), "{missing}");
+        let sso = creds("sso", None).resolve().unwrap_err().to_string();
+        assert!(sso.contains("v3websso"), "{sso}");
+        let broken = CloudCredentials {
+            clouds_yaml: "clouds: [password: hunter2-secret".into(),
+            ..creds("openstack", None)
+        };
+        let message = broken.resolve().unwrap_err().to_string();
+        assert!(message.contains("not valid at line"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+        assert!(!format!("{:?}", creds("openstack", None)).contains("hunter2"));
+    }
+}

@@ -1,0 +1,54 @@
+//! Glance v2: images by name and tags.
+
+use serde::Deserialize;
+
+use super::endpoint::Call;
+use super::{CloudError, Operation, RequestPath, Service};
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Image {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    /// queued, saving, active, killed, deleted, ...
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+const fn op(name: &'static str) -> Operation {
+    Operation::new(Service::Image, name)
+}
+
+/// Typed Glance calls.
+pub struct Glance<'a> {
+    path: &'a RequestPath,
+}
+
+impl<'a> Glance<'a> {
+    pub(crate) fn new(path: &'a RequestPath) -> Self {
+        Glance { path }
+    }
+
+    /// Images with this name (if given) and all of these tags.
+    pub async fn list_images(
+        &self,
+        name: Option<&str>,
+        tags: &[String],
+    ) -> Result<Vec<Image>, CloudError> {
+        let mut call = Call::get(op("image_list"), "images").query_opt("name", name);
+        for tag in tags {
+            call = call.query("tag", tag.clone());
+        }
+        self.path.fetch_all(call.key("images")).await
+    }
+
+    pub async fn get_image(&self, id: &str) -> Result<Image, CloudError> {
+        let call = Call::get(
+            op("image_get"),
+            format!("images/{}", super::octavia::seg(id)),
+        );
+        self.path.fetch(call).await
+    }
+}

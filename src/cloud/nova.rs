@@ -1,0 +1,170 @@
+//! Nova v2.1: servers, flavors, server groups. Requests carry microversion 2.53 (as CAPO
+//! does), which gives server tags and UUID-based server groups.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::endpoint::Call;
+use super::octavia::seg;
+use super::{CloudError, Operation, RequestPath, Service};
+
+const MICROVERSION: &str = "2.53";
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Server {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    /// BUILD, ACTIVE, ERROR, SHUTOFF, DELETED, ...
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub addresses: Value,
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub fault: Option<Value>,
+    #[serde(default, rename = "OS-EXT-AZ:availability_zone")]
+    pub availability_zone: Option<String>,
+}
+
+/// A network attachment of a new server.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ServerNetwork {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerSpec {
+    pub name: String,
+    #[serde(rename = "flavorRef")]
+    pub flavor_ref: String,
+    #[serde(rename = "imageRef", skip_serializing_if = "String::is_empty")]
+    pub image_ref: String,
+    pub networks: Vec<ServerNetwork>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// Base64-encoded, as Nova requires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub availability_zone: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_drive: Option<bool>,
+    /// Not part of the `server` object: sent as a scheduler hint.
+    #[serde(skip)]
+    pub server_group_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Flavor {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub vcpus: u32,
+    #[serde(default)]
+    pub ram: u64,
+    #[serde(default)]
+    pub disk: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct ServerGroup {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub policies: Vec<String>,
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+const fn op(name: &'static str) -> Operation {
+    Operation::new(Service::Compute, name)
+}
+
+fn versioned(call: Call) -> Call {
+    call.header("openstack-api-version", "compute 2.53")
+        .header("x-openstack-nova-api-version", MICROVERSION)
+}
+
+/// Typed Nova calls.
+pub struct Nova<'a> {
+    path: &'a RequestPath,
+}
+
+impl<'a> Nova<'a> {
+    pub(crate) fn new(path: &'a RequestPath) -> Self {
+        Nova { path }
+    }
+
+    pub async fn create_server(&self, spec: &ServerSpec) -> Result<Server, CloudError> {
+        let mut body = json!({ "server": spec });
+        if let Some(group) = &spec.server_group_id {
+            body["os:scheduler_hints"] = json!({ "group": group });
+        }
+        let call = versioned(Call::post(op("server_create"), "servers", body));
+        self.path.fetch(call.key("server")).await
+    }
+
+    pub async fn get_server(&self, id: &str) -> Result<Server, CloudError> {
+        let call = versioned(Call::get(op("server_get"), format!("servers/{}", seg(id))));
+        self.path.fetch(call.key("server")).await
+    }
+
+    /// Servers whose name matches exactly. Nova's `name` filter is a regular expression, so the
+    /// name is anchored and escaped, and the answer filtered again.
+    pub async fn list_servers_by_name(&self, name: &str) -> Result<Vec<Server>, CloudError> {
+        let pattern = format!("^{}$", regex::escape(name));
+        let call = versioned(Call::get(op("server_list"), "servers/detail").query("name", pattern));
+        let servers: Vec<Server> = self.path.fetch_all(call.key("servers")).await?;
+        Ok(servers.into_iter().filter(|s| s.name == name).collect())
+    }
+
+    pub async fn delete_server(&self, id: &str) -> Result<(), CloudError> {
+        let call = versioned(Call::delete(
+            op("server_delete"),
+            format!("servers/{}", seg(id)),
+        ));
+        self.path.run(call).await
+    }
+
+    /// The flavor with this exact name; `NotFound` when there is none.
+    pub async fn flavor_by_name(&self, name: &str) -> Result<Flavor, CloudError> {
+        let call = versioned(Call::get(op("flavor_list"), "flavors/detail"));
+        let flavors: Vec<Flavor> = self.path.fetch_all(call.key("flavors")).await?;
+        flavors
+            .into_iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| not_found(op("flavor_list"), format!("no flavor named {name:?}")))
+    }
+
+    /// Server groups, optionally by exact name.
+    pub async fn list_server_groups(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Vec<ServerGroup>, CloudError> {
+        let call = versioned(Call::get(op("server_group_list"), "os-server-groups"));
+        let groups: Vec<ServerGroup> = self.path.fetch_all(call.key("server_groups")).await?;
+        Ok(groups
+            .into_iter()
+            .filter(|g| name.is_none_or(|n| g.name == n))
+            .collect())
+    }
+}
+
+pub(crate) fn not_found(op: Operation, message: String) -> CloudError {
+    CloudError::NotFound(super::ErrorContext {
+        service: op.service,
+        operation: op.name.to_owned(),
+        message,
+    })
+}

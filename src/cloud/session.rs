@@ -1,0 +1,265 @@
+//! Sessions: where each service lives and how one authenticated request is sent.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{Request, Response};
+use openstack_sdk::AsyncOpenStack;
+use openstack_sdk::api::AsyncClient;
+use openstack_sdk::types::ServiceType;
+use url::Url;
+
+use super::Service;
+
+/// The scope a session belongs to: which limiter gates its requests.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SessionScope {
+    pub auth_url: String,
+    pub region: String,
+}
+
+/// Why a request got no HTTP answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// Keystone refused the credentials while re-authenticating.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// What the request path needs from a cloud connection.
+#[async_trait]
+pub trait Session: Send + Sync + 'static {
+    fn scope(&self) -> &SessionScope;
+
+    /// The versioned base URL of `service`, ending in `/`.
+    async fn service_url(&self, service: Service) -> Result<Url, SendError>;
+
+    /// Sends one request with the session's credentials.
+    async fn send(&self, request: Request<Vec<u8>>) -> Result<Response<Bytes>, SendError>;
+}
+
+/// Appends the service's version segment unless the catalog URL already names a version, and
+/// ends the path with `/` so relative paths join under it.
+pub(crate) fn versioned_base(mut url: Url, service: Service) -> Url {
+    let path = url.path().trim_end_matches('/').to_owned();
+    let has_version = path.rsplit('/').take(2).any(is_version_segment);
+    let path = if has_version {
+        format!("{path}/")
+    } else {
+        format!("{path}/{}/", service.version_segment())
+    };
+    url.set_path(&path);
+    url
+}
+
+fn is_version_segment(segment: &str) -> bool {
+    let mut chars = segment.chars();
+    chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+}
+
+/// The production session: `openstack_sdk` holds the token (renewed before expiry,
+/// re-issued once on a 401) and the catalog.
+pub struct SdkSession {
+    client: AsyncOpenStack,
+    scope: SessionScope,
+    _renewal: openstack_sdk::RenewHandle,
+    /// The CA bundle from the Secret, written to a private file for the SDK; removed on drop.
+    _cacert: Option<tempfile::NamedTempFile>,
+}
+
+impl SdkSession {
+    pub(crate) fn new(
+        client: AsyncOpenStack,
+        scope: SessionScope,
+        renewal: openstack_sdk::RenewHandle,
+        cacert: Option<tempfile::NamedTempFile>,
+    ) -> Self {
+        SdkSession {
+            client,
+            scope,
+            _renewal: renewal,
+            _cacert: cacert,
+        }
+    }
+}
+
+fn service_type(service: Service) -> ServiceType {
+    match service {
+        Service::Identity => ServiceType::Identity,
+        Service::Compute => ServiceType::Compute,
+        Service::Network => ServiceType::Network,
+        Service::Image => ServiceType::Image,
+        Service::LoadBalancer => ServiceType::LoadBalancer,
+    }
+}
+
+#[async_trait]
+impl Session for SdkSession {
+    fn scope(&self) -> &SessionScope {
+        &self.scope
+    }
+
+    async fn service_url(&self, service: Service) -> Result<Url, SendError> {
+        let endpoint = self
+            .client
+            .get_service_endpoint(&service_type(service), None)
+            .await
+            .map_err(|e| SendError::Other(e.to_string()))?;
+        Ok(versioned_base(endpoint.url().clone(), service))
+    }
+
+    async fn send(&self, request: Request<Vec<u8>>) -> Result<Response<Bytes>, SendError> {
+        let (parts, body) = request.into_parts();
+        let mut builder = Request::builder()
+            .method(parts.method)
+            .uri(parts.uri)
+            .version(parts.version);
+        if let Some(headers) = builder.headers_mut() {
+            *headers = parts.headers;
+        }
+        self.client
+            .rest_async(builder, body)
+            .await
+            .map_err(sdk_send_error)
+    }
+}
+
+/// Classifies the SDK's error by the reqwest error inside it, if any.
+fn sdk_send_error(error: openstack_sdk::api::ApiError<openstack_sdk::RestError>) -> SendError {
+    use openstack_sdk::RestError;
+    match error {
+        openstack_sdk::api::ApiError::Client {
+            source: RestError::Communication { source },
+        } => reqwest_send_error(&source),
+        openstack_sdk::api::ApiError::Client {
+            source: RestError::AuthError { source },
+        } => SendError::Auth(source.to_string()),
+        other => SendError::Other(other.to_string()),
+    }
+}
+
+fn reqwest_send_error(error: &reqwest::Error) -> SendError {
+    if error.is_timeout() {
+        SendError::Timeout(error.to_string())
+    } else if error.is_connect() {
+        SendError::Connect(error.to_string())
+    } else {
+        SendError::Other(error.to_string())
+    }
+}
+
+/// A session without Keystone, for test stacks only (Octavia with `auth_strategy = noauth`, the
+/// simulator with auth disabled): fixed endpoints and an `X-Project-Id` header. Never used with a
+/// real cloud, which would reject it anyway.
+pub struct NoAuthSession {
+    http: reqwest::Client,
+    endpoints: BTreeMap<Service, Url>,
+    project_id: Option<String>,
+    scope: SessionScope,
+}
+
+impl NoAuthSession {
+    /// `endpoints` are the services' base URLs, versioned or not.
+    pub fn new(
+        endpoints: impl IntoIterator<Item = (Service, Url)>,
+        project_id: Option<String>,
+    ) -> Result<Self, SendError> {
+        let endpoints: BTreeMap<Service, Url> = endpoints.into_iter().collect();
+        let auth_url = endpoints
+            .values()
+            .next()
+            .map(Url::to_string)
+            .unwrap_or_default();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| SendError::Other(e.to_string()))?;
+        Ok(NoAuthSession {
+            http,
+            endpoints,
+            project_id,
+            scope: SessionScope {
+                auth_url: format!("noauth:{auth_url}"),
+                region: String::new(),
+            },
+        })
+    }
+}
+
+#[async_trait]
+impl Session for NoAuthSession {
+    fn scope(&self) -> &SessionScope {
+        &self.scope
+    }
+
+    async fn service_url(&self, service: Service) -> Result<Url, SendError> {
+        let url = self
+            .endpoints
+            .get(&service)
+            .ok_or_else(|| SendError::Other(format!("no endpoint configured for {service}")))?;
+        Ok(versioned_base(url.clone(), service))
+    }
+
+    async fn send(&self, request: Request<Vec<u8>>) -> Result<Response<Bytes>, SendError> {
+        let mut request =
+            reqwest::Request::try_from(request).map_err(|e| SendError::Other(e.to_string()))?;
+        if let Some(project) = &self.project_id
+            && let Ok(value) = http::HeaderValue::from_str(project)
+        {
+            request.headers_mut().insert("x-project-id", value);
+        }
+        let response = self
+            .http
+            .execute(request)
+            .await
+            .map_err(|e| reqwest_send_error(&e))?;
+        let mut builder = Response::builder()
+            .status(response.status())
+            .version(response.version());
+        if let Some(headers) = builder.headers_mut() {
+            *headers = response.headers().clone();
+        }
+        let body = response.bytes().await.map_err(|e| reqwest_send_error(&e))?;
+        builder
+            .body(body)
+            .map_err(|e| SendError::Other(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(url: &str, service: Service) -> String {
+        versioned_base(Url::parse(url).unwrap(), service).to_string()
+    }
+
+    #[test]
+    fn catalog_urls_get_their_version_once() {
+        assert_eq!(
+            base("http://h:9876", Service::LoadBalancer),
+            "http://h:9876/v2/"
+        );
+        assert_eq!(
+            base("http://h/load-balancer/v2/", Service::LoadBalancer),
+            "http://h/load-balancer/v2/"
+        );
+        assert_eq!(
+            base("http://h:9696/", Service::Network),
+            "http://h:9696/v2.0/"
+        );
+        assert_eq!(
+            base("http://h/compute/v2.1/abc123", Service::Compute),
+            "http://h/compute/v2.1/abc123/"
+        );
+        assert_eq!(base("http://h/image", Service::Image), "http://h/image/v2/");
+    }
+}
