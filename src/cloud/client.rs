@@ -255,6 +255,14 @@ pub struct CloudClient {
     path: RequestPath,
 }
 
+impl std::fmt::Debug for CloudClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudClient")
+            .field("scope", self.path.session().scope())
+            .finish_non_exhaustive()
+    }
+}
+
 impl CloudClient {
     /// The same client, whose calls are also cancelled by `cancel`.
     pub fn with_cancel(&self, cancel: &CancellationToken) -> Self {

@@ -100,6 +100,12 @@ impl CloudCredentials {
             .ok_or_else(|| CloudError::Config("auth.auth_url is missing".into()))?;
         url::Url::parse(&auth_url)
             .map_err(|e| CloudError::Config(format!("auth.auth_url is not a URL: {e}")))?;
+        // The SDK registers auth_url as the *public* identity endpoint only, so a cloud with
+        // `interface: internal` could not even authenticate. Naming it explicitly fixes that.
+        config
+            .options
+            .entry("identity_endpoint_override".to_owned())
+            .or_insert_with(|| config::Value::from(format!("{}/", auth_url.trim_end_matches('/'))));
         if let Some(region) = &self.region {
             config.region_name = Some(region.clone());
         }
