@@ -1,11 +1,14 @@
 //! The `capo-rs` command line.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
 use crate::api::crds;
+use crate::cloud::{CloudOptions, PathOptions, RateLimit};
 use crate::sim::kube::{KubeSim, KubeSimConfig};
 
 /// capo-rs: Cluster API infrastructure provider for OpenStack.
@@ -29,6 +32,60 @@ pub enum Command {
     /// Run a simulator standalone.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Measurements that print figures.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Cost of the OpenStack request path per call, without the network.
+    RequestPath {
+        /// Calls per measurement.
+        #[arg(long, default_value_t = 100_000)]
+        calls: u32,
+    },
+    /// Paces concurrent calls through one endpoint's limiter (real time) and reports the
+    /// achieved rate and the largest burst seen.
+    RateLimit {
+        /// Calls to make, all at once.
+        #[arg(long, default_value_t = 200)]
+        requests: u32,
+        #[command(flatten)]
+        openstack: OpenStackArgs,
+    },
+}
+
+/// How politely we talk to OpenStack; shared by every command that does.
+#[derive(Clone, Debug, clap::Args)]
+pub struct OpenStackArgs {
+    /// Requests per second to each OpenStack endpoint (auth URL, region and service).
+    #[arg(long, default_value_t = NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN))]
+    pub openstack_qps: NonZeroU32,
+    /// Requests an endpoint may receive at once before the per-second rate applies.
+    #[arg(long, default_value_t = NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN))]
+    pub openstack_burst: NonZeroU32,
+    /// Seconds to wait for one OpenStack answer.
+    #[arg(long, default_value_t = 30)]
+    pub openstack_timeout: u64,
+}
+
+impl OpenStackArgs {
+    pub fn options(&self) -> CloudOptions {
+        let defaults = CloudOptions::default();
+        CloudOptions {
+            rate_limit: RateLimit {
+                qps: self.openstack_qps,
+                burst: self.openstack_burst,
+            },
+            path: PathOptions {
+                request_timeout: Duration::from_secs(self.openstack_timeout.max(1)),
+                ..defaults.path.clone()
+            },
+            ..defaults
+        }
+    }
 }
 
 /// Simulators.
@@ -64,6 +121,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             kubeconfig_out,
             with_crds,
         }) => run_kube_sim(listen, kubeconfig_out, with_crds)?,
+        Command::Bench(BenchCommand::RequestPath { calls }) => {
+            crate::bench::request_path::run(calls.max(1))?.print();
+        }
+        Command::Bench(BenchCommand::RateLimit {
+            requests,
+            openstack,
+        }) => {
+            crate::bench::request_path::rate_limit(requests.max(1), openstack.options())?.print();
+        }
     }
     Ok(())
 }

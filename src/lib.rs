@@ -6,6 +6,7 @@
 //! modules.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod cloud;
 pub mod sim;

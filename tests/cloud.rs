@@ -232,6 +232,30 @@ async fn region_and_interface_choose_the_endpoint() {
 }
 
 #[tokio::test]
+async fn cacert_from_the_secret_is_loaded_and_garbage_is_refused() {
+    let server = MockServer::start().await;
+    mount_identity_discovery(&server).await;
+    Mock::given(method("POST"))
+        .and(path("/identity/v3/auth/tokens"))
+        .respond_with(token_response(
+            &server,
+            TOKEN_A,
+            chrono::TimeDelta::hours(1),
+        ))
+        .mount(&server)
+        .await;
+    let (clouds, _) = clouds(options());
+    let mut creds = credentials(&server);
+    creds.cacert = Some(include_str!("fixtures/test-ca.pem").into());
+    clouds.connect(&creds).await.unwrap();
+
+    creds.cacert = Some("not a certificate".into());
+    creds.region = Some("OtherRegion".into()); // a different credential: no cached session
+    let error = clouds.connect(&creds).await.unwrap_err();
+    assert!(matches!(error, CloudError::Config(_)), "{error:?}");
+}
+
+#[tokio::test]
 async fn token_is_renewed_before_it_expires() {
     let server = MockServer::start().await;
     mount_identity_discovery(&server).await;
@@ -675,15 +699,18 @@ async fn retry_after_over_http_pauses_the_next_request() {
 
 // ---------------------------------------------------------------- virtual time
 
+/// A status and the headers to answer with.
+type Answer = (u16, Vec<(&'static str, String)>);
+
 /// An in-process session: answers from a script, records when each request arrived.
 struct ScriptedSession {
     scope: SessionScope,
-    answers: Mutex<VecDeque<(u16, Vec<(&'static str, String)>)>>,
+    answers: Mutex<VecDeque<Answer>>,
     arrivals: Mutex<Vec<(tokio::time::Instant, String)>>,
 }
 
 impl ScriptedSession {
-    fn new(answers: Vec<(u16, Vec<(&'static str, String)>)>) -> Arc<Self> {
+    fn new(answers: Vec<Answer>) -> Arc<Self> {
         Arc::new(ScriptedSession {
             scope: SessionScope {
                 auth_url: "scripted".into(),

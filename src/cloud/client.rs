@@ -204,6 +204,11 @@ impl Clouds {
 }
 
 fn write_cacert(pem: &str) -> Result<tempfile::NamedTempFile, CloudError> {
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(CloudError::Config(
+            "cacert holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+        ));
+    }
     let mut file = tempfile::Builder::new()
         .prefix("capo-rs-cacert-")
         .suffix(".pem")

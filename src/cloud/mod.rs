@@ -33,7 +33,7 @@ pub use credentials::{CloudCredentials, ResolvedCloud};
 pub use error::{CloudError, ErrorContext, classify_response, retry_after, server_message};
 pub use limiter::{EndpointGate, GateKey, RateLimit};
 pub use metrics::ApiMetrics;
-pub use path::RequestPath;
+pub use path::{PathOptions, RequestPath};
 pub use retry::RetryPolicy;
 pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope};
 

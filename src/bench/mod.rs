@@ -1,0 +1,3 @@
+//! `capo-rs bench ...`: measurements that print figures. Not on any production path.
+
+pub mod request_path;
