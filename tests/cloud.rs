@@ -30,10 +30,10 @@ const TOKEN_B: &str = "gAAAAA-token-B-secret";
 
 fn sample(name: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/octavia-samples")
+        .join("tests/fixtures/octavia")
         .join(name);
     let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{} is needed beside the repository: {e}", path.display()));
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
@@ -127,6 +127,32 @@ async fn mount_identity_discovery(server: &MockServer) {
         .await;
 }
 
+/// Keystone on `server`: version discovery, and tokens named `token` for every request.
+async fn mount_keystone(server: &MockServer, token: &str, lifetime: chrono::TimeDelta) {
+    mount_identity_discovery(server).await;
+    Mock::given(method("POST"))
+        .and(path("/identity/v3/auth/tokens"))
+        .respond_with(token_response(server, token, lifetime))
+        .mount(server)
+        .await;
+}
+
+/// Keystone issuing TOKEN_A (valid for `first_lifetime`) once, then TOKEN_B.
+async fn mount_keystone_rotating(server: &MockServer, first_lifetime: chrono::TimeDelta) {
+    mount_identity_discovery(server).await;
+    Mock::given(method("POST"))
+        .and(path("/identity/v3/auth/tokens"))
+        .respond_with(token_response(server, TOKEN_A, first_lifetime))
+        .up_to_n_times(1)
+        .mount(server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/identity/v3/auth/tokens"))
+        .respond_with(token_response(server, TOKEN_B, chrono::TimeDelta::hours(1)))
+        .mount(server)
+        .await;
+}
+
 fn credentials(server: &MockServer) -> CloudCredentials {
     CloudCredentials {
         clouds_yaml: clouds_yaml(&format!("{}/identity/v3", server.uri())),
@@ -196,18 +222,21 @@ async fn keystone_token_and_catalog_route_calls_with_the_token() {
 }
 
 #[tokio::test]
+async fn idle_sessions_are_dropped_after_their_ttl() {
+    let server = MockServer::start().await;
+    mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
+    let mut opts = options();
+    opts.session_idle_ttl = Duration::ZERO;
+    let (clouds, _) = clouds(opts);
+    clouds.connect(&credentials(&server)).await.unwrap();
+    clouds.connect(&credentials(&server)).await.unwrap();
+    assert_eq!(token_requests(&server).await, 2);
+}
+
+#[tokio::test]
 async fn region_and_interface_choose_the_endpoint() {
     let server = MockServer::start().await;
-    mount_identity_discovery(&server).await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_A,
-            chrono::TimeDelta::hours(1),
-        ))
-        .mount(&server)
-        .await;
+    mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
     Mock::given(method("GET"))
         .and(path(format!(
             "/internal/load-balancer/v2/lbaas/pools/{POOL}/members/{MEMBER}"
@@ -234,16 +263,7 @@ async fn region_and_interface_choose_the_endpoint() {
 #[tokio::test]
 async fn cacert_from_the_secret_is_loaded_and_garbage_is_refused() {
     let server = MockServer::start().await;
-    mount_identity_discovery(&server).await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_A,
-            chrono::TimeDelta::hours(1),
-        ))
-        .mount(&server)
-        .await;
+    mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
     let (clouds, _) = clouds(options());
     let mut creds = credentials(&server);
     creds.cacert = Some(include_str!("fixtures/test-ca.pem").into());
@@ -258,26 +278,7 @@ async fn cacert_from_the_secret_is_loaded_and_garbage_is_refused() {
 #[tokio::test]
 async fn token_is_renewed_before_it_expires() {
     let server = MockServer::start().await;
-    mount_identity_discovery(&server).await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_A,
-            chrono::TimeDelta::seconds(3),
-        ))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_B,
-            chrono::TimeDelta::hours(1),
-        ))
-        .mount(&server)
-        .await;
+    mount_keystone_rotating(&server, chrono::TimeDelta::seconds(3)).await;
     Mock::given(method("GET"))
         .and(path(format!(
             "/load-balancer/v2/lbaas/pools/{POOL}/members/{MEMBER}"
@@ -304,26 +305,7 @@ async fn token_is_renewed_before_it_expires() {
 #[tokio::test]
 async fn a_401_triggers_one_reauthentication() {
     let server = MockServer::start().await;
-    mount_identity_discovery(&server).await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_A,
-            chrono::TimeDelta::hours(1),
-        ))
-        .up_to_n_times(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_B,
-            chrono::TimeDelta::hours(1),
-        ))
-        .mount(&server)
-        .await;
+    mount_keystone_rotating(&server, chrono::TimeDelta::hours(1)).await;
     let member_path = format!("/load-balancer/v2/lbaas/pools/{POOL}/members/{MEMBER}");
     Mock::given(method("GET"))
         .and(path(member_path.clone()))
@@ -398,16 +380,7 @@ async fn logs_have_one_event_per_request_and_no_secrets() {
     let logs = captured_logs();
 
     let server = MockServer::start().await;
-    mount_identity_discovery(&server).await;
-    Mock::given(method("POST"))
-        .and(path("/identity/v3/auth/tokens"))
-        .respond_with(token_response(
-            &server,
-            TOKEN_A,
-            chrono::TimeDelta::hours(1),
-        ))
-        .mount(&server)
-        .await;
+    mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
     Mock::given(method("GET"))
         .and(path(format!(
             "/load-balancer/v2/lbaas/pools/{LOGGED_POOL}/members"

@@ -27,6 +27,9 @@ pub struct CloudOptions {
     /// Renew a token this long before it expires (capped at a fifth of its lifetime, so a
     /// short-lived token is not renewed in a tight loop).
     pub token_renew_margin: Duration,
+    /// A credential nobody used for this long loses its session (and its token renewal), so a
+    /// rotated or removed Secret does not keep a token alive forever.
+    pub session_idle_ttl: Duration,
 }
 
 impl Default for CloudOptions {
@@ -35,18 +38,24 @@ impl Default for CloudOptions {
             rate_limit: RateLimit::default(),
             path: PathOptions::default(),
             token_renew_margin: Duration::from_secs(300),
+            session_idle_ttl: Duration::from_secs(3600),
         }
     }
 }
 
-type SessionCell = Arc<OnceCell<Arc<SdkSession>>>;
+/// One credential's session, opened once, dropped after `session_idle_ttl` without use.
+#[derive(Default)]
+struct SessionSlot {
+    cell: Arc<OnceCell<Arc<SdkSession>>>,
+    last_used: Option<tokio::time::Instant>,
+}
 
 /// Shared by every controller of the process.
 pub struct Clouds {
     options: CloudOptions,
     metrics: ApiMetrics,
     gates: Mutex<HashMap<GateKey, Arc<EndpointGate>>>,
-    sessions: Mutex<HashMap<String, SessionCell>>,
+    sessions: Mutex<HashMap<String, SessionSlot>>,
     cancel: CancellationToken,
 }
 
@@ -79,11 +88,13 @@ impl Clouds {
     pub async fn connect(&self, credentials: &CloudCredentials) -> Result<CloudClient, CloudError> {
         let resolved = credentials.resolve()?;
         let cell = {
+            let now = tokio::time::Instant::now();
+            let ttl = self.options.session_idle_ttl;
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            sessions
-                .entry(resolved.identity.clone())
-                .or_default()
-                .clone()
+            sessions.retain(|_, slot| slot.last_used.is_none_or(|used| now - used < ttl));
+            let slot = sessions.entry(resolved.identity.clone()).or_default();
+            slot.last_used = Some(now);
+            slot.cell.clone()
         };
         let session = cell
             .get_or_try_init(|| self.open_session(&resolved, credentials.cacert.as_deref()))
