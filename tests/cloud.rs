@@ -832,3 +832,189 @@ async fn limiter_paces_200_requests_at_qps_20_and_never_exceeds_burst() {
     }
     println!("200 requests at qps {QPS} burst {BURST}: {elapsed:?} of virtual time");
 }
+
+// ---------------------------------------------------------------- request shapes
+
+/// A client with every service at `server`, without Keystone.
+fn all_services_client(server: &MockServer) -> CloudClient {
+    let (clouds, _) = clouds(options());
+    let base = |prefix: &str| Url::parse(&format!("{}/{prefix}", server.uri())).unwrap();
+    let session = NoAuthSession::new(
+        [
+            (Service::LoadBalancer, base("load-balancer")),
+            (Service::Network, base("network")),
+            (Service::Compute, base("compute/v2.1")),
+            (Service::Image, base("image")),
+        ],
+        None,
+    )
+    .unwrap();
+    clouds.client(Arc::new(session))
+}
+
+#[tokio::test]
+async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
+    use capo_rs::cloud::neutron::{Filter, PortSpec};
+    use capo_rs::cloud::nova::{ServerNetwork, ServerSpec};
+    use capo_rs::cloud::octavia::LoadBalancerFilter;
+    use wiremock::matchers::{body_json, query_param};
+
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/load-balancer/v2/lbaas/loadbalancers"))
+        .and(query_param("name", "k8s-clusterapi-cluster-default-c1-kubeapi"))
+        .and(query_param("tags", "a,b"))
+        .respond_with(json_response(200, &json!({"loadbalancers": [sample("loadbalancer_active.json")["loadbalancer"]], "loadbalancers_links": []})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .and(path("/load-balancer/v2/lbaas/loadbalancers/lb1"))
+        .and(query_param("cascade", "true"))
+        .respond_with(ResponseTemplate::new(204))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/network/v2.0/ports"))
+        .and(query_param("network_id", "net1"))
+        .and(query_param("tags", "t1,t2"))
+        .and(query_param("not-tags-any", "x"))
+        .respond_with(json_response(
+            200,
+            &json!({"ports": [{"id": "p1", "name": "port", "network_id": "net1",
+            "fixed_ips": [{"subnet_id": "s1", "ip_address": "10.0.0.5"}]}]}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/network/v2.0/ports"))
+        .and(body_json(
+            json!({"port": {"name": "m1-0", "network_id": "net1",
+            "fixed_ips": [{"subnet_id": "s1"}]}}),
+        ))
+        .respond_with(json_response(
+            201,
+            &json!({"port": {"id": "p2", "name": "m1-0", "network_id": "net1"}}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/network/v2.0/ports/p2/tags"))
+        .and(body_json(json!({"tags": ["cluster-c1"]})))
+        .respond_with(json_response(200, &json!({"tags": ["cluster-c1"]})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/compute/v2.1/servers"))
+        .and(header("openstack-api-version", "compute 2.53"))
+        .and(body_partial_json(
+            json!({"server": {"name": "m1", "flavorRef": "f1", "imageRef": "i1",
+            "networks": [{"port": "p2"}], "tags": ["cluster-c1"]},
+            "os:scheduler_hints": {"group": "g1"}}),
+        ))
+        .respond_with(json_response(202, &json!({"server": {"id": "srv1"}})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/compute/v2.1/servers/detail"))
+        .and(query_param("name", "^m1\\.example$"))
+        .respond_with(json_response(
+            200,
+            &json!({"servers": [
+            {"id": "srv1", "name": "m1.example", "status": "ACTIVE"},
+            {"id": "srv2", "name": "m1.example-2", "status": "ACTIVE"}]}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/image/v2/images"))
+        .and(query_param("name", "ubuntu-2404-kube-v1.33"))
+        .and(query_param("tag", "capi"))
+        .respond_with(json_response(200, &json!({"images": [{"id": "i1", "name": "ubuntu-2404-kube-v1.33", "status": "active", "tags": ["capi"]}]})))
+        .expect(1)
+        .mount(&server)
+        .await;
+
+    let client = all_services_client(&server);
+    let lbs = client
+        .octavia()
+        .list_load_balancers(&LoadBalancerFilter {
+            name: Some("k8s-clusterapi-cluster-default-c1-kubeapi".into()),
+            tags: vec!["a".into(), "b".into()],
+        })
+        .await
+        .unwrap();
+    assert_eq!(lbs.len(), 1);
+    client
+        .octavia()
+        .delete_load_balancer("lb1", true)
+        .await
+        .unwrap();
+
+    let filter = Filter {
+        tags: vec!["t1".into(), "t2".into()],
+        not_tags_any: vec!["x".into()],
+        ..Filter::default()
+    }
+    .with("network_id", "net1");
+    let ports = client.neutron().list_ports(&filter).await.unwrap();
+    assert_eq!(
+        ports[0].fixed_ips[0].ip_address.as_deref(),
+        Some("10.0.0.5")
+    );
+    let port = client
+        .neutron()
+        .create_port(&PortSpec {
+            name: "m1-0".into(),
+            network_id: "net1".into(),
+            fixed_ips: vec![capo_rs::cloud::neutron::FixedIp {
+                subnet_id: Some("s1".into()),
+                ip_address: None,
+            }],
+            tags: vec!["cluster-c1".into()],
+            ..PortSpec::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(port.id, "p2");
+
+    let server_spec = ServerSpec {
+        name: "m1".into(),
+        flavor_ref: "f1".into(),
+        image_ref: "i1".into(),
+        networks: vec![ServerNetwork {
+            port: Some("p2".into()),
+            uuid: None,
+        }],
+        tags: vec!["cluster-c1".into()],
+        server_group_id: Some("g1".into()),
+        ..ServerSpec::default()
+    };
+    assert_eq!(
+        client.nova().create_server(&server_spec).await.unwrap().id,
+        "srv1"
+    );
+    let found = client
+        .nova()
+        .list_servers_by_name("m1.example")
+        .await
+        .unwrap();
+    assert_eq!(
+        found.len(),
+        1,
+        "the name filter is a regex: exact matches only"
+    );
+
+    let images = client
+        .glance()
+        .list_images(Some("ubuntu-2404-kube-v1.33"), &["capi".into()])
+        .await
+        .unwrap();
+    assert_eq!(images[0].id, "i1");
+}
