@@ -505,9 +505,23 @@ async fn error_objects_decode_as_answers_not_failures() {
         ))
         .mount(&server)
         .await;
+    Mock::given(method("GET"))
+        .and(path(format!(
+            "/load-balancer/v2/lbaas/pools/{POOL}/members/garbled"
+        )))
+        .respond_with(json_response(200, &json!({"member": {"id": 5}})))
+        .mount(&server)
+        .await;
     let (client, _) = noauth_client(&server, options());
     let member = client.octavia().get_member(POOL, MEMBER).await.unwrap();
     assert_eq!(member.provisioning_status, ProvisioningStatus::Error);
+    let garbled = client
+        .octavia()
+        .get_member(POOL, "garbled")
+        .await
+        .unwrap_err();
+    assert!(matches!(garbled, CloudError::Decode(_)), "{garbled:?}");
+    assert!(!garbled.is_retryable());
     let tree = client.octavia().status_tree("lb").await.unwrap();
     let members = &tree.listeners[0].pools[0].members;
     assert!(
