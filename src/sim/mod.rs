@@ -2,3 +2,4 @@
 //! path.
 
 pub mod kube;
+pub mod openstack;

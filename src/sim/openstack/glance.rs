@@ -1,0 +1,93 @@
+//! Glance v2: images, listed by name and tags.
+
+use axum::http::Method;
+use serde_json::{Value, json};
+
+use super::world::{Reply, World};
+
+#[derive(Debug, Default)]
+pub struct Glance {
+    images: Vec<Value>,
+}
+
+impl Glance {
+    pub fn exists(&self, id: &str) -> bool {
+        self.images.iter().any(|i| i["id"] == id)
+    }
+}
+
+/// Images a CAPO cluster template usually names.
+pub fn seed(world: &mut World) {
+    for (name, tags) in [
+        ("ubuntu-2404-kube-v1.33.4", vec!["capi"]),
+        ("ubuntu-2204-kube-v1.32.8", vec!["capi"]),
+        ("cirros-0.6.3-x86_64-disk", vec![]),
+    ] {
+        add_image(world, name, &tags);
+    }
+}
+
+pub fn add_image(world: &mut World, name: &str, tags: &[&str]) -> String {
+    let id = world.uuid();
+    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    world.glance.images.push(json!({
+        "id": id, "name": name, "status": "active", "tags": tags, "visibility": "public",
+        "disk_format": "qcow2", "container_format": "bare", "min_disk": 0, "min_ram": 0,
+        "size": 1_073_741_824u64, "protected": false, "os_hidden": false,
+        "created_at": now, "updated_at": now, "self": format!("/v2/images/{id}"),
+        "file": format!("/v2/images/{id}/file"), "schema": "/v2/schemas/image",
+        "owner": world.settings.project_id,
+    }));
+    id
+}
+
+pub fn handle(
+    world: &mut World,
+    method: &Method,
+    rest: &[&str],
+    query: &[(String, String)],
+) -> Reply {
+    let not_found = |id: &str| {
+        Reply::json(
+            404,
+            json!({"code": 404, "title": "Not Found", "message": format!("No image found with ID {id}")}),
+        )
+    };
+    match (method.as_str(), rest) {
+        ("GET", ["v2", "images"]) => {
+            let param = |name: &'static str| {
+                query
+                    .iter()
+                    .filter(move |(k, _)| k == name)
+                    .map(|(_, v)| v.as_str())
+            };
+            let images: Vec<&Value> = world
+                .glance
+                .images
+                .iter()
+                .filter(|i| param("name").all(|n| i["name"] == n))
+                .filter(|i| param("status").all(|s| i["status"] == s))
+                .filter(|i| {
+                    param("tag").all(|t| {
+                        i["tags"]
+                            .as_array()
+                            .is_some_and(|tags| tags.iter().any(|x| x == t))
+                    })
+                })
+                .collect();
+            Reply::ok(
+                json!({"images": images, "first": "/v2/images", "schema": "/v2/schemas/images"}),
+            )
+        }
+        ("GET", ["v2", "images", id]) => {
+            match world.glance.images.iter().find(|i| i["id"] == *id) {
+                Some(image) => Reply::ok(image.clone()),
+                None => not_found(id),
+            }
+        }
+        _ => Reply::json(
+            404,
+            json!({"code": 404, "title": "Not Found", "message": "The resource could not be found."}),
+        ),
+    }
+}

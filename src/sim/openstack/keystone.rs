@@ -1,0 +1,147 @@
+//! Keystone v3: version discovery, token issue (password, application credential, token),
+//! token validation, the catalog.
+
+use std::collections::HashMap;
+
+use axum::http::Method;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::world::{Reply, World};
+
+#[derive(Debug, Default)]
+pub struct Keystone {
+    /// Token -> when it expires (on the simulator's clock).
+    tokens: HashMap<String, Instant>,
+    pub issued: u64,
+}
+
+/// The service prefixes the catalog advertises; every service lives on the one port.
+pub const SERVICES: &[(&str, &str, &str)] = &[
+    ("identity", "keystone", "identity/v3"),
+    ("compute", "nova", "compute/v2.1"),
+    ("network", "neutron", "network"),
+    ("image", "glance", "image"),
+    ("load-balancer", "octavia", "load-balancer"),
+];
+
+pub fn unauthorized() -> Reply {
+    Reply::json(
+        401,
+        json!({"error": {"code": 401, "title": "Unauthorized",
+                         "message": "The request you have made requires authentication."}}),
+    )
+}
+
+impl Keystone {
+    /// Whether `token` is known and unexpired.
+    pub fn valid(&self, token: Option<&str>) -> bool {
+        token
+            .and_then(|t| self.tokens.get(t))
+            .is_some_and(|expires| *expires > Instant::now())
+    }
+
+    /// Forgets every token (a test can force re-authentication).
+    pub fn revoke_all(&mut self) {
+        self.tokens.clear();
+    }
+}
+
+/// `/identity/...` requests. `base` is `http://host:port`.
+pub fn handle(world: &mut World, method: &Method, rest: &[&str], body: &[u8], base: &str) -> Reply {
+    match (method.as_str(), rest) {
+        ("GET", [] | ["v3"]) => Reply::ok(version_document(base)),
+        ("POST", ["v3", "auth", "tokens"]) => issue(world, body, base),
+        ("GET" | "HEAD", ["v3", "auth", "tokens"]) => Reply::empty(200),
+        _ => Reply::json(
+            404,
+            json!({"error": {"code": 404, "title": "Not Found",
+                                                "message": "The resource could not be found."}}),
+        ),
+    }
+}
+
+fn version_document(base: &str) -> Value {
+    json!({"version": {
+        "id": "v3.14", "status": "stable", "updated": "2020-04-07T00:00:00Z",
+        "links": [{"rel": "self", "href": format!("{base}/identity/v3/")}],
+        "media-types": [{"base": "application/json",
+                         "type": "application/vnd.openstack.identity-v3+json"}]}})
+}
+
+fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return Reply::json(
+            400,
+            json!({"error": {"code": 400, "title": "Bad Request",
+                                                  "message": "Malformed request body."}}),
+        );
+    };
+    let identity = &request["auth"]["identity"];
+    let methods: Vec<&str> = identity["methods"]
+        .as_array()
+        .map(|m| m.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let settings = &world.settings;
+    let accepted = methods.iter().any(|method| match *method {
+        "password" => {
+            let user = &identity["password"]["user"];
+            let name_ok = user["name"].as_str() == Some(settings.username.as_str())
+                || user["id"].as_str() == Some(settings.username.as_str());
+            name_ok && user["password"].as_str() == Some(settings.password.as_str())
+        }
+        "application_credential" => {
+            let credential = &identity["application_credential"];
+            credential["id"].as_str() == Some(settings.app_credential_id.as_str())
+                && credential["secret"].as_str() == Some(settings.app_credential_secret.as_str())
+        }
+        "token" => world.keystone.valid(identity["token"]["id"].as_str()),
+        _ => false,
+    });
+    if !accepted {
+        return unauthorized();
+    }
+    let token = format!("gAAAAA{}", world.hex_id());
+    let lifetime = world.settings.token_lifetime;
+    world
+        .keystone
+        .tokens
+        .insert(token.clone(), Instant::now() + lifetime);
+    world.keystone.issued += 1;
+    let now = world.wall_now();
+    let expires = now + chrono::TimeDelta::from_std(lifetime).unwrap_or_default();
+    let stamp = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let settings = &world.settings;
+    let body = json!({"token": {
+        "methods": methods,
+        "expires_at": stamp(expires),
+        "issued_at": stamp(now),
+        "audit_ids": ["simulated"],
+        "user": {"id": format!("{}-id", settings.username), "name": settings.username,
+                 "domain": {"id": "default", "name": "Default"}, "password_expires_at": null},
+        "project": {"id": settings.project_id, "name": settings.project_name,
+                    "domain": {"id": "default", "name": "Default"}},
+        "roles": [{"id": "member-role", "name": "member"}, {"id": "reader-role", "name": "reader"}],
+        "is_domain": false,
+        "catalog": catalog(base, &settings.region),
+    }});
+    Reply::json(201, body).header("x-subject-token", token)
+}
+
+fn catalog(base: &str, region: &str) -> Value {
+    let services: Vec<Value> = SERVICES
+        .iter()
+        .map(|(kind, name, prefix)| {
+            let endpoints: Vec<Value> = ["public", "internal"]
+                .iter()
+                .map(|interface| {
+                    json!({"id": format!("{name}-{interface}"), "interface": interface,
+                           "region": region, "region_id": region,
+                           "url": format!("{base}/{prefix}")})
+                })
+                .collect();
+            json!({"id": name, "name": name, "type": kind, "endpoints": endpoints})
+        })
+        .collect();
+    Value::Array(services)
+}

@@ -1,0 +1,378 @@
+//! Nova v2.1: servers (BUILD -> ACTIVE after a delay, ERROR by injection, delete -> gone after
+//! a delay), flavors, server groups, availability zones.
+
+use std::collections::BTreeMap;
+
+use axum::http::Method;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::faults::{Effect, ObjectKind};
+use super::world::{Reply, Timer, World};
+use super::{filters, neutron};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Active,
+    Error,
+    Gone,
+}
+
+#[derive(Debug)]
+struct Server {
+    seq: u64,
+    body: Value,
+    next: Option<(Next, Option<Instant>)>,
+    /// Ports Nova created for `networks: [{uuid}]`, deleted with the server.
+    own_ports: Vec<String>,
+    /// Ports the caller passed, unbound when the server goes.
+    given_ports: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Nova {
+    servers: BTreeMap<String, Server>,
+    flavors: Vec<Value>,
+    groups: Vec<Value>,
+    seq: u64,
+}
+
+pub fn seed(world: &mut World) {
+    let flavors = [
+        ("m1.tiny", 1, 512, 1),
+        ("m1.small", 1, 2048, 20),
+        ("m1.medium", 2, 4096, 40),
+        ("m1.large", 4, 8192, 80),
+    ];
+    world.nova.flavors = flavors
+        .iter()
+        .enumerate()
+        .map(|(i, (name, vcpus, ram, disk))| {
+            json!({"id": format!("{}", i + 1), "name": name, "vcpus": vcpus, "ram": ram, "disk": disk,
+                   "OS-FLV-EXT-DATA:ephemeral": 0, "swap": 0, "os-flavor-access:is_public": true,
+                   "rxtx_factor": 1.0, "description": null, "extra_specs": {}})
+        })
+        .collect();
+}
+
+pub fn handle(
+    world: &mut World,
+    method: &Method,
+    rest: &[&str],
+    query: &[(String, String)],
+    body: &[u8],
+) -> Reply {
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(value) => value,
+            Err(_) => return Reply::nova(400, "Malformed request body"),
+        }
+    };
+    let rest = match rest {
+        ["v2.1", rest @ ..] => rest,
+        _ => return Reply::nova(404, "The resource could not be found."),
+    };
+    match (method.as_str(), rest) {
+        ("POST", ["servers"]) => create_server(world, &body),
+        ("GET", ["servers"]) => list_servers(world, query, false),
+        ("GET", ["servers", "detail"]) => list_servers(world, query, true),
+        ("GET", ["servers", id]) => match world.nova.servers.get(*id) {
+            Some(server) => Reply::ok(json!({"server": server.body})),
+            None => Reply::nova(404, format!("Instance {id} could not be found.")),
+        },
+        ("DELETE", ["servers", id]) => delete_server(world, id),
+        ("GET", ["flavors"]) => {
+            let flavors: Vec<Value> = world
+                .nova
+                .flavors
+                .iter()
+                .map(|f| json!({"id": f["id"], "name": f["name"]}))
+                .collect();
+            Reply::ok(json!({"flavors": flavors}))
+        }
+        ("GET", ["flavors", "detail"]) => Reply::ok(json!({"flavors": world.nova.flavors})),
+        ("GET", ["flavors", id]) => match world.nova.flavors.iter().find(|f| f["id"] == *id) {
+            Some(flavor) => Reply::ok(json!({"flavor": flavor})),
+            None => Reply::nova(404, format!("Flavor {id} could not be found.")),
+        },
+        ("GET", ["os-server-groups"]) => Reply::ok(json!({"server_groups": world.nova.groups})),
+        ("POST", ["os-server-groups"]) => {
+            let group = &body["server_group"];
+            let id = world.uuid();
+            let policy = group["policy"]
+                .as_str()
+                .or_else(|| group["policies"][0].as_str())
+                .unwrap_or("anti-affinity")
+                .to_owned();
+            let created = json!({"id": id, "name": group["name"], "policy": policy, "policies": [policy],
+                                 "members": [], "rules": {}, "project_id": world.settings.project_id});
+            world.nova.groups.push(created.clone());
+            Reply::ok(json!({"server_group": created}))
+        }
+        ("GET", ["os-availability-zone"]) => Reply::ok(json!({"availabilityZoneInfo": [
+            {"zoneName": "nova", "zoneState": {"available": true}, "hosts": null}]})),
+        _ => Reply::nova(404, "The resource could not be found."),
+    }
+}
+
+fn create_server(world: &mut World, body: &Value) -> Reply {
+    let request = &body["server"];
+    let name = request["name"].as_str().unwrap_or_default().to_owned();
+    if name.is_empty() {
+        return Reply::nova(400, "Invalid input for field/attribute name.");
+    }
+    let flavor_ref = request["flavorRef"].as_str().unwrap_or_default();
+    let Some(flavor) = world
+        .nova
+        .flavors
+        .iter()
+        .find(|f| f["id"] == flavor_ref || f["name"] == flavor_ref)
+        .cloned()
+    else {
+        return Reply::nova(400, format!("Flavor {flavor_ref} could not be found."));
+    };
+    let image_ref = request["imageRef"].as_str().unwrap_or_default();
+    if !image_ref.is_empty() && !world.glance.exists(image_ref) {
+        return Reply::nova(400, format!("Image {image_ref} could not be found."));
+    }
+    let id = world.uuid();
+    let mut own_ports = Vec::new();
+    let mut given_ports = Vec::new();
+    for network in request["networks"].as_array().cloned().unwrap_or_default() {
+        if let Some(port) = network["port"].as_str() {
+            if world.neutron.find("ports", port).is_none() {
+                cleanup(world, &own_ports, &[]);
+                return Reply::nova(400, format!("Port id {port} could not be found."));
+            }
+            given_ports.push(port.to_owned());
+        } else if let Some(uuid) = network["uuid"].as_str() {
+            if world.neutron.find("networks", uuid).is_none() {
+                cleanup(world, &own_ports, &[]);
+                return Reply::nova(400, format!("Network {uuid} could not be found."));
+            }
+            let port = neutron::create_object(
+                world,
+                "ports",
+                json!({"network_id": uuid, "name": format!("{name}-port")}),
+            );
+            own_ports.push(port["id"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    for port in own_ports.iter().chain(&given_ports) {
+        neutron::bind_port(world, port, &id);
+    }
+    if let Some(group) = body["os:scheduler_hints"]["group"].as_str()
+        && let Some(group) = world.nova.groups.iter_mut().find(|g| g["id"] == group)
+        && let Some(members) = group["members"].as_array_mut()
+    {
+        members.push(json!(id));
+    }
+    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let addresses = addresses(world, own_ports.iter().chain(&given_ports));
+    let server = json!({
+        "id": id, "name": name, "status": "BUILD", "OS-EXT-STS:vm_state": "building",
+        "OS-EXT-STS:task_state": "scheduling", "OS-EXT-STS:power_state": 0,
+        "flavor": {"original_name": flavor["name"], "vcpus": flavor["vcpus"], "ram": flavor["ram"], "disk": flavor["disk"]},
+        "image": if image_ref.is_empty() { json!("") } else { json!({"id": image_ref}) },
+        "addresses": addresses, "key_name": request["key_name"], "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
+        "tags": request.get("tags").cloned().unwrap_or(json!([])),
+        "OS-EXT-AZ:availability_zone": request["availability_zone"].as_str().unwrap_or("nova"),
+        "user_id": format!("{}-id", world.settings.username), "tenant_id": world.settings.project_id,
+        "created": now, "updated": now, "hostId": "", "progress": 0, "config_drive": "",
+        "security_groups": [{"name": "default"}],
+    });
+    let pending = plan(world, &name, Next::Active);
+    world.nova.seq += 1;
+    let seq = world.nova.seq;
+    world.nova.servers.insert(
+        id.clone(),
+        Server {
+            seq,
+            body: server.clone(),
+            next: Some(pending),
+            own_ports,
+            given_ports,
+        },
+    );
+    if let (_, Some(due)) = pending {
+        world.schedule(due - Instant::now(), Timer::Server(id.clone()));
+    }
+    let _ = world;
+    Reply::json(
+        202,
+        json!({"server": {"id": id, "links": [], "OS-DCF:diskConfig": "MANUAL",
+                                       "security_groups": [{"name": "default"}], "adminPass": "simulated"}}),
+    )
+}
+
+fn addresses<'a>(world: &World, ports: impl Iterator<Item = &'a String>) -> Value {
+    let mut by_network = serde_json::Map::new();
+    for port in ports {
+        let Some(port) = world.neutron.find("ports", port) else {
+            continue;
+        };
+        let network = port["network_id"]
+            .as_str()
+            .and_then(|n| world.neutron.find("networks", n))
+            .and_then(|n| n["name"].as_str())
+            .unwrap_or("network")
+            .to_owned();
+        let entries = by_network.entry(network).or_insert_with(|| json!([]));
+        for ip in port["fixed_ips"].as_array().into_iter().flatten() {
+            if let Some(list) = entries.as_array_mut() {
+                list.push(
+                    json!({"addr": ip["ip_address"], "version": 4, "OS-EXT-IPS:type": "fixed",
+                                 "OS-EXT-IPS-MAC:mac_addr": port["mac_address"]}),
+                );
+            }
+        }
+    }
+    Value::Object(by_network)
+}
+
+fn cleanup(world: &mut World, own: &[String], given: &[String]) {
+    for port in own {
+        neutron::release_port(world, port);
+    }
+    for port in given {
+        neutron::bind_port(world, port, "");
+    }
+}
+
+fn plan(world: &mut World, name: &str, next: Next) -> (Next, Option<Instant>) {
+    let effect = world.scenario.take_effect(ObjectKind::Server, name);
+    let unit = world.unit();
+    let default = match next {
+        Next::Gone => world.scenario.timings.server_delete.clone(),
+        _ => world.scenario.timings.server_build.clone(),
+    };
+    match effect {
+        Some(Effect::Stuck) => (next, None),
+        Some(Effect::Error) if next != Next::Gone => {
+            (Next::Error, Some(Instant::now() + default.sample(unit)))
+        }
+        Some(Effect::Delay(delay)) => (next, Some(Instant::now() + delay.sample(unit))),
+        _ => (next, Some(Instant::now() + default.sample(unit))),
+    }
+}
+
+fn list_servers(world: &World, query: &[(String, String)], detail: bool) -> Reply {
+    let name_pattern = query
+        .iter()
+        .find(|(k, _)| k == "name")
+        .and_then(|(_, v)| regex::Regex::new(v).ok());
+    let others: Vec<(String, String)> =
+        query.iter().filter(|(k, _)| k != "name").cloned().collect();
+    let mut servers: Vec<&Server> = world.nova.servers.values().collect();
+    servers.sort_by_key(|s| s.seq);
+    let items: Vec<Value> = servers
+        .into_iter()
+        .map(|s| &s.body)
+        .filter(|s| {
+            name_pattern
+                .as_ref()
+                .is_none_or(|re| re.is_match(s["name"].as_str().unwrap_or_default()))
+        })
+        .filter(|s| filters::matches(s, &others))
+        .map(|s| {
+            if detail {
+                s.clone()
+            } else {
+                json!({"id": s["id"], "name": s["name"], "links": []})
+            }
+        })
+        .collect();
+    Reply::ok(json!({"servers": items}))
+}
+
+fn delete_server(world: &mut World, id: &str) -> Reply {
+    let Some(name) = world
+        .nova
+        .servers
+        .get(id)
+        .map(|s| s.body["name"].as_str().unwrap_or_default().to_owned())
+    else {
+        return Reply::nova(404, format!("Instance {id} could not be found."));
+    };
+    let pending = plan(world, &name, Next::Gone);
+    if let Some(server) = world.nova.servers.get_mut(id) {
+        server.next = Some(pending);
+        server.body["OS-EXT-STS:task_state"] = json!("deleting");
+    }
+    if let (_, Some(due)) = pending {
+        world.schedule(due - Instant::now(), Timer::Server(id.to_owned()));
+    }
+    Reply::empty(204)
+}
+
+pub fn on_server_timer(world: &mut World, id: &str) {
+    let Some(server) = world.nova.servers.get(id) else {
+        return;
+    };
+    let Some((next, Some(due))) = server.next else {
+        return;
+    };
+    if due > Instant::now() {
+        return;
+    }
+    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    match next {
+        Next::Gone => {
+            if let Some(server) = world.nova.servers.remove(id) {
+                cleanup(world, &server.own_ports, &server.given_ports);
+                for group in &mut world.nova.groups {
+                    if let Some(members) = group["members"].as_array_mut() {
+                        members.retain(|m| m != id);
+                    }
+                }
+            }
+        }
+        Next::Active | Next::Error => {
+            if let Some(server) = world.nova.servers.get_mut(id) {
+                let body = &mut server.body;
+                body["updated"] = json!(now);
+                body["OS-EXT-STS:task_state"] = Value::Null;
+                if next == Next::Active {
+                    body["status"] = json!("ACTIVE");
+                    body["OS-EXT-STS:vm_state"] = json!("active");
+                    body["OS-EXT-STS:power_state"] = json!(1);
+                    body["progress"] = json!(100);
+                } else {
+                    body["status"] = json!("ERROR");
+                    body["OS-EXT-STS:vm_state"] = json!("error");
+                    body["fault"] = json!({"code": 500, "created": now, "message": "No valid host was found. There are not enough hosts available."});
+                }
+                server.next = None;
+            }
+        }
+    }
+}
+
+pub fn release_stuck(world: &mut World) {
+    let stuck: Vec<(String, String, Next)> = world
+        .nova
+        .servers
+        .iter()
+        .filter_map(|(id, s)| match s.next {
+            Some((next, None)) => Some((
+                id.clone(),
+                s.body["name"].as_str().unwrap_or_default().to_owned(),
+                next,
+            )),
+            _ => None,
+        })
+        .collect();
+    for (id, name, next) in stuck {
+        if world.scenario.is_stuck(ObjectKind::Server, &name) {
+            continue;
+        }
+        let unit = world.unit();
+        let delay = world.scenario.timings.server_build.sample(unit);
+        if let Some(server) = world.nova.servers.get_mut(&id) {
+            server.next = Some((next, Some(Instant::now() + delay)));
+        }
+        world.schedule(delay, Timer::Server(id));
+    }
+}

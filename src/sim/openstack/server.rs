@@ -1,0 +1,420 @@
+//! HTTP: one port for every service (path prefix per service, as the catalog says), token
+//! checks, injected faults, the request log, and the `/_sim` admin endpoints.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::faults::{self, Rule, Scenario};
+use super::octavia::{self, Oper};
+use super::world::{LoggedRequest, Reply, World};
+use super::{glance, keystone, neutron, nova};
+
+pub struct Shared {
+    pub world: Mutex<World>,
+    /// `http://127.0.0.1:PORT`, for links and the catalog.
+    pub base: String,
+}
+
+impl Shared {
+    /// The world, with every due transition applied.
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        let mut world = self.world.lock().unwrap_or_else(|e| e.into_inner());
+        world.settle();
+        world
+    }
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new().fallback(dispatch).with_state(shared)
+}
+
+async fn dispatch(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
+    let query: Vec<(String, String)> = uri
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    let Some((&first, rest)) = segments.split_first() else {
+        return respond(Reply::ok(json!({"simulator": "capo-rs sim openstack"})));
+    };
+    if first == "_sim" {
+        return respond(admin(&shared, &method, rest, &body));
+    }
+    let Some(service) = service(first) else {
+        return respond(Reply::json(404, json!({"error": "unknown service"})));
+    };
+    let operation = operation(service, &method, rest);
+    let token = headers.get("x-auth-token").and_then(|v| v.to_str().ok());
+    let (fault, latency) = {
+        let mut world = shared.world();
+        let fault = injected_fault(&mut world, service, token, &method, rest);
+        let latency = latency(&mut world, service);
+        (fault, latency)
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let mut world = shared.world();
+    let reply = match fault {
+        Some(reply) => reply,
+        None => serve(
+            &mut world,
+            service,
+            &method,
+            rest,
+            &query,
+            &body,
+            &shared.base,
+        ),
+    };
+    let at = world.seconds_since_start();
+    world.requests.record(LoggedRequest {
+        at,
+        service: service.to_owned(),
+        operation,
+        status: reply.status.as_u16(),
+    });
+    drop(world);
+    respond(reply)
+}
+
+fn service(prefix: &str) -> Option<&'static str> {
+    keystone::SERVICES
+        .iter()
+        .map(|(kind, _, _)| *kind)
+        .find(|kind| *kind == prefix)
+}
+
+fn serve(
+    world: &mut World,
+    service: &str,
+    method: &Method,
+    rest: &[&str],
+    query: &[(String, String)],
+    body: &[u8],
+    base: &str,
+) -> Reply {
+    match service {
+        "identity" => keystone::handle(world, method, rest, body, base),
+        "load-balancer" => octavia::handle(world, method, rest, query, body, base),
+        "network" => neutron::handle(world, method, rest, query, body),
+        "compute" => nova::handle(world, method, rest, query, body),
+        "image" => glance::handle(world, method, rest, query),
+        _ => Reply::json(404, json!({"error": "unknown service"})),
+    }
+}
+
+/// A fault to answer with instead of serving: Keystone outage, missing or expired token,
+/// injected 429 or 5xx.
+fn injected_fault(
+    world: &mut World,
+    service: &str,
+    token: Option<&str>,
+    method: &Method,
+    rest: &[&str],
+) -> Option<Reply> {
+    let at = world.seconds_since_start();
+    if service == "identity" {
+        let down = world
+            .scenario
+            .keystone_outages
+            .iter()
+            .any(|o| o.from <= at && at < o.until);
+        if down {
+            return Some(Reply::json(
+                503,
+                json!({"error": {"code": 503, "title": "Service Unavailable",
+                                 "message": "Keystone is unavailable (simulated outage)."}}),
+            ));
+        }
+    } else if world.settings.require_auth && !world.keystone.valid(token) {
+        return Some(keystone::unauthorized());
+    }
+    let is_discovery = service == "identity" && method == Method::GET && rest.len() <= 1;
+    if is_discovery {
+        return None;
+    }
+    let arrived = world.requests.arrive(service, at);
+    let scenario = &world.scenario;
+    for limit in &scenario.rate_limits {
+        if !faults::applies(&limit.service, service) {
+            continue;
+        }
+        let over_rate = limit.above_per_second.is_some_and(|max| arrived > max);
+        let retry_after = limit.retry_after;
+        let by_chance = limit.probability.is_some_and(|p| world.rng.f64() < p);
+        if over_rate || by_chance {
+            return Some(
+                Reply::json(
+                    429,
+                    json!({"message": "Rate limit exceeded (simulated)", "code": 429}),
+                )
+                .header("retry-after", retry_after.to_string()),
+            );
+        }
+    }
+    let errors: Vec<(f64, u16)> = world
+        .scenario
+        .server_errors
+        .iter()
+        .filter(|e| faults::applies(&e.service, service))
+        .map(|e| (e.probability, e.status))
+        .collect();
+    for (probability, status) in errors {
+        if world.rng.f64() < probability {
+            return Some(Reply::json(
+                status,
+                json!({"faultcode": "Server", "faultstring": "Simulated server error", "debuginfo": null}),
+            ));
+        }
+    }
+    None
+}
+
+fn latency(world: &mut World, service: &str) -> Duration {
+    let delays: Vec<faults::Delay> = world
+        .scenario
+        .latency
+        .iter()
+        .filter(|l| faults::applies(&l.service, service))
+        .map(|l| l.delay.clone())
+        .collect();
+    delays
+        .into_iter()
+        .map(|delay| {
+            let unit = world.unit();
+            delay.sample(unit)
+        })
+        .sum()
+}
+
+/// `<resource>_<verb>` for the request log, in the client's naming (`loadbalancer_member_create`).
+pub fn operation(service: &str, method: &Method, rest: &[&str]) -> String {
+    let path: Vec<&str> = rest
+        .iter()
+        .copied()
+        .filter(|s| !matches!(*s, "v2" | "v2.0" | "v2.1" | "v3" | "lbaas"))
+        .collect();
+    if service == "identity" {
+        return match (method.as_str(), path.as_slice()) {
+            ("POST", ["auth", "tokens"]) => "token_create".into(),
+            _ => "version_get".into(),
+        };
+    }
+    let mut resource = "";
+    let mut on_item = false;
+    let mut action = None;
+    for (index, segment) in path.iter().enumerate() {
+        if index % 2 == 0 {
+            match *segment {
+                "status" => action = Some("status_get"),
+                "detail" => action = Some("list"),
+                "tags" => action = Some("tags_update"),
+                "add_router_interface" => action = Some("interface_add"),
+                "remove_router_interface" => action = Some("interface_remove"),
+                collection => {
+                    resource = collection;
+                    on_item = false;
+                }
+            }
+        } else {
+            on_item = true;
+        }
+    }
+    let verb = action.unwrap_or(match (method.as_str(), on_item) {
+        ("GET", false) => "list",
+        ("GET", true) => "get",
+        ("POST", _) => "create",
+        ("PUT" | "PATCH", _) => "update",
+        ("DELETE", _) => "delete",
+        _ => "other",
+    });
+    let singular = match resource {
+        "security-groups" => "security_group".to_owned(),
+        "security-group-rules" => "security_group_rule".to_owned(),
+        "floatingips" => "floating_ip".to_owned(),
+        "os-server-groups" => "server_group".to_owned(),
+        "os-availability-zone" => "availability_zone".to_owned(),
+        other => other.strip_suffix('s').unwrap_or(other).to_owned(),
+    };
+    if service == "load-balancer" && singular != "loadbalancer" {
+        format!("loadbalancer_{singular}_{verb}")
+    } else {
+        format!("{singular}_{verb}")
+    }
+}
+
+fn respond(reply: Reply) -> Response {
+    let mut builder = Response::builder().status(reply.status);
+    for (name, value) in &reply.headers {
+        builder = builder.header(*name, value.as_str());
+    }
+    let body = match &reply.body {
+        Some(body) => {
+            builder = builder.header("content-type", "application/json");
+            Body::from(serde_json::to_vec(body).unwrap_or_default())
+        }
+        None => Body::empty(),
+    };
+    builder.body(body).unwrap_or_else(|_| {
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        response
+    })
+}
+
+// ---------------------------------------------------------------- admin
+
+fn admin(shared: &Shared, method: &Method, rest: &[&str], body: &[u8]) -> Reply {
+    let mut world = shared.world();
+    let text = String::from_utf8_lossy(body);
+    match (method.as_str(), rest) {
+        ("GET", ["scenario"]) => Reply::ok(json!(world.scenario)),
+        ("PUT", ["scenario"]) => match Scenario::parse(&text) {
+            Ok(scenario) => {
+                if let Some(seed) = scenario.seed {
+                    world.rng = fastrand::Rng::with_seed(seed);
+                }
+                world.scenario = scenario;
+                world.release_stuck();
+                Reply::ok(json!(world.scenario))
+            }
+            Err(message) => Reply::json(400, json!({"error": message})),
+        },
+        ("POST", ["rules"]) => match serde_yaml::from_str::<Rule>(&text) {
+            Ok(rule) => {
+                world.scenario.rules.push(rule);
+                Reply::ok(json!(world.scenario.rules))
+            }
+            Err(e) => Reply::json(400, json!({"error": format!("invalid rule: {e}")})),
+        },
+        ("DELETE", ["rules"]) => {
+            world.scenario.rules.clear();
+            world.release_stuck();
+            Reply::ok(json!([]))
+        }
+        ("POST", ["operating-status"]) => {
+            let Ok(request) = serde_json::from_slice::<Value>(body) else {
+                return Reply::json(
+                    400,
+                    json!({"error": "expected {\"object\": id-or-name, \"status\": \"ONLINE\"|...|null}"}),
+                );
+            };
+            let object = request["object"].as_str().unwrap_or_default();
+            let status = match request["status"].as_str() {
+                Some(text) => match Oper::parse(text) {
+                    Some(status) => Some(status),
+                    None => {
+                        return Reply::json(
+                            400,
+                            json!({"error": format!("unknown operating status {text:?}")}),
+                        );
+                    }
+                },
+                None => None,
+            };
+            if octavia::set_operating(&mut world, object, status) {
+                Reply::ok(json!({"object": object, "status": request["status"]}))
+            } else {
+                Reply::json(
+                    404,
+                    json!({"error": format!("no Octavia object has id or name {object:?}")}),
+                )
+            }
+        }
+        ("GET", ["requests"]) => Reply::ok(json!(world.requests)),
+        ("DELETE", ["requests"]) => {
+            world.requests.reset();
+            Reply::empty(204)
+        }
+        ("POST", ["keystone", "revoke"]) => {
+            world.keystone.revoke_all();
+            Reply::empty(204)
+        }
+        ("GET", ["state"]) => Reply::ok(json!({
+            "seconds": world.seconds_since_start(),
+            "tokens_issued": world.keystone.issued,
+            "loadbalancers": world.octavia.lbs.len(),
+            "members": world.octavia.members.len(),
+            "ports": world.neutron.all("ports").len(),
+        })),
+        _ => Reply::json(
+            404,
+            json!({"error": "unknown admin endpoint",
+            "endpoints": ["GET|PUT /_sim/scenario", "POST|DELETE /_sim/rules",
+                          "POST /_sim/operating-status", "GET|DELETE /_sim/requests",
+                          "POST /_sim/keystone/revoke", "GET /_sim/state"]}),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_names_follow_the_client() {
+        let op = |service, method: Method, path: &str| {
+            let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+            operation(service, &method, &segments)
+        };
+        assert_eq!(
+            op("load-balancer", Method::POST, "v2/lbaas/pools/p/members"),
+            "loadbalancer_member_create"
+        );
+        assert_eq!(
+            op(
+                "load-balancer",
+                Method::GET,
+                "v2/lbaas/loadbalancers/x/status"
+            ),
+            "loadbalancer_status_get"
+        );
+        assert_eq!(
+            op("load-balancer", Method::GET, "v2/lbaas/loadbalancers"),
+            "loadbalancer_list"
+        );
+        assert_eq!(
+            op(
+                "load-balancer",
+                Method::DELETE,
+                "v2/lbaas/pools/p/members/m"
+            ),
+            "loadbalancer_member_delete"
+        );
+        assert_eq!(
+            op("network", Method::GET, "v2.0/security-groups"),
+            "security_group_list"
+        );
+        assert_eq!(
+            op(
+                "network",
+                Method::PUT,
+                "v2.0/routers/r/add_router_interface"
+            ),
+            "router_interface_add"
+        );
+        assert_eq!(
+            op("compute", Method::GET, "v2.1/servers/detail"),
+            "server_list"
+        );
+        assert_eq!(op("compute", Method::GET, "v2.1/servers/s"), "server_get");
+        assert_eq!(
+            op("identity", Method::POST, "v3/auth/tokens"),
+            "token_create"
+        );
+    }
+}
