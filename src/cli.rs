@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::api::crds;
 use crate::cloud::{CloudOptions, PathOptions, RateLimit};
 use crate::sim::kube::{KubeSim, KubeSimConfig};
+use crate::sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
 
 /// capo-rs: Cluster API infrastructure provider for OpenStack.
 #[derive(Debug, Parser)]
@@ -103,6 +104,18 @@ pub enum SimCommand {
         #[arg(long)]
         with_crds: bool,
     },
+    /// A simulated OpenStack (Keystone, Nova, Neutron, Glance, Octavia) on one port.
+    Openstack {
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:5000")]
+        listen: SocketAddr,
+        /// Write a clouds.yaml for the simulator (clouds `sim` and `sim-appcred`) to this file.
+        #[arg(long)]
+        clouds_yaml_out: Option<PathBuf>,
+        /// Timings and faults to start with (YAML or JSON; see the README).
+        #[arg(long)]
+        scenario: Option<PathBuf>,
+    },
 }
 
 /// Runs a parsed command.
@@ -121,6 +134,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             kubeconfig_out,
             with_crds,
         }) => run_kube_sim(listen, kubeconfig_out, with_crds)?,
+        Command::Sim(SimCommand::Openstack {
+            listen,
+            clouds_yaml_out,
+            scenario,
+        }) => run_openstack_sim(listen, clouds_yaml_out, scenario)?,
         Command::Bench(BenchCommand::RequestPath { calls }) => {
             crate::bench::request_path::run(calls.max(1))?.print();
         }
@@ -160,6 +178,42 @@ fn run_kube_sim(
             }
             None => eprintln!("serving on {}", sim.url()),
         }
+        tokio::signal::ctrl_c().await?;
+        sim.shutdown().await;
+        Ok(())
+    })
+}
+
+fn run_openstack_sim(
+    listen: SocketAddr,
+    clouds_yaml_out: Option<PathBuf>,
+    scenario: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let scenario = match scenario {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            Scenario::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let config = OpenStackSimConfig {
+            listen,
+            scenario,
+            ..OpenStackSimConfig::default()
+        };
+        let sim = OpenStackSim::start(config).await?;
+        if let Some(path) = clouds_yaml_out {
+            std::fs::write(&path, sim.clouds_yaml())?;
+            eprintln!("clouds.yaml written to {}", path.display());
+        }
+        eprintln!(
+            "simulated OpenStack on {} (Keystone: {})",
+            sim.url(),
+            sim.auth_url()
+        );
         tokio::signal::ctrl_c().await?;
         sim.shutdown().await;
         Ok(())

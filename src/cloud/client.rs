@@ -68,6 +68,7 @@ impl Clouds {
         registry: &Registry,
         cancel: CancellationToken,
     ) -> Result<Arc<Self>, CloudError> {
+        anchor_auth_plugins();
         let metrics = ApiMetrics::register(registry)
             .map_err(|e| CloudError::Config(format!("cannot register metrics: {e}")))?;
         Ok(Arc::new(Clouds {
@@ -212,6 +213,14 @@ impl Clouds {
         let renewal = client.enable_auto_renew(margin);
         Ok(SdkSession::new(client, scope, renewal, cacert_file))
     }
+}
+
+/// Keeps the auth plugins we support linked in: the SDK finds them through `inventory`
+/// registrations, which the linker drops from crates nothing else references.
+fn anchor_auth_plugins() {
+    std::hint::black_box(&openstack_sdk_auth_applicationcredential::ANCHOR);
+    std::hint::black_box(&openstack_sdk_auth_password::ANCHOR);
+    std::hint::black_box(&openstack_sdk_auth_token::ANCHOR);
 }
 
 fn write_cacert(pem: &str) -> Result<tempfile::NamedTempFile, CloudError> {

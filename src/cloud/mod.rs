@@ -35,7 +35,7 @@ pub use limiter::{EndpointGate, GateKey, RateLimit};
 pub use metrics::ApiMetrics;
 pub use path::{PathOptions, RequestPath};
 pub use retry::RetryPolicy;
-pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope};
+pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope, versioned_base};
 
 /// The OpenStack services we call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -48,7 +48,7 @@ pub trait Session: Send + Sync + 'static {
 
 /// Appends the service's version segment unless the catalog URL already names a version, and
 /// ends the path with `/` so relative paths join under it.
-pub(crate) fn versioned_base(mut url: Url, service: Service) -> Url {
+pub fn versioned_base(mut url: Url, service: Service) -> Url {
     let path = url.path().trim_end_matches('/').to_owned();
     let has_version = path.rsplit('/').take(2).any(is_version_segment);
     let path = if has_version {

@@ -186,7 +186,7 @@ pub struct Scenario {
 impl Scenario {
     /// Parses YAML (JSON is YAML too).
     pub fn parse(text: &str) -> Result<Self, String> {
-        serde_yaml::from_str(text).map_err(|e| format!("invalid scenario: {e}"))
+        from_yaml(text).map_err(|e| format!("invalid scenario: {e}"))
     }
 
     /// The effect for the next transition of `kind` named `name`; spends a counted rule.
@@ -212,6 +212,13 @@ impl Scenario {
             rule.kind == kind && rule.effect == Effect::Stuck && glob_match(&rule.name, name)
         })
     }
+}
+
+/// Reads YAML (or JSON) through JSON's data model, so enums are written as one-key maps
+/// (`{fixed: 0.5}`) rather than YAML tags.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let value: serde_json::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
 /// Whether `service` matches a fault's optional service.

@@ -169,6 +169,19 @@ impl OpenStackSim {
             .unwrap_or(0)
     }
 
+    /// Pins the operating status of the Octavia objects with this id or name (`None` unpins);
+    /// false when there is none. The same as `POST /_sim/operating-status`.
+    pub fn set_operating_status(&self, id_or_name: &str, status: Option<&str>) -> bool {
+        let status = status.and_then(octavia::Oper::parse);
+        octavia::set_operating(&mut self.shared.world(), id_or_name, status)
+    }
+
+    /// Load balancers and members that exist now.
+    pub fn octavia_counts(&self) -> (usize, usize) {
+        let world = self.shared.world();
+        (world.octavia.lbs.len(), world.octavia.members.len())
+    }
+
     /// When the next pending transition is due (for tests that advance a paused clock).
     pub fn next_transition(&self) -> Option<tokio::time::Instant> {
         self.shared.world().next_due()
@@ -186,5 +199,122 @@ impl OpenStackSim {
 impl Drop for OpenStackSim {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+/// A `cloud::Session` that calls the simulator in-process, without TCP: on tokio's paused
+/// clock, a test or benchmark runs the cloud layer against the simulator in virtual time.
+/// It authenticates with the simulator's Keystone (password) and re-authenticates once on 401.
+pub struct InProcessSession {
+    shared: Arc<server::Shared>,
+    scope: crate::cloud::SessionScope,
+    token: Mutex<Option<String>>,
+}
+
+impl OpenStackSim {
+    /// An in-process session on this simulator.
+    pub fn session(&self) -> Arc<InProcessSession> {
+        Arc::new(InProcessSession {
+            shared: self.shared.clone(),
+            scope: crate::cloud::SessionScope {
+                auth_url: self.auth_url(),
+                region: self.shared.world().settings.region.clone(),
+            },
+            token: Mutex::new(None),
+        })
+    }
+}
+
+impl InProcessSession {
+    async fn authenticate(&self) -> Option<String> {
+        let body = {
+            let world = self.shared.world();
+            let s = &world.settings;
+            serde_json::json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
+                "name": s.username, "password": s.password, "domain": {"name": "Default"}}}}}})
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let reply = server::handle_request(
+            &self.shared,
+            &axum::http::Method::POST,
+            "/identity/v3/auth/tokens",
+            None,
+            None,
+            &body,
+        )
+        .await;
+        let token = reply
+            .headers
+            .iter()
+            .find(|(name, _)| *name == "x-subject-token")
+            .map(|(_, value)| value.clone());
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = token.clone();
+        token
+    }
+
+    async fn send_once(
+        &self,
+        parts: &axum::http::request::Parts,
+        body: &[u8],
+        token: Option<&str>,
+    ) -> world::Reply {
+        server::handle_request(
+            &self.shared,
+            &parts.method,
+            parts.uri.path(),
+            parts.uri.query(),
+            token,
+            body,
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::cloud::Session for InProcessSession {
+    fn scope(&self) -> &crate::cloud::SessionScope {
+        &self.scope
+    }
+
+    async fn service_url(
+        &self,
+        service: crate::cloud::Service,
+    ) -> Result<url::Url, crate::cloud::SendError> {
+        let prefix = keystone::SERVICES
+            .iter()
+            .find(|(kind, _, _)| *kind == service.as_str())
+            .map(|(_, _, prefix)| *prefix)
+            .unwrap_or_default();
+        url::Url::parse(&format!("{}/{prefix}", self.shared.base))
+            .map(|url| crate::cloud::versioned_base(url, service))
+            .map_err(|e| crate::cloud::SendError::Other(e.to_string()))
+    }
+
+    async fn send(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<bytes::Bytes>, crate::cloud::SendError> {
+        let (parts, body) = request.into_parts();
+        let current = self.token.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let token = match current {
+            Some(token) => Some(token),
+            None => self.authenticate().await,
+        };
+        let mut reply = self.send_once(&parts, &body, token.as_deref()).await;
+        if reply.status == axum::http::StatusCode::UNAUTHORIZED {
+            let token = self.authenticate().await;
+            reply = self.send_once(&parts, &body, token.as_deref()).await;
+        }
+        let mut response = http::Response::builder().status(reply.status.as_u16());
+        for (name, value) in &reply.headers {
+            response = response.header(*name, value.as_str());
+        }
+        let body = reply
+            .body
+            .map(|b| serde_json::to_vec(&b).unwrap_or_default())
+            .unwrap_or_default();
+        response
+            .body(bytes::Bytes::from(body))
+            .map_err(|e| crate::cloud::SendError::Other(e.to_string()))
     }
 }

@@ -42,25 +42,36 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
-    let query: Vec<(String, String)> = uri
-        .query()
+    let token = headers.get("x-auth-token").and_then(|v| v.to_str().ok());
+    respond(handle_request(&shared, &method, uri.path(), uri.query(), token, &body).await)
+}
+
+/// Serves one request, over HTTP or in-process.
+pub async fn handle_request(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    token: Option<&str>,
+    body: &[u8],
+) -> Reply {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let query: Vec<(String, String)> = query
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
     let Some((&first, rest)) = segments.split_first() else {
-        return respond(Reply::ok(json!({"simulator": "capo-rs sim openstack"})));
+        return Reply::ok(json!({"simulator": "capo-rs sim openstack"}));
     };
     if first == "_sim" {
-        return respond(admin(&shared, &method, rest, &body));
+        return admin(shared, method, rest, body);
     }
     let Some(service) = service(first) else {
-        return respond(Reply::json(404, json!({"error": "unknown service"})));
+        return Reply::json(404, json!({"error": "unknown service"}));
     };
-    let operation = operation(service, &method, rest);
-    let token = headers.get("x-auth-token").and_then(|v| v.to_str().ok());
+    let operation = operation(service, method, rest);
     let (fault, latency) = {
         let mut world = shared.world();
-        let fault = injected_fault(&mut world, service, token, &method, rest);
+        let fault = injected_fault(&mut world, service, token, method, rest);
         let latency = latency(&mut world, service);
         (fault, latency)
     };
@@ -73,10 +84,10 @@ async fn dispatch(
         None => serve(
             &mut world,
             service,
-            &method,
+            method,
             rest,
             &query,
-            &body,
+            body,
             &shared.base,
         ),
     };
@@ -87,8 +98,7 @@ async fn dispatch(
         operation,
         status: reply.status.as_u16(),
     });
-    drop(world);
-    respond(reply)
+    reply
 }
 
 fn service(prefix: &str) -> Option<&'static str> {
@@ -217,11 +227,12 @@ pub fn operation(service: &str, method: &Method, rest: &[&str]) -> String {
     let mut resource = "";
     let mut on_item = false;
     let mut action = None;
+    let path: Vec<&str> = path.into_iter().filter(|s| *s != "detail").collect();
+    let detail = rest.contains(&"detail");
     for (index, segment) in path.iter().enumerate() {
         if index % 2 == 0 {
             match *segment {
                 "status" => action = Some("status_get"),
-                "detail" => action = Some("list"),
                 "tags" => action = Some("tags_update"),
                 "add_router_interface" => action = Some("interface_add"),
                 "remove_router_interface" => action = Some("interface_remove"),
@@ -234,6 +245,7 @@ pub fn operation(service: &str, method: &Method, rest: &[&str]) -> String {
             on_item = true;
         }
     }
+    let action = action.or(detail.then_some("list"));
     let verb = action.unwrap_or(match (method.as_str(), on_item) {
         ("GET", false) => "list",
         ("GET", true) => "get",
@@ -257,7 +269,7 @@ pub fn operation(service: &str, method: &Method, rest: &[&str]) -> String {
     }
 }
 
-fn respond(reply: Reply) -> Response {
+pub fn respond(reply: Reply) -> Response {
     let mut builder = Response::builder().status(reply.status);
     for (name, value) in &reply.headers {
         builder = builder.header(*name, value.as_str());
@@ -294,7 +306,7 @@ fn admin(shared: &Shared, method: &Method, rest: &[&str], body: &[u8]) -> Reply 
             }
             Err(message) => Reply::json(400, json!({"error": message})),
         },
-        ("POST", ["rules"]) => match serde_yaml::from_str::<Rule>(&text) {
+        ("POST", ["rules"]) => match faults::from_yaml::<Rule>(&text) {
             Ok(rule) => {
                 world.scenario.rules.push(rule);
                 Reply::ok(json!(world.scenario.rules))
