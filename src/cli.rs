@@ -47,6 +47,16 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100_000)]
         calls: u32,
     },
+    /// The simulated Octavia at scale: memory and status-tree GET time in-process.
+    SimStatusTree {
+        #[arg(long, default_value_t = 1000)]
+        load_balancers: u32,
+        #[arg(long, default_value_t = 3)]
+        members: u32,
+        /// Status-tree GETs to time.
+        #[arg(long, default_value_t = 10_000)]
+        gets: u32,
+    },
     /// Paces concurrent calls through one endpoint's limiter (real time) and reports the
     /// achieved rate and the largest burst seen.
     RateLimit {
@@ -141,6 +151,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }) => run_openstack_sim(listen, clouds_yaml_out, scenario)?,
         Command::Bench(BenchCommand::RequestPath { calls }) => {
             crate::bench::request_path::run(calls.max(1))?.print();
+        }
+        Command::Bench(BenchCommand::SimStatusTree {
+            load_balancers,
+            members,
+            gets,
+        }) => {
+            crate::bench::sim_status_tree::run(load_balancers.max(1), members, gets.max(1))?
+                .print();
         }
         Command::Bench(BenchCommand::RateLimit {
             requests,

@@ -1068,3 +1068,87 @@ async fn a_thousand_load_balancers_with_three_members_each() {
     );
     assert_eq!(sim.octavia_counts(), (1000, 3000));
 }
+
+/// `capo-rs sim openstack` standalone: a scenario file in, a clouds.yaml out, and plain HTTP
+/// with a token from its Keystone (what `curl` does).
+#[tokio::test]
+async fn the_standalone_command_serves_curl_like_clients() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &scenario,
+        "seed: 3\nrules:\n  - {kind: member, name: \"cp-*\", effect: stuck}\n",
+    )
+    .unwrap();
+    let clouds = dir.path().join("clouds.yaml");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"))
+        .args([
+            "sim",
+            "openstack",
+            "--listen",
+            "127.0.0.1:0",
+            "--clouds-yaml-out",
+        ])
+        .arg(&clouds)
+        .arg("--scenario")
+        .arg(&scenario)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // Kept open until the end, so the child never writes to a closed pipe.
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.strip_prefix("simulated OpenStack on ").map(|rest| {
+                rest.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+        })
+        .expect("the simulator prints its URL");
+    let yaml = std::fs::read_to_string(&clouds).unwrap();
+    assert!(
+        yaml.contains(&format!("auth_url: {url}/identity/v3")),
+        "{yaml}"
+    );
+
+    let http = reqwest::Client::new();
+    let body = json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
+        "name": "demo", "password": "secret", "domain": {"name": "Default"}}}}}});
+    let response = http
+        .post(format!("{url}/identity/v3/auth/tokens"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let token = response.headers()["x-subject-token"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let catalog = response.json::<Value>().await.unwrap();
+    assert_eq!(catalog["token"]["catalog"].as_array().unwrap().len(), 5);
+    let providers = http
+        .get(format!("{url}/load-balancer/v2/lbaas/providers"))
+        .header("x-auth-token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(providers.status(), 200);
+    let scenario = http
+        .get(format!("{url}/_sim/scenario"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(scenario["rules"][0]["effect"], "stuck");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -179,6 +179,9 @@ pub struct Octavia {
     pub monitors: HashMap<String, HealthMonitor>,
     /// Pool id -> member ids, in creation order.
     pool_members: HashMap<String, Vec<String>>,
+    /// Load balancer id -> its listener ids and pool ids, in creation order: the read paths
+    /// (status tree, rendering) never scan every object of the cloud.
+    children: HashMap<String, (Vec<String>, Vec<String>)>,
     seq: u64,
 }
 
@@ -212,16 +215,30 @@ impl Octavia {
     }
 
     fn listeners_of(&self, lb: &str) -> Vec<&Listener> {
-        let mut listeners: Vec<&Listener> =
-            self.listeners.values().filter(|l| l.lb == lb).collect();
-        listeners.sort_by_key(|l| l.meta.seq);
-        listeners
+        let ids = self
+            .children
+            .get(lb)
+            .map(|(l, _)| l.as_slice())
+            .unwrap_or(&[]);
+        ids.iter().filter_map(|id| self.listeners.get(id)).collect()
     }
 
     fn pools_of(&self, lb: &str) -> Vec<&Pool> {
-        let mut pools: Vec<&Pool> = self.pools.values().filter(|p| p.lb == lb).collect();
-        pools.sort_by_key(|p| p.meta.seq);
-        pools
+        let ids = self
+            .children
+            .get(lb)
+            .map(|(_, p)| p.as_slice())
+            .unwrap_or(&[]);
+        ids.iter().filter_map(|id| self.pools.get(id)).collect()
+    }
+
+    /// Forgets listeners and pools that no longer exist from the per-LB index.
+    fn prune_children(&mut self, lb: &str) {
+        let (listeners, pools) = (&self.listeners, &self.pools);
+        if let Some((l, p)) = self.children.get_mut(lb) {
+            l.retain(|id| listeners.contains_key(id));
+            p.retain(|id| pools.contains_key(id));
+        }
     }
 }
 
@@ -573,6 +590,7 @@ pub fn on_lb_timer(world: &mut World, lb_id: &str) {
             listener.default_pool_id = None;
         }
     }
+    octavia.prune_children(lb_id);
     let settle = |status: &mut Prov| {
         if matches!(*status, Prov::PendingCreate | Prov::PendingUpdate) {
             *status = settled;
@@ -612,6 +630,7 @@ fn remove_lb(world: &mut World, lb_id: &str) {
         }
     }
     octavia.monitors.retain(|_, h| !pools.contains(&h.pool));
+    octavia.children.remove(lb_id);
     super::neutron::release_port(world, &lb.vip_port_id);
 }
 
@@ -914,6 +933,13 @@ fn create_listener(world: &mut World, body: &Value) -> Reply {
         connection_limit: body["connection_limit"].as_i64().unwrap_or(-1),
     };
     world.octavia.listeners.insert(id.clone(), listener);
+    world
+        .octavia
+        .children
+        .entry(lb_id.clone())
+        .or_default()
+        .0
+        .push(id.clone());
     let delay = world.scenario.timings.child_create.clone();
     lock_lb(world, &lb_id, None, delay);
     let rendered = world
@@ -987,6 +1013,13 @@ fn create_pool(world: &mut World, body: &Value) -> Reply {
         healthmonitor: None,
     };
     world.octavia.pools.insert(id.clone(), pool);
+    world
+        .octavia
+        .children
+        .entry(lb_id.clone())
+        .or_default()
+        .1
+        .push(id.clone());
     if let Some(listener) = listener_id.and_then(|l| world.octavia.listeners.get_mut(&l))
         && listener.default_pool_id.is_none()
     {
@@ -1486,8 +1519,8 @@ fn listener_operating(world: &World, listener: &Listener) -> Oper {
     aggregate(
         world
             .octavia
-            .pools
-            .values()
+            .pools_of(&listener.lb)
+            .into_iter()
             .filter(|p| {
                 p.listener.as_deref() == Some(listener.meta.id.as_str())
                     || listener.default_pool_id.as_deref() == Some(p.meta.id.as_str())
@@ -1600,8 +1633,8 @@ fn render_pool(world: &World, pool: &Pool) -> Value {
     let project = &world.settings.project_id;
     let listeners = ids(world
         .octavia
-        .listeners
-        .values()
+        .listeners_of(&pool.lb)
+        .into_iter()
         .filter(|l| {
             pool.listener.as_deref() == Some(l.meta.id.as_str())
                 || l.default_pool_id.as_deref() == Some(pool.meta.id.as_str())
