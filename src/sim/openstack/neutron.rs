@@ -9,7 +9,7 @@ use axum::http::Method;
 use serde_json::{Map, Value, json};
 
 use super::filters;
-use super::world::{Reply, World};
+use super::world::{Reply, World, json_body, string_list};
 
 /// Collection path -> (singular key, error name).
 const COLLECTIONS: &[(&str, &str, &str)] = &[
@@ -107,13 +107,8 @@ pub fn handle(
     query: &[(String, String)],
     body: &[u8],
 ) -> Reply {
-    let body = if body.is_empty() {
-        Value::Null
-    } else {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(value) => value,
-            Err(_) => return Reply::neutron(400, "BadRequest", "Body contains invalid JSON."),
-        }
+    let Some(body) = json_body(body) else {
+        return Reply::neutron(400, "BadRequest", "Body contains invalid JSON.");
     };
     let rest = match rest {
         ["v2.0", rest @ ..] => rest,
@@ -624,26 +619,10 @@ fn set_tags(
     let Some(object) = world.neutron.find_mut(path, id) else {
         return not_found(kind, id);
     };
-    let mut tags: Vec<String> = object["tags"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
-    if let Some(all) = all {
-        tags = all
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-    }
+    let mut tags = match all {
+        Some(all) => string_list(all),
+        None => string_list(&object["tags"]),
+    };
     match one {
         Some((tag, true)) if !tags.iter().any(|t| t == tag) => tags.push(tag.to_owned()),
         Some((tag, false)) => tags.retain(|t| t != tag),

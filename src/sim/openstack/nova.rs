@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::faults::{Effect, ObjectKind};
-use super::world::{Reply, Timer, World};
+use super::world::{Reply, Timer, World, json_body};
 use super::{filters, neutron};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,13 +62,8 @@ pub fn handle(
     query: &[(String, String)],
     body: &[u8],
 ) -> Reply {
-    let body = if body.is_empty() {
-        Value::Null
-    } else {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(value) => value,
-            Err(_) => return Reply::nova(400, "Malformed request body"),
-        }
+    let Some(body) = json_body(body) else {
+        return Reply::nova(400, "Malformed request body");
     };
     let rest = match rest {
         ["v2.1", rest @ ..] => rest,

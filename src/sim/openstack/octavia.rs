@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::faults::{Effect, ObjectKind};
-use super::world::{Reply, Timer, World};
+use super::world::{Reply, Timer, World, json_body, string_list};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prov {
@@ -246,19 +246,6 @@ fn str_field(body: &Value, key: &str) -> Option<String> {
     body.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
-fn string_list(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn immutable(kind: &str, id: &str) -> Reply {
     Reply::fault(
         409,
@@ -292,13 +279,8 @@ pub fn handle(
     body: &[u8],
     base: &str,
 ) -> Reply {
-    let body = if body.is_empty() {
-        Value::Null
-    } else {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(value) => value,
-            Err(_) => return Reply::bad_json(),
-        }
+    let Some(body) = json_body(body) else {
+        return Reply::bad_json();
     };
     let path = match rest {
         ["v2", "lbaas", path @ ..] | ["v2.0", "lbaas", path @ ..] => path,
@@ -688,53 +670,56 @@ pub fn on_member_online(world: &mut World, id: &str) {
 
 /// Objects whose `Stuck` rule is gone get a normal transition from now.
 pub fn release_stuck(world: &mut World) {
-    let stuck_members: Vec<(String, String, Outcome)> = world
-        .octavia
+    let held = |meta: &Meta, pending: Option<Pending>, kind| {
+        pending
+            .filter(|p| p.due.is_none())
+            .map(|p| (kind, meta.id.clone(), meta.name.clone(), p.outcome))
+    };
+    let octavia = &world.octavia;
+    let stuck: Vec<(ObjectKind, String, String, Outcome)> = octavia
         .members
         .values()
-        .filter_map(|m| {
-            m.pending
-                .filter(|p| p.due.is_none())
-                .map(|p| (m.meta.id.clone(), m.meta.name.clone(), p.outcome))
-        })
+        .filter_map(|m| held(&m.meta, m.pending, ObjectKind::Member))
+        .chain(
+            octavia
+                .lbs
+                .values()
+                .filter_map(|lb| held(&lb.meta, lb.pending, ObjectKind::Loadbalancer)),
+        )
         .collect();
-    for (id, name, outcome) in stuck_members {
-        if world.scenario.is_stuck(ObjectKind::Member, &name) {
+    for (kind, id, name, outcome) in stuck {
+        if world.scenario.is_stuck(kind, &name) {
             continue;
         }
         let unit = world.unit();
-        let delay = world.scenario.timings.member_update.sample(unit);
-        if let Some(member) = world.octavia.members.get_mut(&id) {
-            member.pending = Some(Pending {
-                outcome,
-                due: Some(Instant::now() + delay),
-            });
-        }
-        world.schedule(delay, Timer::Member(id));
-    }
-    let stuck_lbs: Vec<(String, String, Outcome)> = world
-        .octavia
-        .lbs
-        .values()
-        .filter_map(|lb| {
-            lb.pending
-                .filter(|p| p.due.is_none())
-                .map(|p| (lb.meta.id.clone(), lb.meta.name.clone(), p.outcome))
-        })
-        .collect();
-    for (id, name, outcome) in stuck_lbs {
-        if world.scenario.is_stuck(ObjectKind::Loadbalancer, &name) {
-            continue;
-        }
-        let unit = world.unit();
-        let delay = world.scenario.timings.lb_update.sample(unit);
-        if let Some(lb) = world.octavia.lbs.get_mut(&id) {
-            lb.pending = Some(Pending {
-                outcome,
-                due: Some(Instant::now() + delay),
-            });
-        }
-        world.schedule(delay, Timer::LoadBalancer(id));
+        let timings = &world.scenario.timings;
+        let (delay, timer) = match kind {
+            ObjectKind::Member => (
+                timings.member_update.sample(unit),
+                Timer::Member(id.clone()),
+            ),
+            _ => (
+                timings.lb_update.sample(unit),
+                Timer::LoadBalancer(id.clone()),
+            ),
+        };
+        let pending = Some(Pending {
+            outcome,
+            due: Some(Instant::now() + delay),
+        });
+        match kind {
+            ObjectKind::Member => world
+                .octavia
+                .members
+                .get_mut(&id)
+                .map(|m| m.pending = pending),
+            _ => world
+                .octavia
+                .lbs
+                .get_mut(&id)
+                .map(|lb| lb.pending = pending),
+        };
+        world.schedule(delay, timer);
     }
 }
 

@@ -89,6 +89,28 @@ impl Reply {
     }
 }
 
+/// A request body as JSON: `Null` when empty, `None` when it is not JSON.
+pub fn json_body(body: &[u8]) -> Option<Value> {
+    if body.is_empty() {
+        return Some(Value::Null);
+    }
+    serde_json::from_slice(body).ok()
+}
+
+/// The strings of a JSON array (anything else: none).
+pub fn string_list(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Things that happen later, in time order.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Timer {
