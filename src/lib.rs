@@ -9,4 +9,5 @@ pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod cloud;
+pub mod membership;
 pub mod sim;
