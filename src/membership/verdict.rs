@@ -134,6 +134,18 @@ impl LbVerdict {
         self.reason == Reason::Ready
     }
 
+    /// Whether a subscriber would see no difference: the same reason, the same verdict kind for
+    /// each member, the same stale members (durations moving on is not a change).
+    pub fn same_gate(&self, other: &LbVerdict) -> bool {
+        let kinds = |v: &LbVerdict| -> Vec<(String, u16, &'static str)> {
+            v.members
+                .iter()
+                .map(|(name, port, m)| (name.clone(), *port, m.name()))
+                .collect()
+        };
+        self.reason == other.reason && self.stale == other.stale && kinds(self) == kinds(other)
+    }
+
     /// A sentence for a condition message: which members and since when (relative to `now`).
     pub fn message(&self, now: Instant) -> String {
         let ago = |since: Instant| human(now.saturating_duration_since(since));

@@ -29,6 +29,20 @@ pub use faults::{
 };
 pub use world::{CloudSettings, RequestLog};
 
+/// One member as the simulator holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberTruth {
+    pub lb_id: String,
+    pub pool_id: String,
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub provisioning_status: &'static str,
+    /// When it last became ACTIVE or ERROR (tokio clock).
+    pub settled_at: Option<tokio::time::Instant>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum OpenStackSimError {
     #[error("cannot listen on {addr}: {source}")]
@@ -180,6 +194,32 @@ impl OpenStackSim {
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();
         (world.octavia.lbs.len(), world.octavia.members.len())
+    }
+
+    /// Every member as the simulated Octavia holds it right now (no request is logged): the
+    /// ground truth benchmarks and tests compare a poller's view with.
+    pub fn member_truth(&self) -> Vec<MemberTruth> {
+        let world = self.shared.world();
+        world
+            .octavia
+            .members
+            .values()
+            .map(|m| MemberTruth {
+                lb_id: world
+                    .octavia
+                    .pools
+                    .get(&m.pool)
+                    .map(|p| p.lb.clone())
+                    .unwrap_or_default(),
+                pool_id: m.pool.clone(),
+                id: m.meta.id.clone(),
+                name: m.meta.name.clone(),
+                address: m.address.clone(),
+                port: m.protocol_port,
+                provisioning_status: m.meta.status.as_str(),
+                settled_at: m.settled_at,
+            })
+            .collect()
     }
 
     /// When the next pending transition is due (for tests that advance a paused clock).

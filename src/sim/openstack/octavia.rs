@@ -154,6 +154,9 @@ pub struct Member {
     pub pending: Option<Pending>,
     /// A health monitor has seen it answer.
     pub online: bool,
+    /// When it last settled (ACTIVE or ERROR), on the simulator's clock: ground truth for
+    /// benchmarks measuring how late a poller noticed.
+    pub settled_at: Option<Instant>,
 }
 
 #[derive(Clone, Debug)]
@@ -650,6 +653,7 @@ pub fn on_member_timer(world: &mut World, id: &str) {
                 };
                 member.meta.updated_at = Some(now);
                 member.pending = None;
+                member.settled_at = pending.due;
             }
             if outcome == Outcome::Active && has_monitor && world.settings.heartbeats {
                 let unit = world.unit();
@@ -1224,6 +1228,7 @@ fn new_member(
             .and_then(|p| u16::try_from(p).ok()),
         pending: None,
         online: false,
+        settled_at: None,
     }
 }
 

@@ -1,0 +1,373 @@
+//! The membership engine against the simulated cloud, in-process on tokio's paused clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use capo_rs::cloud::octavia::{ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec};
+use capo_rs::cloud::{CloudClient, CloudOptions, Clouds};
+use capo_rs::membership::{
+    Change, DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, Strategy,
+};
+use capo_rs::sim::openstack::{
+    Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, RateLimitFault, Rule, Scenario,
+    Timings,
+};
+use prometheus::Registry;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+fn scenario(rules: Vec<Rule>) -> Scenario {
+    Scenario {
+        seed: Some(7),
+        timings: Timings {
+            lb_create: Delay::Fixed(0.5),
+            lb_update: Delay::Fixed(0.3),
+            child_create: Delay::Fixed(0.3),
+            member_create: Delay::Fixed(5.0),
+            member_delete: Delay::Fixed(2.0),
+            ..Timings::default()
+        },
+        rules,
+        ..Scenario::default()
+    }
+}
+
+struct Setup {
+    sim: OpenStackSim,
+    client: CloudClient,
+    engine: Engine,
+    changes: broadcast::Receiver<Change>,
+    lb: String,
+    pool: String,
+    registry: Registry,
+}
+
+async fn setup(rules: Vec<Rule>, strategy: Strategy) -> Setup {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        scenario: scenario(rules),
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let octavia = client.octavia();
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: "c1-kubeapi".into(),
+            vip_network_id: Some("n".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    let listener = octavia
+        .create_listener(&ListenerSpec {
+            name: "api".into(),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: 6443,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    let pool = octavia
+        .create_pool(&PoolSpec {
+            name: "api".into(),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            listener_id: Some(listener.id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    let config = EngineConfig {
+        strategy,
+        stuck_after: Duration::from_secs(60),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(config, &registry, CancellationToken::new()).unwrap();
+    let changes = engine.subscribe();
+    Setup {
+        sim,
+        client,
+        engine,
+        changes,
+        lb: lb.id,
+        pool: pool.id,
+        registry,
+    }
+}
+
+async fn settle(client: &CloudClient, lb: &str) {
+    while client
+        .octavia()
+        .get_load_balancer(lb)
+        .await
+        .unwrap()
+        .provisioning_status
+        .is_pending()
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn desired(setup: &Setup, members: &[(&str, &str, Option<String>)]) -> DesiredLb {
+    DesiredLb {
+        lb_id: setup.lb.clone(),
+        cluster: ObjectRef::new("default", "c1"),
+        pools: BTreeMap::from([(6443, setup.pool.clone())]),
+        members: members
+            .iter()
+            .map(|(name, address, id)| DesiredMember {
+                owner: ObjectRef::new("default", *name),
+                name: (*name).into(),
+                address: (*address).into(),
+                port: 6443,
+                requested_at: Instant::now(),
+                member_id: id.clone(),
+            })
+            .collect(),
+        rollout_waiting: true,
+    }
+}
+
+async fn add_member(setup: &Setup, name: &str, address: &str) -> String {
+    settle(&setup.client, &setup.lb).await;
+    let spec = MemberSpec {
+        name: name.into(),
+        address: address.into(),
+        protocol_port: 6443,
+        ..Default::default()
+    };
+    setup
+        .client
+        .octavia()
+        .create_member(&setup.pool, &spec)
+        .await
+        .unwrap()
+        .id
+}
+
+/// The next change with this reason (within an hour of virtual time).
+async fn wait_for(setup: &mut Setup, reason: Reason) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let change = tokio::time::timeout_at(deadline, setup.changes.recv())
+            .await
+            .expect("no change in time")
+            .unwrap();
+        if change.reason == reason {
+            return Instant::now();
+        }
+    }
+}
+
+/// Ground truth: is every desired address ACTIVE in the simulated pool?
+fn truly_ready(setup: &Setup, addresses: &[&str]) -> bool {
+    let truth = setup.sim.member_truth();
+    addresses.iter().all(|a| {
+        truth.iter().any(|m| {
+            m.address == *a && m.pool_id == setup.pool && m.provisioning_status == "ACTIVE"
+        })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_active_lb_with_a_pending_member_is_never_ready() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    let first = tokio::time::timeout(Duration::from_secs(5), s.changes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(first.reason, Reason::Ready);
+    // The LB is ACTIVE again long before the member (5 s): still not ready.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let snapshot = s.engine.snapshot(&s.lb).unwrap();
+    assert_eq!(
+        snapshot.verdict.reason,
+        Reason::MembersPending,
+        "{snapshot:?}"
+    );
+    let ready_at = wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    let settled = s.sim.member_truth()[0].settled_at.unwrap();
+    let lag = ready_at - settled;
+    assert!(
+        lag <= Duration::from_secs(2),
+        "detected {lag:?} after the member became ACTIVE"
+    );
+    assert!(first.owners.contains(&ObjectRef::new("default", "c1")));
+    assert!(first.owners.contains(&ObjectRef::new("default", "cp-1")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn lb_only_is_ready_too_early_which_is_the_failure_we_prevent() {
+    let mut s = setup(vec![], Strategy::LbOnly).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(
+        !truly_ready(&s, &["10.0.0.1"]),
+        "lb-only said Ready while the member was still pending"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stuck_member_is_flagged_on_time_and_recovers() {
+    let rule = Rule {
+        kind: ObjectKind::Member,
+        name: "cp-2".into(),
+        effect: Effect::Stuck,
+        times: None,
+    };
+    let mut s = setup(vec![rule], Strategy::StatusTree).await;
+    add_member(&s, "cp-2", "10.0.0.2").await;
+    let requested = Instant::now();
+    s.engine
+        .ensure(desired(&s, &[("cp-2", "10.0.0.2", None)]), &s.client);
+    let flagged = wait_for(&mut s, Reason::MemberStuck).await;
+    let late = flagged - requested;
+    assert!(
+        late >= Duration::from_secs(60) && late <= Duration::from_secs(65),
+        "flagged after {late:?}"
+    );
+    let message = s
+        .engine
+        .snapshot(&s.lb)
+        .unwrap()
+        .verdict
+        .message(Instant::now());
+    assert!(message.contains("cp-2:6443"), "{message}");
+    s.sim.clear_rules();
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.2"]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_members_are_flagged_within_five_seconds() {
+    let rule = Rule {
+        kind: ObjectKind::Member,
+        name: "bad".into(),
+        effect: Effect::Error,
+        times: None,
+    };
+    let mut s = setup(vec![rule], Strategy::StatusTree).await;
+    add_member(&s, "bad", "10.0.0.3").await;
+    s.engine
+        .ensure(desired(&s, &[("bad", "10.0.0.3", None)]), &s.client);
+    let flagged = wait_for(&mut s, Reason::MemberError).await;
+    let errored = s.sim.member_truth()[0].settled_at.unwrap();
+    assert!(
+        flagged - errored <= Duration::from_secs(5),
+        "{:?}",
+        flagged - errored
+    );
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&s.registry.gather())
+        .unwrap();
+    assert!(
+        text.contains(r#"capo_lb_member_error_total{cluster="c1",namespace="default"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"capo_lb_gate_reason{cluster="c1",loadbalancer=""#),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_members_are_reported_not_deleted() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    add_member(&s, "old", "10.0.0.9").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    let snapshot = s.engine.snapshot(&s.lb).unwrap();
+    assert_eq!(
+        snapshot.verdict.stale,
+        vec!["old (10.0.0.9:6443)".to_owned()]
+    );
+    assert_eq!(s.sim.member_truth().len(), 2, "the engine deletes nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_storm_pauses_polling_and_the_gate_opens_after() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let mut storm = scenario(vec![]);
+    storm.rate_limits.push(RateLimitFault {
+        service: Some("load-balancer".into()),
+        above_per_second: None,
+        probability: Some(1.0),
+        retry_after: 5,
+    });
+    s.sim.set_scenario(storm);
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let limited = s.sim.request_count("load-balancer loadbalancer_status_get");
+    // One attempt per Retry-After pause at most (plus the in-line retry), not a flood.
+    assert!(
+        limited <= 60 / 5 * 2 + 2,
+        "{limited} requests during a 60 s storm"
+    );
+    assert_ne!(
+        s.engine.snapshot(&s.lb).unwrap().verdict.reason,
+        Reason::Ready
+    );
+    s.sim.set_scenario(scenario(vec![]));
+    wait_for(&mut s, Reason::Ready).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_get_follows_a_created_member_until_active() {
+    let mut s = setup(vec![], Strategy::MemberGet).await;
+    let id = add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", Some(id))]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    assert!(s.sim.request_count("load-balancer loadbalancer_member_get") >= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forgetting_stops_polling_and_a_deleted_lb_is_reported() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    s.client
+        .octavia()
+        .delete_load_balancer(&s.lb, true)
+        .await
+        .unwrap();
+    let gone = wait_for(&mut s, Reason::LoadBalancerError).await;
+    assert!(gone.elapsed() < Duration::from_secs(1));
+    assert!(
+        s.engine
+            .snapshot(&s.lb)
+            .unwrap()
+            .verdict
+            .message(Instant::now())
+            .contains("not found")
+    );
+    s.engine.forget(&s.lb);
+    let before = s.sim.request_count("load-balancer loadbalancer_status_get");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        s.sim.request_count("load-balancer loadbalancer_status_get"),
+        before
+    );
+    assert!(s.engine.is_empty());
+}
