@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::api::crds;
+use crate::bench::membership::BenchConfig;
 use crate::cloud::{CloudOptions, PathOptions, RateLimit};
+use crate::membership::{ScheduleConfig, Strategy};
 use crate::sim::kube::{KubeSim, KubeSimConfig};
 use crate::sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
 
@@ -46,6 +48,64 @@ pub enum BenchCommand {
         /// Calls per measurement.
         #[arg(long, default_value_t = 100_000)]
         calls: u32,
+    },
+    /// Control-plane rollouts against the simulated cloud, once per membership strategy.
+    Membership {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1000)]
+        clusters: u32,
+        /// Control-plane members per cluster.
+        #[arg(long, default_value_t = 3)]
+        members: u32,
+        /// Seconds over which rollouts start.
+        #[arg(long, default_value_t = 3600)]
+        window: u64,
+        /// Engine budget: requests per second to the cloud endpoint.
+        #[arg(long, default_value_t = 20)]
+        qps: u32,
+        #[arg(long, default_value_t = 40)]
+        burst: u32,
+        /// Seconds in PENDING_* before a member is stuck.
+        #[arg(long, default_value_t = 600)]
+        stuck_after: u64,
+        #[arg(long, default_value_t = 0.05)]
+        slow_share: f64,
+        #[arg(long, default_value_t = 0.01)]
+        stuck_share: f64,
+        #[arg(long, default_value_t = 0.01)]
+        error_share: f64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Status-tree: seconds between polls of an LB with something pending.
+        #[arg(long, default_value_t = 1.0)]
+        urgent_interval: f64,
+        /// Status-tree: seconds a pending state is polled at that interval before backing off.
+        #[arg(long, default_value_t = 180.0)]
+        urgent_fresh: f64,
+        /// Status-tree: shortest drift interval for settled LBs, in seconds.
+        #[arg(long, default_value_t = 300.0)]
+        drift_min: f64,
+        /// Strategies to run, comma-separated.
+        #[arg(
+            long,
+            default_value = "status-tree,member-get,lb-only",
+            value_delimiter = ','
+        )]
+        strategies: Vec<String>,
+    },
+    /// The engine at steady state: memory and CPU of tracking settled load balancers.
+    MembershipSteady {
+        #[arg(long, default_value_t = 1000)]
+        load_balancers: u32,
+        #[arg(long, default_value_t = 3)]
+        members: u32,
+        /// Seconds of (virtual) steady state to measure.
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+        #[arg(long, default_value_t = 20)]
+        qps: u32,
     },
     /// The simulated Octavia at scale: memory and status-tree GET time in-process.
     SimStatusTree {
@@ -151,6 +211,73 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }) => run_openstack_sim(listen, clouds_yaml_out, scenario)?,
         Command::Bench(BenchCommand::RequestPath { calls }) => {
             crate::bench::request_path::run(calls.max(1))?.print();
+        }
+        Command::Bench(BenchCommand::Membership {
+            json,
+            clusters,
+            members,
+            window,
+            qps,
+            burst,
+            stuck_after,
+            slow_share,
+            stuck_share,
+            error_share,
+            seed,
+            urgent_interval,
+            urgent_fresh,
+            drift_min,
+            strategies,
+        }) => {
+            let strategies = strategies
+                .iter()
+                .map(|s| s.parse::<Strategy>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let config = BenchConfig {
+                clusters: clusters.max(1),
+                members: members.max(1),
+                window: Duration::from_secs(window),
+                qps: qps.max(1),
+                burst: burst.max(1),
+                stuck_after: Duration::from_secs(stuck_after),
+                slow_share,
+                stuck_share,
+                error_share,
+                seed,
+                schedule: ScheduleConfig {
+                    urgent_initial: Duration::from_secs_f64(urgent_interval.max(0.05)),
+                    urgent_fresh: Duration::from_secs_f64(urgent_fresh.max(0.0)),
+                    drift_min: Duration::from_secs_f64(drift_min.max(1.0)),
+                    ..ScheduleConfig::default()
+                },
+                ..BenchConfig::default()
+            };
+            let reports = crate::bench::membership::run(&config, &strategies)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"config": config, "results": reports})
+                    )?
+                );
+            } else {
+                crate::bench::membership::print_table(&config, &reports);
+            }
+        }
+        Command::Bench(BenchCommand::MembershipSteady {
+            load_balancers,
+            members,
+            seconds,
+            qps,
+        }) => {
+            let report = crate::bench::membership::steady(
+                load_balancers.max(1),
+                members,
+                seconds.max(1),
+                qps.max(1),
+            )?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
         }
         Command::Bench(BenchCommand::SimStatusTree {
             load_balancers,

@@ -78,6 +78,8 @@ impl Default for EngineConfig {
 #[derive(Clone, Debug)]
 pub struct Change {
     pub lb_id: String,
+    /// The desired-state generation the verdict reflects (see [`Engine::ensure`]).
+    pub generation: u64,
     pub owners: Vec<ObjectRef>,
     pub reason: Reason,
     /// When the poll's answer arrived (real time): subscribers can measure wake-up latency.
@@ -87,6 +89,8 @@ pub struct Change {
 /// What the engine knows about one LB.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
+    /// The desired-state generation the verdict reflects.
+    pub generation: u64,
     pub verdict: LbVerdict,
     pub health: Health,
     pub members: Vec<MemberTrack>,
@@ -103,6 +107,10 @@ struct MemberGetState {
 }
 
 struct LbEntry {
+    /// Bumped by every `ensure` that changes the desired state.
+    generation: u64,
+    /// The generation the current verdict was computed for (after a poll).
+    verdict_generation: u64,
     track: LbTrack,
     verdict: LbVerdict,
     endpoint: String,
@@ -146,6 +154,12 @@ impl Engine {
         cancel: CancellationToken,
     ) -> prometheus::Result<Self> {
         let (changes, _) = broadcast::channel(4096);
+        let mut config = config;
+        if config.strategy != Strategy::StatusTree {
+            // The providers these strategies reproduce never look at a settled LB again.
+            config.schedule.drift_min = Duration::from_secs(86_400);
+            config.schedule.drift_max = Duration::from_secs(86_400);
+        }
         Ok(Engine {
             inner: Arc::new(Inner {
                 metrics: EngineMetrics::register(registry)?,
@@ -162,8 +176,10 @@ impl Engine {
     }
 
     /// Sets (or updates) a load balancer's desired membership; `client` is how to reach its
-    /// cloud. The LB is polled soon after.
-    pub fn ensure(&self, desired: DesiredLb, client: &CloudClient) {
+    /// cloud. The LB is polled soon after. Returns the desired-state generation: changes and
+    /// snapshots carry the generation their verdict was computed for, so a caller can tell a
+    /// verdict about its latest wish from an older one.
+    pub fn ensure(&self, desired: DesiredLb, client: &CloudClient) -> u64 {
         let now = Instant::now();
         let scope = client.path().session().scope();
         let key = format!("{}|{}", scope.auth_url, scope.region);
@@ -189,11 +205,15 @@ impl Engine {
                     endpoint
                 }
             };
-            match state.lbs.get_mut(&lb_id) {
-                Some(entry) if entry.track.desired == desired => return,
+            let generation = match state.lbs.get_mut(&lb_id) {
+                Some(entry) if entry.track.desired == desired => return entry.generation,
                 Some(entry) => {
+                    entry.generation += 1;
                     entry.track.set_desired(desired);
                     entry.client = client.clone();
+                    // CAPO waits for the LB around every change.
+                    entry.member_get.remove(LB_WAIT);
+                    entry.generation
                 }
                 None => {
                     let track = LbTrack::new(desired, now);
@@ -201,6 +221,8 @@ impl Engine {
                     state.lbs.insert(
                         lb_id.clone(),
                         LbEntry {
+                            generation: 1,
+                            verdict_generation: 0,
                             track,
                             verdict,
                             endpoint: key,
@@ -210,12 +232,15 @@ impl Engine {
                             reason_label: None,
                         },
                     );
+                    1
                 }
-            }
-            endpoint
+            };
+            (endpoint, generation)
         };
+        let (endpoint, generation) = endpoint;
         lock(&endpoint.scheduler).wake(&lb_id, now);
         endpoint.notify.notify_one();
+        generation
     }
 
     /// Stops tracking a load balancer.
@@ -233,6 +258,7 @@ impl Engine {
         let state = self.inner.lock();
         let entry = state.lbs.get(lb_id)?;
         Some(Snapshot {
+            generation: entry.verdict_generation,
             verdict: entry.verdict.clone(),
             health: health(&entry.track),
             members: entry.track.members.clone(),
@@ -303,7 +329,11 @@ async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
             .drift_interval_seconds
             .with_label_values(&[&key])
             .set(interval.as_secs_f64());
-        let sleep = tokio::time::sleep_until(wake.unwrap_or(now + Duration::from_secs(3600)));
+        // Never a zero wait: if the scheduler has nothing now, time must pass.
+        let wake = wake
+            .unwrap_or(now + Duration::from_secs(3600))
+            .max(now + Duration::from_millis(1));
+        let sleep = tokio::time::sleep_until(wake);
         tokio::select! {
             () = inner.cancel.cancelled() => break,
             () = endpoint.notify.notified() => {}
@@ -327,7 +357,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         .scheduler_lag_seconds
         .with_label_values(&[kind])
         .observe(pick.lag.as_secs_f64());
-    let (client, desired, member_get) = {
+    let (client, desired, member_get, generation) = {
         let state = inner.lock();
         let Some(entry) = state.lbs.get(&pick.lb) else {
             return;
@@ -336,12 +366,13 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             entry.client.clone(),
             entry.track.desired.clone(),
             entry.member_get.clone(),
+            entry.generation,
         )
     };
     let strategy = inner.config.strategy;
     let result = match strategy {
         Strategy::StatusTree => observe_tree(&client, &desired).await,
-        Strategy::LbOnly => observe_lb_only(&client, &desired).await,
+        Strategy::LbOnly => observe_lb_only(&client, &desired, member_get).await,
         Strategy::MemberGet => observe_member_get(&client, &desired, member_get).await,
     };
     let observed = std::time::Instant::now();
@@ -387,8 +418,13 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         };
         let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
         record_member_metrics(&inner, entry, &before, &verdict, previous_poll, now);
-        let verdict_changed = !verdict.same_gate(&entry.verdict);
+        // A newer desired state arrived during the poll: this verdict is still about the one
+        // the poll started with.
+        let generation = generation.min(entry.generation);
+        let verdict_changed =
+            !verdict.same_gate(&entry.verdict) || generation != entry.verdict_generation;
         entry.verdict = verdict;
+        entry.verdict_generation = generation;
         if verdict_changed {
             publish(&inner, entry, observed);
         }
@@ -400,7 +436,18 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             .map(|m| m.next_at)
             .min();
         let deadline = [deadline, member_get_due].into_iter().flatten().min();
-        let urgent = !entry.verdict.is_ready() || entry.track.desired.rollout_waiting;
+        // Ours polls while something is on its way (pending, missing, not yet seen, stuck: it
+        // may still recover); ERROR changes only when someone repairs it, which wakes us. The
+        // other strategies follow their own backoff only.
+        let urgent = strategy == Strategy::StatusTree
+            && matches!(
+                entry.verdict.reason,
+                Reason::Unknown
+                    | Reason::LoadBalancerPending
+                    | Reason::MembersPending
+                    | Reason::MembersMissing
+                    | Reason::MemberStuck
+            );
         (urgent, changed || verdict_changed, deadline)
     };
     // A load balancer that is gone stays reported but is only re-checked at drift pace.
@@ -448,6 +495,7 @@ fn publish(inner: &Inner, entry: &mut LbEntry, observed: std::time::Instant) {
     // Nobody listening is fine: reconcilers also read snapshots.
     let _ = inner.changes.send(Change {
         lb_id: lb,
+        generation: entry.verdict_generation,
         owners: entry.track.owners(),
         reason: entry.verdict.reason,
         observed,
@@ -621,7 +669,7 @@ async fn observe_lists(client: &CloudClient, desired: &DesiredLb) -> Result<Obse
 fn assumed(
     desired: &DesiredLb,
     status: impl Fn(&super::model::DesiredMember) -> Option<ProvisioningStatus>,
-    lb: &crate::cloud::octavia::LoadBalancer,
+    lb: ProvisioningStatus,
 ) -> Observation {
     let members = desired
         .members
@@ -640,36 +688,16 @@ fn assumed(
         })
         .collect();
     Observation {
-        provisioning: lb.provisioning_status,
-        operating: lb.operating_status,
+        provisioning: lb,
+        operating: OperatingStatus::Unknown,
         members,
         pools_seen: desired.pools.values().cloned().collect(),
     }
 }
 
-/// A provider that trusts the LB: members are whatever the LB is.
+/// A provider that trusts the LB: members are whatever the LB is. It GETs the LB after each
+/// change with CAPO's backoff until ACTIVE, and not again.
 async fn observe_lb_only(
-    client: &CloudClient,
-    desired: &DesiredLb,
-) -> Result<Observed, CloudError> {
-    let lb = match client.octavia().get_load_balancer(&desired.lb_id).await {
-        Ok(lb) => lb,
-        Err(CloudError::NotFound(_)) => return Ok((Seen::Gone, None)),
-        Err(error) => return Err(error),
-    };
-    let status = lb.provisioning_status;
-    let as_lb = if status == ProvisioningStatus::Active {
-        ProvisioningStatus::Active
-    } else {
-        ProvisioningStatus::PendingCreate
-    };
-    Ok((Seen::Observed(assumed(desired, |_| Some(as_lb), &lb)), None))
-}
-
-const MEMBER_GET_STEPS: u32 = 20;
-
-/// CAPO 0.14: the LB, and each new member until ACTIVE with 1 s x1.25 backoff for 20 steps.
-async fn observe_member_get(
     client: &CloudClient,
     desired: &DesiredLb,
     mut states: HashMap<String, MemberGetState>,
@@ -679,36 +707,95 @@ async fn observe_member_get(
         Err(CloudError::NotFound(_)) => return Ok((Seen::Gone, None)),
         Err(error) => return Err(error),
     };
+    step(
+        &mut states,
+        LB_WAIT,
+        Some(lb.provisioning_status),
+        Instant::now(),
+    );
+    let status = lb.provisioning_status;
+    let as_lb = if status == ProvisioningStatus::Active {
+        ProvisioningStatus::Active
+    } else {
+        ProvisioningStatus::PendingCreate
+    };
+    Ok((
+        Seen::Observed(assumed(desired, |_| Some(as_lb), status)),
+        Some(states),
+    ))
+}
+
+/// The key of the LB's own wait in the backoff states.
+const LB_WAIT: &str = "lb";
+
+/// One backoff step (1 s x1.25, at most 20) of a wait for ACTIVE.
+fn step(
+    states: &mut HashMap<String, MemberGetState>,
+    key: &str,
+    seen: Option<ProvisioningStatus>,
+    now: Instant,
+) {
+    let state = states.entry(key.to_owned()).or_insert(MemberGetState {
+        steps: 0,
+        next_at: now,
+        last: None,
+        finished: false,
+    });
+    state.last = seen;
+    state.steps += 1;
+    state.finished = seen == Some(ProvisioningStatus::Active) || state.steps >= MEMBER_GET_STEPS;
+    state.next_at =
+        now + Duration::from_secs_f64(1.25f64.powi(i32::try_from(state.steps).unwrap_or(i32::MAX)));
+}
+
+const MEMBER_GET_STEPS: u32 = 20;
+
+/// CAPO 0.14: after a change, the LB until ACTIVE, and each new member until ACTIVE, both with
+/// 1 s x1.25 backoff for 20 steps; nothing is looked at again afterwards.
+async fn observe_member_get(
+    client: &CloudClient,
+    desired: &DesiredLb,
+    mut states: HashMap<String, MemberGetState>,
+) -> Result<Observed, CloudError> {
     let now = Instant::now();
-    states.retain(|key, _| desired.members.iter().any(|m| member_key(m) == *key));
+    states.retain(|key, _| key == LB_WAIT || desired.members.iter().any(|m| member_key(m) == *key));
+    let due = |states: &HashMap<String, MemberGetState>, key: &str| {
+        states
+            .get(key)
+            .is_none_or(|s| !s.finished && s.next_at <= now)
+    };
+    let known = states.get(LB_WAIT).and_then(|s| s.last);
+    let lb_status = match known {
+        Some(status) if !due(&states, LB_WAIT) => status,
+        _ => {
+            let lb = match client.octavia().get_load_balancer(&desired.lb_id).await {
+                Ok(lb) => lb,
+                Err(CloudError::NotFound(_)) => return Ok((Seen::Gone, None)),
+                Err(error) => return Err(error),
+            };
+            step(&mut states, LB_WAIT, Some(lb.provisioning_status), now);
+            lb.provisioning_status
+        }
+    };
     for member in &desired.members {
         let (Some(id), Some(pool)) = (&member.member_id, desired.pools.get(&member.port)) else {
             continue;
         };
-        let state = states.entry(member_key(member)).or_insert(MemberGetState {
-            steps: 0,
-            next_at: now,
-            last: None,
-            finished: false,
-        });
-        if state.finished || state.next_at > now {
+        let key = member_key(member);
+        if !due(&states, &key) {
             continue;
         }
-        match client.octavia().get_member(pool, id).await {
-            Ok(seen) => state.last = Some(seen.provisioning_status),
-            Err(CloudError::NotFound(_)) => state.last = None,
+        let seen = match client.octavia().get_member(pool, id).await {
+            Ok(seen) => Some(seen.provisioning_status),
+            Err(CloudError::NotFound(_)) => None,
             Err(error) => return Err(error),
-        }
-        state.steps += 1;
-        state.finished =
-            state.last == Some(ProvisioningStatus::Active) || state.steps >= MEMBER_GET_STEPS;
-        state.next_at = now
-            + Duration::from_secs_f64(1.25f64.powi(i32::try_from(state.steps).unwrap_or(i32::MAX)));
+        };
+        step(&mut states, &key, seen, now);
     }
     let observation = assumed(
         desired,
         |m| states.get(&member_key(m)).and_then(|s| s.last),
-        &lb,
+        lb_status,
     );
     Ok((Seen::Observed(observation), Some(states)))
 }

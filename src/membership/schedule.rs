@@ -1,8 +1,10 @@
 //! Which load balancer to poll next, inside a request budget. Pure: the caller passes the time.
 //!
 //! - Urgent LBs (something pending, desired != observed, a rollout waiting) are polled first,
-//!   every `urgent_initial`, backing off by `urgent_backoff` to `urgent_max` while nothing
-//!   changes; a change (or new desired state) resets the interval.
+//!   every `urgent_initial` for the first `urgent_fresh` of a state (most members settle in
+//!   that time, and this bounds how late we notice), then backing off by `urgent_backoff` to
+//!   `urgent_max` while nothing changes (a stuck member costs little); a change (or new desired
+//!   state) starts over.
 //! - Settled LBs are re-checked for drift. Drift polls draw from a second bucket refilled at
 //!   `drift_share` of the budget, so they never take more than that share; the interval
 //!   stretches with the number of settled LBs (`n / (qps * share)`, at least `drift_min`).
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ScheduleConfig {
     /// Polls per second this engine may send to one cloud endpoint.
     pub budget_qps: f64,
@@ -24,6 +26,8 @@ pub struct ScheduleConfig {
     /// Share of the budget drift checks may use (0..=1).
     pub drift_share: f64,
     pub urgent_initial: Duration,
+    /// How long a state is polled at `urgent_initial` before backing off.
+    pub urgent_fresh: Duration,
     pub urgent_max: Duration,
     pub urgent_backoff: f64,
     pub drift_min: Duration,
@@ -37,6 +41,7 @@ impl Default for ScheduleConfig {
             burst: 20.0,
             drift_share: 0.5,
             urgent_initial: Duration::from_secs(1),
+            urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
             urgent_backoff: 1.5,
             drift_min: Duration::from_secs(60),
@@ -48,6 +53,8 @@ impl Default for ScheduleConfig {
 #[derive(Clone, Debug)]
 struct Entry {
     due: Instant,
+    /// When the current state began (the last change).
+    state_since: Instant,
     urgent: bool,
     interval: Duration,
     in_flight: bool,
@@ -95,10 +102,12 @@ impl Scheduler {
             due: now,
             urgent: true,
             interval: self.config.urgent_initial,
+            state_since: now,
             in_flight: false,
         });
         entry.urgent = true;
         entry.interval = self.config.urgent_initial;
+        entry.state_since = now;
         entry.due = entry.due.min(now);
     }
 
@@ -131,6 +140,9 @@ impl Scheduler {
             drift
         } else if changed || !was_urgent {
             entry.interval = config.urgent_initial;
+            entry.state_since = now;
+            config.urgent_initial
+        } else if now.saturating_duration_since(entry.state_since) < config.urgent_fresh {
             config.urgent_initial
         } else {
             let wait = entry.interval;
@@ -212,11 +224,14 @@ impl Scheduler {
         let waiting: Vec<&Entry> = self.entries.values().filter(|e| !e.in_flight).collect();
         let urgent = waiting.iter().filter(|e| e.urgent).map(|e| e.due).min();
         let settled = waiting.iter().filter(|e| !e.urgent).map(|e| e.due).min();
+        // At least a millisecond ahead: a wait rounded down to nothing would make the caller
+        // spin without time passing (timers have millisecond resolution).
         let token_at = |have: f64, rate: f64| {
             if have >= 1.0 {
                 now
             } else {
-                now + Duration::from_secs_f64((1.0 - have) / rate.max(f64::MIN_POSITIVE))
+                let wait = Duration::from_secs_f64((1.0 - have) / rate.max(f64::MIN_POSITIVE));
+                now + wait.max(Duration::from_millis(1))
             }
         };
         let budget = token_at(self.tokens, c.budget_qps);
@@ -239,6 +254,7 @@ mod tests {
         ScheduleConfig {
             budget_qps: qps,
             burst: qps,
+            urgent_fresh: Duration::ZERO,
             ..ScheduleConfig::default()
         }
     }
@@ -266,6 +282,28 @@ mod tests {
         assert_eq!(intervals[1], secs(1.5));
         assert!(intervals[6] == secs(10.0), "{intervals:?}");
         assert_eq!(intervals[7], secs(1.0), "a change resets");
+    }
+
+    #[test]
+    fn a_fresh_state_is_polled_at_the_initial_interval() {
+        let t0 = Instant::now();
+        let cfg = ScheduleConfig {
+            urgent_fresh: secs(5.0),
+            ..config(10.0)
+        };
+        let mut s = Scheduler::new(cfg, t0);
+        s.wake("lb", t0);
+        let mut now = t0;
+        let mut intervals = Vec::new();
+        for _ in 0..8 {
+            s.next(now).unwrap();
+            s.done("lb", true, false, None, now);
+            let due = s.wake_at(now).unwrap();
+            intervals.push((due - now).as_secs_f64());
+            now = due;
+        }
+        assert_eq!(intervals[..5], [1.0; 5]);
+        assert!(intervals[6] > 1.0, "{intervals:?}");
     }
 
     #[test]

@@ -90,6 +90,7 @@ impl OpenStackSim {
         let shared = Arc::new(server::Shared {
             world: Mutex::new(world::World::new(config.settings, config.scenario)),
             base: format!("http://{addr}"),
+            busy_nanos: std::sync::atomic::AtomicU64::new(0),
         });
         let shutdown = CancellationToken::new();
         let app = server::router(shared.clone());
@@ -170,6 +171,20 @@ impl OpenStackSim {
     /// Requests served so far, by operation, status and second.
     pub fn request_log(&self) -> serde_json::Value {
         serde_json::to_value(&self.shared.world().requests).unwrap_or_default()
+    }
+
+    /// Forgets the request log (as `DELETE /_sim/requests` does).
+    pub fn reset_request_log(&self) {
+        self.shared.world().requests.reset();
+    }
+
+    /// Real time the simulator spent serving requests so far.
+    pub fn busy(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(
+            self.shared
+                .busy_nanos
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// How many requests `"<service> <operation>"` received.

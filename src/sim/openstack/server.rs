@@ -20,6 +20,9 @@ pub struct Shared {
     pub world: Mutex<World>,
     /// `http://127.0.0.1:PORT`, for links and the catalog.
     pub base: String,
+    /// Real time spent serving (not counting injected latency), so a benchmark that runs the
+    /// simulator in its own thread can tell its own cost from the simulator's.
+    pub busy_nanos: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -69,15 +72,18 @@ pub async fn handle_request(
         return Reply::json(404, json!({"error": "unknown service"}));
     };
     let operation = operation(service, method, rest);
+    let started = std::time::Instant::now();
     let (fault, latency) = {
         let mut world = shared.world();
         let fault = injected_fault(&mut world, service, token, method, rest);
         let latency = latency(&mut world, service);
         (fault, latency)
     };
+    let mut busy = started.elapsed();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
+    let started = std::time::Instant::now();
     let mut world = shared.world();
     let reply = match fault {
         Some(reply) => reply,
@@ -98,6 +104,12 @@ pub async fn handle_request(
         operation,
         status: reply.status.as_u16(),
     });
+    drop(world);
+    busy += started.elapsed();
+    let nanos = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
+    shared
+        .busy_nanos
+        .fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
     reply
 }
 
