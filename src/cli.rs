@@ -38,6 +38,32 @@ pub enum Command {
     /// Measurements that print figures.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Watch load balancers' members through the membership engine, live.
+    WatchLb {
+        /// clouds.yaml with the credentials.
+        #[arg(long)]
+        clouds_yaml: PathBuf,
+        /// CA bundle (PEM) for the cloud's endpoints.
+        #[arg(long)]
+        cacert: Option<PathBuf>,
+        /// The cloud's name in clouds.yaml.
+        #[arg(long)]
+        cloud: String,
+        /// Overrides the cloud's region.
+        #[arg(long)]
+        region: Option<String>,
+        /// Exit 0 once every load balancer's gate is Ready.
+        #[arg(long)]
+        until_ready: bool,
+        /// Seconds in PENDING_* before a member is stuck.
+        #[arg(long, default_value_t = 600)]
+        member_stuck_after: u64,
+        #[command(flatten)]
+        openstack: OpenStackArgs,
+        /// Load balancer ids or names.
+        #[arg(required = true)]
+        load_balancers: Vec<String>,
+    },
 }
 
 /// Benchmarks.
@@ -209,6 +235,28 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             clouds_yaml_out,
             scenario,
         }) => run_openstack_sim(listen, clouds_yaml_out, scenario)?,
+        Command::WatchLb {
+            clouds_yaml,
+            cacert,
+            cloud,
+            region,
+            until_ready,
+            member_stuck_after,
+            openstack,
+            load_balancers,
+        } => {
+            let code = crate::watch_lb::run(crate::watch_lb::WatchArgs {
+                clouds_yaml,
+                cacert,
+                cloud,
+                region,
+                load_balancers,
+                until_ready,
+                stuck_after: Duration::from_secs(member_stuck_after),
+                options: openstack.options(),
+            })?;
+            std::process::exit(code);
+        }
         Command::Bench(BenchCommand::RequestPath { calls }) => {
             crate::bench::request_path::run(calls.max(1))?.print();
         }

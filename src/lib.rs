@@ -11,3 +11,4 @@ pub mod cli;
 pub mod cloud;
 pub mod membership;
 pub mod sim;
+pub mod watch_lb;

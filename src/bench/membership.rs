@@ -761,6 +761,9 @@ fn desired_member(name: &str, address: &str, id: &str, requested_at: Instant) ->
     }
 }
 
+/// How one row reads its value from a report.
+type Column = Box<dyn Fn(&StrategyReport) -> String>;
+
 /// The table, one row per measure, one column per strategy.
 pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
     println!(
@@ -779,7 +782,7 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         config.stuck_after.as_secs()
     );
     let opt = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-    let rows: Vec<(&str, Box<dyn Fn(&StrategyReport) -> String>)> = vec![
+    let rows: Vec<(&str, Column)> = vec![
         (
             "OpenStack requests (engine)",
             Box::new(|r| r.requests.to_string()),

@@ -351,7 +351,12 @@ enum Seen {
 }
 
 async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
-    let kind = if pick.urgent { "urgent" } else { "drift" };
+    // Ours: urgent or drift polls; the comparison strategies poll on their own backoff.
+    let kind = match (inner.config.strategy, pick.urgent) {
+        (Strategy::StatusTree, true) => "urgent",
+        (Strategy::StatusTree, false) => "drift",
+        _ => "backoff",
+    };
     inner
         .metrics
         .scheduler_lag_seconds
@@ -384,7 +389,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             inner
                 .metrics
                 .polls_total
-                .with_label_values(&[strategy.as_str(), result])
+                .with_label_values(&[strategy.as_str(), kind, result])
                 .inc();
             tracing::debug!(lb = %pick.lb, %error, "load balancer poll failed");
             let mut scheduler = lock(&endpoint.scheduler);
@@ -400,7 +405,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
     inner
         .metrics
         .polls_total
-        .with_label_values(&[strategy.as_str(), "ok"])
+        .with_label_values(&[strategy.as_str(), kind, "ok"])
         .inc();
     let (urgent, changed, deadline) = {
         let mut state = inner.lock();

@@ -90,9 +90,9 @@ impl EngineMetrics {
             polls_total: IntCounterVec::new(
                 Opts::new(
                     "capo_lb_polls_total",
-                    "Load balancer polls by strategy and result",
+                    "Load balancer polls by strategy, kind (urgent or drift) and result",
                 ),
-                &["strategy", "result"],
+                &["strategy", "kind", "result"],
             )?,
             scheduler_lag_seconds: seconds(
                 "capo_lb_scheduler_lag_seconds",

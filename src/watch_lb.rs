@@ -1,0 +1,178 @@
+//! `capo-rs watch-lb`: the membership engine against a real cloud (or `capo-rs sim openstack`),
+//! printing each member's transitions and the gate's verdict as they happen.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cloud::octavia::LoadBalancerFilter;
+use crate::cloud::{CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds};
+use crate::membership::{
+    DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, ScheduleConfig,
+};
+
+#[derive(Debug)]
+pub struct WatchArgs {
+    pub clouds_yaml: PathBuf,
+    pub cacert: Option<PathBuf>,
+    pub cloud: String,
+    pub region: Option<String>,
+    pub load_balancers: Vec<String>,
+    pub until_ready: bool,
+    pub stuck_after: Duration,
+    pub options: CloudOptions,
+}
+
+/// What the watch ended with, as a process exit code: 0 ready, 2 stuck, 3 ERROR, 4 gone.
+pub fn run(args: WatchArgs) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(watch(args))
+}
+
+async fn watch(args: WatchArgs) -> anyhow::Result<i32> {
+    let credentials = CloudCredentials {
+        clouds_yaml: std::fs::read_to_string(&args.clouds_yaml)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.clouds_yaml.display()))?,
+        cacert: match &args.cacert {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
+            ),
+            None => None,
+        },
+        cloud_name: args.cloud.clone(),
+        region: args.region.clone(),
+    };
+    let registry = prometheus::Registry::new();
+    let cancel = CancellationToken::new();
+    let qps = args.options.rate_limit.qps.get();
+    let clouds = Clouds::new(args.options.clone(), &registry, cancel.clone())?;
+    let client = clouds.connect(&credentials).await?;
+    let config = EngineConfig {
+        stuck_after: args.stuck_after,
+        schedule: ScheduleConfig {
+            budget_qps: f64::from(qps),
+            burst: f64::from(qps),
+            ..ScheduleConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(config, &registry, cancel.clone())?;
+    let mut changes = engine.subscribe();
+    let mut names = BTreeMap::new();
+    for wanted in &args.load_balancers {
+        let desired = desired_from_cloud(&client, wanted).await?;
+        println!(
+            "watching load balancer {} ({}): {} members in {} pools",
+            wanted,
+            desired.lb_id,
+            desired.members.len(),
+            desired.pools.len()
+        );
+        names.insert(desired.lb_id.clone(), wanted.clone());
+        engine.ensure(desired, &client);
+    }
+    let started = Instant::now();
+    let mut last_member: BTreeMap<(String, String), &'static str> = BTreeMap::new();
+    let mut verdicts: BTreeMap<String, Reason> = BTreeMap::new();
+    loop {
+        let change = tokio::select! {
+            change = changes.recv() => change,
+            _ = tokio::signal::ctrl_c() => { cancel.cancel(); return Ok(130); }
+        };
+        let Ok(change) = change else { continue };
+        let Some(snapshot) = engine.snapshot(&change.lb_id) else {
+            continue;
+        };
+        let at = started.elapsed().as_secs_f64();
+        let name = names.get(&change.lb_id).cloned().unwrap_or_default();
+        for (member, port, verdict) in &snapshot.verdict.members {
+            let key = (change.lb_id.clone(), format!("{member}:{port}"));
+            if last_member.insert(key, verdict.name()) != Some(verdict.name()) {
+                println!(
+                    "{at:8.1}s  {name}  member {member}:{port} -> {}",
+                    verdict.name()
+                );
+            }
+        }
+        println!(
+            "{at:8.1}s  {name}  gate {}: {}",
+            change.reason.as_str(),
+            snapshot.verdict.message(Instant::now())
+        );
+        verdicts.insert(change.lb_id.clone(), change.reason);
+        let code = match change.reason {
+            Reason::MemberStuck => Some(2),
+            Reason::MemberError => Some(3),
+            Reason::LoadBalancerError => Some(4),
+            _ => None,
+        };
+        if let Some(code) = code {
+            eprintln!("{name}: {}", snapshot.verdict.message(Instant::now()));
+            cancel.cancel();
+            return Ok(code);
+        }
+        let all_ready = names
+            .keys()
+            .all(|lb| verdicts.get(lb) == Some(&Reason::Ready));
+        if args.until_ready && all_ready {
+            cancel.cancel();
+            return Ok(0);
+        }
+    }
+}
+
+/// The LB by id or name; every member it has now is desired (an operator watches what is there).
+async fn desired_from_cloud(client: &CloudClient, wanted: &str) -> anyhow::Result<DesiredLb> {
+    let lb = match client.octavia().get_load_balancer(wanted).await {
+        Ok(lb) => lb,
+        Err(CloudError::NotFound(_)) => {
+            let filter = LoadBalancerFilter {
+                name: Some(wanted.to_owned()),
+                tags: Vec::new(),
+            };
+            let mut found = client.octavia().list_load_balancers(&filter).await?;
+            match found.len() {
+                1 => found.remove(0),
+                0 => anyhow::bail!("no load balancer has id or name {wanted:?}"),
+                n => anyhow::bail!("{n} load balancers are named {wanted:?}: give an id"),
+            }
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let now = Instant::now();
+    let mut pools = BTreeMap::new();
+    let mut members = Vec::new();
+    for pool in client.octavia().list_pools(&lb.id, None).await? {
+        let listed = client.octavia().list_members(&pool.id).await?;
+        let port = listed.first().map(|m| m.protocol_port).unwrap_or(0);
+        for member in listed {
+            pools
+                .entry(member.protocol_port)
+                .or_insert_with(|| pool.id.clone());
+            members.push(DesiredMember {
+                owner: ObjectRef::new("watch-lb", member.name.clone()),
+                name: if member.name.is_empty() {
+                    member.address.clone()
+                } else {
+                    member.name
+                },
+                address: member.address,
+                port: member.protocol_port,
+                requested_at: now,
+                member_id: Some(member.id),
+            });
+        }
+        pools.entry(port).or_insert(pool.id);
+    }
+    Ok(DesiredLb {
+        lb_id: lb.id,
+        cluster: ObjectRef::new("watch-lb", lb.name),
+        pools,
+        members,
+        rollout_waiting: false,
+    })
+}
