@@ -86,6 +86,9 @@ pub struct StrategyReport {
     pub requests_per_transition: f64,
     /// The most engine requests in any one second of (virtual) time.
     pub peak_requests_per_second: u64,
+    /// Poll answer -> subscriber holding the change, real microseconds.
+    pub wakeup_p50_us: f64,
+    pub wakeup_max_us: f64,
     /// Member ACTIVE in the cloud -> gate verdict change, seconds.
     pub detection_lag_p50: f64,
     pub detection_lag_p99: f64,
@@ -416,10 +419,15 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let mut changes = engine.subscribe();
     let dispatch_gates = gates.clone();
     let dispatch_engine = engine.clone();
+    let wakeups: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
+    let dispatch_wakeups = wakeups.clone();
     let dispatcher = tokio::spawn(async move {
         loop {
             match changes.recv().await {
                 Ok(change) => {
+                    if let Ok(mut wakeups) = dispatch_wakeups.lock() {
+                        wakeups.push(change.observed.elapsed().as_secs_f64() * 1e6);
+                    }
                     if let Some(gate) = dispatch_gates
                         .lock()
                         .ok()
@@ -519,6 +527,8 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let record = record
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned record"))?;
+    let mut wakeups = wakeups.lock().map(|w| w.clone()).unwrap_or_default();
+    wakeups.sort_by(f64::total_cmp);
     let mut lags = record.lags.clone();
     lags.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
@@ -536,6 +546,8 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         rollout_requests_per_transition: (sent.len() as u64).saturating_sub(drift_polls) as f64
             / (record.transitions.max(1) as f64),
         peak_requests_per_second: per_second.values().copied().max().unwrap_or(0),
+        wakeup_p50_us: wakeups.get(wakeups.len() / 2).copied().unwrap_or(0.0),
+        wakeup_max_us: wakeups.last().copied().unwrap_or(0.0),
         detection_lag_p50: quantile(0.5),
         detection_lag_p99: quantile(0.99),
         detection_lag_max: lags.last().copied().unwrap_or(0.0),
@@ -802,6 +814,14 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         (
             "peak requests/s",
             Box::new(|r| r.peak_requests_per_second.to_string()),
+        ),
+        (
+            "wake-up latency p50 (us)",
+            Box::new(|r| format!("{:.0}", r.wakeup_p50_us)),
+        ),
+        (
+            "wake-up latency max (us)",
+            Box::new(|r| format!("{:.0}", r.wakeup_max_us)),
         ),
         (
             "detection lag p50 (s)",
