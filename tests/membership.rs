@@ -371,3 +371,165 @@ async fn forgetting_stops_polling_and_a_deleted_lb_is_reported() {
     );
     assert!(s.engine.is_empty());
 }
+
+/// The simulator's session, but the status tree is forbidden (as a restrictive policy does).
+struct NoStatusTree(std::sync::Arc<dyn capo_rs::cloud::Session>);
+
+#[async_trait::async_trait]
+impl capo_rs::cloud::Session for NoStatusTree {
+    fn scope(&self) -> &capo_rs::cloud::SessionScope {
+        self.0.scope()
+    }
+    async fn service_url(
+        &self,
+        service: capo_rs::cloud::Service,
+    ) -> Result<url::Url, capo_rs::cloud::SendError> {
+        self.0.service_url(service).await
+    }
+    async fn send(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<bytes::Bytes>, capo_rs::cloud::SendError> {
+        if request.uri().path().ends_with("/status") {
+            let body = br#"{"faultcode":"Client","faultstring":"Policy does not allow this request to be performed.","debuginfo":null}"#;
+            return Ok(http::Response::builder()
+                .status(403)
+                .body(bytes::Bytes::from_static(body))
+                .unwrap());
+        }
+        self.0.send(request).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_lists_stand_in_when_the_status_tree_is_refused() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let restricted = clouds.client(std::sync::Arc::new(NoStatusTree(s.sim.session())));
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &restricted);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    assert!(
+        s.sim
+            .request_count("load-balancer loadbalancer_member_list")
+            >= 1
+    );
+    assert_eq!(
+        s.sim.request_count("load-balancer loadbalancer_status_get"),
+        0,
+        "refused before reaching the cloud"
+    );
+}
+
+/// `capo-rs watch-lb` against the simulator over HTTP: exit 0 when ready, 3 on an ERROR member.
+#[tokio::test]
+async fn watch_lb_reports_transitions_and_exits_by_verdict() {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        scenario: Scenario {
+            timings: Timings {
+                member_create: Delay::Fixed(0.3),
+                ..scenario(vec![]).timings
+            },
+            ..scenario(vec![])
+        },
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let octavia = client.octavia();
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: "watched".into(),
+            vip_network_id: Some("n".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    let listener = octavia
+        .create_listener(&ListenerSpec {
+            name: "api".into(),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: 6443,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    let pool = octavia
+        .create_pool(&PoolSpec {
+            name: "api".into(),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            listener_id: Some(listener.id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    settle(&client, &lb.id).await;
+    octavia
+        .create_member(
+            &pool.id,
+            &MemberSpec {
+                name: "cp-0".into(),
+                address: "10.0.0.5".into(),
+                protocol_port: 6443,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let clouds_yaml = dir.path().join("clouds.yaml");
+    std::fs::write(&clouds_yaml, sim.clouds_yaml()).unwrap();
+    let watch = |name: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"))
+            .args(["watch-lb", "--clouds-yaml"])
+            .arg(&clouds_yaml)
+            .args(["--cloud", "sim", "--until-ready", name])
+            .output()
+    };
+    let ready = watch("watched").await.unwrap();
+    let stdout = String::from_utf8_lossy(&ready.stdout);
+    assert_eq!(ready.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("member cp-0:6443 -> Active"), "{stdout}");
+    assert!(stdout.contains("gate Ready"), "{stdout}");
+
+    settle(&client, &lb.id).await;
+    sim.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "cp-bad".into(),
+        effect: Effect::Error,
+        times: None,
+    });
+    octavia
+        .create_member(
+            &pool.id,
+            &MemberSpec {
+                name: "cp-bad".into(),
+                address: "10.0.0.6".into(),
+                protocol_port: 6443,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let failed = watch(&lb.id).await.unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&failed.stdout)
+    );
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("members in ERROR: cp-bad:6443"));
+    let missing = watch("no-such-lb").await.unwrap();
+    assert_ne!(missing.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no load balancer has id or name"));
+}
