@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use capo_rs::cloud::octavia::{ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec};
+use capo_rs::cloud::octavia::MemberSpec;
 use capo_rs::cloud::{CloudClient, CloudOptions, Clouds};
 use capo_rs::membership::{
     Change, DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, Strategy,
@@ -53,38 +53,9 @@ async fn setup(rules: Vec<Rule>, strategy: Strategy) -> Setup {
     let registry = Registry::new();
     let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
     let client = clouds.client(sim.session());
-    let octavia = client.octavia();
-    let lb = octavia
-        .create_load_balancer(&LoadBalancerSpec {
-            name: "c1-kubeapi".into(),
-            vip_network_id: Some("n".into()),
-            ..Default::default()
-        })
+    let (lb, pool) = capo_rs::bench::api_load_balancer(&client, "c1-kubeapi")
         .await
         .unwrap();
-    settle(&client, &lb.id).await;
-    let listener = octavia
-        .create_listener(&ListenerSpec {
-            name: "api".into(),
-            loadbalancer_id: lb.id.clone(),
-            protocol: "TCP".into(),
-            protocol_port: 6443,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    settle(&client, &lb.id).await;
-    let pool = octavia
-        .create_pool(&PoolSpec {
-            name: "api".into(),
-            protocol: "TCP".into(),
-            lb_algorithm: "ROUND_ROBIN".into(),
-            listener_id: Some(listener.id),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    settle(&client, &lb.id).await;
     let config = EngineConfig {
         strategy,
         stuck_after: Duration::from_secs(60),
@@ -97,23 +68,18 @@ async fn setup(rules: Vec<Rule>, strategy: Strategy) -> Setup {
         client,
         engine,
         changes,
-        lb: lb.id,
-        pool: pool.id,
+        lb,
+        pool,
         registry,
     }
 }
 
+/// Waits (in virtual time, bounded) until the load balancer is out of PENDING_*.
 async fn settle(client: &CloudClient, lb: &str) {
-    while client
-        .octavia()
-        .get_load_balancer(lb)
+    tokio::time::timeout(Duration::from_secs(600), capo_rs::bench::settle(client, lb))
         .await
-        .unwrap()
-        .provisioning_status
-        .is_pending()
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        .unwrap_or_else(|_| panic!("load balancer {lb} stayed pending"))
+        .unwrap();
 }
 
 fn desired(setup: &Setup, members: &[(&str, &str, Option<String>)]) -> DesiredLb {
@@ -443,40 +409,12 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
     let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
     let client = clouds.client(sim.session());
     let octavia = client.octavia();
-    let lb = octavia
-        .create_load_balancer(&LoadBalancerSpec {
-            name: "watched".into(),
-            vip_network_id: Some("n".into()),
-            ..Default::default()
-        })
+    let (lb, pool) = capo_rs::bench::api_load_balancer(&client, "watched")
         .await
         .unwrap();
-    settle(&client, &lb.id).await;
-    let listener = octavia
-        .create_listener(&ListenerSpec {
-            name: "api".into(),
-            loadbalancer_id: lb.id.clone(),
-            protocol: "TCP".into(),
-            protocol_port: 6443,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    settle(&client, &lb.id).await;
-    let pool = octavia
-        .create_pool(&PoolSpec {
-            name: "api".into(),
-            protocol: "TCP".into(),
-            lb_algorithm: "ROUND_ROBIN".into(),
-            listener_id: Some(listener.id),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    settle(&client, &lb.id).await;
     octavia
         .create_member(
-            &pool.id,
+            &pool,
             &MemberSpec {
                 name: "cp-0".into(),
                 address: "10.0.0.5".into(),
@@ -502,7 +440,7 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
     assert!(stdout.contains("member cp-0:6443 -> Active"), "{stdout}");
     assert!(stdout.contains("gate Ready"), "{stdout}");
 
-    settle(&client, &lb.id).await;
+    settle(&client, &lb).await;
     sim.add_rule(Rule {
         kind: ObjectKind::Member,
         name: "cp-bad".into(),
@@ -511,7 +449,7 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
     });
     octavia
         .create_member(
-            &pool.id,
+            &pool,
             &MemberSpec {
                 name: "cp-bad".into(),
                 address: "10.0.0.6".into(),
@@ -521,7 +459,7 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
         )
         .await
         .unwrap();
-    let failed = watch(&lb.id).await.unwrap();
+    let failed = watch(&lb).await.unwrap();
     assert_eq!(
         failed.status.code(),
         Some(3),

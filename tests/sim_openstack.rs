@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use capo_rs::cloud::octavia::{
-    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
+    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, ProvisioningStatus,
 };
 use capo_rs::cloud::{CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds};
 use capo_rs::sim::openstack::{
@@ -476,63 +476,17 @@ async fn in_process(scenario: Scenario) -> (OpenStackSim, CloudClient) {
 
 /// An ACTIVE load balancer with a listener and a pool; returns (lb, pool).
 async fn lb_with_pool(client: &CloudClient, name: &str) -> (String, String) {
-    let octavia = client.octavia();
-    let lb = octavia
-        .create_load_balancer(&LoadBalancerSpec {
-            name: name.into(),
-            vip_network_id: Some("net".into()),
-            ..LoadBalancerSpec::default()
-        })
+    capo_rs::bench::api_load_balancer(client, name)
         .await
-        .unwrap();
-    wait_lb_active(client, &lb.id).await;
-    let listener = octavia
-        .create_listener(&ListenerSpec {
-            name: "l".into(),
-            loadbalancer_id: lb.id.clone(),
-            protocol: "TCP".into(),
-            protocol_port: 6443,
-            ..ListenerSpec::default()
-        })
-        .await
-        .unwrap();
-    wait_lb_active(client, &lb.id).await;
-    let pool = octavia
-        .create_pool(&PoolSpec {
-            name: "p".into(),
-            protocol: "TCP".into(),
-            lb_algorithm: "ROUND_ROBIN".into(),
-            listener_id: Some(listener.id),
-            ..PoolSpec::default()
-        })
-        .await
-        .unwrap();
-    wait_lb_active(client, &lb.id).await;
-    (lb.id, pool.id)
+        .unwrap()
 }
 
+/// Waits (in virtual time, bounded) until the load balancer is out of PENDING_*.
 async fn wait_lb_active(client: &CloudClient, lb: &str) {
-    for _ in 0..1000 {
-        if client
-            .octavia()
-            .get_load_balancer(lb)
-            .await
-            .unwrap()
-            .provisioning_status
-            != ProvisioningStatus::PendingUpdate
-            && client
-                .octavia()
-                .get_load_balancer(lb)
-                .await
-                .unwrap()
-                .provisioning_status
-                != ProvisioningStatus::PendingCreate
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("load balancer {lb} stayed pending");
+    tokio::time::timeout(Duration::from_secs(600), capo_rs::bench::settle(client, lb))
+        .await
+        .unwrap_or_else(|_| panic!("load balancer {lb} stayed pending"))
+        .unwrap();
 }
 
 fn member(name: &str, last_octet: u8) -> MemberSpec {

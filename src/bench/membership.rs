@@ -17,7 +17,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::octavia::{ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec};
+use crate::cloud::octavia::MemberSpec;
 use crate::cloud::{
     CloudClient, CloudError, CloudOptions, Clouds, RateLimit, SendError, Service, Session,
     SessionScope,
@@ -241,45 +241,19 @@ async fn build_fleet(client: &CloudClient, config: &BenchConfig) -> anyhow::Resu
         let client = client.clone();
         let members = config.members;
         tasks.spawn(async move {
-            let octavia = client.octavia();
-            let lb = octavia
-                .create_load_balancer(&LoadBalancerSpec {
-                    name: format!("c{cluster}-kubeapi"),
-                    vip_network_id: Some("net".into()),
-                    ..Default::default()
-                })
-                .await?;
-            settle(&client, &lb.id).await?;
-            let listener = octavia
-                .create_listener(&ListenerSpec {
-                    name: "api".into(),
-                    loadbalancer_id: lb.id.clone(),
-                    protocol: "TCP".into(),
-                    protocol_port: 6443,
-                    ..Default::default()
-                })
-                .await?;
-            settle(&client, &lb.id).await?;
-            let pool = octavia
-                .create_pool(&PoolSpec {
-                    name: "api".into(),
-                    protocol: "TCP".into(),
-                    lb_algorithm: "ROUND_ROBIN".into(),
-                    listener_id: Some(listener.id),
-                    ..Default::default()
-                })
-                .await?;
+            let (lb, pool) =
+                super::api_load_balancer(&client, &format!("c{cluster}-kubeapi")).await?;
             for k in 0..members {
                 create_member(
                     &client,
-                    &lb.id,
-                    &pool.id,
+                    &lb,
+                    &pool,
                     &format!("c{cluster}-cp-old-{k}"),
                     &address(cluster, k, 0),
                 )
                 .await?;
             }
-            Ok::<_, anyhow::Error>((cluster, lb.id, pool.id))
+            Ok::<_, anyhow::Error>((cluster, lb, pool))
         });
     }
     let mut lbs = BTreeMap::new();
@@ -303,19 +277,6 @@ fn address(cluster: u32, member: u32, generation: u32) -> String {
     )
 }
 
-async fn settle(client: &CloudClient, lb: &str) -> Result<(), CloudError> {
-    while client
-        .octavia()
-        .get_load_balancer(lb)
-        .await?
-        .provisioning_status
-        .is_pending()
-    {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Ok(())
-}
-
 /// Creates a member, waiting out a locked LB as a reconciler's requeue would.
 async fn create_member(
     client: &CloudClient,
@@ -335,7 +296,7 @@ async fn create_member(
             Ok(member) => return Ok(member.id),
             Err(CloudError::Busy(e)) => {
                 tracing::trace!(%e, "busy");
-                settle(client, lb).await?;
+                super::settle(client, lb).await?;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(error) => return Err(error),
@@ -352,7 +313,7 @@ async fn delete_member(
     loop {
         match client.octavia().delete_member(pool, id).await {
             Ok(()) | Err(CloudError::NotFound(_)) => return Ok(()),
-            Err(CloudError::Busy(_)) => settle(client, lb).await?,
+            Err(CloudError::Busy(_)) => super::settle(client, lb).await?,
             Err(error) => return Err(error),
         }
     }

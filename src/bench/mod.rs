@@ -3,3 +3,60 @@
 pub mod membership;
 pub mod request_path;
 pub mod sim_status_tree;
+
+use std::time::Duration;
+
+use crate::cloud::octavia::{ListenerSpec, LoadBalancerSpec, PoolSpec};
+use crate::cloud::{CloudClient, CloudError};
+
+/// Waits until the load balancer is no longer PENDING_*, as a requeueing reconciler would.
+pub async fn settle(client: &CloudClient, lb: &str) -> Result<(), CloudError> {
+    while client
+        .octavia()
+        .get_load_balancer(lb)
+        .await?
+        .provisioning_status
+        .is_pending()
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A cluster's API load balancer as CAPO builds it: the LB, a TCP listener on 6443 and its
+/// pool, each settled before the next. Returns the LB's and the pool's ids.
+pub async fn api_load_balancer(
+    client: &CloudClient,
+    name: &str,
+) -> Result<(String, String), CloudError> {
+    let octavia = client.octavia();
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: name.to_owned(),
+            vip_network_id: Some("net".into()),
+            ..Default::default()
+        })
+        .await?;
+    settle(client, &lb.id).await?;
+    let listener = octavia
+        .create_listener(&ListenerSpec {
+            name: "api".into(),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: 6443,
+            ..Default::default()
+        })
+        .await?;
+    settle(client, &lb.id).await?;
+    let pool = octavia
+        .create_pool(&PoolSpec {
+            name: "api".into(),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            listener_id: Some(listener.id),
+            ..Default::default()
+        })
+        .await?;
+    settle(client, &lb.id).await?;
+    Ok((lb.id, pool.id))
+}

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::octavia::{
-    ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec, ProvisioningStatus,
-};
+use crate::cloud::octavia::{MemberSpec, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudOptions, Clouds, RateLimit};
 use crate::sim::openstack::{Delay, OpenStackSim, OpenStackSimConfig, Scenario, Timings};
 
@@ -111,54 +109,14 @@ pub fn run(load_balancers: u32, members_each: u32, gets: u32) -> anyhow::Result<
     })
 }
 
-async fn settle(client: &CloudClient, lb: &str) -> anyhow::Result<()> {
-    while client
-        .octavia()
-        .get_load_balancer(lb)
-        .await?
-        .provisioning_status
-        .is_pending()
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
 async fn build_one(client: &CloudClient, i: u32, members: u32) -> anyhow::Result<String> {
     let octavia = client.octavia();
-    let lb = octavia
-        .create_load_balancer(&LoadBalancerSpec {
-            name: format!("lb-{i}"),
-            vip_network_id: Some("net".into()),
-            ..Default::default()
-        })
-        .await?;
-    settle(client, &lb.id).await?;
-    let listener = octavia
-        .create_listener(&ListenerSpec {
-            name: "api".into(),
-            loadbalancer_id: lb.id.clone(),
-            protocol: "TCP".into(),
-            protocol_port: 6443,
-            ..Default::default()
-        })
-        .await?;
-    settle(client, &lb.id).await?;
-    let pool = octavia
-        .create_pool(&PoolSpec {
-            name: "api".into(),
-            protocol: "TCP".into(),
-            lb_algorithm: "ROUND_ROBIN".into(),
-            listener_id: Some(listener.id),
-            ..Default::default()
-        })
-        .await?;
-    settle(client, &lb.id).await?;
+    let (lb, pool) = super::api_load_balancer(client, &format!("lb-{i}")).await?;
     for m in 0..members {
         let address = format!("10.{}.{}.{}", i / 250 % 250, i % 250, m + 2);
         octavia
             .create_member(
-                &pool.id,
+                &pool,
                 &MemberSpec {
                     name: format!("m{m}"),
                     address,
@@ -167,10 +125,10 @@ async fn build_one(client: &CloudClient, i: u32, members: u32) -> anyhow::Result
                 },
             )
             .await?;
-        settle(client, &lb.id).await?;
+        super::settle(client, &lb).await?;
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let tree = octavia.status_tree(&lb.id).await?;
+    let tree = octavia.status_tree(&lb).await?;
     anyhow::ensure!(
         tree.listeners
             .iter()
@@ -179,5 +137,5 @@ async fn build_one(client: &CloudClient, i: u32, members: u32) -> anyhow::Result
             .all(|m| m.provisioning_status == ProvisioningStatus::Active),
         "members of lb-{i} did not settle"
     );
-    Ok(lb.id)
+    Ok(lb)
 }

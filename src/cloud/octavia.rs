@@ -22,6 +22,19 @@ pub enum ProvisioningStatus {
 }
 
 impl ProvisioningStatus {
+    /// Octavia's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Deleted => "DELETED",
+            Self::Error => "ERROR",
+            Self::PendingCreate => "PENDING_CREATE",
+            Self::PendingUpdate => "PENDING_UPDATE",
+            Self::PendingDelete => "PENDING_DELETE",
+            Self::Unknown => "UNKNOWN",
+        }
+    }
+
     pub fn is_pending(self) -> bool {
         matches!(
             self,
@@ -41,6 +54,21 @@ pub enum OperatingStatus {
     NoMonitor,
     #[serde(other)]
     Unknown,
+}
+
+impl OperatingStatus {
+    /// Octavia's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Online => "ONLINE",
+            Self::Draining => "DRAINING",
+            Self::Offline => "OFFLINE",
+            Self::Degraded => "DEGRADED",
+            Self::Error => "ERROR",
+            Self::NoMonitor => "NO_MONITOR",
+            Self::Unknown => "UNKNOWN",
+        }
+    }
 }
 
 /// `{"id": ...}` references inside Octavia objects.

@@ -322,8 +322,13 @@ async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
             };
             polls.spawn(poll(inner.clone(), endpoint.clone(), pick));
         }
-        let wake = lock(&endpoint.scheduler).wake_at(now);
-        let interval = lock(&endpoint.scheduler).drift_interval(inner.lock().lbs.len());
+        let (wake, interval) = {
+            let scheduler = lock(&endpoint.scheduler);
+            (
+                scheduler.wake_at(now),
+                scheduler.drift_interval(scheduler.len()),
+            )
+        };
         inner
             .metrics
             .drift_interval_seconds
@@ -528,8 +533,11 @@ fn record_member_metrics(
         });
         let (provisioning, operating) = match track.presence {
             super::model::Presence::Seen(p) => (
-                status_label(p),
-                track.operating.map(operating_label).unwrap_or("UNKNOWN"),
+                p.as_str(),
+                track
+                    .operating
+                    .map(OperatingStatus::as_str)
+                    .unwrap_or("UNKNOWN"),
             ),
             super::model::Presence::Absent => ("ABSENT", "UNKNOWN"),
         };
@@ -594,30 +602,6 @@ fn record_member_metrics(
                 .with_label_values(&[name])
                 .add(delta);
         }
-    }
-}
-
-fn status_label(status: ProvisioningStatus) -> &'static str {
-    match status {
-        ProvisioningStatus::Active => "ACTIVE",
-        ProvisioningStatus::Deleted => "DELETED",
-        ProvisioningStatus::Error => "ERROR",
-        ProvisioningStatus::PendingCreate => "PENDING_CREATE",
-        ProvisioningStatus::PendingUpdate => "PENDING_UPDATE",
-        ProvisioningStatus::PendingDelete => "PENDING_DELETE",
-        ProvisioningStatus::Unknown => "UNKNOWN",
-    }
-}
-
-fn operating_label(status: OperatingStatus) -> &'static str {
-    match status {
-        OperatingStatus::Online => "ONLINE",
-        OperatingStatus::Draining => "DRAINING",
-        OperatingStatus::Offline => "OFFLINE",
-        OperatingStatus::Degraded => "DEGRADED",
-        OperatingStatus::Error => "ERROR",
-        OperatingStatus::NoMonitor => "NO_MONITOR",
-        OperatingStatus::Unknown => "UNKNOWN",
     }
 }
 

@@ -177,7 +177,9 @@ impl LbVerdict {
             },
             Reason::LoadBalancerPending => format!(
                 "load balancer {} for {}",
-                self.lb_status.map(status_name).unwrap_or("pending"),
+                self.lb_status
+                    .map(ProvisioningStatus::as_str)
+                    .unwrap_or("pending"),
                 ago(self.lb_since)
             ),
             Reason::MemberError => format!("members in ERROR: {}", named("Error").join(", ")),
@@ -192,18 +194,6 @@ impl LbVerdict {
             }
             Reason::MembersPending => format!("members pending: {}", named("Pending").join(", ")),
         }
-    }
-}
-
-fn status_name(status: ProvisioningStatus) -> &'static str {
-    match status {
-        ProvisioningStatus::Active => "ACTIVE",
-        ProvisioningStatus::Deleted => "DELETED",
-        ProvisioningStatus::Error => "ERROR",
-        ProvisioningStatus::PendingCreate => "PENDING_CREATE",
-        ProvisioningStatus::PendingUpdate => "PENDING_UPDATE",
-        ProvisioningStatus::PendingDelete => "PENDING_DELETE",
-        ProvisioningStatus::Unknown => "UNKNOWN",
     }
 }
 
