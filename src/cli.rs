@@ -105,7 +105,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Status-tree: seconds between polls of an LB with something pending.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.5)]
         urgent_interval: f64,
         /// Status-tree: seconds a pending state is polled at that interval before backing off.
         #[arg(long, default_value_t = 180.0)]

@@ -86,6 +86,9 @@ pub struct StrategyReport {
     pub requests_per_transition: f64,
     /// The most engine requests in any one second of (virtual) time.
     pub peak_requests_per_second: u64,
+    /// Requests a token bucket of the budget (rate and burst) would have refused: 0 means the
+    /// budget was never exceeded (a second may hold up to rate + burst after a quiet spell).
+    pub over_budget: u64,
     /// Poll answer -> subscriber holding the change, real microseconds.
     pub wakeup_p50_us: f64,
     pub wakeup_max_us: f64,
@@ -93,6 +96,9 @@ pub struct StrategyReport {
     pub detection_lag_p50: f64,
     pub detection_lag_p99: f64,
     pub detection_lag_max: f64,
+    /// Creations the lag was measured on: those whose member was ACTIVE when the gate opened
+    /// (a gate that opens before the member is ACTIVE has no lag, it is a false-ready).
+    pub detection_lag_samples: u64,
     /// Ready verdicts acted on while a desired member was not ACTIVE.
     pub false_ready: u64,
     pub stuck_members: u64,
@@ -172,6 +178,26 @@ fn run_one(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<StrategyR
     let mut report = runtime.block_on(rollouts(config, strategy))?;
     report.cpu_seconds = (thread_cpu() - cpu_start).as_secs_f64();
     Ok(report)
+}
+
+/// How many of `sent` (in time order) a token bucket of `qps` and `burst` would refuse.
+fn over_budget(sent: &[Instant], qps: f64, burst: f64) -> u64 {
+    let mut tokens = burst;
+    let mut last: Option<Instant> = None;
+    let mut refused = 0;
+    for at in sent {
+        if let Some(last) = last {
+            tokens = (tokens + at.saturating_duration_since(last).as_secs_f64() * qps).min(burst);
+        }
+        last = Some(*at);
+        // Timer granularity: a millisecond's worth of slack.
+        if tokens + qps * 1e-3 >= 1.0 {
+            tokens -= 1.0;
+        } else {
+            refused += 1;
+        }
+    }
+    refused
 }
 
 /// CPU time of the calling thread.
@@ -507,11 +533,13 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         rollout_requests_per_transition: (sent.len() as u64).saturating_sub(drift_polls) as f64
             / (record.transitions.max(1) as f64),
         peak_requests_per_second: per_second.values().copied().max().unwrap_or(0),
+        over_budget: over_budget(&sent, f64::from(config.qps), f64::from(config.burst)),
         wakeup_p50_us: wakeups.get(wakeups.len() / 2).copied().unwrap_or(0.0),
         wakeup_max_us: wakeups.last().copied().unwrap_or(0.0),
         detection_lag_p50: quantile(0.5),
         detection_lag_p99: quantile(0.99),
         detection_lag_max: lags.last().copied().unwrap_or(0.0),
+        detection_lag_samples: lags.len() as u64,
         false_ready: record.false_ready,
         stuck_members: record.stuck_late.len() as u64 + record.stuck_unflagged,
         stuck_flag_late_max: max_of(&record.stuck_late),
@@ -777,6 +805,10 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
             Box::new(|r| r.peak_requests_per_second.to_string()),
         ),
         (
+            "  requests over the budget",
+            Box::new(|r| r.over_budget.to_string()),
+        ),
+        (
             "wake-up latency p50 (us)",
             Box::new(|r| format!("{:.0}", r.wakeup_p50_us)),
         ),
@@ -795,6 +827,10 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         (
             "detection lag max (s)",
             Box::new(|r| format!("{:.2}", r.detection_lag_max)),
+        ),
+        (
+            "  measured on (creations)",
+            Box::new(|r| r.detection_lag_samples.to_string()),
         ),
         ("FALSE-READY", Box::new(|r| r.false_ready.to_string())),
         ("stuck members", Box::new(|r| r.stuck_members.to_string())),

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::EngineMetrics;
-use super::model::{DesiredLb, LbTrack, MemberTrack, ObjectRef, Observation, SeenMember};
-use super::schedule::{Pick, ScheduleConfig, Scheduler};
+use super::model::{DesiredLb, LbTrack, MemberTrack, ObjectRef, Observation, Presence, SeenMember};
+use super::schedule::{Finish, Pick, PollOutcome, ScheduleConfig, Scheduler};
 use super::verdict::{Health, LbVerdict, MemberVerdict, Reason, health, lb_verdict};
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudError};
@@ -184,6 +184,7 @@ impl Engine {
         let scope = client.path().session().scope();
         let key = format!("{}|{}", scope.auth_url, scope.region);
         let lb_id = desired.lb_id.clone();
+        let rollout_waiting = desired.rollout_waiting;
         let endpoint = {
             let mut state = self.inner.lock();
             let endpoint = match state.endpoints.get(&key) {
@@ -238,7 +239,7 @@ impl Engine {
             (endpoint, generation)
         };
         let (endpoint, generation) = endpoint;
-        lock(&endpoint.scheduler).wake(&lb_id, now);
+        lock(&endpoint.scheduler).wake(&lb_id, rollout_waiting, now);
         endpoint.notify.notify_one();
         generation
     }
@@ -402,7 +403,14 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
                 CloudError::RateLimited { retry_after, .. } => {
                     scheduler.defer(&pick.lb, now + retry_after)
                 }
-                _ => scheduler.done(&pick.lb, true, false, None, now),
+                _ => scheduler.done(
+                    &pick.lb,
+                    &PollOutcome {
+                        urgent: true,
+                        ..PollOutcome::default()
+                    },
+                    now,
+                ),
             }
             return;
         }
@@ -412,7 +420,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         .polls_total
         .with_label_values(&[strategy.as_str(), kind, "ok"])
         .inc();
-    let (urgent, changed, deadline) = {
+    let (outcome, learnt) = {
         let mut state = inner.lock();
         let Some(entry) = state.lbs.get_mut(&pick.lb) else {
             return;
@@ -427,7 +435,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             Seen::Gone => entry.track.observe_gone(now),
         };
         let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
-        record_member_metrics(&inner, entry, &before, &verdict, previous_poll, now);
+        let learnt = record_member_metrics(&inner, entry, &before, &verdict, previous_poll, now);
         // A newer desired state arrived during the poll: this verdict is still about the one
         // the poll started with.
         let generation = generation.min(entry.generation);
@@ -458,11 +466,35 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
                     | Reason::MembersMissing
                     | Reason::MemberStuck
             );
-        (urgent, changed || verdict_changed, deadline)
+        let outcome = PollOutcome {
+            // A load balancer that is gone stays reported but is only re-checked at drift pace.
+            urgent: urgent && !matches!(seen, Seen::Gone),
+            changed: changed || verdict_changed,
+            deadline,
+            creating_for: creating_for(entry, now),
+        };
+        (outcome, learnt)
     };
-    // A load balancer that is gone stays reported but is only re-checked at drift pace.
-    let urgent = urgent && !matches!(seen, Seen::Gone);
-    lock(&endpoint.scheduler).done(&pick.lb, urgent, changed, deadline, now);
+    let mut scheduler = lock(&endpoint.scheduler);
+    for took in learnt {
+        scheduler.learn(took);
+    }
+    scheduler.done(&pick.lb, &outcome, now);
+}
+
+/// How long each member still being created has been on its way, while the LB itself is
+/// settled (otherwise the LB's own state paces the polls).
+fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
+    if entry.verdict.reason != Reason::MembersPending {
+        return Vec::new();
+    }
+    entry
+        .track
+        .members
+        .iter()
+        .filter(|m| m.presence == Presence::Seen(ProvisioningStatus::PendingCreate))
+        .map(|m| now.saturating_duration_since(m.desired.requested_at))
+        .collect()
 }
 
 /// When the next pending member turns stuck, so the verdict flips on time.
@@ -512,6 +544,8 @@ fn publish(inner: &Inner, entry: &mut LbEntry, observed: std::time::Instant) {
     });
 }
 
+/// Updates the member metrics; returns when the members whose creation the engine watched
+/// and this poll saw ACTIVE finished.
 fn record_member_metrics(
     inner: &Inner,
     entry: &mut LbEntry,
@@ -519,7 +553,8 @@ fn record_member_metrics(
     verdict: &LbVerdict,
     previous_poll: Option<Instant>,
     now: Instant,
-) {
+) -> Vec<Finish> {
+    let mut learnt = Vec::new();
     let metrics = &inner.metrics;
     let strategy = inner.config.strategy.as_str();
     let cluster = entry.track.desired.cluster.clone();
@@ -532,14 +567,14 @@ fn record_member_metrics(
             b.desired.address == track.desired.address && b.desired.port == track.desired.port
         });
         let (provisioning, operating) = match track.presence {
-            super::model::Presence::Seen(p) => (
+            Presence::Seen(p) => (
                 p.as_str(),
                 track
                     .operating
                     .map(OperatingStatus::as_str)
                     .unwrap_or("UNKNOWN"),
             ),
-            super::model::Presence::Absent => ("ABSENT", "UNKNOWN"),
+            Presence::Absent => ("ABSENT", "UNKNOWN"),
         };
         let labels = [
             cluster.namespace.clone(),
@@ -564,6 +599,17 @@ fn record_member_metrics(
                     .detection_lag_seconds
                     .with_label_values(&[strategy])
                     .observe(now.saturating_duration_since(previous).as_secs_f64());
+                // Only creations the engine watched teach it how long they take: a member
+                // first seen already ACTIVE says nothing about when it finished.
+                let watched = old.is_some_and(|o| {
+                    o.presence == Presence::Seen(ProvisioningStatus::PendingCreate)
+                }) || track.desired.requested_at >= previous;
+                if watched {
+                    learnt.push(Finish {
+                        earliest: previous.saturating_duration_since(track.desired.requested_at),
+                        latest: took,
+                    });
+                }
             }
         }
         let was = entry.verdict.members.get(index).map(|(_, _, v)| v.name());
@@ -603,6 +649,7 @@ fn record_member_metrics(
                 .add(delta);
         }
     }
+    learnt
 }
 
 type Observed = (Seen, Option<HashMap<String, MemberGetState>>);

@@ -11,8 +11,12 @@
 //!   Overdue drift checks are served oldest first, so none starves: when the budget cannot
 //!   honour `drift_max`, every LB is still checked, just that much later (the scheduler lag
 //!   metric shows by how much).
+//! - Once enough members have been seen to finish, polls for a member on its way aim at the
+//!   times members have actually finished at on this endpoint ([`ProvisioningTimes`]): no
+//!   faster than `urgent_initial` where finishes are common, up to `urgent_max` across stretches
+//!   where none ever happened, and `urgent_max` once it has outlasted every one seen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -40,7 +44,7 @@ impl Default for ScheduleConfig {
             budget_qps: 10.0,
             burst: 20.0,
             drift_share: 0.5,
-            urgent_initial: Duration::from_secs(1),
+            urgent_initial: Duration::from_millis(1500),
             urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
             urgent_backoff: 1.5,
@@ -50,12 +54,93 @@ impl Default for ScheduleConfig {
     }
 }
 
+/// What a poll found, as far as scheduling goes.
+#[derive(Clone, Debug, Default)]
+pub struct PollOutcome {
+    /// The LB still needs watching closely.
+    pub urgent: bool,
+    /// The poll saw something new.
+    pub changed: bool,
+    /// A time the verdict changes by itself (a member turning stuck).
+    pub deadline: Option<Instant>,
+    /// For each member being created (LB ACTIVE, member not yet): how long since it was asked
+    /// for.
+    pub creating_for: Vec<Duration>,
+}
+
+/// How many recent provisioning times an endpoint remembers, and how many it needs before
+/// trusting them.
+const REMEMBERED: usize = 1000;
+const ENOUGH_TO_LEARN: usize = 30;
+
+/// When a member finished, as one poll saw it: between the poll before (`earliest`) and this
+/// one (`latest`), counted from the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Finish {
+    pub earliest: Duration,
+    pub latest: Duration,
+}
+
+/// Recent member provisioning times (request -> ACTIVE) on one endpoint, as windows: a poll
+/// only tells when a member finished to within the gap since the poll before. Aiming at the
+/// windows' starts never lands after a finish like those seen, and polling at the fast pace
+/// across them keeps the lag short even where a window was wide.
+#[derive(Clone, Debug, Default)]
+pub struct ProvisioningTimes {
+    recent: VecDeque<Finish>,
+    /// By `earliest`, with the latest `latest` so far alongside.
+    sorted: Vec<(Finish, Duration)>,
+}
+
+impl ProvisioningTimes {
+    pub fn record(&mut self, finish: Finish) {
+        if self.recent.len() >= REMEMBERED
+            && let Some(oldest) = self.recent.pop_front()
+            && let Some(at) = self.sorted.iter().position(|(f, _)| *f == oldest)
+        {
+            self.sorted.remove(at);
+        }
+        self.recent.push_back(finish);
+        let at = self.sorted.partition_point(|(f, _)| *f <= finish);
+        self.sorted.insert(at, (finish, Duration::ZERO));
+        let mut latest = Duration::ZERO;
+        for (f, running) in &mut self.sorted {
+            latest = latest.max(f.latest);
+            *running = latest;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
+    /// How long after `elapsed` a member could next finish, by the windows seen: zero inside a
+    /// window. `None` while too few are known, or when this one has outlasted them all.
+    pub fn until_next(&self, elapsed: Duration) -> Option<Duration> {
+        if self.sorted.len() < ENOUGH_TO_LEARN {
+            return None;
+        }
+        let started = self.sorted.partition_point(|(f, _)| f.earliest <= elapsed);
+        if started > 0 && self.sorted[started - 1].1 > elapsed {
+            return Some(Duration::ZERO);
+        }
+        let (next, _) = self.sorted.get(started)?;
+        Some(next.earliest - elapsed)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Entry {
     due: Instant,
     /// When the current state began (the last change).
     state_since: Instant,
     urgent: bool,
+    /// A rollout waits on this LB: it goes before other urgent work.
+    rollout_waiting: bool,
     interval: Duration,
     in_flight: bool,
 }
@@ -75,6 +160,7 @@ pub struct Scheduler {
     tokens: f64,
     drift_tokens: f64,
     refilled: Instant,
+    times: ProvisioningTimes,
 }
 
 impl Scheduler {
@@ -85,6 +171,7 @@ impl Scheduler {
             config,
             entries: HashMap::new(),
             refilled: now,
+            times: ProvisioningTimes::default(),
         }
     }
 
@@ -96,38 +183,75 @@ impl Scheduler {
         self.entries.is_empty()
     }
 
-    /// A new LB, or new desired state for a known one: urgent, due now.
-    pub fn wake(&mut self, lb: &str, now: Instant) {
-        let entry = self.entries.entry(lb.to_owned()).or_insert(Entry {
-            due: now,
-            urgent: true,
-            interval: self.config.urgent_initial,
-            state_since: now,
-            in_flight: false,
-        });
+    /// A new LB (due now), or new desired state for a known one: urgent, due within
+    /// `urgent_initial`. New desired state follows a change in the cloud, and Octavia holds the
+    /// LB PENDING_UPDATE for a moment after every change: a look at once would see only that.
+    pub fn wake(&mut self, lb: &str, rollout_waiting: bool, now: Instant) {
+        let first_look = self.config.urgent_initial;
+        let entry = match self.entries.entry(lb.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(new) => new.insert(Entry {
+                due: now,
+                urgent: true,
+                rollout_waiting,
+                interval: first_look,
+                state_since: now,
+                in_flight: false,
+            }),
+        };
         entry.urgent = true;
-        entry.interval = self.config.urgent_initial;
+        entry.rollout_waiting = rollout_waiting;
+        entry.interval = first_look;
         entry.state_since = now;
-        entry.due = entry.due.min(now);
+        entry.due = entry.due.min(now + first_look);
     }
 
     pub fn remove(&mut self, lb: &str) {
         self.entries.remove(lb);
     }
 
-    /// A poll finished. `urgent`: the LB still needs watching closely; `changed`: the poll saw
-    /// something new; `deadline`: a time the verdict changes by itself (a member turning stuck).
-    pub fn done(
-        &mut self,
-        lb: &str,
-        urgent: bool,
-        changed: bool,
-        deadline: Option<Instant>,
-        now: Instant,
-    ) {
+    /// A member on this endpoint finished provisioning within `finish`.
+    pub fn learn(&mut self, finish: Finish) {
+        self.times.record(finish);
+    }
+
+    pub fn provisioning_times(&self) -> &ProvisioningTimes {
+        &self.times
+    }
+
+    /// When to look again at members being created, from what finished before: `None` until
+    /// enough are known.
+    fn learned_wait(&self, creating_for: &[Duration]) -> Option<Duration> {
+        if self.times.len() < ENOUGH_TO_LEARN {
+            return None;
+        }
+        let c = &self.config;
+        creating_for
+            .iter()
+            .map(|elapsed| {
+                self.times.until_next(*elapsed).map_or(c.urgent_max, |gap| {
+                    gap.clamp(c.urgent_initial, c.urgent_max)
+                })
+            })
+            .min()
+    }
+
+    /// A poll of `lb` finished with `outcome`.
+    pub fn done(&mut self, lb: &str, outcome: &PollOutcome, now: Instant) {
+        let PollOutcome {
+            urgent,
+            changed,
+            deadline,
+            ..
+        } = *outcome;
         let settled_count =
             self.entries.values().filter(|e| !e.urgent).count() + usize::from(!urgent);
         let drift = self.drift_interval(settled_count);
+        let learned = if urgent {
+            self.learned_wait(&outcome.creating_for)
+        } else {
+            None
+        };
         let config = &self.config;
         let Some(entry) = self.entries.get_mut(lb) else {
             return;
@@ -138,6 +262,12 @@ impl Scheduler {
         let wait = if !urgent {
             entry.interval = drift;
             drift
+        } else if let Some(learned) = learned {
+            if changed || !was_urgent {
+                entry.interval = config.urgent_initial;
+                entry.state_since = now;
+            }
+            learned
         } else if changed || !was_urgent {
             entry.interval = config.urgent_initial;
             entry.state_since = now;
@@ -191,11 +321,12 @@ impl Scheduler {
         if self.tokens < 1.0 {
             return None;
         }
+        // Rollouts first, then by due time: the most overdue goes first, so none starves.
         let earliest = |urgent: bool| {
             self.entries
                 .iter()
                 .filter(|(_, e)| e.urgent == urgent && !e.in_flight && e.due <= now)
-                .min_by_key(|(lb, e)| (e.due, (*lb).clone()))
+                .min_by_key(|(lb, e)| (!e.rollout_waiting, e.due, (*lb).clone()))
                 .map(|(lb, _)| lb.clone())
         };
         let lb = match earliest(true) {
@@ -259,6 +390,15 @@ mod tests {
         }
     }
 
+    fn outcome(urgent: bool, changed: bool, deadline: Option<Instant>) -> PollOutcome {
+        PollOutcome {
+            urgent,
+            changed,
+            deadline,
+            creating_for: Vec::new(),
+        }
+    }
+
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)
     }
@@ -267,21 +407,21 @@ mod tests {
     fn urgent_backs_off_while_nothing_changes_and_resets_on_change() {
         let t0 = Instant::now();
         let mut s = Scheduler::new(config(10.0), t0);
-        s.wake("lb", t0);
+        s.wake("lb", false, t0);
         let mut now = t0;
         let mut intervals = Vec::new();
         for changed in [false, false, false, false, false, false, false, true] {
             let pick = s.next(now).expect("due");
             assert_eq!(pick.lb, "lb");
-            s.done("lb", true, changed, None, now);
+            s.done("lb", &outcome(true, changed, None), now);
             let due = s.wake_at(now).unwrap();
             intervals.push(due - now);
             now = due;
         }
-        assert_eq!(intervals[0], secs(1.0), "first poll of an urgent LB: 1 s");
-        assert_eq!(intervals[1], secs(1.5));
+        assert_eq!(intervals[0], secs(1.5), "first poll of an urgent LB: 1.5 s");
+        assert_eq!(intervals[1], secs(2.25));
         assert!(intervals[6] == secs(10.0), "{intervals:?}");
-        assert_eq!(intervals[7], secs(1.0), "a change resets");
+        assert_eq!(intervals[7], secs(1.5), "a change resets");
     }
 
     #[test]
@@ -292,18 +432,18 @@ mod tests {
             ..config(10.0)
         };
         let mut s = Scheduler::new(cfg, t0);
-        s.wake("lb", t0);
+        s.wake("lb", false, t0);
         let mut now = t0;
         let mut intervals = Vec::new();
         for _ in 0..8 {
             s.next(now).unwrap();
-            s.done("lb", true, false, None, now);
+            s.done("lb", &outcome(true, false, None), now);
             let due = s.wake_at(now).unwrap();
             intervals.push((due - now).as_secs_f64());
             now = due;
         }
-        assert_eq!(intervals[..5], [1.0; 5]);
-        assert!(intervals[6] > 1.0, "{intervals:?}");
+        assert_eq!(intervals[..5], [1.5; 5]);
+        assert!(intervals[6] > 1.5, "{intervals:?}");
     }
 
     #[test]
@@ -312,14 +452,14 @@ mod tests {
         let mut s = Scheduler::new(config(10.0), t0);
         for i in 0..100 {
             let lb = format!("settled-{i}");
-            s.wake(&lb, t0);
+            s.wake(&lb, false, t0);
             s.next(t0);
-            s.done(&lb, false, false, None, t0);
+            s.done(&lb, &outcome(false, false, None), t0);
         }
         // 100 settled LBs at 5 drift polls/s: one check each every 20 s, but at least 60 s.
         assert_eq!(s.drift_interval(100), secs(60.0));
         assert_eq!(s.drift_interval(10_000), secs(300.0));
-        s.wake("urgent", t0);
+        s.wake("urgent", false, t0);
         let later = t0 + secs(3600.0);
         let first = s.next(later).unwrap();
         assert_eq!(first.lb, "urgent");
@@ -332,9 +472,9 @@ mod tests {
             if let Some(pick) = s.next(now) {
                 if !pick.urgent {
                     drift += 1;
-                    s.done(&pick.lb, false, false, None, now);
+                    s.done(&pick.lb, &outcome(false, false, None), now);
                 } else {
-                    s.done(&pick.lb, true, false, None, now);
+                    s.done(&pick.lb, &outcome(true, false, None), now);
                 }
             }
         }
@@ -358,14 +498,14 @@ mod tests {
             t0,
         );
         for i in 0..500 {
-            s.wake(&format!("lb-{i}"), t0);
+            s.wake(&format!("lb-{i}"), false, t0);
         }
         let mut sent = Vec::new();
         let mut now = t0;
         while now < t0 + secs(60.0) {
             while let Some(pick) = s.next(now) {
                 sent.push(now);
-                s.done(&pick.lb, true, false, None, now);
+                s.done(&pick.lb, &outcome(true, false, None), now);
             }
             now = s.wake_at(now).unwrap().max(now + secs(0.001));
         }
@@ -387,9 +527,9 @@ mod tests {
         let mut s = Scheduler::new(config(1.0), t0);
         for (i, offset) in [30.0, 10.0, 20.0].iter().enumerate() {
             let lb = format!("lb-{i}");
-            s.wake(&lb, t0);
+            s.wake(&lb, false, t0);
             s.next(t0 + secs(*offset));
-            s.done(&lb, false, false, None, t0 + secs(*offset));
+            s.done(&lb, &outcome(false, false, None), t0 + secs(*offset));
         }
         let order: Vec<String> = (0..3)
             .filter_map(|k| {
@@ -401,12 +541,99 @@ mod tests {
     }
 
     #[test]
+    fn new_desired_state_is_looked_at_after_the_lock_not_at_once() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        s.wake("lb", false, t0);
+        assert_eq!(s.wake_at(t0), Some(t0), "a new LB: at once");
+        s.next(t0).unwrap();
+        s.done("lb", &outcome(false, false, None), t0);
+        s.wake("lb", false, t0 + secs(5.0));
+        assert_eq!(s.wake_at(t0 + secs(5.0)), Some(t0 + secs(6.5)));
+    }
+
+    #[test]
+    fn rollouts_go_before_other_urgent_work() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(1.0), t0);
+        s.wake("first-look", false, t0);
+        s.wake("rollout", true, t0 + secs(0.5));
+        s.wake("first-look-2", false, t0 + secs(0.6));
+        let now = t0 + secs(10.0);
+        let order: Vec<String> = (0..3)
+            .filter_map(|k| s.next(now + secs(f64::from(k))).map(|p| p.lb))
+            .collect();
+        assert_eq!(order, ["rollout", "first-look", "first-look-2"]);
+    }
+
+    fn finish(earliest: f64, latest: f64) -> Finish {
+        Finish {
+            earliest: secs(earliest),
+            latest: secs(latest),
+        }
+    }
+
+    #[test]
+    fn provisioning_times_point_at_the_next_window_a_member_could_finish_in() {
+        let mut times = ProvisioningTimes::default();
+        for k in 0..29 {
+            times.record(finish(2.0 + f64::from(k), 3.5 + f64::from(k)));
+        }
+        assert_eq!(times.until_next(secs(0.0)), None, "too few to trust");
+        times.record(finish(118.5, 120.0));
+        assert_eq!(times.until_next(secs(0.0)), Some(secs(2.0)));
+        assert_eq!(
+            times.until_next(secs(10.2)),
+            Some(Duration::ZERO),
+            "inside a window"
+        );
+        assert_eq!(times.until_next(secs(40.0)), Some(secs(78.5)));
+        assert_eq!(times.until_next(secs(119.0)), Some(Duration::ZERO));
+        assert_eq!(times.until_next(secs(121.0)), None, "outlasted every one");
+        // Old windows are forgotten.
+        for _ in 0..REMEMBERED {
+            times.record(finish(5.0, 6.0));
+        }
+        assert_eq!(times.len(), REMEMBERED);
+        assert_eq!(times.until_next(secs(7.0)), None);
+    }
+
+    #[test]
+    fn members_being_created_are_polled_where_members_finish() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        for _ in 0..ENOUGH_TO_LEARN {
+            s.learn(finish(2.0, 3.5));
+            s.learn(finish(28.5, 30.0));
+        }
+        s.wake("lb", true, t0);
+        s.next(t0).unwrap();
+        let creating = |elapsed: f64| PollOutcome {
+            urgent: true,
+            creating_for: vec![secs(elapsed)],
+            ..PollOutcome::default()
+        };
+        let mut waits = Vec::new();
+        let mut now = t0;
+        for elapsed in [0.0, 2.0, 3.5, 13.5, 23.5, 28.5, 30.0, 40.0] {
+            s.done("lb", &creating(elapsed), now);
+            let due = s.wake_at(now).unwrap();
+            waits.push((due - now).as_secs_f64());
+            now = due;
+            s.next(now).unwrap();
+        }
+        // Up to the first window, through it at the fast pace, across the quiet stretch at
+        // most `urgent_max`, up to the next window, then `urgent_max` once past them all.
+        assert_eq!(waits, [2.0, 1.5, 10.0, 10.0, 5.0, 1.5, 10.0, 10.0]);
+    }
+
+    #[test]
     fn deadlines_bring_polls_forward_and_defer_holds_them() {
         let t0 = Instant::now();
         let mut s = Scheduler::new(config(10.0), t0);
-        s.wake("lb", t0);
+        s.wake("lb", false, t0);
         s.next(t0);
-        s.done("lb", false, false, Some(t0 + secs(5.0)), t0);
+        s.done("lb", &outcome(false, false, Some(t0 + secs(5.0))), t0);
         assert_eq!(s.wake_at(t0), Some(t0 + secs(5.0)));
         s.next(t0 + secs(5.0));
         s.defer("lb", t0 + secs(30.0));

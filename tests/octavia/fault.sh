@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# fault.sh - inject faults into the real-Octavia test stack started by up.sh.
+#
+# Usage:
+#   fault.sh member-delay LIKE_PATTERN SECONDS
+#       MariaDB trigger: when a member whose name is LIKE the pattern turns
+#       provisioning_status ACTIVE, SLEEP(SECONDS) inside that UPDATE. The
+#       worker's flow blocks there, so the member stays PENDING_* that much
+#       longer - and so does its load balancer (PENDING_UPDATE): Octavia marks
+#       the member ACTIVE before the pool, listeners and LB.
+#   fault.sh member-hold LIKE_PATTERN SECONDS
+#       Trigger + MariaDB event: the ACTIVE write for a matching member is
+#       swallowed (the member stays PENDING_CREATE/PENDING_UPDATE) while the
+#       flow goes on and the LB returns to ACTIVE; about SECONDS later (1 s
+#       granularity) an event flips the member to ACTIVE. Use this for
+#       "LB ACTIVE, member still pending".
+#   fault.sh member-error LIKE_PATTERN
+#       Trigger: that ACTIVE write fails (SIGNAL 45000); the flow reverts, the
+#       member goes ERROR and the LB/listener/pool go back to ACTIVE.
+#   fault.sh clear            drop every fault trigger and pending hold
+#   fault.sh list             show the fault triggers in place
+#   fault.sh worker-stop      SIGSTOP every octavia-worker process: new
+#                             operations stay PENDING_* (LB PENDING_UPDATE)
+#   fault.sh worker-cont      SIGCONT them; queued operations then run
+#   fault.sh push-status KIND ID PROVISIONING_STATUS [OPERATING_STATUS]
+#       Push a status through the driver-agent status socket with octavia-lib's
+#       DriverLibrary, as a provider driver would (meant for the noop_driver
+#       provider, whose objects otherwise stay PENDING_* forever).
+#       KIND: loadbalancer|listener|pool|member|healthmonitor|l7policy|l7rule.
+#       PROVISIONING_STATUS DELETED deletes the record. Use '' to leave
+#       provisioning_status out (operating_status only).
+#   fault.sh push-status-json JSON
+#       Same with a full status dict, e.g.
+#       '{"members":[{"id":"...","provisioning_status":"ACTIVE"}]}'.
+#
+# Several patterns may be active at once (one trigger per kind and pattern;
+# MariaDB >= 10.2 allows several BEFORE UPDATE triggers per table). Setting the
+# same kind and pattern again replaces that trigger. Patterns are SQL LIKE
+# patterns (% and _ wildcards); a member with no name never matches.
+#
+# Environment: CAPO_OCTAVIA_RUN, CAPO_OCTAVIA_VENV (see lib.sh).
+set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+usage() {
+    sed -n '2,/^set -Eeuo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+need_db() {
+    svc_pid mariadb >/dev/null || die "mariadb of $RUN is not running (run up.sh)"
+}
+
+# sql_string TEXT: TEXT as a single-quoted SQL literal.
+sql_string() {
+    local s=${1//\\/\\\\}
+    s=${s//\'/\'\'}
+    printf "'%s'" "$s"
+}
+
+# trigger_name KIND PATTERN: a stable, valid identifier per kind and pattern.
+trigger_name() {
+    printf 'capo_fault_%s_%s' "$1" "$(printf '%s' "$2" | sha256sum | cut -c1-16)"
+}
+
+# The condition shared by all member triggers: this UPDATE turns a matching
+# member ACTIVE.
+member_cond() {
+    printf "NEW.provisioning_status = 'ACTIVE' AND OLD.provisioning_status <> 'ACTIVE' AND NEW.name LIKE %s" \
+        "$(sql_string "$1")"
+}
+
+create_trigger() { # NAME BODY
+    mysql_root octavia <<EOF
+DELIMITER //
+CREATE OR REPLACE TRIGGER $1 BEFORE UPDATE ON member FOR EACH ROW
+BEGIN
+$2
+END//
+DELIMITER ;
+EOF
+}
+
+ensure_hold_schema() {
+    mysql_root <<'EOF'
+CREATE DATABASE IF NOT EXISTS capo_fault;
+CREATE TABLE IF NOT EXISTS capo_fault.member_hold (
+    member_id VARCHAR(36) NOT NULL PRIMARY KEY,
+    release_at DATETIME(3) NOT NULL,
+    released TINYINT NOT NULL DEFAULT 0
+);
+SET GLOBAL event_scheduler = ON;
+DELIMITER //
+CREATE OR REPLACE EVENT capo_fault.release_members
+ON SCHEDULE EVERY 1 SECOND
+DO BEGIN
+    UPDATE capo_fault.member_hold SET released = 1
+        WHERE released = 0 AND release_at <= NOW(3);
+    UPDATE octavia.member m JOIN capo_fault.member_hold h ON h.member_id = m.id
+        SET m.provisioning_status = 'ACTIVE'
+        WHERE h.released = 1
+          AND m.provisioning_status IN ('PENDING_CREATE', 'PENDING_UPDATE');
+    DELETE FROM capo_fault.member_hold WHERE released = 1;
+END//
+DELIMITER ;
+EOF
+}
+
+# worker_pids: every process of the octavia-worker session started by up.sh.
+worker_pids() {
+    local pid
+    pid=$(svc_pid octavia-worker) || die "octavia-worker of $RUN is not running"
+    ps -o pid= --sid "$pid" | tr -d ' '
+}
+
+push_status() { # JSON
+    local py=$VENV/bin/python
+    [[ -x $py ]] || die "no venv at $VENV"
+    [[ -S $RUN/sock/status.sock ]] || die "no driver-agent status socket in $RUN/sock"
+    CAPO_STATUS_JSON=$1 CAPO_SOCK_DIR=$RUN/sock "$py" - <<'EOF'
+import json
+import os
+
+from octavia_lib.api.drivers import driver_lib
+
+sock = os.environ["CAPO_SOCK_DIR"]
+lib = driver_lib.DriverLibrary(
+    status_socket=os.path.join(sock, "status.sock"),
+    stats_socket=os.path.join(sock, "stats.sock"),
+    get_socket=os.path.join(sock, "get.sock"),
+)
+# raises octavia_lib UpdateStatusError if the agent refuses the update
+lib.update_loadbalancer_status(json.loads(os.environ["CAPO_STATUS_JSON"]))
+print("pushed")
+EOF
+}
+
+cmd=${1:-}
+[[ -n $cmd ]] || usage
+shift
+
+case $cmd in
+member-delay)
+    (($# == 2)) || usage
+    [[ $2 =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "SECONDS must be a number, got '$2'"
+    need_db
+    name=$(trigger_name delay "$1")
+    create_trigger "$name" "  IF $(member_cond "$1") THEN
+    DO SLEEP($2);
+  END IF;"
+    say "member-delay: $name (name LIKE '$1', ${2}s)"
+    ;;
+member-hold)
+    (($# == 2)) || usage
+    [[ $2 =~ ^[0-9]+$ ]] || die "SECONDS must be a whole number, got '$2'"
+    need_db
+    ensure_hold_schema
+    name=$(trigger_name hold "$1")
+    create_trigger "$name" "  IF $(member_cond "$1") AND NOT EXISTS (
+      SELECT 1 FROM capo_fault.member_hold h WHERE h.member_id = NEW.id AND h.released = 1) THEN
+    INSERT INTO capo_fault.member_hold (member_id, release_at)
+      VALUES (NEW.id, NOW(3) + INTERVAL $2 SECOND)
+      ON DUPLICATE KEY UPDATE release_at = VALUES(release_at), released = 0;
+    SET NEW.provisioning_status = OLD.provisioning_status;
+  END IF;"
+    say "member-hold: $name (name LIKE '$1', ${2}s)"
+    ;;
+member-error)
+    (($# == 1)) || usage
+    need_db
+    name=$(trigger_name error "$1")
+    create_trigger "$name" "  IF $(member_cond "$1") THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'capo-rs fault.sh member-error';
+  END IF;"
+    say "member-error: $name (name LIKE '$1')"
+    ;;
+clear)
+    (($# == 0)) || usage
+    need_db
+    names=$(mysql_root -N -B -e "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS
+        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE 'capo\\_fault\\_%'")
+    for name in $names; do
+        mysql_root octavia -e "DROP TRIGGER IF EXISTS $name"
+    done
+    # release held members now rather than leaving them pending forever
+    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE 'capo_fault'") ]]; then
+        mysql_root -e "UPDATE capo_fault.member_hold SET release_at = NOW(3)"
+        for _ in $(seq 1 30); do
+            [[ $(mysql_root -N -B -e "SELECT COUNT(*) FROM capo_fault.member_hold") == 0 ]] && break
+            sleep 0.2
+        done
+        mysql_root -e "DROP EVENT IF EXISTS capo_fault.release_members; DROP DATABASE capo_fault"
+    fi
+    say "clear: dropped $(wc -w <<<"$names") trigger(s)"
+    ;;
+list)
+    need_db
+    mysql_root -e "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS
+        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE 'capo\\_fault\\_%'\\G"
+    ;;
+worker-stop | worker-cont)
+    (($# == 0)) || usage
+    sig=STOP
+    [[ $cmd == worker-cont ]] && sig=CONT
+    pids=$(worker_pids)
+    # shellcheck disable=SC2086
+    kill -"$sig" $pids
+    say "$cmd: SIG$sig sent to $(echo $pids)"
+    ;;
+push-status)
+    (($# == 3 || $# == 4)) || usage
+    case $1 in
+    loadbalancer | listener | pool | member | healthmonitor | l7policy | l7rule) ;;
+    *) die "unknown KIND '$1'" ;;
+    esac
+    json=$(KIND=$1 ID=$2 PS=$3 OS=${4:-} python3 -c '
+import json, os
+item = {"id": os.environ["ID"]}
+if os.environ["PS"]:
+    item["provisioning_status"] = os.environ["PS"]
+if os.environ["OS"]:
+    item["operating_status"] = os.environ["OS"]
+print(json.dumps({os.environ["KIND"] + "s": [item]}))')
+    push_status "$json"
+    ;;
+push-status-json)
+    (($# == 1)) || usage
+    push_status "$1"
+    ;;
+-h | --help | help) usage ;;
+*) usage ;;
+esac
