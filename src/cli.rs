@@ -41,14 +41,21 @@ pub enum Command {
     /// Watch load balancers' members through the membership engine, live.
     WatchLb {
         /// clouds.yaml with the credentials.
-        #[arg(long)]
-        clouds_yaml: PathBuf,
+        #[arg(long, required_unless_present = "noauth_octavia_url")]
+        clouds_yaml: Option<PathBuf>,
         /// CA bundle (PEM) for the cloud's endpoints.
         #[arg(long)]
         cacert: Option<PathBuf>,
         /// The cloud's name in clouds.yaml.
-        #[arg(long)]
-        cloud: String,
+        #[arg(long, required_unless_present = "noauth_octavia_url")]
+        cloud: Option<String>,
+        /// Test stacks only: an Octavia API with `auth_strategy = noauth` at this URL, no
+        /// Keystone (requests carry `X-Project-Id` instead of a token).
+        #[arg(long, conflicts_with_all = ["clouds_yaml", "cloud"])]
+        noauth_octavia_url: Option<url::Url>,
+        /// With --noauth-octavia-url: the project to act as.
+        #[arg(long, default_value = "capo-rs", requires = "noauth_octavia_url")]
+        project_id: String,
         /// Overrides the cloud's region.
         #[arg(long)]
         region: Option<String>,
@@ -239,17 +246,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             clouds_yaml,
             cacert,
             cloud,
+            noauth_octavia_url,
+            project_id,
             region,
             until_ready,
             member_stuck_after,
             openstack,
             load_balancers,
         } => {
+            let target = match (noauth_octavia_url, clouds_yaml, cloud) {
+                (Some(url), _, _) => crate::watch_lb::Target::NoAuthOctavia { url, project_id },
+                (None, Some(clouds_yaml), Some(cloud)) => crate::watch_lb::Target::Cloud {
+                    clouds_yaml,
+                    cacert,
+                    cloud,
+                    region,
+                },
+                _ => anyhow::bail!("give --clouds-yaml and --cloud (or --noauth-octavia-url)"),
+            };
             let code = crate::watch_lb::run(crate::watch_lb::WatchArgs {
-                clouds_yaml,
-                cacert,
-                cloud,
-                region,
+                target,
                 load_balancers,
                 until_ready,
                 stuck_after: Duration::from_secs(member_stuck_after),

@@ -3,23 +3,36 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cloud::octavia::LoadBalancerFilter;
-use crate::cloud::{CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds};
+use crate::cloud::{
+    CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds, NoAuthSession, Service,
+};
 use crate::membership::{
     DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, ScheduleConfig,
 };
 
+/// Where the load balancers live.
+#[derive(Debug)]
+pub enum Target {
+    Cloud {
+        clouds_yaml: PathBuf,
+        cacert: Option<PathBuf>,
+        cloud: String,
+        region: Option<String>,
+    },
+    /// A test stack's Octavia with `auth_strategy = noauth`: no Keystone, a project header.
+    NoAuthOctavia { url: url::Url, project_id: String },
+}
+
 #[derive(Debug)]
 pub struct WatchArgs {
-    pub clouds_yaml: PathBuf,
-    pub cacert: Option<PathBuf>,
-    pub cloud: String,
-    pub region: Option<String>,
+    pub target: Target,
     pub load_balancers: Vec<String>,
     pub until_ready: bool,
     pub stuck_after: Duration,
@@ -32,25 +45,42 @@ pub fn run(args: WatchArgs) -> anyhow::Result<i32> {
     runtime.block_on(watch(args))
 }
 
-async fn watch(args: WatchArgs) -> anyhow::Result<i32> {
-    let credentials = CloudCredentials {
-        clouds_yaml: std::fs::read_to_string(&args.clouds_yaml)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.clouds_yaml.display()))?,
-        cacert: match &args.cacert {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?,
-            ),
-            None => None,
-        },
-        cloud_name: args.cloud.clone(),
-        region: args.region.clone(),
+async fn connect(clouds: &Clouds, target: &Target) -> anyhow::Result<CloudClient> {
+    let read = |path: &PathBuf| {
+        std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))
     };
+    match target {
+        Target::Cloud {
+            clouds_yaml,
+            cacert,
+            cloud,
+            region,
+        } => {
+            let credentials = CloudCredentials {
+                clouds_yaml: read(clouds_yaml)?,
+                cacert: cacert.as_ref().map(read).transpose()?,
+                cloud_name: cloud.clone(),
+                region: region.clone(),
+            };
+            Ok(clouds.connect(&credentials).await?)
+        }
+        Target::NoAuthOctavia { url, project_id } => {
+            let session = NoAuthSession::new(
+                [(Service::LoadBalancer, url.clone())],
+                Some(project_id.clone()),
+            )?;
+            Ok(clouds.client(Arc::new(session)))
+        }
+    }
+}
+
+async fn watch(args: WatchArgs) -> anyhow::Result<i32> {
     let registry = prometheus::Registry::new();
     let cancel = CancellationToken::new();
     let qps = args.options.rate_limit.qps.get();
     let clouds = Clouds::new(args.options.clone(), &registry, cancel.clone())?;
-    let client = clouds.connect(&credentials).await?;
+    let client = connect(&clouds, &args.target).await?;
     let config = EngineConfig {
         stuck_after: args.stuck_after,
         schedule: ScheduleConfig {

@@ -44,14 +44,19 @@ stop_group octavia-worker 30
 stop_group rabbitmq 60
 stop_group mariadb 60
 
-# rabbitmq's node daemonised an epmd on our private port; it has no other user.
+# rabbitmq's node daemonised an epmd on our private port. Stop it once no
+# node is registered with it any more (it may serve another run dir's node).
 if [[ -n $(ss -ltnH "sport = :$CAPO_OCTAVIA_EPMD_PORT" 2>/dev/null) ]]; then
-    say "stopping epmd on 127.0.0.1:$CAPO_OCTAVIA_EPMD_PORT"
-    ERL_EPMD_PORT=$CAPO_OCTAVIA_EPMD_PORT epmd -kill >/dev/null 2>&1 || true
-    for _ in $(seq 1 50); do
-        [[ -z $(ss -ltnH "sport = :$CAPO_OCTAVIA_EPMD_PORT" 2>/dev/null) ]] && break
-        sleep 0.1
-    done
+    if ERL_EPMD_PORT=$CAPO_OCTAVIA_EPMD_PORT epmd -names 2>/dev/null | grep -q '^name '; then
+        say "epmd on 127.0.0.1:$CAPO_OCTAVIA_EPMD_PORT still has registered nodes; left running"
+    else
+        say "stopping epmd on 127.0.0.1:$CAPO_OCTAVIA_EPMD_PORT"
+        ERL_EPMD_PORT=$CAPO_OCTAVIA_EPMD_PORT epmd -kill >/dev/null 2>&1 || true
+        for _ in $(seq 1 50); do
+            [[ -z $(ss -ltnH "sport = :$CAPO_OCTAVIA_EPMD_PORT" 2>/dev/null) ]] && break
+            sleep 0.1
+        done
+    fi
 fi
 
 rm -f "$RUN/env" "$RUN"/sock/*.sock

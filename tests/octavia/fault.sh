@@ -14,6 +14,9 @@
 #       flow goes on and the LB returns to ACTIVE; about SECONDS later (1 s
 #       granularity) an event flips the member to ACTIVE. Use this for
 #       "LB ACTIVE, member still pending".
+#   fault.sh member-release LIKE_PATTERN
+#       End a member-hold now: drop its trigger and turn the matching held
+#       members ACTIVE at once.
 #   fault.sh member-error LIKE_PATTERN
 #       Trigger: that ACTIVE write fails (SIGNAL 45000); the flow reverts, the
 #       member goes ERROR and the LB/listener/pool go back to ACTIVE.
@@ -168,6 +171,23 @@ member-hold)
   END IF;"
     say "member-hold: $name (name LIKE '$1', ${2}s)"
     ;;
+member-release)
+    (($# == 1)) || usage
+    need_db
+    name=$(trigger_name hold "$1")
+    mysql_root octavia -e "DROP TRIGGER IF EXISTS $name"
+    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE 'capo_fault'") ]]; then
+        mysql_root capo_fault <<EOF
+UPDATE octavia.member m JOIN capo_fault.member_hold h ON h.member_id = m.id
+    SET m.provisioning_status = 'ACTIVE'
+    WHERE m.name LIKE $(sql_string "$1")
+      AND m.provisioning_status IN ('PENDING_CREATE', 'PENDING_UPDATE');
+DELETE h FROM capo_fault.member_hold h JOIN octavia.member m ON h.member_id = m.id
+    WHERE m.name LIKE $(sql_string "$1");
+EOF
+    fi
+    say "member-release: $name (name LIKE '$1')"
+    ;;
 member-error)
     (($# == 1)) || usage
     need_db
@@ -208,7 +228,7 @@ worker-stop | worker-cont)
     pids=$(worker_pids)
     # shellcheck disable=SC2086
     kill -"$sig" $pids
-    say "$cmd: SIG$sig sent to $(echo $pids)"
+    say "$cmd: SIG$sig sent to ${pids//$'\n'/ }"
     ;;
 push-status)
     (($# == 3 || $# == 4)) || usage

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Shared settings and helpers for up.sh, down.sh and fault.sh (sourced, not run).
 #
 # Everything the real-Octavia test stack runs lives under one run directory and
@@ -41,7 +41,7 @@ RMQ_NODE=capo-octavia@localhost
 # that must appear in /proc/PID/cmdline (guards against a recycled PID).
 declare -A SVC_LOG=(
     [mariadb]=$LOGS/mariadb.log
-    [rabbitmq]=$LOGS/rabbitmq.out
+    [rabbitmq]=$RMQ_BASE/log/$RMQ_NODE.log
     [octavia-api]=$LOGS/octavia-api.log
     [octavia-worker]=$LOGS/octavia-worker.log
     [octavia-driver-agent]=$LOGS/octavia-driver-agent.log
@@ -54,7 +54,7 @@ declare -A SVC_MARK=(
     [octavia-driver-agent]=octavia-driver-agent
 )
 
-say() { printf '[capo-octavia] %s\n' "$*" >&2; }
+say() { printf '[capo-octavia +%ss] %s\n' "$SECONDS" "$*" >&2; }
 
 # die MESSAGE [LOGFILE...]: print the message and the tail of each log, exit 1.
 die() {

@@ -19,7 +19,8 @@
 #
 # Environment: see lib.sh (CAPO_OCTAVIA_RUN, CAPO_OCTAVIA_VENV,
 # CAPO_OCTAVIA_PYTHON, CAPO_OCTAVIA_*_PORT, CAPO_OCTAVIA_TIMEOUT), plus
-#   CAPO_OCTAVIA_DEBUG=1    debug logging in the octavia services
+#   CAPO_OCTAVIA_DEBUG=1         debug logging in the octavia services
+#   CAPO_OCTAVIA_API_WORKERS=N   gunicorn worker processes (default 1, 8 threads each)
 # Stop with down.sh; inject faults with fault.sh.
 set -Eeuo pipefail
 
@@ -81,6 +82,9 @@ install_venv() {
     fi
     VENV_CHANGED=1
     mkdir -p "$(dirname "$VENV")"
+    # the venv may be shared by several run dirs: one installer at a time
+    exec 8>"$VENV.lock"
+    flock -w "$T" 8 || die "another up.sh is installing $VENV"
     if [[ ! -x $VENV/bin/python ]]; then
         say "venv: creating $VENV with $CAPO_OCTAVIA_PYTHON"
         "$CAPO_OCTAVIA_PYTHON" -m venv "$VENV" >"$RUN/pip.log" 2>&1 ||
@@ -106,6 +110,7 @@ install_venv() {
     "$VENV/bin/python" -c 'import octavia, gunicorn, pymysql, octavia_lib' >>"$RUN/pip.log" 2>&1 ||
         die "venv is missing modules" "$RUN/pip.log"
     echo "$want" >"$VENV/.capo-stamp"
+    exec 8>&-
 }
 
 # ---------------------------------------------------------------- files
@@ -115,16 +120,17 @@ make_files() {
     chmod 755 "$RUN"
 
     if [[ ! -s $RUN/secrets.env ]]; then
-        umask 077
-        {
+        (
+            umask 077
             echo "DB_PASS=$(openssl rand -hex 12)"
             echo "RMQ_PASS=$(openssl rand -hex 12)"
             echo "AMP_PASS=$(openssl rand -hex 16)" # exactly 32 chars
-        } >"$RUN/secrets.env"
-        umask 022
+        ) >"$RUN/secrets.env.tmp"
+        chmod 600 "$RUN/secrets.env.tmp"
+        mv "$RUN/secrets.env.tmp" "$RUN/secrets.env"
     fi
     # shellcheck disable=SC1091
-    . "$RUN/secrets.env"
+    . "$RUN/secrets.env" # DB_PASS RMQ_PASS AMP_PASS
 
     if [[ ! -s $RUN/pki/ca.pem || ! -s $RUN/pki/ca.key ]]; then
         say "pki: generating test CA"
@@ -258,6 +264,11 @@ EOF
 
 # ---------------------------------------------------------------- helpers
 port_busy() { [[ -n $(ss -ltnH "sport = :$1" 2>/dev/null) ]]; }
+# need_port PORT WHAT: die if something already listens on PORT.
+need_port() {
+    port_busy "$1" || return 0
+    die "port $1 ($2) is already in use: $(ss -ltnpH "sport = :$1" | head -1)"
+}
 
 # start_bg NAME CMD...: start CMD in a new session, record its PID.
 start_bg() {
@@ -272,11 +283,11 @@ start_bg() {
 wait_until() {
     local name=$1 what=$2 deadline=$((SECONDS + T))
     shift 2
+    local logs=("${SVC_LOG[$name]}" "$LOGS/$name.out")
+    [[ $name == octavia-api ]] && logs+=("$LOGS/gunicorn.log")
     until "$@" >/dev/null 2>&1; do
-        svc_pid "$name" >/dev/null ||
-            die "$name exited while waiting for $what" "${SVC_LOG[$name]}" "$LOGS/$name.out"
-        ((SECONDS < deadline)) ||
-            die "timed out after ${T}s waiting for $what" "${SVC_LOG[$name]}" "$LOGS/$name.out"
+        svc_pid "$name" >/dev/null || die "$name exited while waiting for $what" "${logs[@]}"
+        ((SECONDS < deadline)) || die "timed out after ${T}s waiting for $what" "${logs[@]}"
         sleep 0.5
     done
 }
@@ -297,7 +308,7 @@ start_mariadb() {
             die "mariadb-install-db failed" "$LOGS/mariadb-install.log"
         rm -f "$RUN/mysql/schema.stamp"
     fi
-    port_busy "$CAPO_OCTAVIA_DB_PORT" && die "port $CAPO_OCTAVIA_DB_PORT (CAPO_OCTAVIA_DB_PORT) is already in use"
+    need_port "$CAPO_OCTAVIA_DB_PORT" CAPO_OCTAVIA_DB_PORT
     say "mariadb: starting on 127.0.0.1:$CAPO_OCTAVIA_DB_PORT"
     start_bg mariadb mariadbd --defaults-file="$MY_CNF"
     wait_until mariadb "mariadb to answer" db_ping
@@ -329,10 +340,8 @@ start_rabbitmq() {
         wait_until rabbitmq "rabbitmq to boot" rmq_ready
         return 0
     fi
-    local p
-    for p in "$CAPO_OCTAVIA_AMQP_PORT" "$CAPO_OCTAVIA_DIST_PORT"; do
-        port_busy "$p" && die "port $p (rabbitmq) is already in use"
-    done
+    need_port "$CAPO_OCTAVIA_AMQP_PORT" CAPO_OCTAVIA_AMQP_PORT
+    need_port "$CAPO_OCTAVIA_DIST_PORT" CAPO_OCTAVIA_DIST_PORT
     say "rabbitmq: starting $RMQ_NODE on 127.0.0.1:$CAPO_OCTAVIA_AMQP_PORT"
     (rmq_env && start_bg rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server)
     wait_until rabbitmq "rabbitmq to boot" rmq_ready
@@ -361,13 +370,12 @@ start_octavia() {
             --log-file "${SVC_LOG[octavia-driver-agent]}"
     fi
     if ! svc_pid octavia-api >/dev/null; then
-        port_busy "$CAPO_OCTAVIA_API_PORT" &&
-            die "port $CAPO_OCTAVIA_API_PORT (CAPO_OCTAVIA_API_PORT) is already in use"
+        need_port "$CAPO_OCTAVIA_API_PORT" CAPO_OCTAVIA_API_PORT
         say "octavia-api: starting gunicorn on $URL"
         CAPO_OCTAVIA_CONF=$OCTAVIA_CONF CAPO_OCTAVIA_API_LOG=${SVC_LOG[octavia-api]} \
             start_bg octavia-api "$VENV/bin/gunicorn" \
             --bind "127.0.0.1:$CAPO_OCTAVIA_API_PORT" \
-            --workers 1 --worker-class gthread --threads 8 \
+            --workers "${CAPO_OCTAVIA_API_WORKERS:-1}" --worker-class gthread --threads 8 \
             --timeout 120 --graceful-timeout 5 \
             --pythonpath "$RUN" --chdir "$RUN" \
             --error-logfile "$LOGS/gunicorn.log" --no-control-socket \

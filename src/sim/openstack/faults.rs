@@ -56,6 +56,11 @@ pub struct Timings {
     pub server_build: Delay,
     /// Server delete -> gone.
     pub server_delete: Delay,
+    /// The LB stays PENDING_UPDATE until the member change under it has settled, as Octavia's
+    /// own flows order it (member, then pool, then LB). Off by default: members may outlast
+    /// the LB's unlock, as with AmphoraV2 in production. A member held by a `stuck` rule never
+    /// holds its LB.
+    pub lb_waits_for_members: bool,
 }
 
 impl Default for Timings {
@@ -72,6 +77,7 @@ impl Default for Timings {
             member_online: Delay::Fixed(1.0),
             server_build: Delay::Uniform(1.0, 2.0),
             server_delete: Delay::Uniform(0.5, 1.0),
+            lb_waits_for_members: false,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{Value, json};
@@ -498,12 +499,49 @@ fn lock_lb(world: &mut World, lb_id: &str, pool: Option<&str>, delay: super::fau
     }
 }
 
+/// With `lb_waits_for_members`: the latest time a member of the LB settles (a little after,
+/// so the member goes first), if one is still on a timed transition.
+fn member_still_settling(world: &World, lb_id: &str) -> Option<Instant> {
+    if !world.scenario.timings.lb_waits_for_members {
+        return None;
+    }
+    let now = Instant::now();
+    world
+        .octavia
+        .members
+        .values()
+        .filter(|m| {
+            world
+                .octavia
+                .pools
+                .get(&m.pool)
+                .is_some_and(|p| p.lb == lb_id)
+        })
+        .filter_map(|m| m.pending.and_then(|p| p.due))
+        .filter(|due| *due >= now)
+        .max()
+        .map(|due| due + Duration::from_millis(1))
+}
+
 /// The LB's transition is due: it and its children settle together.
 pub fn on_lb_timer(world: &mut World, lb_id: &str) {
     let Some(pending) = world.octavia.lbs.get(lb_id).and_then(|lb| lb.pending) else {
         return;
     };
     if pending.due.is_none_or(|due| due > Instant::now()) {
+        return;
+    }
+    if let Some(member_due) = member_still_settling(world, lb_id) {
+        if let Some(lb) = world.octavia.lbs.get_mut(lb_id) {
+            lb.pending = Some(Pending {
+                due: Some(member_due),
+                ..pending
+            });
+        }
+        world.schedule(
+            member_due.saturating_duration_since(Instant::now()),
+            Timer::LoadBalancer(lb_id.to_owned()),
+        );
         return;
     }
     if pending.outcome == Outcome::Gone {

@@ -1,0 +1,900 @@
+//! Our Octavia client and the membership engine against a real Octavia (`tests/octavia/up.sh`:
+//! Octavia 19 with no-op drivers, MariaDB, RabbitMQ), and every scenario again against
+//! `sim::openstack`, so the simulator is held to what the real service does.
+//!
+//! The real tier reads the API's URL from `CAPO_REAL_OCTAVIA_URL` (up.sh prints it). Without it
+//! the `real_*` tests only print a notice, unless `CAPO_REQUIRE_REAL_OCTAVIA=1` (set by
+//! `.ci/run`) makes a missing stack a failure. Faults are injected with `tests/octavia/fault.sh`
+//! (MySQL triggers, SIGSTOP of the worker), so the real tests run one at a time.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use capo_rs::cloud::octavia::{
+    ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec, ProvisioningStatus,
+};
+use capo_rs::cloud::{CloudClient, CloudError, CloudOptions, Clouds, NoAuthSession, Service};
+use capo_rs::membership::{
+    Change, DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, ScheduleConfig,
+    Snapshot,
+};
+use capo_rs::sim::openstack::{
+    Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
+};
+use prometheus::Registry;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Any UUID will do as the VIP subnet with the no-op network driver (and in the simulator).
+const VIP_SUBNET: &str = "8f6b1e0a-3c55-4d0e-9a57-2f1f0c6a4b21";
+
+/// The project the tests act as (noauth Octavia takes it from `X-Project-Id`).
+const PROJECT: &str = "capo-rs-test";
+
+/// How long scenario (a) holds a member PENDING while its LB is ACTIVE.
+const HOLD: Duration = Duration::from_secs(20);
+
+/// One place the scenarios run: a real Octavia or the simulator.
+#[async_trait]
+trait Backend: Send + Sync {
+    fn client(&self) -> CloudClient;
+    /// Members named `prefix*` stay PENDING_CREATE while their LB goes ACTIVE.
+    async fn hold_members(&self, prefix: &str);
+    /// Held members finish (ACTIVE).
+    async fn release_members(&self, prefix: &str);
+    /// Members named `prefix*` end in ERROR.
+    async fn fail_members(&self, prefix: &str);
+    /// Nothing progresses: every object stays PENDING_* (the LB included).
+    async fn hold_worker(&self);
+    async fn release_worker(&self);
+    async fn clear(&self);
+}
+
+// ------------------------------------------------------------------------------ real Octavia
+
+struct RealOctavia {
+    client: CloudClient,
+    _clouds: Arc<Clouds>,
+}
+
+fn fault_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/octavia/fault.sh")
+}
+
+/// Runs the fault helper; a fault that cannot be set is a failed test, not a quiet one.
+async fn fault(args: &[&str]) {
+    let output = tokio::process::Command::new("bash")
+        .arg(fault_script())
+        .args(args)
+        .output()
+        .await
+        .expect("run tests/octavia/fault.sh");
+    assert!(
+        output.status.success(),
+        "fault.sh {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[async_trait]
+impl Backend for RealOctavia {
+    fn client(&self) -> CloudClient {
+        self.client.clone()
+    }
+    async fn hold_members(&self, prefix: &str) {
+        // Until released: the test decides when the member finishes.
+        fault(&["member-hold", &format!("{prefix}%"), "3600"]).await;
+    }
+    async fn release_members(&self, prefix: &str) {
+        fault(&["member-release", &format!("{prefix}%")]).await;
+    }
+    async fn fail_members(&self, prefix: &str) {
+        fault(&["member-error", &format!("{prefix}%")]).await;
+    }
+    async fn hold_worker(&self) {
+        fault(&["worker-stop"]).await;
+    }
+    async fn release_worker(&self) {
+        fault(&["worker-cont"]).await;
+    }
+    async fn clear(&self) {
+        fault(&["clear"]).await;
+        fault(&["worker-cont"]).await;
+    }
+}
+
+/// The real tests share one Octavia and its faults: one at a time.
+static REAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The real stack, or `None` (with a notice) when it is not running and not required.
+fn real_octavia() -> Option<RealOctavia> {
+    let required = std::env::var("CAPO_REQUIRE_REAL_OCTAVIA").is_ok_and(|v| v == "1");
+    let Some(url) = std::env::var("CAPO_REAL_OCTAVIA_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        assert!(
+            !required,
+            "CAPO_REQUIRE_REAL_OCTAVIA=1 but CAPO_REAL_OCTAVIA_URL is unset: start the stack with tests/octavia/up.sh"
+        );
+        eprintln!(
+            "NOTICE: CAPO_REAL_OCTAVIA_URL is unset; skipping the real Octavia tier (tests/octavia/up.sh starts it)"
+        );
+        return None;
+    };
+    let url = url::Url::parse(&url).expect("CAPO_REAL_OCTAVIA_URL is a URL");
+    let session = NoAuthSession::new([(Service::LoadBalancer, url)], Some(PROJECT.into()))
+        .expect("a noauth session");
+    let clouds = Clouds::new(
+        CloudOptions::default(),
+        &Registry::new(),
+        CancellationToken::new(),
+    )
+    .expect("clouds");
+    Some(RealOctavia {
+        client: clouds.client(Arc::new(session)),
+        _clouds: clouds,
+    })
+}
+
+/// Runs a scenario on the real stack, alone, with faults cleared before and after.
+macro_rules! on_real_octavia {
+    ($scenario:ident) => {{
+        let Some(real) = real_octavia() else { return };
+        let _alone = REAL.lock().await;
+        real.clear().await;
+        let outcome = tokio::time::timeout(Duration::from_secs(180), $scenario(&real)).await;
+        real.clear().await;
+        outcome.expect("scenario finished within 3 minutes");
+    }};
+}
+
+// ------------------------------------------------------------------------------ simulator
+
+struct Simulated {
+    sim: OpenStackSim,
+    client: CloudClient,
+    _clouds: Arc<Clouds>,
+}
+
+impl Simulated {
+    /// Timings and ordering of the real no-op Octavia's: a member settles (in ~0.3 s) before its
+    /// LB unlocks.
+    async fn start() -> Simulated {
+        let sim = OpenStackSim::start(OpenStackSimConfig {
+            scenario: Scenario {
+                seed: Some(11),
+                timings: Timings {
+                    lb_waits_for_members: true,
+                    ..Timings::default()
+                },
+                ..Scenario::default()
+            },
+            ..OpenStackSimConfig::default()
+        })
+        .await
+        .expect("simulator");
+        let clouds = Clouds::new(
+            CloudOptions::default(),
+            &Registry::new(),
+            CancellationToken::new(),
+        )
+        .expect("clouds");
+        let client = clouds.client(sim.session());
+        Simulated {
+            sim,
+            client,
+            _clouds: clouds,
+        }
+    }
+
+    fn rule(&self, kind: ObjectKind, name: String, effect: Effect) {
+        self.sim.add_rule(Rule {
+            kind,
+            name,
+            effect,
+            times: None,
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for Simulated {
+    fn client(&self) -> CloudClient {
+        self.client.clone()
+    }
+    async fn hold_members(&self, prefix: &str) {
+        self.rule(ObjectKind::Member, format!("{prefix}*"), Effect::Stuck);
+    }
+    async fn release_members(&self, _prefix: &str) {
+        self.sim.clear_rules();
+    }
+    async fn fail_members(&self, prefix: &str) {
+        self.rule(ObjectKind::Member, format!("{prefix}*"), Effect::Error);
+    }
+    async fn hold_worker(&self) {
+        self.rule(ObjectKind::Loadbalancer, "*".into(), Effect::Stuck);
+        self.rule(ObjectKind::Member, "*".into(), Effect::Stuck);
+    }
+    async fn release_worker(&self) {
+        self.sim.clear_rules();
+    }
+    async fn clear(&self) {
+        self.sim.clear_rules();
+    }
+}
+
+/// Runs a scenario on the simulator, on tokio's paused clock.
+macro_rules! on_simulator {
+    ($scenario:ident) => {{
+        let simulated = Simulated::start().await;
+        tokio::time::timeout(Duration::from_secs(600), $scenario(&simulated))
+            .await
+            .expect("scenario finished");
+    }};
+}
+
+// ------------------------------------------------------------------------------ helpers
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:06x}", fastrand::u32(..0xff_ffff))
+}
+
+/// Waits until the LB is out of PENDING_* (bounded).
+async fn settle(client: &CloudClient, lb: &str) {
+    tokio::time::timeout(Duration::from_secs(60), capo_rs::bench::settle(client, lb))
+        .await
+        .expect("load balancer settles within a minute")
+        .expect("load balancer reads");
+}
+
+/// An API load balancer as CAPO builds it: LB, TCP listener on 6443, its pool.
+async fn api_load_balancer(client: &CloudClient, name: &str) -> (String, String) {
+    let octavia = client.octavia();
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: name.to_owned(),
+            vip_subnet_id: Some(VIP_SUBNET.into()),
+            ..Default::default()
+        })
+        .await
+        .expect("create load balancer");
+    assert_eq!(lb.provisioning_status, ProvisioningStatus::PendingCreate);
+    settle(client, &lb.id).await;
+    let listener = octavia
+        .create_listener(&ListenerSpec {
+            name: format!("{name}-6443"),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: 6443,
+            ..Default::default()
+        })
+        .await
+        .expect("create listener");
+    settle(client, &lb.id).await;
+    let pool = octavia
+        .create_pool(&PoolSpec {
+            name: format!("{name}-6443"),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            listener_id: Some(listener.id),
+            ..Default::default()
+        })
+        .await
+        .expect("create pool");
+    settle(client, &lb.id).await;
+    (lb.id, pool.id)
+}
+
+/// Creates a member (no `subnet_id`: the no-op network driver cannot delete those), waiting
+/// out a locked LB as a requeueing reconciler would.
+async fn create_member(
+    client: &CloudClient,
+    lb: &str,
+    pool: &str,
+    name: &str,
+    address: &str,
+) -> String {
+    let spec = MemberSpec {
+        name: name.into(),
+        address: address.into(),
+        protocol_port: 6443,
+        ..Default::default()
+    };
+    loop {
+        match client.octavia().create_member(pool, &spec).await {
+            Ok(member) => return member.id,
+            Err(CloudError::Busy(_)) => settle(client, lb).await,
+            Err(error) => panic!("create member {name}: {error}"),
+        }
+    }
+}
+
+/// The engine, polling fast so the scenarios are short; `stuck_after` as given.
+fn engine(stuck_after: Duration) -> (Engine, broadcast::Receiver<Change>) {
+    let config = EngineConfig {
+        stuck_after,
+        schedule: ScheduleConfig {
+            budget_qps: 50.0,
+            burst: 50.0,
+            urgent_initial: Duration::from_millis(250),
+            urgent_max: Duration::from_secs(1),
+            ..ScheduleConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(config, &Registry::new(), CancellationToken::new()).expect("engine");
+    let changes = engine.subscribe();
+    (engine, changes)
+}
+
+fn desired(lb: &str, pool: &str, members: &[(&str, &str, &str)]) -> DesiredLb {
+    DesiredLb {
+        lb_id: lb.into(),
+        cluster: ObjectRef::new("default", "c1"),
+        pools: BTreeMap::from([(6443, pool.into())]),
+        members: members
+            .iter()
+            .map(|(name, address, id)| DesiredMember {
+                owner: ObjectRef::new("default", *name),
+                name: (*name).into(),
+                address: (*address).into(),
+                port: 6443,
+                requested_at: Instant::now(),
+                member_id: Some((*id).into()),
+            })
+            .collect(),
+        rollout_waiting: true,
+    }
+}
+
+/// The next verdict about `lb` for `generation` or later that satisfies `done`, with its
+/// snapshot; every verdict on the way is passed to `each`.
+async fn wait_verdict(
+    engine: &Engine,
+    changes: &mut broadcast::Receiver<Change>,
+    lb: &str,
+    generation: u64,
+    within: Duration,
+    mut each: impl FnMut(&Change, &Snapshot),
+    done: impl Fn(&Change, &Snapshot) -> bool,
+) -> Snapshot {
+    let deadline = Instant::now() + within;
+    loop {
+        let change = tokio::time::timeout_at(deadline, changes.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no matching verdict within {within:?}; last: {:?}",
+                    engine
+                        .snapshot(lb)
+                        .map(|s| s.verdict.message(Instant::now()))
+                )
+            })
+            .expect("engine publishes changes");
+        if change.lb_id != lb || change.generation < generation {
+            continue;
+        }
+        let Some(snapshot) = engine.snapshot(lb) else {
+            continue;
+        };
+        each(&change, &snapshot);
+        if done(&change, &snapshot) {
+            return snapshot;
+        }
+    }
+}
+
+async fn member_status(client: &CloudClient, pool: &str, id: &str) -> Option<ProvisioningStatus> {
+    match client.octavia().get_member(pool, id).await {
+        Ok(member) => Some(member.provisioning_status),
+        Err(CloudError::NotFound(_)) => None,
+        Err(error) => panic!("get member {id}: {error}"),
+    }
+}
+
+// ------------------------------------------------------------------------------ scenarios
+
+/// The whole lifecycle through our typed calls: LB, listener, pool, member, status tree,
+/// deletes confirmed by 404.
+async fn lifecycle(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let name = unique("life");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let loaded = octavia.get_load_balancer(&lb).await.expect("get LB");
+    assert_eq!(loaded.name, name);
+    assert_eq!(loaded.provisioning_status, ProvisioningStatus::Active);
+    let created = octavia
+        .create_member(
+            &pool,
+            &MemberSpec {
+                name: format!("{name}-m0"),
+                address: "10.0.0.5".into(),
+                protocol_port: 6443,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create member");
+    assert_eq!(
+        created.provisioning_status,
+        ProvisioningStatus::PendingCreate
+    );
+    settle(&client, &lb).await;
+    let member = octavia
+        .get_member(&pool, &created.id)
+        .await
+        .expect("get member");
+    assert_eq!(member.provisioning_status, ProvisioningStatus::Active);
+    assert_eq!(member.address, "10.0.0.5");
+    let listed = octavia.list_members(&pool).await.expect("list members");
+    assert_eq!(listed.len(), 1);
+    let tree = octavia.status_tree(&lb).await.expect("status tree");
+    let tree_members: Vec<_> = tree
+        .listeners
+        .iter()
+        .flat_map(|l| &l.pools)
+        .flat_map(|p| &p.members)
+        .collect();
+    assert_eq!(tree_members.len(), 1);
+    assert_eq!(tree_members[0].id, created.id);
+    assert_eq!(
+        tree_members[0].provisioning_status,
+        ProvisioningStatus::Active
+    );
+
+    octavia
+        .delete_member(&pool, &created.id)
+        .await
+        .expect("delete member");
+    settle(&client, &lb).await;
+    assert!(matches!(
+        octavia.get_member(&pool, &created.id).await,
+        Err(CloudError::NotFound(_))
+    ));
+    octavia
+        .delete_load_balancer(&lb, true)
+        .await
+        .expect("cascade delete");
+    let gone = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match octavia.get_load_balancer(&lb).await {
+                Err(CloudError::NotFound(_)) => return,
+                Ok(lb) if lb.provisioning_status == ProvisioningStatus::Deleted => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(error) => panic!("get deleted LB: {error}"),
+            }
+        }
+    });
+    gone.await.expect("the LB goes away");
+}
+
+/// A change while the LB is locked is refused with 409, which we map to `Busy` (retry later).
+async fn locked_lb_is_busy(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("busy");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    backend.hold_worker().await;
+    let first = create_member(&client, &lb, &pool, &format!("{name}-m0"), "10.0.0.5").await;
+    let second = client
+        .octavia()
+        .create_member(
+            &pool,
+            &MemberSpec {
+                name: format!("{name}-m1"),
+                address: "10.0.0.6".into(),
+                protocol_port: 6443,
+                ..Default::default()
+            },
+        )
+        .await;
+    match second {
+        Err(CloudError::Busy(e)) => assert!(e.message.contains("immutable"), "{e:?}"),
+        other => panic!("a member create on a locked LB must be Busy, got {other:?}"),
+    }
+    let delete = client.octavia().delete_member(&pool, &first).await;
+    assert!(matches!(delete, Err(CloudError::Busy(_))), "{delete:?}");
+    backend.release_worker().await;
+    settle(&client, &lb).await;
+    assert_eq!(
+        member_status(&client, &pool, &first).await,
+        Some(ProvisioningStatus::Active)
+    );
+}
+
+/// Both 404 shapes Octavia answers with are `NotFound`.
+async fn not_found_shapes(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let missing = "00000000-0000-0000-0000-000000000000";
+    let name = unique("nf");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    // `{"faultcode": ..., "faultstring": "Member ... not found."}`
+    match octavia.get_member(&pool, missing).await {
+        Err(CloudError::NotFound(e)) => assert!(e.message.contains("not found"), "{e:?}"),
+        other => panic!("missing member: {other:?}"),
+    }
+    // `{"code": 404, "title": ..., "description": "Pool ... not found."}`
+    match octavia.list_members(missing).await {
+        Err(CloudError::NotFound(e)) => assert!(e.message.contains("not found"), "{e:?}"),
+        other => panic!("members of a missing pool: {other:?}"),
+    }
+    match octavia.status_tree(missing).await {
+        Err(CloudError::NotFound(_)) => {}
+        other => panic!("status tree of a missing LB: {other:?}"),
+    }
+    octavia
+        .delete_load_balancer(&lb, true)
+        .await
+        .expect("cleanup");
+}
+
+/// (a) A member held PENDING_CREATE while its LB reads ACTIVE: the gate is never Ready until
+/// the member is ACTIVE.
+async fn held_member_is_never_ready(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("held");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (engine, mut changes) = engine(Duration::from_secs(600));
+    let member_name = format!("{name}-m0");
+    backend.hold_members(&member_name).await;
+    let id = create_member(&client, &lb, &pool, &member_name, "10.0.1.5").await;
+    let generation = engine.ensure(
+        desired(&lb, &pool, &[(&member_name, "10.0.1.5", &id)]),
+        &client,
+    );
+    // The premise: the LB settles to ACTIVE while the member stays PENDING_CREATE.
+    settle(&client, &lb).await;
+    assert_eq!(
+        member_status(&client, &pool, &id).await,
+        Some(ProvisioningStatus::PendingCreate)
+    );
+    let held_until = Instant::now() + HOLD;
+    let pending = wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |change, _| assert_ne!(change.reason, Reason::Ready, "Ready over a held member"),
+        |change, _| change.reason == Reason::MembersPending,
+    )
+    .await;
+    assert!(
+        pending
+            .verdict
+            .message(Instant::now())
+            .contains(&member_name)
+    );
+    // Nothing may open the gate while the hold lasts.
+    let early = tokio::time::timeout_at(held_until, async {
+        loop {
+            match changes.recv().await {
+                Ok(change) if change.lb_id == lb => return change,
+                _ => continue,
+            }
+        }
+    })
+    .await;
+    if let Ok(change) = early {
+        assert_ne!(change.reason, Reason::Ready, "Ready over a held member");
+    }
+    assert_eq!(
+        engine.snapshot(&lb).map(|s| s.verdict.reason),
+        Some(Reason::MembersPending)
+    );
+    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
+    assert_eq!(lb_status.provisioning_status, ProvisioningStatus::Active);
+    backend.release_members(&member_name).await;
+    wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |_, _| {},
+        |change, _| change.reason == Reason::Ready,
+    )
+    .await;
+    assert_eq!(
+        member_status(&client, &pool, &id).await,
+        Some(ProvisioningStatus::Active),
+        "Ready only once the member is ACTIVE"
+    );
+}
+
+/// (b) A member that goes ERROR gives MemberError, naming it.
+async fn failed_member_is_member_error(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("err");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (engine, mut changes) = engine(Duration::from_secs(600));
+    let member_name = format!("{name}-m0");
+    backend.fail_members(&member_name).await;
+    let id = create_member(&client, &lb, &pool, &member_name, "10.0.2.5").await;
+    let generation = engine.ensure(
+        desired(&lb, &pool, &[(&member_name, "10.0.2.5", &id)]),
+        &client,
+    );
+    let snapshot = wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |change, _| assert_ne!(change.reason, Reason::Ready, "Ready over an ERROR member"),
+        |change, _| change.reason == Reason::MemberError,
+    )
+    .await;
+    assert!(
+        snapshot
+            .verdict
+            .message(Instant::now())
+            .contains(&member_name)
+    );
+    assert_eq!(
+        member_status(&client, &pool, &id).await,
+        Some(ProvisioningStatus::Error)
+    );
+    settle(&client, &lb).await;
+    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
+    assert_eq!(
+        lb_status.provisioning_status,
+        ProvisioningStatus::Active,
+        "the LB unlocks after a member fails"
+    );
+}
+
+/// (c) With the worker held, a new member outstays a short stuck-after: MemberStuck; once the
+/// worker runs again it recovers to Ready.
+async fn held_worker_is_stuck(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("stuck");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (engine, mut changes) = engine(Duration::from_secs(3));
+    let member_name = format!("{name}-m0");
+    backend.hold_worker().await;
+    let requested = Instant::now();
+    let id = create_member(&client, &lb, &pool, &member_name, "10.0.3.5").await;
+    let generation = engine.ensure(
+        desired(&lb, &pool, &[(&member_name, "10.0.3.5", &id)]),
+        &client,
+    );
+    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
+    assert_eq!(
+        lb_status.provisioning_status,
+        ProvisioningStatus::PendingUpdate
+    );
+    let snapshot = wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |change, _| assert_ne!(change.reason, Reason::Ready),
+        |change, _| change.reason == Reason::MemberStuck,
+    )
+    .await;
+    let flagged_after = requested.elapsed();
+    assert!(
+        flagged_after >= Duration::from_secs(3) && flagged_after < Duration::from_secs(9),
+        "stuck flagged after {flagged_after:?} (stuck-after 3 s)"
+    );
+    assert!(
+        snapshot
+            .verdict
+            .message(Instant::now())
+            .contains(&member_name)
+    );
+    backend.release_worker().await;
+    wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(60),
+        |_, _| {},
+        |change, _| change.reason == Reason::Ready,
+    )
+    .await;
+    assert_eq!(
+        member_status(&client, &pool, &id).await,
+        Some(ProvisioningStatus::Active)
+    );
+}
+
+/// (d) A removed member stays reported (stale) until the cloud says it is gone: the engine
+/// confirms removal only once the member answers 404.
+async fn removal_confirmed_after_404(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("rm");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (engine, mut changes) = engine(Duration::from_secs(600));
+    let keep = format!("{name}-keep");
+    let leave = format!("{name}-leave");
+    let keep_id = create_member(&client, &lb, &pool, &keep, "10.0.4.5").await;
+    let leave_id = create_member(&client, &lb, &pool, &leave, "10.0.4.6").await;
+    settle(&client, &lb).await;
+    let both = [
+        (keep.as_str(), "10.0.4.5", keep_id.as_str()),
+        (leave.as_str(), "10.0.4.6", leave_id.as_str()),
+    ];
+    let generation = engine.ensure(desired(&lb, &pool, &both), &client);
+    wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |_, _| {},
+        |c, _| c.reason == Reason::Ready,
+    )
+    .await;
+
+    backend.hold_worker().await;
+    client
+        .octavia()
+        .delete_member(&pool, &leave_id)
+        .await
+        .expect("delete member");
+    let generation = engine.ensure(desired(&lb, &pool, &both[..1]), &client);
+    let reported = wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(30),
+        |_, _| {},
+        |_, snapshot| !snapshot.verdict.stale.is_empty(),
+    )
+    .await;
+    assert!(
+        reported.verdict.stale[0].contains(&leave),
+        "{:?}",
+        reported.verdict.stale
+    );
+    assert_eq!(
+        member_status(&client, &pool, &leave_id).await,
+        Some(ProvisioningStatus::PendingDelete)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        engine
+            .snapshot(&lb)
+            .is_some_and(|s| !s.verdict.stale.is_empty()),
+        "still reported while PENDING_DELETE"
+    );
+    backend.release_worker().await;
+    wait_verdict(
+        &engine,
+        &mut changes,
+        &lb,
+        generation,
+        Duration::from_secs(60),
+        |_, _| {},
+        |_, snapshot| snapshot.verdict.stale.is_empty(),
+    )
+    .await;
+    assert_eq!(
+        member_status(&client, &pool, &leave_id).await,
+        None,
+        "removal confirmed only once the member is 404"
+    );
+}
+
+// ------------------------------------------------------------------------------ the tests
+
+macro_rules! both {
+    ($scenario:ident, $real:ident, $sim:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $real() {
+            on_real_octavia!($scenario);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn $sim() {
+            on_simulator!($scenario);
+        }
+    };
+}
+
+both!(
+    lifecycle,
+    real_lifecycle_through_typed_calls,
+    sim_lifecycle_through_typed_calls
+);
+both!(
+    locked_lb_is_busy,
+    real_locked_lb_is_busy,
+    sim_locked_lb_is_busy
+);
+both!(
+    not_found_shapes,
+    real_both_404_shapes_are_not_found,
+    sim_both_404_shapes_are_not_found
+);
+both!(
+    held_member_is_never_ready,
+    real_held_member_is_never_ready,
+    sim_held_member_is_never_ready
+);
+both!(
+    failed_member_is_member_error,
+    real_failed_member_is_member_error,
+    sim_failed_member_is_member_error
+);
+both!(
+    held_worker_is_stuck,
+    real_held_worker_is_stuck,
+    sim_held_worker_is_stuck
+);
+both!(
+    removal_confirmed_after_404,
+    real_removal_confirmed_after_404,
+    sim_removal_confirmed_after_404
+);
+
+/// `capo-rs watch-lb` against the real Octavia: exits 0 once a new member is ACTIVE, 3 when
+/// one goes ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_watch_lb() {
+    let Some(real) = real_octavia() else { return };
+    let url = std::env::var("CAPO_REAL_OCTAVIA_URL").unwrap_or_default();
+    let _alone = REAL.lock().await;
+    real.clear().await;
+    let client = real.client();
+    let name = unique("watch");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let good = format!("{name}-good");
+    real.hold_members(&good).await;
+    create_member(&client, &lb, &pool, &good, "10.0.5.5").await;
+    let watch = |until_ready: bool| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"));
+        command.args([
+            "watch-lb",
+            "--noauth-octavia-url",
+            &url,
+            "--project-id",
+            PROJECT,
+            "--member-stuck-after",
+            "60",
+        ]);
+        if until_ready {
+            command.arg("--until-ready");
+        }
+        command.arg(&lb).kill_on_drop(true);
+        command
+    };
+    let running = watch(true).output();
+    let release = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        real.release_members(&good).await;
+    };
+    let (output, ()) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(60), running),
+        release
+    );
+    let output = output.expect("watch-lb exits").expect("watch-lb runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("-> Pending"), "{stdout}");
+    assert!(stdout.contains("gate Ready"), "{stdout}");
+
+    let bad = format!("{name}-bad");
+    real.fail_members(&bad).await;
+    create_member(&client, &lb, &pool, &bad, "10.0.5.6").await;
+    let output = tokio::time::timeout(Duration::from_secs(60), watch(false).output())
+        .await
+        .expect("watch-lb exits")
+        .expect("watch-lb runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&bad));
+    real.clear().await;
+}
