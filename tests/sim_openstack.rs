@@ -35,6 +35,7 @@ fn quick_timings() -> Timings {
         member_online: Delay::Fixed(0.10),
         server_build: Delay::Fixed(0.10),
         server_delete: Delay::Fixed(0.10),
+        lb_waits_for_members: false,
     }
 }
 
