@@ -295,6 +295,48 @@ async fn a_429_storm_pauses_polling_and_the_gate_opens_after() {
     wait_for(&mut s, Reason::Ready).await;
 }
 
+/// Once it has watched 30 members finish, the engine polls a new one where members finish
+/// on this cloud instead of every 1.5 s, and still notices within the fast pace.
+#[tokio::test(start_paused = true)]
+async fn polls_aim_at_learned_provisioning_times() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let mut slow = scenario(vec![]);
+    slow.timings.member_create = Delay::Fixed(20.0);
+    s.sim.set_scenario(slow);
+    let mut members: Vec<(String, String, Option<String>)> = Vec::new();
+    let mut last = (0, 0.0);
+    for i in 0..31 {
+        let (name, address) = (format!("m{i}"), format!("10.0.1.{}", i + 10));
+        let id = add_member(&s, &name, &address).await;
+        members.push((name, address, Some(id.clone())));
+        let wanted: Vec<(&str, &str, Option<String>)> = members
+            .iter()
+            .map(|(n, a, id)| (n.as_str(), a.as_str(), id.clone()))
+            .collect();
+        let polls_before = s.sim.request_count("load-balancer loadbalancer_status_get");
+        s.engine.ensure(desired(&s, &wanted), &s.client);
+        let ready = wait_for(&mut s, Reason::Ready).await;
+        let settled = s
+            .sim
+            .member_truth()
+            .into_iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.settled_at)
+            .expect("the member settled");
+        let polls = s.sim.request_count("load-balancer loadbalancer_status_get") - polls_before;
+        last = (polls, (ready - settled).as_secs_f64());
+        if i == 0 {
+            assert!(polls >= 13, "unlearnt: every 1.5 s for 20 s, got {polls}");
+        }
+    }
+    let (polls, lag) = last;
+    assert!(
+        polls <= 5,
+        "learnt: a few polls for a 20 s member, got {polls}"
+    );
+    assert!(lag <= 1.6, "noticed {lag} s after the member finished");
+}
+
 #[tokio::test(start_paused = true)]
 async fn member_get_follows_a_created_member_until_active() {
     let mut s = setup(vec![], Strategy::MemberGet).await;
