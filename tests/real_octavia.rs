@@ -315,78 +315,130 @@ async fn create_member(
     }
 }
 
-/// The engine, polling fast so the scenarios are short; `stuck_after` as given.
-fn engine(stuck_after: Duration) -> (Engine, broadcast::Receiver<Change>) {
-    let config = EngineConfig {
-        stuck_after,
-        schedule: ScheduleConfig {
-            budget_qps: 50.0,
-            burst: 50.0,
-            urgent_initial: Duration::from_millis(250),
-            urgent_max: Duration::from_secs(1),
-            ..ScheduleConfig::default()
-        },
-        ..EngineConfig::default()
-    };
-    let engine = Engine::new(config, &Registry::new(), CancellationToken::new()).expect("engine");
-    let changes = engine.subscribe();
-    (engine, changes)
+/// A new API load balancer under the engine's watch, for one scenario.
+struct Watched {
+    client: CloudClient,
+    name: String,
+    lb: String,
+    pool: String,
+    engine: Engine,
+    changes: broadcast::Receiver<Change>,
 }
 
-fn desired(lb: &str, pool: &str, members: &[(&str, &str, &str)]) -> DesiredLb {
-    DesiredLb {
-        lb_id: lb.into(),
-        cluster: ObjectRef::new("default", "c1"),
-        pools: BTreeMap::from([(6443, pool.into())]),
-        members: members
-            .iter()
-            .map(|(name, address, id)| DesiredMember {
-                owner: ObjectRef::new("default", *name),
-                name: (*name).into(),
-                address: (*address).into(),
-                port: 6443,
-                requested_at: Instant::now(),
-                member_id: Some((*id).into()),
-            })
-            .collect(),
-        rollout_waiting: true,
-    }
-}
-
-/// The next verdict about `lb` for `generation` or later that satisfies `done`, with its
-/// snapshot; every verdict on the way is passed to `each`.
-async fn wait_verdict(
-    engine: &Engine,
-    changes: &mut broadcast::Receiver<Change>,
-    lb: &str,
-    generation: u64,
-    within: Duration,
-    mut each: impl FnMut(&Change, &Snapshot),
-    done: impl Fn(&Change, &Snapshot) -> bool,
-) -> Snapshot {
-    let deadline = Instant::now() + within;
-    loop {
-        let change = tokio::time::timeout_at(deadline, changes.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no matching verdict within {within:?}; last: {:?}",
-                    engine
-                        .snapshot(lb)
-                        .map(|s| s.verdict.message(Instant::now()))
-                )
-            })
-            .expect("engine publishes changes");
-        if change.lb_id != lb || change.generation < generation {
-            continue;
-        }
-        let Some(snapshot) = engine.snapshot(lb) else {
-            continue;
+impl Watched {
+    /// The LB and an engine polling fast (so scenarios are short) with `stuck_after`.
+    async fn start(backend: &dyn Backend, prefix: &str, stuck_after: Duration) -> Watched {
+        let client = backend.client();
+        let name = unique(prefix);
+        let (lb, pool) = api_load_balancer(&client, &name).await;
+        let config = EngineConfig {
+            stuck_after,
+            schedule: ScheduleConfig {
+                budget_qps: 50.0,
+                burst: 50.0,
+                urgent_initial: Duration::from_millis(250),
+                urgent_max: Duration::from_secs(1),
+                ..ScheduleConfig::default()
+            },
+            ..EngineConfig::default()
         };
-        each(&change, &snapshot);
-        if done(&change, &snapshot) {
-            return snapshot;
+        let engine =
+            Engine::new(config, &Registry::new(), CancellationToken::new()).expect("engine");
+        let changes = engine.subscribe();
+        Watched {
+            client,
+            name,
+            lb,
+            pool,
+            engine,
+            changes,
         }
+    }
+
+    /// Creates a member named `<LB name>-<suffix>`; returns its name and id.
+    async fn add(&self, suffix: &str, address: &str) -> (String, String) {
+        let name = format!("{}-{suffix}", self.name);
+        let id = create_member(&self.client, &self.lb, &self.pool, &name, address).await;
+        (name, id)
+    }
+
+    /// Desires exactly these members (name, address, id); returns the generation.
+    fn ensure(&self, members: &[(&str, &str, &str)]) -> u64 {
+        let desired = DesiredLb {
+            lb_id: self.lb.clone(),
+            cluster: ObjectRef::new("default", "c1"),
+            pools: BTreeMap::from([(6443, self.pool.clone())]),
+            members: members
+                .iter()
+                .map(|(name, address, id)| DesiredMember {
+                    owner: ObjectRef::new("default", *name),
+                    name: (*name).into(),
+                    address: (*address).into(),
+                    port: 6443,
+                    requested_at: Instant::now(),
+                    member_id: Some((*id).into()),
+                })
+                .collect(),
+            rollout_waiting: true,
+        };
+        self.engine.ensure(desired, &self.client)
+    }
+
+    /// The first verdict for `generation` or later with `reason`. A Ready verdict on the way
+    /// to any other reason fails the test: nothing in these scenarios may open the gate early.
+    async fn until(&mut self, generation: u64, reason: Reason, within: Duration) -> Snapshot {
+        self.until_snapshot(generation, within, |change, _| {
+            assert!(
+                change.reason == reason || change.reason != Reason::Ready,
+                "the gate opened while waiting for {reason:?}"
+            );
+            change.reason == reason
+        })
+        .await
+    }
+
+    /// The first verdict for `generation` or later whose snapshot satisfies `done`.
+    async fn until_snapshot(
+        &mut self,
+        generation: u64,
+        within: Duration,
+        done: impl Fn(&Change, &Snapshot) -> bool,
+    ) -> Snapshot {
+        let deadline = Instant::now() + within;
+        loop {
+            let change = tokio::time::timeout_at(deadline, self.changes.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "no matching verdict within {within:?}; last: {:?}",
+                        self.engine
+                            .snapshot(&self.lb)
+                            .map(|s| s.verdict.message(Instant::now()))
+                    )
+                })
+                .expect("engine publishes changes");
+            if change.lb_id != self.lb || change.generation < generation {
+                continue;
+            }
+            if let Some(snapshot) = self.engine.snapshot(&self.lb)
+                && done(&change, &snapshot)
+            {
+                return snapshot;
+            }
+        }
+    }
+
+    async fn member_status(&self, id: &str) -> Option<ProvisioningStatus> {
+        member_status(&self.client, &self.pool, id).await
+    }
+
+    async fn lb_status(&self) -> ProvisioningStatus {
+        self.client
+            .octavia()
+            .get_load_balancer(&self.lb)
+            .await
+            .expect("get LB")
+            .provisioning_status
     }
 }
 
@@ -538,72 +590,34 @@ async fn not_found_shapes(backend: &dyn Backend) {
 /// (a) A member held PENDING_CREATE while its LB reads ACTIVE: the gate is never Ready until
 /// the member is ACTIVE.
 async fn held_member_is_never_ready(backend: &dyn Backend) {
-    let client = backend.client();
-    let name = unique("held");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
-    let (engine, mut changes) = engine(Duration::from_secs(600));
-    let member_name = format!("{name}-m0");
-    backend.hold_members(&member_name).await;
-    let id = create_member(&client, &lb, &pool, &member_name, "10.0.1.5").await;
-    let generation = engine.ensure(
-        desired(&lb, &pool, &[(&member_name, "10.0.1.5", &id)]),
-        &client,
-    );
+    let mut w = Watched::start(backend, "held", Duration::from_secs(600)).await;
+    backend.hold_members(&format!("{}-m0", w.name)).await;
+    let (member, id) = w.add("m0", "10.0.1.5").await;
+    let generation = w.ensure(&[(&member, "10.0.1.5", &id)]);
     // The premise: the LB settles to ACTIVE while the member stays PENDING_CREATE.
-    settle(&client, &lb).await;
+    settle(&w.client, &w.lb).await;
     assert_eq!(
-        member_status(&client, &pool, &id).await,
+        w.member_status(&id).await,
         Some(ProvisioningStatus::PendingCreate)
     );
     let held_until = Instant::now() + HOLD;
-    let pending = wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |change, _| assert_ne!(change.reason, Reason::Ready, "Ready over a held member"),
-        |change, _| change.reason == Reason::MembersPending,
-    )
-    .await;
-    assert!(
-        pending
-            .verdict
-            .message(Instant::now())
-            .contains(&member_name)
-    );
+    let pending = w
+        .until(generation, Reason::MembersPending, Duration::from_secs(30))
+        .await;
+    assert!(pending.verdict.message(Instant::now()).contains(&member));
     // Nothing may open the gate while the hold lasts.
-    let early = tokio::time::timeout_at(held_until, async {
-        loop {
-            match changes.recv().await {
-                Ok(change) if change.lb_id == lb => return change,
-                _ => continue,
-            }
-        }
-    })
-    .await;
-    if let Ok(change) = early {
-        assert_ne!(change.reason, Reason::Ready, "Ready over a held member");
-    }
+    let early = tokio::time::timeout_at(held_until, w.until(generation, Reason::Ready, HOLD)).await;
+    assert!(early.is_err(), "Ready over a held member");
     assert_eq!(
-        engine.snapshot(&lb).map(|s| s.verdict.reason),
+        w.engine.snapshot(&w.lb).map(|s| s.verdict.reason),
         Some(Reason::MembersPending)
     );
-    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
-    assert_eq!(lb_status.provisioning_status, ProvisioningStatus::Active);
-    backend.release_members(&member_name).await;
-    wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |_, _| {},
-        |change, _| change.reason == Reason::Ready,
-    )
-    .await;
+    assert_eq!(w.lb_status().await, ProvisioningStatus::Active);
+    backend.release_members(&member).await;
+    w.until(generation, Reason::Ready, Duration::from_secs(30))
+        .await;
     assert_eq!(
-        member_status(&client, &pool, &id).await,
+        w.member_status(&id).await,
         Some(ProvisioningStatus::Active),
         "Ready only once the member is ACTIVE"
     );
@@ -611,41 +625,18 @@ async fn held_member_is_never_ready(backend: &dyn Backend) {
 
 /// (b) A member that goes ERROR gives MemberError, naming it.
 async fn failed_member_is_member_error(backend: &dyn Backend) {
-    let client = backend.client();
-    let name = unique("err");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
-    let (engine, mut changes) = engine(Duration::from_secs(600));
-    let member_name = format!("{name}-m0");
-    backend.fail_members(&member_name).await;
-    let id = create_member(&client, &lb, &pool, &member_name, "10.0.2.5").await;
-    let generation = engine.ensure(
-        desired(&lb, &pool, &[(&member_name, "10.0.2.5", &id)]),
-        &client,
-    );
-    let snapshot = wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |change, _| assert_ne!(change.reason, Reason::Ready, "Ready over an ERROR member"),
-        |change, _| change.reason == Reason::MemberError,
-    )
-    .await;
-    assert!(
-        snapshot
-            .verdict
-            .message(Instant::now())
-            .contains(&member_name)
-    );
+    let mut w = Watched::start(backend, "err", Duration::from_secs(600)).await;
+    backend.fail_members(&format!("{}-m0", w.name)).await;
+    let (member, id) = w.add("m0", "10.0.2.5").await;
+    let generation = w.ensure(&[(&member, "10.0.2.5", &id)]);
+    let snapshot = w
+        .until(generation, Reason::MemberError, Duration::from_secs(30))
+        .await;
+    assert!(snapshot.verdict.message(Instant::now()).contains(&member));
+    assert_eq!(w.member_status(&id).await, Some(ProvisioningStatus::Error));
+    settle(&w.client, &w.lb).await;
     assert_eq!(
-        member_status(&client, &pool, &id).await,
-        Some(ProvisioningStatus::Error)
-    );
-    settle(&client, &lb).await;
-    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
-    assert_eq!(
-        lb_status.provisioning_status,
+        w.lb_status().await,
         ProvisioningStatus::Active,
         "the LB unlocks after a member fails"
     );
@@ -654,135 +645,77 @@ async fn failed_member_is_member_error(backend: &dyn Backend) {
 /// (c) With the worker held, a new member outstays a short stuck-after: MemberStuck; once the
 /// worker runs again it recovers to Ready.
 async fn held_worker_is_stuck(backend: &dyn Backend) {
-    let client = backend.client();
-    let name = unique("stuck");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
-    let (engine, mut changes) = engine(Duration::from_secs(3));
-    let member_name = format!("{name}-m0");
+    let mut w = Watched::start(backend, "stuck", Duration::from_secs(3)).await;
     backend.hold_worker().await;
     let requested = Instant::now();
-    let id = create_member(&client, &lb, &pool, &member_name, "10.0.3.5").await;
-    let generation = engine.ensure(
-        desired(&lb, &pool, &[(&member_name, "10.0.3.5", &id)]),
-        &client,
-    );
-    let lb_status = client.octavia().get_load_balancer(&lb).await.expect("LB");
-    assert_eq!(
-        lb_status.provisioning_status,
-        ProvisioningStatus::PendingUpdate
-    );
-    let snapshot = wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |change, _| assert_ne!(change.reason, Reason::Ready),
-        |change, _| change.reason == Reason::MemberStuck,
-    )
-    .await;
+    let (member, id) = w.add("m0", "10.0.3.5").await;
+    let generation = w.ensure(&[(&member, "10.0.3.5", &id)]);
+    assert_eq!(w.lb_status().await, ProvisioningStatus::PendingUpdate);
+    let snapshot = w
+        .until(generation, Reason::MemberStuck, Duration::from_secs(30))
+        .await;
     let flagged_after = requested.elapsed();
     assert!(
         flagged_after >= Duration::from_secs(3) && flagged_after < Duration::from_secs(9),
         "stuck flagged after {flagged_after:?} (stuck-after 3 s)"
     );
-    assert!(
-        snapshot
-            .verdict
-            .message(Instant::now())
-            .contains(&member_name)
-    );
+    assert!(snapshot.verdict.message(Instant::now()).contains(&member));
     backend.release_worker().await;
-    wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(60),
-        |_, _| {},
-        |change, _| change.reason == Reason::Ready,
-    )
-    .await;
-    assert_eq!(
-        member_status(&client, &pool, &id).await,
-        Some(ProvisioningStatus::Active)
-    );
+    w.until(generation, Reason::Ready, Duration::from_secs(60))
+        .await;
+    assert_eq!(w.member_status(&id).await, Some(ProvisioningStatus::Active));
 }
 
 /// (d) A removed member stays reported (stale) until the cloud says it is gone: the engine
 /// confirms removal only once the member answers 404.
 async fn removal_confirmed_after_404(backend: &dyn Backend) {
-    let client = backend.client();
-    let name = unique("rm");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
-    let (engine, mut changes) = engine(Duration::from_secs(600));
-    let keep = format!("{name}-keep");
-    let leave = format!("{name}-leave");
-    let keep_id = create_member(&client, &lb, &pool, &keep, "10.0.4.5").await;
-    let leave_id = create_member(&client, &lb, &pool, &leave, "10.0.4.6").await;
-    settle(&client, &lb).await;
+    let mut w = Watched::start(backend, "rm", Duration::from_secs(600)).await;
+    let (keep, keep_id) = w.add("keep", "10.0.4.5").await;
+    let (leave, leave_id) = w.add("leave", "10.0.4.6").await;
+    settle(&w.client, &w.lb).await;
     let both = [
         (keep.as_str(), "10.0.4.5", keep_id.as_str()),
         (leave.as_str(), "10.0.4.6", leave_id.as_str()),
     ];
-    let generation = engine.ensure(desired(&lb, &pool, &both), &client);
-    wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |_, _| {},
-        |c, _| c.reason == Reason::Ready,
-    )
-    .await;
+    let generation = w.ensure(&both);
+    w.until(generation, Reason::Ready, Duration::from_secs(30))
+        .await;
 
     backend.hold_worker().await;
-    client
+    w.client
         .octavia()
-        .delete_member(&pool, &leave_id)
+        .delete_member(&w.pool, &leave_id)
         .await
         .expect("delete member");
-    let generation = engine.ensure(desired(&lb, &pool, &both[..1]), &client);
-    let reported = wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(30),
-        |_, _| {},
-        |_, snapshot| !snapshot.verdict.stale.is_empty(),
-    )
-    .await;
+    let generation = w.ensure(&both[..1]);
+    let reported = w
+        .until_snapshot(generation, Duration::from_secs(30), |_, snapshot| {
+            !snapshot.verdict.stale.is_empty()
+        })
+        .await;
     assert!(
         reported.verdict.stale[0].contains(&leave),
         "{:?}",
         reported.verdict.stale
     );
     assert_eq!(
-        member_status(&client, &pool, &leave_id).await,
+        w.member_status(&leave_id).await,
         Some(ProvisioningStatus::PendingDelete)
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
-        engine
-            .snapshot(&lb)
+        w.engine
+            .snapshot(&w.lb)
             .is_some_and(|s| !s.verdict.stale.is_empty()),
         "still reported while PENDING_DELETE"
     );
     backend.release_worker().await;
-    wait_verdict(
-        &engine,
-        &mut changes,
-        &lb,
-        generation,
-        Duration::from_secs(60),
-        |_, _| {},
-        |_, snapshot| snapshot.verdict.stale.is_empty(),
-    )
+    w.until_snapshot(generation, Duration::from_secs(60), |_, snapshot| {
+        snapshot.verdict.stale.is_empty()
+    })
     .await;
     assert_eq!(
-        member_status(&client, &pool, &leave_id).await,
+        w.member_status(&leave_id).await,
         None,
         "removal confirmed only once the member is 404"
     );
