@@ -1,13 +1,12 @@
 //! The membership engine against the simulated cloud, in-process on tokio's paused clock.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::time::Duration;
 
 use capo_rs::cloud::octavia::MemberSpec;
 use capo_rs::cloud::{CloudClient, CloudOptions, Clouds};
-use capo_rs::membership::{
-    Change, DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, Strategy,
-};
+use capo_rs::membership::{Change, DesiredLb, Engine, EngineConfig, ObjectRef, Reason, Strategy};
 use capo_rs::sim::openstack::{
     Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, RateLimitFault, Rule, Scenario,
     Timings,
@@ -83,23 +82,11 @@ async fn settle(client: &CloudClient, lb: &str) {
 }
 
 fn desired(setup: &Setup, members: &[(&str, &str, Option<String>)]) -> DesiredLb {
-    DesiredLb {
-        lb_id: setup.lb.clone(),
-        cluster: ObjectRef::new("default", "c1"),
-        pools: BTreeMap::from([(6443, setup.pool.clone())]),
-        members: members
-            .iter()
-            .map(|(name, address, id)| DesiredMember {
-                owner: ObjectRef::new("default", *name),
-                name: (*name).into(),
-                address: (*address).into(),
-                port: 6443,
-                requested_at: Instant::now(),
-                member_id: id.clone(),
-            })
-            .collect(),
-        rollout_waiting: true,
-    }
+    let members: Vec<(&str, &str, Option<&str>)> = members
+        .iter()
+        .map(|(name, address, id)| (*name, *address, id.as_deref()))
+        .collect();
+    common::desired_lb(&setup.lb, &setup.pool, &members)
 }
 
 async fn add_member(setup: &Setup, name: &str, address: &str) -> String {

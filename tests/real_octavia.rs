@@ -7,7 +7,8 @@
 //! `.ci/run`) makes a missing stack a failure. Faults are injected with `tests/octavia/fault.sh`
 //! (MySQL triggers, SIGSTOP of the worker), so the real tests run one at a time.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +18,7 @@ use capo_rs::cloud::octavia::{
     ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec, ProvisioningStatus,
 };
 use capo_rs::cloud::{CloudClient, CloudError, CloudOptions, Clouds, NoAuthSession, Service};
-use capo_rs::membership::{
-    Change, DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, ScheduleConfig,
-    Snapshot,
-};
+use capo_rs::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
 use capo_rs::sim::openstack::{
     Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
 };
@@ -300,19 +298,9 @@ async fn create_member(
     name: &str,
     address: &str,
 ) -> String {
-    let spec = MemberSpec {
-        name: name.into(),
-        address: address.into(),
-        protocol_port: 6443,
-        ..Default::default()
-    };
-    loop {
-        match client.octavia().create_member(pool, &spec).await {
-            Ok(member) => return member.id,
-            Err(CloudError::Busy(_)) => settle(client, lb).await,
-            Err(error) => panic!("create member {name}: {error}"),
-        }
-    }
+    capo_rs::bench::create_member(client, lb, pool, name, address)
+        .await
+        .unwrap_or_else(|error| panic!("create member {name}: {error}"))
 }
 
 /// A new API load balancer under the engine's watch, for one scenario.
@@ -364,23 +352,11 @@ impl Watched {
 
     /// Desires exactly these members (name, address, id); returns the generation.
     fn ensure(&self, members: &[(&str, &str, &str)]) -> u64 {
-        let desired = DesiredLb {
-            lb_id: self.lb.clone(),
-            cluster: ObjectRef::new("default", "c1"),
-            pools: BTreeMap::from([(6443, self.pool.clone())]),
-            members: members
-                .iter()
-                .map(|(name, address, id)| DesiredMember {
-                    owner: ObjectRef::new("default", *name),
-                    name: (*name).into(),
-                    address: (*address).into(),
-                    port: 6443,
-                    requested_at: Instant::now(),
-                    member_id: Some((*id).into()),
-                })
-                .collect(),
-            rollout_waiting: true,
-        };
+        let members: Vec<(&str, &str, Option<&str>)> = members
+            .iter()
+            .map(|(name, address, id)| (*name, *address, Some(*id)))
+            .collect();
+        let desired = common::desired_lb(&self.lb, &self.pool, &members);
         self.engine.ensure(desired, &self.client)
     }
 

@@ -17,7 +17,6 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::octavia::MemberSpec;
 use crate::cloud::{
     CloudClient, CloudError, CloudOptions, Clouds, RateLimit, SendError, Service, Session,
     SessionScope,
@@ -270,7 +269,7 @@ async fn build_fleet(client: &CloudClient, config: &BenchConfig) -> anyhow::Resu
             let (lb, pool) =
                 super::api_load_balancer(&client, &format!("c{cluster}-kubeapi")).await?;
             for k in 0..members {
-                create_member(
+                super::create_member(
                     &client,
                     &lb,
                     &pool,
@@ -301,33 +300,6 @@ fn address(cluster: u32, member: u32, generation: u32) -> String {
         cluster % 250,
         generation * 16 + member + 2
     )
-}
-
-/// Creates a member, waiting out a locked LB as a reconciler's requeue would.
-async fn create_member(
-    client: &CloudClient,
-    lb: &str,
-    pool: &str,
-    name: &str,
-    address: &str,
-) -> Result<String, CloudError> {
-    let spec = MemberSpec {
-        name: name.into(),
-        address: address.into(),
-        protocol_port: 6443,
-        ..Default::default()
-    };
-    loop {
-        match client.octavia().create_member(pool, &spec).await {
-            Ok(member) => return Ok(member.id),
-            Err(CloudError::Busy(e)) => {
-                tracing::trace!(%e, "busy");
-                super::settle(client, lb).await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
 }
 
 async fn delete_member(
@@ -669,7 +641,8 @@ impl Rollout {
             let name = format!("c{}-cp-new-{k}{fate}", self.cluster);
             let address = address(self.cluster, k, 1);
             let requested = Instant::now();
-            let id = create_member(&self.driver, &self.lb, &self.pool, &name, &address).await?;
+            let id =
+                super::create_member(&self.driver, &self.lb, &self.pool, &name, &address).await?;
             current.push(DesiredMember {
                 owner: ObjectRef::new("bench", name.clone()),
                 name: name.clone(),

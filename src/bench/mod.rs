@@ -6,7 +6,7 @@ pub mod sim_status_tree;
 
 use std::time::Duration;
 
-use crate::cloud::octavia::{ListenerSpec, LoadBalancerSpec, PoolSpec};
+use crate::cloud::octavia::{ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec};
 use crate::cloud::{CloudClient, CloudError};
 
 /// Waits until the load balancer is no longer PENDING_*, as a requeueing reconciler would.
@@ -59,4 +59,31 @@ pub async fn api_load_balancer(
         .await?;
     settle(client, &lb.id).await?;
     Ok((lb.id, pool.id))
+}
+
+/// Creates a member, waiting out a locked LB as a reconciler's requeue would.
+pub async fn create_member(
+    client: &CloudClient,
+    lb: &str,
+    pool: &str,
+    name: &str,
+    address: &str,
+) -> Result<String, CloudError> {
+    let spec = MemberSpec {
+        name: name.into(),
+        address: address.into(),
+        protocol_port: 6443,
+        ..Default::default()
+    };
+    loop {
+        match client.octavia().create_member(pool, &spec).await {
+            Ok(member) => return Ok(member.id),
+            Err(CloudError::Busy(e)) => {
+                tracing::trace!(%e, "busy");
+                settle(client, lb).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }

@@ -127,3 +127,30 @@ pub fn sample_documents() -> Option<Vec<(String, Value)>> {
     }
     Some(docs)
 }
+
+/// A cluster's API load balancer as a reconciler would desire it: pool on 6443, these members
+/// (name, address, member id if known), requested now, a rollout waiting.
+pub fn desired_lb(
+    lb: &str,
+    pool: &str,
+    members: &[(&str, &str, Option<&str>)],
+) -> capo_rs::membership::DesiredLb {
+    use capo_rs::membership::{DesiredLb, DesiredMember, ObjectRef};
+    DesiredLb {
+        lb_id: lb.into(),
+        cluster: ObjectRef::new("default", "c1"),
+        pools: std::collections::BTreeMap::from([(6443, pool.into())]),
+        members: members
+            .iter()
+            .map(|(name, address, id)| DesiredMember {
+                owner: ObjectRef::new("default", *name),
+                name: (*name).into(),
+                address: (*address).into(),
+                port: 6443,
+                requested_at: tokio::time::Instant::now(),
+                member_id: id.map(str::to_owned),
+            })
+            .collect(),
+        rollout_waiting: true,
+    }
+}
