@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use capo_rs::cloud::octavia::{
-    ListenerSpec, LoadBalancerSpec, MemberSpec, PoolSpec, ProvisioningStatus,
+    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
 };
 use capo_rs::cloud::{CloudClient, CloudError, CloudOptions, Clouds, NoAuthSession, Service};
 use capo_rs::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
 use capo_rs::sim::openstack::{
-    Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
+    CloudSettings, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
 };
 use prometheus::Registry;
 use tokio::sync::broadcast;
@@ -165,6 +165,11 @@ impl Simulated {
     /// LB unlocks.
     async fn start() -> Simulated {
         let sim = OpenStackSim::start(OpenStackSimConfig {
+            // No health manager on the test stack: nothing reports the amphorae healthy.
+            settings: CloudSettings {
+                heartbeats: false,
+                ..CloudSettings::default()
+            },
             scenario: Scenario {
                 seed: Some(11),
                 timings: Timings {
@@ -461,6 +466,9 @@ async fn lifecycle(backend: &dyn Backend) {
         .expect("get member");
     assert_eq!(member.provisioning_status, ProvisioningStatus::Active);
     assert_eq!(member.address, "10.0.0.5");
+    // Without a health monitor nobody checks the member; without a health manager nobody
+    // reports the LB healthy.
+    assert_eq!(member.operating_status, OperatingStatus::NoMonitor);
     let listed = octavia.list_members(&pool).await.expect("list members");
     assert_eq!(listed.len(), 1);
     let tree = octavia.status_tree(&lb).await.expect("status tree");
@@ -476,6 +484,8 @@ async fn lifecycle(backend: &dyn Backend) {
         tree_members[0].provisioning_status,
         ProvisioningStatus::Active
     );
+    assert_eq!(tree_members[0].operating_status, OperatingStatus::NoMonitor);
+    assert_eq!(tree.operating_status, OperatingStatus::Offline);
 
     octavia
         .delete_member(&pool, &created.id)
