@@ -156,9 +156,11 @@ impl Engine {
         let (changes, _) = broadcast::channel(4096);
         let mut config = config;
         if config.strategy != Strategy::StatusTree {
-            // The providers these strategies reproduce never look at a settled LB again.
+            // The providers these strategies reproduce never look at a settled LB again, and
+            // start waiting for the LB the moment they changed it.
             config.schedule.drift_min = Duration::from_secs(86_400);
             config.schedule.drift_max = Duration::from_secs(86_400);
+            config.schedule.look_after_change = Duration::ZERO;
         }
         Ok(Engine {
             inner: Arc::new(Inner {

@@ -30,6 +30,8 @@ pub struct ScheduleConfig {
     /// Share of the budget drift checks may use (0..=1).
     pub drift_share: f64,
     pub urgent_initial: Duration,
+    /// How long after new desired state a known LB is looked at.
+    pub look_after_change: Duration,
     /// How long a state is polled at `urgent_initial` before backing off.
     pub urgent_fresh: Duration,
     pub urgent_max: Duration,
@@ -45,6 +47,7 @@ impl Default for ScheduleConfig {
             burst: 20.0,
             drift_share: 0.5,
             urgent_initial: Duration::from_millis(1500),
+            look_after_change: Duration::from_millis(1500),
             urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
             urgent_backoff: 1.5,
@@ -184,24 +187,24 @@ impl Scheduler {
     }
 
     /// A new LB (due now), or new desired state for a known one: urgent, due within
-    /// `urgent_initial`. New desired state follows a change in the cloud, and Octavia holds the
-    /// LB PENDING_UPDATE for a moment after every change: a look at once would see only that.
+    /// `look_after_change`. New desired state follows a change in the cloud, and Octavia holds
+    /// the LB PENDING_UPDATE for a moment after every change: a look at once would see only that.
     pub fn wake(&mut self, lb: &str, rollout_waiting: bool, now: Instant) {
-        let first_look = self.config.urgent_initial;
+        let first_look = self.config.look_after_change;
         let entry = match self.entries.entry(lb.to_owned()) {
             std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::hash_map::Entry::Vacant(new) => new.insert(Entry {
                 due: now,
                 urgent: true,
                 rollout_waiting,
-                interval: first_look,
+                interval: self.config.urgent_initial,
                 state_since: now,
                 in_flight: false,
             }),
         };
         entry.urgent = true;
         entry.rollout_waiting = rollout_waiting;
-        entry.interval = first_look;
+        entry.interval = self.config.urgent_initial;
         entry.state_since = now;
         entry.due = entry.due.min(now + first_look);
     }
