@@ -760,7 +760,7 @@ both!(
 );
 
 /// `capo-rs watch-lb` against the real Octavia: exits 0 once a new member is ACTIVE, 3 when
-/// one goes ERROR.
+/// one goes ERROR, 2 when one outstays the stuck threshold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_watch_lb() {
     let Some(real) = real_octavia() else { return };
@@ -773,7 +773,7 @@ async fn real_watch_lb() {
     let good = format!("{name}-good");
     real.hold_members(&good).await;
     create_member(&client, &lb, &pool, &good, "10.0.5.5").await;
-    let watch = |until_ready: bool| {
+    let watch = |lb: &str, until_ready: bool, stuck_after: &str| {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"));
         command.args([
             "watch-lb",
@@ -782,15 +782,15 @@ async fn real_watch_lb() {
             "--project-id",
             PROJECT,
             "--member-stuck-after",
-            "60",
+            stuck_after,
         ]);
         if until_ready {
             command.arg("--until-ready");
         }
-        command.arg(&lb).kill_on_drop(true);
+        command.arg(lb).kill_on_drop(true);
         command
     };
-    let running = watch(true).output();
+    let running = watch(&lb, true, "60").output();
     let release = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         real.release_members(&good).await;
@@ -808,12 +808,26 @@ async fn real_watch_lb() {
     let bad = format!("{name}-bad");
     real.fail_members(&bad).await;
     create_member(&client, &lb, &pool, &bad, "10.0.5.6").await;
-    let output = tokio::time::timeout(Duration::from_secs(60), watch(false).output())
+    let output = tokio::time::timeout(Duration::from_secs(60), watch(&lb, false, "60").output())
         .await
         .expect("watch-lb exits")
         .expect("watch-lb runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(3), "{stdout}");
     assert!(String::from_utf8_lossy(&output.stderr).contains(&bad));
+
+    let (held_lb, held_pool) = api_load_balancer(&client, &format!("{name}-held")).await;
+    real.hold_worker().await;
+    let stuck = format!("{name}-stuck");
+    create_member(&client, &held_lb, &held_pool, &stuck, "10.0.5.7").await;
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        watch(&held_lb, false, "2").output(),
+    )
+    .await;
     real.clear().await;
+    let output = output.expect("watch-lb exits").expect("watch-lb runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "{stdout}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&stuck));
 }
