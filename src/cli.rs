@@ -51,7 +51,7 @@ pub enum Command {
         cloud: Option<String>,
         /// Test stacks only: an Octavia API with `auth_strategy = noauth` at this URL, no
         /// Keystone (requests carry `X-Project-Id` instead of a token).
-        #[arg(long, conflicts_with_all = ["clouds_yaml", "cloud"])]
+        #[arg(long, conflicts_with_all = ["clouds_yaml", "cloud", "region", "cacert"])]
         noauth_octavia_url: Option<url::Url>,
         /// With --noauth-octavia-url: the project to act as.
         #[arg(long, default_value = "capo-rs", requires = "noauth_octavia_url")]

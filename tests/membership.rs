@@ -282,6 +282,26 @@ async fn a_429_storm_pauses_polling_and_the_gate_opens_after() {
     wait_for(&mut s, Reason::Ready).await;
 }
 
+/// A reconciler may stamp `requested_at` with now on every ensure: the first request counts,
+/// and an unchanged wish is not a new generation.
+#[tokio::test(start_paused = true)]
+async fn re_ensuring_the_same_members_keeps_the_first_request_time() {
+    let s = setup(vec![], Strategy::StatusTree).await;
+    let id = add_member(&s, "m0", "10.0.2.10").await;
+    let first = s.engine.ensure(
+        desired(&s, &[("m0", "10.0.2.10", Some(id.clone()))]),
+        &s.client,
+    );
+    let asked = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = s
+        .engine
+        .ensure(desired(&s, &[("m0", "10.0.2.10", Some(id))]), &s.client);
+    assert_eq!(again, first);
+    let snapshot = s.engine.snapshot(&s.lb).expect("tracked");
+    assert_eq!(snapshot.members[0].desired.requested_at, asked);
+}
+
 /// Once it has watched 30 members finish, the engine polls a new one where members finish
 /// on this cloud instead of every 1.5 s, and still notices within the fast pace.
 #[tokio::test(start_paused = true)]

@@ -23,6 +23,7 @@ use capo_rs::sim::openstack::{
     CloudSettings, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
 };
 use prometheus::Registry;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -633,8 +634,8 @@ async fn failed_member_is_member_error(backend: &dyn Backend) {
 async fn held_worker_is_stuck(backend: &dyn Backend) {
     let mut w = Watched::start(backend, "stuck", Duration::from_secs(3)).await;
     backend.hold_worker().await;
-    let requested = Instant::now();
     let (member, id) = w.add("m0", "10.0.3.5").await;
+    let requested = Instant::now();
     let generation = w.ensure(&[(&member, "10.0.3.5", &id)]);
     assert_eq!(w.lb_status().await, ProvisioningStatus::PendingUpdate);
     let snapshot = w
@@ -764,9 +765,15 @@ both!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_watch_lb() {
     let Some(real) = real_octavia() else { return };
-    let url = std::env::var("CAPO_REAL_OCTAVIA_URL").unwrap_or_default();
     let _alone = REAL.lock().await;
     real.clear().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(180), watch_lb_exits(&real)).await;
+    real.clear().await;
+    outcome.expect("watch-lb scenarios finished within 3 minutes");
+}
+
+async fn watch_lb_exits(real: &RealOctavia) {
+    let url = std::env::var("CAPO_REAL_OCTAVIA_URL").unwrap_or_default();
     let client = real.client();
     let name = unique("watch");
     let (lb, pool) = api_load_balancer(&client, &name).await;
@@ -790,19 +797,28 @@ async fn real_watch_lb() {
         command.arg(lb).kill_on_drop(true);
         command
     };
-    let running = watch(&lb, true, "60").output();
-    let release = async {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        real.release_members(&good).await;
-    };
-    let (output, ()) = tokio::join!(
-        tokio::time::timeout(Duration::from_secs(60), running),
-        release
+    // Release the held member once watch-lb has reported it pending.
+    let mut child = watch(&lb, true, "60")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("watch-lb runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let mut stdout = String::new();
+    let mut released = false;
+    while let Some(line) = lines.next_line().await.expect("read watch-lb output") {
+        if !released && line.contains("-> Pending") {
+            real.release_members(&good).await;
+            released = true;
+        }
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    let status = child.wait().await.expect("watch-lb exits");
+    assert!(
+        released,
+        "watch-lb never reported the held member pending: {stdout}"
     );
-    let output = output.expect("watch-lb exits").expect("watch-lb runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("-> Pending"), "{stdout}");
+    assert_eq!(status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("gate Ready"), "{stdout}");
 
     let bad = format!("{name}-bad");

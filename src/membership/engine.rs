@@ -208,6 +208,10 @@ impl Engine {
                     endpoint
                 }
             };
+            let desired = match state.lbs.get(&lb_id) {
+                Some(entry) => entry.track.keep_request_times(desired),
+                None => desired,
+            };
             let generation = match state.lbs.get_mut(&lb_id) {
                 Some(entry) if entry.track.desired == desired => return entry.generation,
                 Some(entry) => {
@@ -325,11 +329,12 @@ async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
             };
             polls.spawn(poll(inner.clone(), endpoint.clone(), pick));
         }
-        let (wake, interval) = {
+        let (wake, interval, learned) = {
             let scheduler = lock(&endpoint.scheduler);
             (
                 scheduler.wake_at(now),
                 scheduler.drift_interval(scheduler.len()),
+                scheduler.provisioning_times().len(),
             )
         };
         inner
@@ -337,6 +342,11 @@ async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
             .drift_interval_seconds
             .with_label_values(&[&key])
             .set(interval.as_secs_f64());
+        inner
+            .metrics
+            .learned_windows
+            .with_label_values(&[&key])
+            .set(learned as f64);
         // Never a zero wait: if the scheduler has nothing now, time must pass.
         let wake = wake
             .unwrap_or(now + Duration::from_secs(3600))
@@ -457,8 +467,9 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             .min();
         let deadline = [deadline, member_get_due].into_iter().flatten().min();
         // Ours polls while something is on its way (pending, missing, not yet seen, stuck: it
-        // may still recover); ERROR changes only when someone repairs it, which wakes us. The
-        // other strategies follow their own backoff only.
+        // may still recover); ERROR changes only when someone repairs it, which wakes us. So
+        // an LB a rollout waits on is urgent exactly while it is on its way. The other
+        // strategies follow their own backoff only.
         let urgent = strategy == Strategy::StatusTree
             && matches!(
                 entry.verdict.reason,
@@ -484,17 +495,22 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
     scheduler.done(&pick.lb, &outcome, now);
 }
 
-/// How long each member still being created has been on its way, while the LB itself is
-/// settled (otherwise the LB's own state paces the polls).
+/// How long each member still being created has been on its way, when those creations are
+/// all the LB waits for (otherwise the LB's own state, or another pending member, paces the
+/// polls).
 fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
-    if entry.verdict.reason != Reason::MembersPending {
+    let creating = Presence::Seen(ProvisioningStatus::PendingCreate);
+    let other_pending = entry.track.members.iter().any(|m| {
+        matches!(m.presence, Presence::Seen(p) if p.is_pending()) && m.presence != creating
+    });
+    if entry.verdict.reason != Reason::MembersPending || other_pending {
         return Vec::new();
     }
     entry
         .track
         .members
         .iter()
-        .filter(|m| m.presence == Presence::Seen(ProvisioningStatus::PendingCreate))
+        .filter(|m| m.presence == creating)
         .map(|m| now.saturating_duration_since(m.desired.requested_at))
         .collect()
 }

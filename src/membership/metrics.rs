@@ -24,6 +24,7 @@ pub struct EngineMetrics {
     pub scheduler_lag_seconds: HistogramVec,
     /// Current drift interval per cloud endpoint.
     pub drift_interval_seconds: GaugeVec,
+    pub learned_windows: GaugeVec,
 }
 
 impl EngineMetrics {
@@ -107,6 +108,13 @@ impl EngineMetrics {
                 ),
                 &["endpoint"],
             )?,
+            learned_windows: GaugeVec::new(
+                Opts::new(
+                    "capo_lb_learned_provisioning_windows",
+                    "Member creations remembered to aim polls at (used from 30)",
+                ),
+                &["endpoint"],
+            )?,
         };
         registry.register(Box::new(metrics.member_state.clone()))?;
         registry.register(Box::new(metrics.gate_ready.clone()))?;
@@ -119,6 +127,7 @@ impl EngineMetrics {
         registry.register(Box::new(metrics.polls_total.clone()))?;
         registry.register(Box::new(metrics.scheduler_lag_seconds.clone()))?;
         registry.register(Box::new(metrics.drift_interval_seconds.clone()))?;
+        registry.register(Box::new(metrics.learned_windows.clone()))?;
         Ok(metrics)
     }
 }

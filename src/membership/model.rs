@@ -40,7 +40,8 @@ pub struct DesiredMember {
     pub address: String,
     /// The pool's port (which pool), also the member's protocol port.
     pub port: u16,
-    /// When the reconciler created (or asked for) it.
+    /// When the reconciler created (or asked for) it. Once a member is tracked, later `ensure`
+    /// calls cannot move this: the earliest request counts (so a reconciler may stamp `now`).
     pub requested_at: Instant,
     /// Octavia's id once known (the `member-get` strategy needs it).
     pub member_id: Option<String>,
@@ -55,7 +56,8 @@ pub struct DesiredLb {
     /// Pool id by port.
     pub pools: BTreeMap<u16, String>,
     pub members: Vec<DesiredMember>,
-    /// A rollout waits on this LB: poll it as urgent even when it looks settled.
+    /// A rollout waits on this LB: while something is on its way, its polls go before other
+    /// urgent work (see the scheduler for the share the rest keeps).
     pub rollout_waiting: bool,
 }
 
@@ -271,6 +273,18 @@ impl LbTrack {
         owners.sort();
         owners.dedup();
         owners
+    }
+}
+
+impl LbTrack {
+    /// `desired` with each member already tracked keeping its earliest `requested_at`.
+    pub fn keep_request_times(&self, mut desired: DesiredLb) -> DesiredLb {
+        for want in &mut desired.members {
+            if let Some(known) = self.members.iter().find(|t| same_member(&t.desired, want)) {
+                want.requested_at = want.requested_at.min(known.desired.requested_at);
+            }
+        }
+        desired
     }
 }
 

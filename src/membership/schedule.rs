@@ -1,10 +1,11 @@
 //! Which load balancer to poll next, inside a request budget. Pure: the caller passes the time.
 //!
-//! - Urgent LBs (something pending, desired != observed, a rollout waiting) are polled first,
-//!   every `urgent_initial` for the first `urgent_fresh` of a state (most members settle in
-//!   that time, and this bounds how late we notice), then backing off by `urgent_backoff` to
-//!   `urgent_max` while nothing changes (a stuck member costs little); a change (or new desired
-//!   state) starts over.
+//! - Urgent LBs (something pending, desired != observed) are polled first, every
+//!   `urgent_initial` for the first `urgent_fresh` of a state (most members settle in that time,
+//!   and this bounds how late we notice), then backing off by `urgent_backoff` to `urgent_max`
+//!   while nothing changes (a stuck member costs little); a change (or new desired state) starts
+//!   over. LBs a rollout waits on go before other urgent work, which still gets every fourth
+//!   urgent poll when it is due.
 //! - Settled LBs are re-checked for drift. Drift polls draw from a second bucket refilled at
 //!   `drift_share` of the budget, so they never take more than that share; the interval
 //!   stretches with the number of settled LBs (`n / (qps * share)`, at least `drift_min`).
@@ -14,7 +15,8 @@
 //! - Once enough members have been seen to finish, polls for a member on its way aim at the
 //!   times members have actually finished at on this endpoint ([`ProvisioningTimes`]): no
 //!   faster than `urgent_initial` where finishes are common, up to `urgent_max` across stretches
-//!   where none ever happened, and `urgent_max` once it has outlasted every one seen.
+//!   where none ever happened; once it has outlasted every one seen, as if nothing were known
+//!   (fast for `urgent_fresh`, then backing off).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -85,9 +87,10 @@ pub struct Finish {
 }
 
 /// Recent member provisioning times (request -> ACTIVE) on one endpoint, as windows: a poll
-/// only tells when a member finished to within the gap since the poll before. Aiming at the
-/// windows' starts never lands after a finish like those seen, and polling at the fast pace
-/// across them keeps the lag short even where a window was wide.
+/// only tells when a member finished to within the gap since the poll before. Polls aim at
+/// window starts and keep the fast pace across each window, so a finish like one seen before is
+/// noticed within about `urgent_initial` even where its window was wide.
+/// (A window's edges are stamped when polls complete, a round trip late; the pace absorbs it.)
 #[derive(Clone, Debug, Default)]
 pub struct ProvisioningTimes {
     recent: VecDeque<Finish>,
@@ -121,19 +124,31 @@ impl ProvisioningTimes {
         self.sorted.is_empty()
     }
 
-    /// How long after `elapsed` a member could next finish, by the windows seen: zero inside a
-    /// window. `None` while too few are known, or when this one has outlasted them all.
-    pub fn until_next(&self, elapsed: Duration) -> Option<Duration> {
+    /// When a member on its way for `elapsed` could next finish, by the windows seen.
+    pub fn next_finish(&self, elapsed: Duration) -> NextFinish {
         if self.sorted.len() < ENOUGH_TO_LEARN {
-            return None;
+            return NextFinish::Unknown;
         }
         let started = self.sorted.partition_point(|(f, _)| f.earliest <= elapsed);
         if started > 0 && self.sorted[started - 1].1 > elapsed {
-            return Some(Duration::ZERO);
+            return NextFinish::In(Duration::ZERO);
         }
-        let (next, _) = self.sorted.get(started)?;
-        Some(next.earliest - elapsed)
+        match self.sorted.get(started) {
+            Some((next, _)) => NextFinish::In(next.earliest - elapsed),
+            None => NextFinish::Outlasted,
+        }
     }
+}
+
+/// What the learned windows say about a member on its way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NextFinish {
+    /// Too few windows known to say anything.
+    Unknown,
+    /// It could finish this long from now at the earliest (zero: inside a window).
+    In(Duration),
+    /// It has outlasted every window seen.
+    Outlasted,
 }
 
 #[derive(Clone, Debug)]
@@ -164,7 +179,12 @@ pub struct Scheduler {
     drift_tokens: f64,
     refilled: Instant,
     times: ProvisioningTimes,
+    /// Rollout picks in a row while other urgent work was due.
+    rollout_streak: u32,
 }
+
+/// How many rollout polls may go before other due urgent work, in a row.
+const ROLLOUT_STREAK: u32 = 3;
 
 impl Scheduler {
     pub fn new(config: ScheduleConfig, now: Instant) -> Self {
@@ -175,6 +195,7 @@ impl Scheduler {
             entries: HashMap::new(),
             refilled: now,
             times: ProvisioningTimes::default(),
+            rollout_streak: 0,
         }
     }
 
@@ -222,21 +243,23 @@ impl Scheduler {
         &self.times
     }
 
-    /// When to look again at members being created, from what finished before: `None` until
-    /// enough are known.
-    fn learned_wait(&self, creating_for: &[Duration]) -> Option<Duration> {
-        if self.times.len() < ENOUGH_TO_LEARN {
-            return None;
-        }
+    /// When to look again at members being created, from what finished before: the soonest
+    /// any of them could finish (no sooner than the fast pace, no later than `urgent_max`), or
+    /// `Outlasted` when one has outlasted every window. `Unknown` until enough are known.
+    fn learned_wait(&self, creating_for: &[Duration]) -> NextFinish {
         let c = &self.config;
-        creating_for
-            .iter()
-            .map(|elapsed| {
-                self.times.until_next(*elapsed).map_or(c.urgent_max, |gap| {
-                    gap.clamp(c.urgent_initial, c.urgent_max)
-                })
-            })
-            .min()
+        let mut soonest: Option<Duration> = None;
+        for elapsed in creating_for {
+            match self.times.next_finish(*elapsed) {
+                NextFinish::Unknown => return NextFinish::Unknown,
+                NextFinish::Outlasted => return NextFinish::Outlasted,
+                NextFinish::In(gap) => {
+                    let gap = gap.min(c.urgent_max).max(c.urgent_initial);
+                    soonest = Some(soonest.map_or(gap, |s| s.min(gap)));
+                }
+            }
+        }
+        soonest.map_or(NextFinish::Unknown, NextFinish::In)
     }
 
     /// A poll of `lb` finished with `outcome`.
@@ -253,7 +276,7 @@ impl Scheduler {
         let learned = if urgent {
             self.learned_wait(&outcome.creating_for)
         } else {
-            None
+            NextFinish::Unknown
         };
         let config = &self.config;
         let Some(entry) = self.entries.get_mut(lb) else {
@@ -262,20 +285,19 @@ impl Scheduler {
         entry.in_flight = false;
         let was_urgent = entry.urgent;
         entry.urgent = urgent;
+        if urgent && (changed || !was_urgent) {
+            entry.interval = config.urgent_initial;
+            entry.state_since = now;
+        }
+        let fresh = now.saturating_duration_since(entry.state_since) < config.urgent_fresh;
         let wait = if !urgent {
             entry.interval = drift;
             drift
-        } else if let Some(learned) = learned {
-            if changed || !was_urgent {
-                entry.interval = config.urgent_initial;
-                entry.state_since = now;
-            }
+        } else if let NextFinish::In(learned) = learned {
             learned
-        } else if changed || !was_urgent {
-            entry.interval = config.urgent_initial;
-            entry.state_since = now;
-            config.urgent_initial
-        } else if now.saturating_duration_since(entry.state_since) < config.urgent_fresh {
+        } else if changed || !was_urgent || fresh {
+            // Nothing learnt applies (too little known, or a member outlasted everything
+            // seen): watch a new state closely for a while.
             config.urgent_initial
         } else {
             let wait = entry.interval;
@@ -324,18 +346,34 @@ impl Scheduler {
         if self.tokens < 1.0 {
             return None;
         }
-        // Rollouts first, then by due time: the most overdue goes first, so none starves.
-        let earliest = |urgent: bool| {
+        // Most overdue first within a class. Rollouts go before other urgent work, but every
+        // `ROLLOUT_STREAK + 1`th urgent pick goes to the other work if any is due, so a busy
+        // rollout day cannot starve it.
+        let earliest = |urgent: bool, rollout: Option<bool>| {
             self.entries
                 .iter()
                 .filter(|(_, e)| e.urgent == urgent && !e.in_flight && e.due <= now)
-                .min_by_key(|(lb, e)| (!e.rollout_waiting, e.due, (*lb).clone()))
+                .filter(|(_, e)| rollout.is_none_or(|r| e.rollout_waiting == r))
+                .min_by_key(|(lb, e)| (e.due, (*lb).clone()))
                 .map(|(lb, _)| lb.clone())
         };
-        let lb = match earliest(true) {
+        let rollout = earliest(true, Some(true));
+        let other = earliest(true, Some(false));
+        let urgent = match (rollout, other) {
+            (Some(rollout), Some(_)) if self.rollout_streak < ROLLOUT_STREAK => {
+                self.rollout_streak += 1;
+                Some(rollout)
+            }
+            (Some(rollout), None) => Some(rollout),
+            (_, other) => {
+                self.rollout_streak = 0;
+                other
+            }
+        };
+        let lb = match urgent {
             Some(lb) => lb,
             None if self.drift_tokens >= 1.0 => {
-                let lb = earliest(false)?;
+                let lb = earliest(false, None)?;
                 self.drift_tokens -= 1.0;
                 lb
             }
@@ -569,6 +607,43 @@ mod tests {
         assert_eq!(order, ["rollout", "first-look", "first-look-2"]);
     }
 
+    #[test]
+    fn rollouts_cannot_starve_other_urgent_work() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(100.0), t0);
+        for i in 0..20 {
+            s.wake(&format!("rollout-{i}"), true, t0);
+        }
+        s.wake("other", false, t0);
+        let picks: Vec<String> = (0..4).filter_map(|_| s.next(t0).map(|p| p.lb)).collect();
+        assert_eq!(picks.len(), 4);
+        assert_eq!(picks[3], "other", "{picks:?}");
+    }
+
+    #[test]
+    fn a_fast_pace_slower_than_the_slowest_is_not_a_panic() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(
+            ScheduleConfig {
+                urgent_initial: secs(11.0),
+                ..config(10.0)
+            },
+            t0,
+        );
+        for _ in 0..ENOUGH_TO_LEARN {
+            s.learn(finish(2.0, 3.0));
+        }
+        s.wake("lb", true, t0);
+        s.next(t0).unwrap();
+        let outcome = PollOutcome {
+            urgent: true,
+            creating_for: vec![secs(0.5)],
+            ..PollOutcome::default()
+        };
+        s.done("lb", &outcome, t0);
+        assert_eq!(s.wake_at(t0), Some(t0 + secs(11.0)));
+    }
+
     fn finish(earliest: f64, latest: f64) -> Finish {
         Finish {
             earliest: secs(earliest),
@@ -582,23 +657,30 @@ mod tests {
         for k in 0..29 {
             times.record(finish(2.0 + f64::from(k), 3.5 + f64::from(k)));
         }
-        assert_eq!(times.until_next(secs(0.0)), None, "too few to trust");
-        times.record(finish(118.5, 120.0));
-        assert_eq!(times.until_next(secs(0.0)), Some(secs(2.0)));
         assert_eq!(
-            times.until_next(secs(10.2)),
-            Some(Duration::ZERO),
+            times.next_finish(secs(0.0)),
+            NextFinish::Unknown,
+            "too few to trust"
+        );
+        times.record(finish(118.5, 120.0));
+        assert_eq!(times.next_finish(secs(0.0)), NextFinish::In(secs(2.0)));
+        assert_eq!(
+            times.next_finish(secs(10.2)),
+            NextFinish::In(Duration::ZERO),
             "inside a window"
         );
-        assert_eq!(times.until_next(secs(40.0)), Some(secs(78.5)));
-        assert_eq!(times.until_next(secs(119.0)), Some(Duration::ZERO));
-        assert_eq!(times.until_next(secs(121.0)), None, "outlasted every one");
+        assert_eq!(times.next_finish(secs(40.0)), NextFinish::In(secs(78.5)));
+        assert_eq!(
+            times.next_finish(secs(119.0)),
+            NextFinish::In(Duration::ZERO)
+        );
+        assert_eq!(times.next_finish(secs(121.0)), NextFinish::Outlasted);
         // Old windows are forgotten.
         for _ in 0..REMEMBERED {
             times.record(finish(5.0, 6.0));
         }
         assert_eq!(times.len(), REMEMBERED);
-        assert_eq!(times.until_next(secs(7.0)), None);
+        assert_eq!(times.next_finish(secs(7.0)), NextFinish::Outlasted);
     }
 
     #[test]
@@ -626,8 +708,9 @@ mod tests {
             s.next(now).unwrap();
         }
         // Up to the first window, through it at the fast pace, across the quiet stretch at
-        // most `urgent_max`, up to the next window, then `urgent_max` once past them all.
-        assert_eq!(waits, [2.0, 1.5, 10.0, 10.0, 5.0, 1.5, 10.0, 10.0]);
+        // most `urgent_max`, up to the next window, then the fast pace again once past them all
+        // (the state is fresh: `config` sets no fresh period, so it backs off from there).
+        assert_eq!(waits, [2.0, 1.5, 10.0, 10.0, 5.0, 1.5, 1.5, 2.25]);
     }
 
     #[test]

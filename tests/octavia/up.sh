@@ -37,7 +37,10 @@ URL=http://127.0.0.1:$CAPO_OCTAVIA_API_PORT
 trap 'die "up.sh failed at line $LINENO: $BASH_COMMAND"' ERR
 [[ $(id -u) == 0 ]] || die "must run as root"
 
-mkdir -p "$RUN"
+mkdir -p -m 755 "$RUN"
+# Root runs code from here (the WSGI wrapper): refuse a run dir someone else could write.
+[[ $(stat -c '%u' "$RUN") == 0 && $(( 0$(stat -c '%a' "$RUN") & 022 )) == 0 ]] ||
+    die "$RUN must be owned by root and not group- or world-writable"
 exec 9>"$RUN/.lock"
 flock -w "$T" 9 || die "another up.sh/down.sh holds $RUN/.lock"
 
@@ -56,6 +59,8 @@ install_packages() {
             >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
         created_policy=1
+        # Interrupted or not, never leave it behind: it would block every daemon start.
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     local rc=0
     export DEBIAN_FRONTEND=noninteractive

@@ -518,9 +518,8 @@ fn member_still_settling(world: &World, lb_id: &str) -> Option<Instant> {
                 .is_some_and(|p| p.lb == lb_id)
         })
         .filter_map(|m| m.pending.and_then(|p| p.due))
-        .filter(|due| *due >= now)
         .max()
-        .map(|due| due + Duration::from_millis(1))
+        .map(|due| due.max(now) + Duration::from_millis(1))
 }
 
 /// The LB's transition is due: it and its children settle together.
