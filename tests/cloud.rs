@@ -421,12 +421,7 @@ async fn answer_once(status: u16, body: &Value) -> CloudError {
         .mount(&server)
         .await;
     let (client, _) = noauth_client(&server, options());
-    let spec = MemberSpec {
-        name: "m".into(),
-        address: "192.0.2.10".into(),
-        protocol_port: 8080,
-        ..MemberSpec::default()
-    };
+    let spec = MemberSpec::new("m", "192.0.2.10", 8080);
     client
         .octavia()
         .create_member(POOL, &spec)
@@ -572,12 +567,7 @@ async fn post_is_not_retried_on_5xx_but_get_recovers() {
         .mount(&server)
         .await;
     let (client, _) = noauth_client(&server, options());
-    let spec = MemberSpec {
-        name: "m".into(),
-        address: "192.0.2.10".into(),
-        protocol_port: 8080,
-        ..MemberSpec::default()
-    };
+    let spec = MemberSpec::new("m", "192.0.2.10", 8080);
     let error = client
         .octavia()
         .create_member(POOL, &spec)

@@ -91,12 +91,7 @@ fn desired(setup: &Setup, members: &[(&str, &str, Option<String>)]) -> DesiredLb
 
 async fn add_member(setup: &Setup, name: &str, address: &str) -> String {
     settle(&setup.client, &setup.lb).await;
-    let spec = MemberSpec {
-        name: name.into(),
-        address: address.into(),
-        protocol_port: 6443,
-        ..Default::default()
-    };
+    let spec = MemberSpec::new(name, address, 6443);
     setup
         .client
         .octavia()
@@ -462,15 +457,7 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
         .await
         .unwrap();
     octavia
-        .create_member(
-            &pool,
-            &MemberSpec {
-                name: "cp-0".into(),
-                address: "10.0.0.5".into(),
-                protocol_port: 6443,
-                ..Default::default()
-            },
-        )
+        .create_member(&pool, &MemberSpec::new("cp-0", "10.0.0.5", 6443))
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -497,15 +484,7 @@ async fn watch_lb_reports_transitions_and_exits_by_verdict() {
         times: None,
     });
     octavia
-        .create_member(
-            &pool,
-            &MemberSpec {
-                name: "cp-bad".into(),
-                address: "10.0.0.6".into(),
-                protocol_port: 6443,
-                ..Default::default()
-            },
-        )
+        .create_member(&pool, &MemberSpec::new("cp-bad", "10.0.0.6", 6443))
         .await
         .unwrap();
     let failed = watch(&lb).await.unwrap();

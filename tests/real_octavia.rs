@@ -447,12 +447,7 @@ async fn lifecycle(backend: &dyn Backend) {
     let created = octavia
         .create_member(
             &pool,
-            &MemberSpec {
-                name: format!("{name}-m0"),
-                address: "10.0.0.5".into(),
-                protocol_port: 6443,
-                ..Default::default()
-            },
+            &MemberSpec::new(format!("{name}-m0"), "10.0.0.5", 6443),
         )
         .await
         .expect("create member");
@@ -525,12 +520,7 @@ async fn locked_lb_is_busy(backend: &dyn Backend) {
         .octavia()
         .create_member(
             &pool,
-            &MemberSpec {
-                name: format!("{name}-m1"),
-                address: "10.0.0.6".into(),
-                protocol_port: 6443,
-                ..Default::default()
-            },
+            &MemberSpec::new(format!("{name}-m1"), "10.0.0.6", 6443),
         )
         .await;
     match second {

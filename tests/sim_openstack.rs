@@ -491,12 +491,7 @@ async fn wait_lb_active(client: &CloudClient, lb: &str) {
 }
 
 fn member(name: &str, last_octet: u8) -> MemberSpec {
-    MemberSpec {
-        name: name.into(),
-        address: format!("10.0.0.{last_octet}"),
-        protocol_port: 6443,
-        ..MemberSpec::default()
-    }
+    MemberSpec::new(name, format!("10.0.0.{last_octet}"), 6443)
 }
 
 fn rule(kind: ObjectKind, name: &str, effect: Effect) -> Rule {
@@ -999,12 +994,11 @@ async fn a_thousand_load_balancers_with_three_members_each() {
                 .octavia()
                 .create_member(
                     &pool,
-                    &MemberSpec {
-                        name: format!("m{m}"),
-                        address: format!("10.{}.{}.{m}", i / 250, i % 250),
-                        protocol_port: 6443,
-                        ..Default::default()
-                    },
+                    &MemberSpec::new(
+                        format!("m{m}"),
+                        format!("10.{}.{}.{m}", i / 250, i % 250),
+                        6443,
+                    ),
                 )
                 .await
                 .unwrap();

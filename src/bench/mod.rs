@@ -69,12 +69,7 @@ pub async fn create_member(
     name: &str,
     address: &str,
 ) -> Result<String, CloudError> {
-    let spec = MemberSpec {
-        name: name.into(),
-        address: address.into(),
-        protocol_port: 6443,
-        ..Default::default()
-    };
+    let spec = MemberSpec::new(name, address, 6443);
     loop {
         match client.octavia().create_member(pool, &spec).await {
             Ok(member) => return Ok(member.id),

@@ -115,15 +115,7 @@ async fn build_one(client: &CloudClient, i: u32, members: u32) -> anyhow::Result
     for m in 0..members {
         let address = format!("10.{}.{}.{}", i / 250 % 250, i % 250, m + 2);
         octavia
-            .create_member(
-                &pool,
-                &MemberSpec {
-                    name: format!("m{m}"),
-                    address,
-                    protocol_port: 6443,
-                    ..Default::default()
-                },
-            )
+            .create_member(&pool, &MemberSpec::new(format!("m{m}"), address, 6443))
             .await?;
         super::settle(client, &lb).await?;
     }

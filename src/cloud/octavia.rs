@@ -259,6 +259,18 @@ pub struct MemberSpec {
     pub tags: Vec<String>,
 }
 
+impl MemberSpec {
+    /// A member by name, address and port; the rest left to Octavia's defaults.
+    pub fn new(name: impl Into<String>, address: impl Into<String>, protocol_port: u16) -> Self {
+        MemberSpec {
+            name: name.into(),
+            address: address.into(),
+            protocol_port,
+            ..MemberSpec::default()
+        }
+    }
+}
+
 /// `GET /loadbalancers/{id}/status`: the whole tree's statuses in one call.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct StatusTree {

@@ -346,19 +346,25 @@ impl Scheduler {
         if self.tokens < 1.0 {
             return None;
         }
-        // Most overdue first within a class. Rollouts go before other urgent work, but every
-        // `ROLLOUT_STREAK + 1`th urgent pick goes to the other work if any is due, so a busy
-        // rollout day cannot starve it.
-        let earliest = |urgent: bool, rollout: Option<bool>| {
-            self.entries
-                .iter()
-                .filter(|(_, e)| e.urgent == urgent && !e.in_flight && e.due <= now)
-                .filter(|(_, e)| rollout.is_none_or(|r| e.rollout_waiting == r))
-                .min_by_key(|(lb, e)| (e.due, (*lb).clone()))
-                .map(|(lb, _)| lb.clone())
-        };
-        let rollout = earliest(true, Some(true));
-        let other = earliest(true, Some(false));
+        // Most overdue first within a class (ties by name), found in one pass. Rollouts go
+        // before other urgent work, but every `ROLLOUT_STREAK + 1`th urgent pick goes to the
+        // other work if any is due, so a busy rollout day cannot starve it.
+        let mut best: [Option<(&String, Instant)>; 3] = [None; 3];
+        for (lb, e) in &self.entries {
+            if e.in_flight || e.due > now {
+                continue;
+            }
+            let class = match (e.urgent, e.rollout_waiting) {
+                (true, true) => 0,
+                (true, false) => 1,
+                (false, _) => 2,
+            };
+            let slot = &mut best[class];
+            if slot.is_none_or(|(name, due)| (e.due, lb) < (due, name)) {
+                *slot = Some((lb, e.due));
+            }
+        }
+        let [rollout, other, settled] = best.map(|b| b.map(|(lb, _)| lb.clone()));
         let urgent = match (rollout, other) {
             (Some(rollout), Some(_)) if self.rollout_streak < ROLLOUT_STREAK => {
                 self.rollout_streak += 1;
@@ -373,7 +379,7 @@ impl Scheduler {
         let lb = match urgent {
             Some(lb) => lb,
             None if self.drift_tokens >= 1.0 => {
-                let lb = earliest(false, None)?;
+                let lb = settled?;
                 self.drift_tokens -= 1.0;
                 lb
             }
@@ -393,9 +399,11 @@ impl Scheduler {
     /// is empty. `None` when nothing is scheduled.
     pub fn wake_at(&self, now: Instant) -> Option<Instant> {
         let c = &self.config;
-        let waiting: Vec<&Entry> = self.entries.values().filter(|e| !e.in_flight).collect();
-        let urgent = waiting.iter().filter(|e| e.urgent).map(|e| e.due).min();
-        let settled = waiting.iter().filter(|e| !e.urgent).map(|e| e.due).min();
+        let (mut urgent, mut settled): (Option<Instant>, Option<Instant>) = (None, None);
+        for e in self.entries.values().filter(|e| !e.in_flight) {
+            let slot = if e.urgent { &mut urgent } else { &mut settled };
+            *slot = Some(slot.map_or(e.due, |due| due.min(e.due)));
+        }
         // At least a millisecond ahead: a wait rounded down to nothing would make the caller
         // spin without time passing (timers have millisecond resolution).
         let token_at = |have: f64, rate: f64| {
