@@ -27,10 +27,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print every CRD as one multi-document YAML stream, or write one file per CRD.
+    ///
+    /// Refuses (exit code 1) when kube-apiserver would refuse a CRD: a CEL rule over the
+    /// cost budget, or one that does not compile.
     Crds {
         /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Print every CEL rule's estimated cost against the API server's budget instead.
+        #[arg(long, conflicts_with = "out")]
+        costs: bool,
     },
     /// Run a simulator standalone.
     #[command(subcommand)]
@@ -224,12 +230,23 @@ pub enum SimCommand {
 /// Runs a parsed command.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Crds { out: None } => {
-            print!("{}", crds::to_multi_yaml(&crds::all())?);
-        }
-        Command::Crds { out: Some(dir) } => {
-            for path in crds::write_dir(&crds::all(), &dir)? {
-                eprintln!("wrote {}", path.display());
+        Command::Crds { out, costs } => {
+            let all = crds::all();
+            let refused: Vec<String> = all.iter().flat_map(crds::lint).collect();
+            if !refused.is_empty() {
+                anyhow::bail!(
+                    "kube-apiserver would refuse these CRDs:\n{}",
+                    refused.join("\n")
+                );
+            }
+            match (out, costs) {
+                (_, true) => print!("{}", crds::cost_table(&all)),
+                (None, false) => print!("{}", crds::to_multi_yaml(&all)?),
+                (Some(dir), false) => {
+                    for path in crds::write_dir(&all, &dir)? {
+                        eprintln!("wrote {}", path.display());
+                    }
+                }
             }
         }
         Command::Sim(SimCommand::Kube {

@@ -9,6 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+use super::cel_cost;
 use super::{
     OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
     OpenStackMachineTemplate, OpenStackServer,
@@ -45,6 +46,96 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         finish(OpenStackServer::crd(), &[server_rules]),
         finish(OpenStackClusterIdentity::crd(), &[]),
     ]
+}
+
+/// Why kube-apiserver would refuse a CRD: a CEL rule over the cost budget, or one that does
+/// not compile (see [`cel_cost`]). One line per finding, worded as `kubectl` shows it.
+pub fn lint(crd: &CustomResourceDefinition) -> Vec<String> {
+    cost_report(crd)
+        .findings
+        .iter()
+        .map(|finding| {
+            format!(
+                "The CustomResourceDefinition {:?} is invalid: {finding}",
+                crd.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Every CEL rule of a CRD with its estimated cost, as the API server computes it.
+pub fn cost_report(crd: &CustomResourceDefinition) -> cel_cost::Report {
+    let value = serde_json::to_value(crd).expect("a CRD always serialises to JSON");
+    cel_cost::check_crd(&value, None)
+}
+
+/// A table of every rule's cost against the per-rule budget, most expensive first.
+pub fn cost_table(crds: &[CustomResourceDefinition]) -> String {
+    let mut rows: Vec<(String, cel_cost::RuleCost)> = crds
+        .iter()
+        .flat_map(|crd| {
+            let kind = crd.spec.names.kind.clone();
+            cost_report(crd)
+                .rules
+                .into_iter()
+                .map(move |rule| (kind.clone(), rule))
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.1.cost
+            .cmp(&a.1.cost)
+            .then_with(|| a.1.field.cmp(&b.1.field))
+    });
+    let mut out = format!(
+        "{:<26} {:>8} {:>11} {:>12} {:>7}  rule at\n",
+        "kind", "per call", "runs", "cost", "budget"
+    );
+    for (kind, rule) in rows {
+        #[allow(clippy::cast_precision_loss)]
+        let share = rule.cost as f64 * 100.0 / cel_cost::RULE_COST_LIMIT as f64;
+        let at = short_rule_path(&rule.field);
+        out.push_str(&format!(
+            "{kind:<26} {:>8} {:>11} {:>12} {share:>6.1}%  {at}\n",
+            rule.per_call, rule.cardinality, rule.cost
+        ));
+    }
+    out
+}
+
+/// `.spec.ports[] rule 0` for the API server's
+/// `spec.validation.openAPIV3Schema.properties[spec].properties[ports].items.x-kubernetes-validations[0].rule`.
+fn short_rule_path(field: &str) -> String {
+    let schema_path = field
+        .split_once(".openAPIV3Schema")
+        .map_or(field, |(_, rest)| rest);
+    let (node, rule) = schema_path
+        .rsplit_once(".x-kubernetes-validations[")
+        .unwrap_or((schema_path, ""));
+    let mut short = String::new();
+    let mut rest = node;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix(".properties[") {
+            let (name, tail) = after.split_once(']').unwrap_or((after, ""));
+            short.push('.');
+            short.push_str(name);
+            rest = tail;
+        } else if let Some(tail) = rest.strip_prefix(".items") {
+            short.push_str("[]");
+            rest = tail;
+        } else if let Some(tail) = rest.strip_prefix(".additionalProperties") {
+            short.push_str("{}");
+            rest = tail;
+        } else {
+            let c = rest.chars().next().unwrap_or_default();
+            short.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    let index = rule.split(']').next().unwrap_or_default();
+    format!(
+        "{} rule {index}",
+        if short.is_empty() { "." } else { &short }
+    )
 }
 
 /// `<group>_<plural>.yaml`, the conventional file name of a CRD.

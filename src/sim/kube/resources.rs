@@ -9,6 +9,7 @@ use kube::core::cel::CompiledSchema;
 use serde_json::{Value, json};
 
 use super::errors::{ApiError, Cause};
+use crate::api::cel_cost::{self, FindingKind};
 
 /// The group of CustomResourceDefinition itself.
 pub const APIEXTENSIONS: &str = "apiextensions.k8s.io";
@@ -295,8 +296,8 @@ fn dotted(path: &str) -> String {
 }
 
 /// Reads a CustomResourceDefinition into the resource it serves, with the checks the real
-/// server makes before accepting one.
-pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<Cause>> {
+/// server makes before accepting one. `old` is the stored CRD on an update.
+pub fn from_crd(crd: &Value, old: Option<&Value>) -> Result<ResourceDef, Vec<Cause>> {
     let mut causes = Vec::new();
     let group = text(crd, "/spec/group");
     let plural = text(crd, "/spec/names/plural");
@@ -351,6 +352,10 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<Cause>> {
             versions.push(def);
         }
     }
+    // Like the real server, CEL rules are costed only once the schemas are sound.
+    if causes.is_empty() {
+        causes.extend(cel_cost_causes(crd, old));
+    }
     if !causes.is_empty() {
         return Err(causes);
     }
@@ -376,6 +381,25 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef, Vec<Cause>> {
         storage_version: storage.first().copied().unwrap_or_default().to_owned(),
         custom: true,
     })
+}
+
+/// The API server's estimate of every CEL rule's cost, over its budget.
+fn cel_cost_causes(crd: &Value, old: Option<&Value>) -> Vec<Cause> {
+    cel_cost::check_crd(crd, old)
+        .findings
+        .into_iter()
+        .map(|finding| {
+            let (reason, prefix) = match finding.kind {
+                FindingKind::Forbidden => ("FieldValueForbidden", "Forbidden"),
+                FindingKind::Invalid => ("FieldValueInvalid", "Invalid value"),
+            };
+            Cause {
+                reason,
+                field: finding.field,
+                message: format!("{prefix}: {}", finding.message),
+            }
+        })
+        .collect()
 }
 
 /// Orders versions the way Kubernetes does: GA before beta before alpha, higher numbers
@@ -526,8 +550,8 @@ fn resource_json(r: &ResourceDef) -> Value {
 }
 
 /// Checks a CRD before it is stored; `Invalid` lists what is wrong.
-pub fn check_crd(crd: &Value) -> Result<ResourceDef, ApiError> {
-    from_crd(crd).map_err(|causes| {
+pub fn check_crd(crd: &Value, old: Option<&Value>) -> Result<ResourceDef, ApiError> {
+    from_crd(crd, old).map_err(|causes| {
         ApiError::invalid(
             APIEXTENSIONS,
             "CustomResourceDefinition",
@@ -578,7 +602,7 @@ mod tests {
 
     #[test]
     fn a_crd_becomes_a_served_resource() {
-        let def = from_crd(&crd(true)).unwrap();
+        let def = from_crd(&crd(true), None).unwrap();
         assert_eq!(def.key.plural, "widgets");
         assert_eq!(def.list_kind, "WidgetList");
         assert_eq!(def.singular, "widget");
@@ -595,7 +619,7 @@ mod tests {
 
     #[test]
     fn a_crd_without_a_storage_version_is_invalid() {
-        let causes = from_crd(&crd(false)).err().unwrap();
+        let causes = from_crd(&crd(false), None).err().unwrap();
         assert_eq!(causes[0].field, "spec.versions");
     }
 }

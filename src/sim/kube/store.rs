@@ -857,7 +857,7 @@ impl Store {
                 Ok(None)
             }
             (APIEXTENSIONS, "customresourcedefinitions") => {
-                let resource = resources::check_crd(body)?;
+                let resource = resources::check_crd(body, None)?;
                 let mut list = finalizers(body);
                 if !list.iter().any(|f| f == CRD_CLEANUP_FINALIZER) {
                     list.push(CRD_CLEANUP_FINALIZER.to_owned());
@@ -1000,7 +1000,7 @@ impl Store {
         old: &Value,
     ) -> Result<Option<ResourceDef>, ApiError> {
         if def.key.group == APIEXTENSIONS && def.key.plural == "customresourcedefinitions" {
-            let resource = resources::check_crd(new)?;
+            let resource = resources::check_crd(new, Some(old))?;
             new["status"] = crd_status(new, &resource, Some(old));
             return Ok(Some(resource));
         }
