@@ -374,6 +374,62 @@ fn machine_creation_rules_hold() {
 }
 
 #[test]
+fn port_security_off_refuses_security_groups_exactly_as_before() {
+    // The rule was rewritten to fit the API server's cost budget; it must accept and refuse
+    // the same ports as the form it replaced.
+    let before = "!has(self.enablePortSecurity) || self.enablePortSecurity || !has(self.securityGroups) || size(self.securityGroups) == 0";
+    let port_schema =
+        our_schema("OpenStackServer")["properties"]["spec"]["properties"]["ports"]["items"].clone();
+    let mut old_form = port_schema.clone();
+    old_form["x-kubernetes-validations"][0]["rule"] = json!(before);
+    let groups = json!([{"id": "5a1b7c2e-0d3f-4e6a-8b9c-1d2e3f4a5b6c"}]);
+    let ports = [
+        json!({}),
+        json!({"enablePortSecurity": false}),
+        json!({"enablePortSecurity": true, "securityGroups": groups}),
+        json!({"securityGroups": groups}),
+        json!({"enablePortSecurity": false, "securityGroups": []}),
+        json!({"enablePortSecurity": false, "securityGroups": groups}),
+    ];
+    let verdict =
+        |schema: &Value, port: &Value| Validator::new().validate(schema, port, None).is_ok();
+    for port in &ports {
+        assert_eq!(
+            verdict(&port_schema, port),
+            verdict(&old_form, port),
+            "{port}"
+        );
+    }
+    assert!(
+        !verdict(&port_schema, &ports[5]),
+        "port security off with groups is refused"
+    );
+}
+
+#[test]
+fn every_rule_fits_the_api_servers_cost_budget() {
+    for crd in crds::all() {
+        assert_eq!(crds::lint(&crd), Vec::<String>::new());
+        let report = crds::cost_report(&crd);
+        let kind = &crd.spec.names.kind;
+        for rule in &report.rules {
+            assert!(
+                rule.cost <= capo_rs::api::cel_cost::RULE_COST_LIMIT,
+                "{kind} {}: {}",
+                rule.field,
+                rule.cost
+            );
+        }
+        let total: u64 = report.rules.iter().map(|r| r.cost).sum();
+        eprintln!(
+            "{kind}: {} rules, {total} of {} for the whole schema",
+            report.rules.len(),
+            capo_rs::api::cel_cost::SCHEMA_COST_LIMIT
+        );
+    }
+}
+
+#[test]
 fn server_spec_is_immutable() {
     let old = json!({"spec": {"flavor": "m1.small", "image": {"id": "0b8d6c5e-4f3a-4a8e-9a39-3f1b2c4d5e6f"}, "sshKeyName": "k",
         "ports": [], "identityRef": {"name": "cloud", "cloudName": "openstack"}}});

@@ -362,7 +362,8 @@ impl Walk<'_> {
             return;
         }
         self.most_expensive.push((field.to_owned(), cost));
-        self.most_expensive.sort_by_key(|(_, cost)| std::cmp::Reverse(*cost));
+        self.most_expensive
+            .sort_by_key(|(_, cost)| std::cmp::Reverse(*cost));
         self.most_expensive.truncate(NAMED_CONTRIBUTORS);
     }
 

@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+mod crd_verdicts;
+
 /// A test kind with what our CRDs use: a status subresource, a default on status, nested
 /// spec defaults, a required field, an enum and a printer column.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
