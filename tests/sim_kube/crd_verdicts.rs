@@ -76,7 +76,7 @@ fn kubectl_message(status: &Status) -> String {
 }
 
 /// Creates a CRD through the API; the message kubectl would print when it is refused.
-async fn verdict(client: &Client, crd: &Value) -> Result<(), String> {
+async fn verdict(client: &Client, crd: &Value) -> Verdict {
     let gvk = GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition");
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
     let object: DynamicObject = serde_json::from_value(crd.clone()).expect("a CRD object");
@@ -91,7 +91,7 @@ async fn verdict(client: &Client, crd: &Value) -> Result<(), String> {
 }
 
 /// Every CRD in `dir` with the simulator's verdict, by file name.
-async fn verdicts(dir: &Path) -> Vec<(String, Result<(), String>)> {
+async fn verdicts(dir: &Path) -> Vec<(String, Verdict)> {
     // A fresh, empty server per source: CAPO's CRDs and ours share names.
     let sim = KubeSim::start(KubeSimConfig::default())
         .await
@@ -107,8 +107,11 @@ async fn verdicts(dir: &Path) -> Vec<(String, Result<(), String>)> {
     out
 }
 
-/// The recorded verdicts of a real server, by source and file name.
-fn recorded() -> Option<Vec<(String, String, Result<(), String>)>> {
+/// Accepted, or the message kubectl prints.
+type Verdict = Result<(), String>;
+
+/// The recorded verdicts of a real server: source, file name, verdict.
+fn recorded() -> Option<Vec<(String, String, Verdict)>> {
     let file = shared_dir()?.join("kube-real-answers/crd-verdicts.json");
     let text = std::fs::read_to_string(&file).ok()?;
     let json: Value = serde_json::from_str(&text).expect("verdicts are JSON");
@@ -132,7 +135,7 @@ fn recorded() -> Option<Vec<(String, String, Result<(), String>)>> {
     )
 }
 
-fn compare_with_recorded(source: &str, ours: &[(String, Result<(), String>)]) {
+fn compare_with_recorded(source: &str, ours: &[(String, Verdict)]) {
     let Some(recorded) = recorded() else {
         return;
     };
