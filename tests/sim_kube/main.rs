@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 mod crd_verdicts;
+mod write_answers;
 
 /// A test kind with what our CRDs use: a status subresource, a default on status, nested
 /// spec defaults, a required field, an enum and a printer column.
@@ -666,20 +667,40 @@ async fn every_patch_type_applies() {
     );
     assert_eq!(status.code, 422, "a failed test op is refused: {status:?}");
 
-    let strategic = widgets
-        .patch(
-            "p",
-            &params,
-            &Patch::Strategic(json!({"spec": {"size": "large"}})),
+    // A real server has no strategic merge for custom resources; built-in kinds take it.
+    let strategic = api_error(
+        widgets
+            .patch(
+                "p",
+                &params,
+                &Patch::Strategic(json!({"spec": {"size": "large"}})),
+            )
+            .await,
+    );
+    assert_status(&strategic, 415, "UnsupportedMediaType");
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    configmaps
+        .create(
+            &pp(),
+            &serde_json::from_value(json!({"metadata": {"name": "cm"}})).expect("cm"),
         )
         .await
-        .expect("strategic merge, treated as merge");
+        .expect("create configmap");
+    let patched = configmaps
+        .patch(
+            "cm",
+            &params,
+            &Patch::Strategic(json!({"data": {"k": "v"}})),
+        )
+        .await
+        .expect("strategic merge on a built-in kind");
     assert_eq!(
-        (
-            strategic.spec.size.as_str(),
-            strategic.spec.color.as_deref()
-        ),
-        ("large", Some("blue"))
+        patched
+            .data
+            .unwrap_or_default()
+            .get("k")
+            .map(String::as_str),
+        Some("v")
     );
 
     let apply = PatchParams::apply("test-manager");
@@ -689,16 +710,17 @@ async fn every_patch_type_applies() {
         .await
         .expect("apply creates");
     assert_eq!(applied.spec.color.as_deref(), Some("green"));
+    // Applying without a field the manager applied before removes it: apply is not a merge.
     let reapplied = widgets
         .patch("fresh", &apply, &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": "large"}})))
         .await
-        .expect("apply merges");
+        .expect("apply again");
     assert_eq!(
         (
             reapplied.spec.size.as_str(),
             reapplied.spec.color.as_deref()
         ),
-        ("large", Some("green"))
+        ("large", None)
     );
     let unmanaged = widgets
         .patch(
@@ -1157,6 +1179,211 @@ async fn finalizers_hold_deletion() {
         other => panic!("expected DELETED, got {other:?}"),
     }
     assert_status(&api_error(widgets.get("f").await), 404, "NotFound");
+}
+
+#[tokio::test]
+async fn a_delete_that_removes_the_object_answers_a_status() {
+    let (_sim, client) = start().await;
+    let widgets: Api<Widget> = Api::default_namespaced(client);
+    let created = widgets
+        .create(&pp(), &widget("gone", "small"))
+        .await
+        .expect("create");
+    // kube-rs reads an object here as "still deleting"; a real server answers a Status.
+    let status = widgets
+        .delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete")
+        .right()
+        .expect("a Status, not the object");
+    assert!(status.is_success(), "{status:?}");
+    let details = status.details.expect("details");
+    assert_eq!(
+        (
+            details.name.as_str(),
+            details.kind.as_str(),
+            details.uid.as_str()
+        ),
+        (
+            "gone",
+            "widgets",
+            created.uid().unwrap_or_default().as_str()
+        )
+    );
+
+    widgets
+        .create(&pp(), &widget("guarded", "small"))
+        .await
+        .expect("create");
+    let refused = widgets
+        .delete(
+            "guarded",
+            &DeleteParams::default().preconditions(kube::api::Preconditions {
+                uid: Some("not-this-one".into()),
+                resource_version: None,
+            }),
+        )
+        .await;
+    let status = api_error(refused);
+    assert_status(&status, 409, "Conflict");
+    assert!(
+        status.message.starts_with("Operation cannot be fulfilled on Widget.example.com \"guarded\": the UID in the precondition (not-this-one) does not match the UID in record"),
+        "{}",
+        status.message
+    );
+    assert_eq!(status.details.expect("details").kind, "Widget");
+}
+
+#[tokio::test]
+async fn foreground_deletion_waits_for_blocking_dependents() {
+    let (_sim, client) = start().await;
+    let widgets: Api<Widget> = Api::default_namespaced(client.clone());
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let owner = widgets
+        .create(&pp(), &widget("owner", "small"))
+        .await
+        .expect("owner");
+    let dependent: ConfigMap = serde_json::from_value(json!({"metadata": {
+        "name": "dependent", "finalizers": ["example.com/hold"],
+        "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "Widget", "name": "owner",
+                             "uid": owner.uid(), "blockOwnerDeletion": true}]}}))
+    .expect("configmap");
+    configmaps
+        .create(&pp(), &dependent)
+        .await
+        .expect("dependent");
+
+    let deleting = widgets
+        .delete("owner", &DeleteParams::foreground())
+        .await
+        .expect("delete")
+        .left()
+        .expect("the owner stays");
+    assert_eq!(deleting.finalizers(), ["foregroundDeletion"]);
+    // The collector deletes the dependent; its own finalizer holds it, and so the owner.
+    let marked = within(
+        "the dependent marked for deletion",
+        await_condition(configmaps.clone(), "dependent", |cm: Option<&ConfigMap>| {
+            cm.is_some_and(|cm| cm.metadata.deletion_timestamp.is_some())
+        }),
+    )
+    .await
+    .expect("watch");
+    assert!(marked.is_some());
+    assert!(widgets.get("owner").await.is_ok(), "the owner waits");
+
+    configmaps
+        .patch(
+            "dependent",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release the dependent");
+    within(
+        "the owner to go",
+        await_condition(
+            widgets.clone(),
+            "owner",
+            conditions::is_deleted(&owner.uid().unwrap_or_default()),
+        ),
+    )
+    .await
+    .expect("watch");
+}
+
+#[tokio::test]
+async fn server_side_apply_tracks_owners_and_conflicts() {
+    let (_sim, client) = start().await;
+    let widgets: Api<Widget> = Api::default_namespaced(client);
+    let config = |color: &str| json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"size": "small", "color": color}});
+    widgets
+        .patch(
+            "shared",
+            &PatchParams::apply("alice"),
+            &Patch::Apply(config("red")),
+        )
+        .await
+        .expect("alice applies");
+    // The same values are shared, not a conflict.
+    widgets
+        .patch(
+            "shared",
+            &PatchParams::apply("bob"),
+            &Patch::Apply(config("red")),
+        )
+        .await
+        .expect("bob applies the same");
+    let status = api_error(
+        widgets
+            .patch(
+                "shared",
+                &PatchParams::apply("carol"),
+                &Patch::Apply(config("blue")),
+            )
+            .await,
+    );
+    assert_status(&status, 409, "Conflict");
+    assert_eq!(
+        status.message,
+        "Apply failed with 2 conflicts: conflicts with \"alice\":\n- .spec.color\nconflicts with \"bob\":\n- .spec.color"
+    );
+    let causes = status.details.expect("details").causes;
+    assert_eq!(causes[0].field, ".spec.color");
+    assert_eq!(causes[0].reason, "FieldManagerConflict");
+
+    let forced = widgets
+        .patch(
+            "shared",
+            &PatchParams::apply("carol").force(),
+            &Patch::Apply(config("blue")),
+        )
+        .await
+        .expect("force takes the field");
+    assert_eq!(forced.spec.color.as_deref(), Some("blue"));
+    let owners = |w: &Widget| -> Vec<(String, Option<String>)> {
+        w.metadata
+            .managed_fields
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| (e.manager.unwrap_or_default(), e.operation))
+            .collect()
+    };
+    // alice and bob still share spec.size; only carol owns the color now.
+    assert_eq!(owners(&forced).len(), 3);
+    let updated = widgets
+        .patch(
+            "shared",
+            &PatchParams {
+                field_manager: Some("editor".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"spec": {"size": "large"}})),
+        )
+        .await
+        .expect("an update");
+    assert!(
+        owners(&updated).contains(&("editor".into(), Some("Update".into()))),
+        "{:?}",
+        owners(&updated)
+    );
+    let status = api_error(
+        widgets
+            .patch(
+                "shared",
+                &PatchParams::apply("alice"),
+                &Patch::Apply(config("blue")),
+            )
+            .await,
+    );
+    assert!(
+        status
+            .message
+            .contains("conflict with \"editor\" using example.com/v1 at "),
+        "{}",
+        status.message
+    );
 }
 
 #[tokio::test]

@@ -161,15 +161,39 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
-    /// 415: a patch type the server does not accept.
-    pub fn unsupported_media_type(content_type: &str) -> Self {
+    /// 415: a patch type the server does not accept for this resource (custom resources
+    /// take no strategic merge patch).
+    pub fn unsupported_media_type(accepted: &[&str]) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: {}",
+                accepted.join(", ")
             ),
         )
+    }
+
+    /// 409 for a delete whose preconditions fail. The API server names the object by its
+    /// kind here, not its resource (`Widget.example.test`), in the message and the details.
+    pub fn precondition_failed(group: &str, kind: &str, name: &str, why: &str) -> Self {
+        let message = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            qualified(group, kind)
+        );
+        Self::new(409, "Conflict", message).with_details(details(group, kind, name))
+    }
+
+    /// 409 for a server-side apply that would change fields other managers own.
+    pub fn apply_conflict(conflicts: &super::managed::Conflicts) -> Self {
+        let causes: Vec<Value> = conflicts
+            .0
+            .iter()
+            .map(|(manager, field)| {
+                json!({"reason": "FieldManagerConflict", "message": format!("conflict with {manager}"), "field": field})
+            })
+            .collect();
+        Self::new(409, "Conflict", conflicts.message()).with_details(json!({"causes": causes}))
     }
 
     /// 504: a resourceVersion newer than the server has.

@@ -6,6 +6,7 @@
 //! Kubernetes API").
 
 pub mod errors;
+pub mod managed;
 pub mod openapi;
 pub mod patch;
 pub mod protobuf;
@@ -54,6 +55,9 @@ pub struct KubeSimConfig {
     pub store: StoreConfig,
     /// How often watches that allow bookmarks receive one.
     pub bookmark_interval: Duration,
+    /// How often the garbage collector finishes foreground deletions. As in a real
+    /// cluster it works after the DELETE has answered, never inside it.
+    pub garbage_collector_period: Duration,
 }
 
 impl Default for KubeSimConfig {
@@ -62,6 +66,7 @@ impl Default for KubeSimConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             store: StoreConfig::default(),
             bookmark_interval: Duration::from_secs(10),
+            garbage_collector_period: Duration::from_millis(100),
         }
     }
 }
@@ -71,7 +76,7 @@ pub struct KubeSim {
     addr: SocketAddr,
     shared: Arc<server::Shared>,
     shutdown: CancellationToken,
-    task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl KubeSim {
@@ -101,12 +106,17 @@ impl KubeSim {
                 tracing::error!(%error, "simulated Kubernetes API server stopped");
             }
         });
+        let collector = tokio::spawn(collect_garbage(
+            shared.clone(),
+            config.garbage_collector_period,
+            shutdown.clone(),
+        ));
         tracing::info!(%addr, "simulated Kubernetes API server listening");
         Ok(Self {
             addr,
             shared,
             shutdown,
-            task: Some(task),
+            tasks: vec![task, collector],
         })
     }
 
@@ -178,8 +188,8 @@ impl KubeSim {
     /// Stops serving and ends every watch.
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            // The server task only ends; a join error means it panicked, already logged.
+        for task in std::mem::take(&mut self.tasks) {
+            // The tasks only end; a join error means one panicked, already logged.
             let _ = task.await;
         }
     }
@@ -188,6 +198,17 @@ impl KubeSim {
 impl Drop for KubeSim {
     fn drop(&mut self) {
         self.shutdown.cancel();
+    }
+}
+
+/// The garbage collector's loop: foreground deletions finish between requests.
+async fn collect_garbage(shared: Arc<server::Shared>, period: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = stop.cancelled() => return,
+        }
+        shared.store().collect_foreground();
     }
 }
 

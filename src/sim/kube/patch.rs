@@ -7,23 +7,45 @@ use super::errors::ApiError;
 /// A PATCH request body, by its content type.
 #[derive(Clone, Debug)]
 pub enum Patch {
-    /// `application/merge-patch+json` (RFC 7386), and strategic merge treated like it.
+    /// `application/merge-patch+json` (RFC 7386), and, for built-in kinds only, strategic
+    /// merge treated like it (its list semantics are not modelled).
     Merge(Value),
     /// `application/json-patch+json` (RFC 6902), `test` included.
     Json(json_patch::Patch),
-    /// `application/apply-patch+yaml`: server-side apply, simulated as a merge that creates
-    /// the object when it is missing.
+    /// `application/apply-patch+yaml`: server-side apply (see [`super::managed`]).
     Apply(Value),
 }
 
+/// The patch types the API server accepts for custom resources, in its order.
+const CUSTOM_PATCH_TYPES: [&str; 3] = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+];
+const BUILTIN_PATCH_TYPES: [&str; 4] = [
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+];
+
 impl Patch {
-    /// Parses a body by its content type (parameters such as `charset` ignored).
-    pub fn parse(content_type: &str, body: &[u8]) -> Result<Self, ApiError> {
+    /// Parses a body by its content type (parameters such as `charset` ignored). Custom
+    /// resources take no strategic merge patch, as on a real server (415).
+    pub fn parse(content_type: &str, body: &[u8], custom: bool) -> Result<Self, ApiError> {
         let media = content_type.split(';').next().unwrap_or_default().trim();
         let json = |body: &[u8]| {
             serde_json::from_slice::<Value>(body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
         };
+        let accepted: &[&str] = if custom {
+            &CUSTOM_PATCH_TYPES
+        } else {
+            &BUILTIN_PATCH_TYPES
+        };
+        if !accepted.contains(&media) && media != "application/apply-patch+cbor" {
+            return Err(ApiError::unsupported_media_type(accepted));
+        }
         match media {
             "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
                 Ok(Self::Merge(json(body)?))
@@ -39,16 +61,22 @@ impl Patch {
                 }
                 Ok(Self::Apply(value))
             }
-            other => Err(ApiError::unsupported_media_type(other)),
+            _ => Err(ApiError::unsupported_media_type(accepted)),
         }
     }
 
-    /// Applies the patch to an object's current state.
+    /// Applies a merge or JSON patch to an object's current state. Server-side apply is the
+    /// store's ([`super::store::Store::apply`]): it needs field ownership.
     pub fn apply_to(&self, current: &Value) -> Result<Value, ApiError> {
         let mut patched = current.clone();
         match self {
-            Self::Merge(patch) | Self::Apply(patch) => json_patch::merge(&mut patched, patch),
+            Self::Merge(patch) => json_patch::merge(&mut patched, patch),
             Self::Json(patch) => apply_json_patch(&mut patched, patch)?,
+            Self::Apply(_) => {
+                return Err(ApiError::bad_request(
+                    "an apply patch goes through the field manager",
+                ));
+            }
         }
         Ok(patched)
     }
@@ -84,6 +112,7 @@ mod tests {
         let patch = Patch::parse(
             "application/merge-patch+json",
             br#"{"spec":{"a":2,"b":null}}"#,
+            true,
         )
         .unwrap();
         let out = patch
@@ -97,6 +126,7 @@ mod tests {
         let patch = Patch::parse(
             "application/json-patch+json",
             br#"[{"op":"test","path":"/spec/a","value":9},{"op":"replace","path":"/spec/a","value":3}]"#,
+            true,
         )
         .unwrap();
         let err = patch.apply_to(&json!({"spec": {"a": 1}})).unwrap_err();
@@ -108,6 +138,7 @@ mod tests {
         let patch = Patch::parse(
             "application/json-patch+json",
             br#"[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["f"]}]"#,
+            true,
         )
         .unwrap();
         let out = patch.apply_to(&json!({"metadata": {}})).unwrap();
@@ -116,12 +147,29 @@ mod tests {
 
     #[test]
     fn apply_accepts_yaml_and_unknown_types_are_refused() {
-        let patch = Patch::parse("application/apply-patch+yaml", b"spec:\n  a: 5\n").unwrap();
-        assert_eq!(
-            patch.apply_to(&json!({})).unwrap(),
-            json!({"spec": {"a": 5}})
-        );
-        let err = Patch::parse("text/plain", b"{}").unwrap_err();
+        let Patch::Apply(body) =
+            Patch::parse("application/apply-patch+yaml", b"spec:\n  a: 5\n", true).unwrap()
+        else {
+            panic!("an apply patch");
+        };
+        assert_eq!(body, json!({"spec": {"a": 5}}));
+        let err = Patch::parse("text/plain", b"{}", true).unwrap_err();
         assert_eq!(err.code, 415);
+    }
+
+    #[test]
+    fn strategic_merge_is_refused_on_custom_resources_only() {
+        let strategic = "application/strategic-merge-patch+json";
+        let err = Patch::parse(strategic, br#"{"spec":{}}"#, true).unwrap_err();
+        assert_eq!((err.code, err.reason), (415, "UnsupportedMediaType"));
+        assert_eq!(
+            err.message,
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+        );
+        assert!(err.details.is_none());
+        assert!(matches!(
+            Patch::parse(strategic, br#"{"data":{}}"#, false),
+            Ok(Patch::Merge(_))
+        ));
     }
 }

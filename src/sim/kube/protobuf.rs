@@ -165,7 +165,9 @@ fn nested_strings(bytes: &[u8], wanted: u64) -> Result<Vec<Value>, ApiError> {
 
 /// Decodes a protobuf request body into the JSON object it stands for.
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
-    let unsupported = || ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf");
+    // Only the kinds kubectl sends as protobuf are decoded; other bodies must be JSON or YAML.
+    let unsupported =
+        || ApiError::unsupported_media_type(&["application/json", "application/yaml"]);
     let envelope = body.strip_prefix(MAGIC).ok_or_else(unsupported)?;
     let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), &[][..]);
     for field in fields(envelope) {

@@ -49,6 +49,8 @@ pub struct VersionDef {
     pub schema: Option<Value>,
     /// Compiled CEL rules of `schema`.
     pub cel: Option<CompiledSchema>,
+    /// `schema` with the server's metadata schema: what field ownership follows.
+    pub ownership_schema: Value,
     /// Whether `/status` is a subresource (and the main resource ignores status).
     pub status_subresource: bool,
     /// Printer columns for `kubectl get`.
@@ -124,6 +126,7 @@ impl ResourceDef {
                 name: version.to_owned(),
                 schema: None,
                 cel: None,
+                ownership_schema: super::managed::tracking_schema(None),
                 status_subresource: false,
                 printer_columns: Vec::new(),
                 selectable_fields: Vec::new(),
@@ -269,6 +272,7 @@ fn version_def(version: &Value, at: &str, causes: &mut Vec<Cause>) -> VersionDef
     }
     let cel = schema.as_ref().map(kube::core::cel::compile_schema);
     VersionDef {
+        ownership_schema: super::managed::tracking_schema(schema.as_ref()),
         name: text(version, "/name").to_owned(),
         status_subresource: version.pointer("/subresources/status").is_some(),
         printer_columns: printer_columns(version),

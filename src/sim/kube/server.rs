@@ -20,8 +20,8 @@ use super::patch::Patch;
 use super::resources::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{
-    Change, DeleteOptions, EventType, FieldValidation, ListQuery, Store, Target, WatchStart,
-    WriteOptions, present,
+    Change, DeleteOptions, Deletion, EventType, FieldValidation, ListQuery, Propagation, Store,
+    Target, WatchStart, WriteOptions, present,
 };
 use super::table::{self, IncludeObject};
 
@@ -148,7 +148,22 @@ impl Request<'_> {
         Ok(WriteOptions {
             dry_run: self.dry_run()?,
             field_validation,
+            field_manager: self.field_manager(),
         })
+    }
+
+    /// `fieldManager`, or, as the API server does, the product part of the User-Agent.
+    fn field_manager(&self) -> String {
+        let name = match self.param("fieldManager") {
+            Some(manager) => manager,
+            None => self
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|ua| ua.to_str().ok())
+                .and_then(|ua| ua.split('/').next())
+                .unwrap_or_default(),
+        };
+        name.chars().filter(|c| !c.is_control()).take(128).collect()
     }
 
     fn dry_run(&self) -> Result<bool, ApiError> {
@@ -330,15 +345,21 @@ fn resource_request(
         (Method::PATCH, Some(name)) => patch(shared, request, &target, name, status),
         (Method::DELETE, Some(name)) => {
             let opts = delete_options(request)?;
-            let mut store = shared.store();
-            let object = store.delete(&target, name, &opts)?;
-            let still_there = store.get(&target, name).is_ok() && !opts.dry_run;
-            let code = if still_there {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::OK
-            };
-            Ok(object_response(&target, &object, request, code))
+            let deletion = shared.store().delete(&target, name, &opts)?;
+            Ok(match deletion {
+                Deletion::Gone(object) => {
+                    json_response(StatusCode::OK, &deleted_status(&def, &object))
+                }
+                Deletion::Pending(object) => {
+                    // 202 only when the client asked for cascading deletion the old way.
+                    let code = if opts.orphan_dependents == Some(false) {
+                        StatusCode::ACCEPTED
+                    } else {
+                        StatusCode::OK
+                    };
+                    object_response(&target, &object, request, code)
+                }
+            })
         }
         (Method::DELETE, None) if def.namespaced && path.namespace.is_none() => {
             Err(ApiError::method_not_allowed())
@@ -368,6 +389,19 @@ fn resource_request(
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// What a DELETE that removed the object answers: a `Status` naming it (its resource in
+/// `details.kind`, as the API server has it), not the object.
+fn deleted_status(def: &ResourceDef, object: &Value) -> Value {
+    let meta = |field: &str| {
+        object
+            .pointer(&format!("/metadata/{field}"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+           "details": {"name": meta("name"), "group": def.key.group, "kind": def.key.plural, "uid": meta("uid")}})
 }
 
 fn object_response(
@@ -418,28 +452,27 @@ fn patch(
     name: &str,
     status: bool,
 ) -> Result<Response, ApiError> {
-    let patch = Patch::parse(request.content_type(), request.body)?;
+    let patch = Patch::parse(request.content_type(), request.body, target.def.custom)?;
     let opts = request.write_options()?;
-    if matches!(patch, Patch::Apply(_)) && request.param("fieldManager").is_none() {
+    if let Patch::Apply(config) = patch {
+        if request.param("fieldManager").is_none() {
+            return Err(ApiError::bad_request(
+                "PATCH requests with application/apply-patch+yaml must set fieldManager",
+            ));
+        }
+        let force = request.flag("force");
+        let written = shared
+            .store()
+            .apply(target, name, config, status, &opts, force)?;
+        return Ok(written_response(target, written, request));
+    }
+    if request.param("force").is_some() {
         return Err(ApiError::bad_request(
-            "PATCH requests with application/apply-patch+yaml must set fieldManager",
+            "force=true is only allowed for server-side apply",
         ));
     }
     let mut store = shared.store();
-    let current = match store.get(target, name) {
-        Ok(current) => current,
-        Err(e) if e.code == 404 && !status => {
-            let Patch::Apply(body) = &patch else {
-                return Err(e);
-            };
-            let mut body = body.clone();
-            body["metadata"]["name"] = Value::String(name.to_owned());
-            let written = store.create(target, body, &opts)?;
-            drop(store);
-            return Ok(written_response(target, written, request));
-        }
-        Err(e) => return Err(e),
-    };
+    let current = store.get(target, name)?;
     let presented = present(&target.def, &target.version, &current);
     let patched = patch.apply_to(&presented)?;
     let written = store.update(target, name, patched, status, &opts)?;
@@ -459,11 +492,30 @@ fn delete_options(request: &Request<'_>) -> Result<DeleteOptions, ApiError> {
         .get("dryRun")
         .and_then(Value::as_array)
         .is_some_and(|d| d.iter().any(|v| v == "All"));
+    let orphan_dependents = body
+        .get("orphanDependents")
+        .and_then(Value::as_bool)
+        .or_else(|| match request.param("orphanDependents") {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        });
+    let propagation = match policy.as_deref() {
+        None if orphan_dependents == Some(true) => Propagation::Orphan,
+        None | Some("Background") => Propagation::Background,
+        Some("Foreground") => Propagation::Foreground,
+        Some("Orphan") => Propagation::Orphan,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "propagationPolicy must be Orphan, Background or Foreground, not {other:?}"
+            )));
+        }
+    };
     Ok(DeleteOptions {
         uid: text(body.pointer("/preconditions/uid")),
         resource_version: text(body.pointer("/preconditions/resourceVersion")),
-        orphan: policy.as_deref() == Some("Orphan")
-            || body.get("orphanDependents") == Some(&Value::Bool(true)),
+        propagation,
+        orphan_dependents,
         dry_run: body_dry_run || request.dry_run()?,
     })
 }

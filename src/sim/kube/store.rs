@@ -13,7 +13,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use super::errors::{ApiError, Cause};
-use super::resources::{self, APIEXTENSIONS, Registry, ResourceDef, ResourceKey};
+use super::managed::{self, Entry, Manager, Operation};
+use super::resources::{self, APIEXTENSIONS, Registry, ResourceDef, ResourceKey, VersionDef};
 use crate::api::structural;
 
 /// Namespaces every cluster starts with; the first three may not be deleted.
@@ -80,6 +81,31 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// `fieldValidation`.
     pub field_validation: FieldValidation,
+    /// Who writes (`fieldManager`, or the User-Agent's product); empty reads as `unknown`.
+    pub field_manager: String,
+}
+
+impl WriteOptions {
+    fn manager(&self, target: &Target, operation: Operation, status: bool) -> Manager {
+        Manager {
+            name: if self.field_manager.is_empty() {
+                "unknown".into()
+            } else {
+                self.field_manager.clone()
+            },
+            operation,
+            api_version: target.def.api_version(&target.version),
+            subresource: status.then(|| "status".to_owned()),
+        }
+    }
+}
+
+/// How a write records field ownership.
+enum Ownership {
+    /// As an Update by the request's manager: it owns what it changed.
+    Record,
+    /// As computed by server-side apply.
+    Keep(Vec<Entry>),
 }
 
 /// Which resource, at which version, in which namespace ("" when cluster-scoped).
@@ -105,6 +131,24 @@ impl Target {
     fn not_found(&self, name: &str) -> ApiError {
         ApiError::not_found(&self.def.key.group, &self.def.key.plural, name)
     }
+
+    fn version_def(&self) -> Option<&VersionDef> {
+        self.def.version(&self.version)
+    }
+
+    fn has_status(&self) -> bool {
+        self.version_def().is_some_and(|v| v.status_subresource)
+    }
+
+    /// The part of `object` field ownership is about, through the main resource or `/status`.
+    fn trackable(&self, object: &Value, status: bool) -> Value {
+        managed::trackable(object, self.has_status(), status)
+    }
+
+    fn ownership_schema(&self) -> &Value {
+        static NONE: LazyLock<Value> = LazyLock::new(|| managed::tracking_schema(None));
+        self.version_def().map_or(&*NONE, |v| &v.ownership_schema)
+    }
 }
 
 /// The result of a write.
@@ -118,6 +162,19 @@ pub struct Written {
     pub created: bool,
 }
 
+/// What happens to an object's dependents when it is deleted (`propagationPolicy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Propagation {
+    /// The object goes at once; the garbage collector removes dependents afterwards.
+    #[default]
+    Background,
+    /// The object stays, with the `foregroundDeletion` finalizer, until the garbage
+    /// collector has removed its blocking dependents.
+    Foreground,
+    /// Dependents are left alone.
+    Orphan,
+}
+
 /// Delete options from the body or query.
 #[derive(Clone, Debug, Default)]
 pub struct DeleteOptions {
@@ -125,11 +182,34 @@ pub struct DeleteOptions {
     pub uid: Option<String>,
     /// `preconditions.resourceVersion`.
     pub resource_version: Option<String>,
-    /// `propagationPolicy: Orphan` leaves dependents alone.
-    pub orphan: bool,
+    /// `propagationPolicy` (or the deprecated `orphanDependents`).
+    pub propagation: Propagation,
+    /// `orphanDependents` as sent: `false` makes a pending deletion answer 202.
+    pub orphan_dependents: Option<bool>,
     /// `dryRun=All`.
     pub dry_run: bool,
 }
+
+/// The outcome of a DELETE.
+#[derive(Debug)]
+pub enum Deletion {
+    /// The object is gone (or, with dryRun, would be); this is its last state.
+    Gone(Arc<Value>),
+    /// The object stays, marked for deletion, until its finalizers are removed.
+    Pending(Arc<Value>),
+}
+
+impl Deletion {
+    /// The object, gone or pending.
+    pub fn object(self) -> Arc<Value> {
+        match self {
+            Self::Gone(o) | Self::Pending(o) => o,
+        }
+    }
+}
+
+/// The finalizer that holds an object deleted in the foreground.
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 
 /// What a list asks for.
 #[derive(Clone, Copy)]
@@ -244,6 +324,15 @@ fn finalizers(object: &Value) -> Vec<String> {
 
 fn is_deleting(object: &Value) -> bool {
     object.pointer("/metadata/deletionTimestamp").is_some()
+}
+
+/// The ownerReference of `object` naming the owner `uid`.
+fn owner_reference<'a>(object: &'a Value, uid: &str) -> Option<&'a Value> {
+    object
+        .pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("uid").and_then(Value::as_str) == Some(uid))
 }
 
 fn owner_uids(object: &Value) -> Vec<String> {
@@ -743,12 +832,22 @@ impl Store {
         }
     }
 
-    /// Creates an object (POST, or server-side apply of a missing object).
+    /// Creates an object (POST).
     pub fn create(
+        &mut self,
+        target: &Target,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        self.create_owned(target, body, opts, Ownership::Record)
+    }
+
+    fn create_owned(
         &mut self,
         target: &Target,
         mut body: Value,
         opts: &WriteOptions,
+        ownership: Ownership,
     ) -> Result<Written, ApiError> {
         self.check_body(target, &mut body)?;
         let def = target.def.clone();
@@ -807,6 +906,18 @@ impl Store {
         }
         let warnings = self.admit(target, &mut body, None, opts)?;
         let crd = self.prepare_builtin_create(&def, &mut body)?;
+        let entries = match ownership {
+            Ownership::Record => managed::record_update(
+                &json!({}),
+                &target.trackable(&body, false),
+                target.ownership_schema(),
+                &[],
+                &opts.manager(target, Operation::Update, false),
+                &now(),
+            ),
+            Ownership::Keep(entries) => entries,
+        };
+        managed::write_entries(&mut body, entries);
         let metadata = metadata_mut(&mut body);
         metadata.insert("uid".into(), uuid::Uuid::new_v4().to_string().into());
         metadata.insert("creationTimestamp".into(), now().into());
@@ -870,14 +981,27 @@ impl Store {
         }
     }
 
-    /// Replaces an object (PUT), or only its status (`status` = the `/status` subresource).
+    /// Replaces an object (PUT, or a merge or JSON patch), or only its status (`status` = the
+    /// `/status` subresource).
     pub fn update(
+        &mut self,
+        target: &Target,
+        name: &str,
+        body: Value,
+        status: bool,
+        opts: &WriteOptions,
+    ) -> Result<Written, ApiError> {
+        self.update_owned(target, name, body, status, opts, Ownership::Record)
+    }
+
+    fn update_owned(
         &mut self,
         target: &Target,
         name: &str,
         mut body: Value,
         status: bool,
         opts: &WriteOptions,
+        ownership: Ownership,
     ) -> Result<Written, ApiError> {
         self.check_body(target, &mut body)?;
         let def = target.def.clone();
@@ -898,6 +1022,12 @@ impl Store {
             .version(&target.version)
             .is_some_and(|v| v.status_subresource);
         let old_view = present(&def, &target.version, &old);
+        // A client may send managedFields to replace them; without, the stored ones carry on.
+        let sent_entries = body
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .is_some_and(|entries| !entries.is_empty());
+        let base_entries = managed::read_entries(if sent_entries { &body } else { &old });
         // `/status` takes only status from the body; the main resource keeps the old one.
         let mut new = if status {
             let mut new = old_view.clone();
@@ -952,6 +1082,18 @@ impl Store {
         }
         let warnings = self.admit(target, &mut new, Some(&old_view), opts)?;
         let crd = self.prepare_builtin_update(&def, &mut new, &old_view)?;
+        let entries = match ownership {
+            Ownership::Record => managed::record_update(
+                &target.trackable(&old_view, status),
+                &target.trackable(&new, status),
+                target.ownership_schema(),
+                &base_entries,
+                &opts.manager(target, Operation::Update, status),
+                &now(),
+            ),
+            Ownership::Keep(entries) => entries,
+        };
+        managed::write_entries(&mut new, entries);
         if (def.custom || crd.is_some())
             && generation_view(&new, has_status) != generation_view(&old_view, has_status)
         {
@@ -993,6 +1135,104 @@ impl Store {
         })
     }
 
+    /// Server-side apply (`application/apply-patch+yaml`): merges `config` into the object,
+    /// creating it when missing, with field ownership, conflicts and `force` as the API
+    /// server has them (see [`managed`]).
+    pub fn apply(
+        &mut self,
+        target: &Target,
+        name: &str,
+        mut config: Value,
+        status: bool,
+        opts: &WriteOptions,
+        force: bool,
+    ) -> Result<Written, ApiError> {
+        self.check_body(target, &mut config)?;
+        match meta_str(&config, "name") {
+            None | Some("") => {
+                metadata_mut(&mut config).insert("name".into(), name.into());
+            }
+            Some(other) if other != name => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({other}) does not match the name on the URL ({name})"
+                )));
+            }
+            Some(_) => {}
+        }
+        let warnings = self.prune_applied(target, &mut config, opts)?;
+        // What this endpoint may not change is not applied, and not owned.
+        if target.has_status()
+            && let Some(map) = config.as_object_mut()
+        {
+            if status {
+                map.retain(|k, _| {
+                    matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "status")
+                });
+            } else {
+                map.remove("status");
+            }
+        }
+        let live = match self.get(target, name) {
+            Ok(object) => Some(present(&target.def, &target.version, &object)),
+            Err(e) if e.code == 404 && !status => None,
+            Err(e) => return Err(e),
+        };
+        let entries = live.as_ref().map(managed::read_entries).unwrap_or_default();
+        let applied = managed::apply(
+            live.as_ref(),
+            &config,
+            target.ownership_schema(),
+            &entries,
+            &opts.manager(target, Operation::Apply, status),
+            force,
+            &|v: &Value| target.trackable(v, status),
+            &now(),
+        )
+        .map_err(|conflicts| ApiError::apply_conflict(&conflicts))?;
+        // Unknown fields were dealt with above.
+        let inner = WriteOptions {
+            field_validation: FieldValidation::Ignore,
+            ..opts.clone()
+        };
+        let ownership = Ownership::Keep(applied.entries);
+        let mut written = match live {
+            None => self.create_owned(target, applied.object, &inner, ownership)?,
+            Some(_) => {
+                self.update_owned(target, name, applied.object, status, &inner, ownership)?
+            }
+        };
+        written.warnings.extend(warnings);
+        Ok(written)
+    }
+
+    /// Drops fields the schema does not know from an applied configuration, as
+    /// `fieldValidation` says, before they could be owned.
+    fn prune_applied(
+        &self,
+        target: &Target,
+        config: &mut Value,
+        opts: &WriteOptions,
+    ) -> Result<Vec<String>, ApiError> {
+        let Some(schema) = target.version_def().and_then(|v| v.schema.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        let unknown = structural::prune(config, schema);
+        match opts.field_validation {
+            FieldValidation::Strict if !unknown.is_empty() => {
+                let listed: Vec<String> = unknown
+                    .iter()
+                    .map(|f| format!(".{f}: field not declared in schema"))
+                    .collect();
+                Err(ApiError::bad_request(listed.join(", ")))
+            }
+            FieldValidation::Warn => Ok(unknown
+                .iter()
+                .map(|f| format!("unknown field {f:?}"))
+                .collect()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
     fn prepare_builtin_update(
         &self,
         def: &ResourceDef,
@@ -1008,13 +1248,14 @@ impl Store {
     }
 
     /// Deletes an object: gracefully (deletionTimestamp set, object kept) while it has
-    /// finalizers, at once otherwise. Namespaces and CRDs take their content with them.
+    /// finalizers or is deleted in the foreground, at once otherwise. Namespaces and CRDs
+    /// take their content with them.
     pub fn delete(
         &mut self,
         target: &Target,
         name: &str,
         opts: &DeleteOptions,
-    ) -> Result<Arc<Value>, ApiError> {
+    ) -> Result<Deletion, ApiError> {
         let def = target.def.clone();
         let old = self.get(target, name)?;
         check_preconditions(&def, name, &old, opts)?;
@@ -1027,39 +1268,24 @@ impl Store {
                 "this namespace may not be deleted",
             ));
         }
+        let foreground = opts.propagation == Propagation::Foreground;
+        let graceful = !finalizers(&old).is_empty() || is_namespace || foreground;
         if opts.dry_run {
-            return Ok(old);
+            return Ok(if graceful {
+                Deletion::Pending(old)
+            } else {
+                Deletion::Gone(old)
+            });
         }
-        if opts.orphan
+        if opts.propagation == Propagation::Orphan
             && let Some(uid) = meta_str(&old, "uid")
         {
             self.orphaning.insert(uid.to_owned());
         }
-        let graceful = !finalizers(&old).is_empty() || is_namespace;
-        let object = if !graceful {
-            self.commit(target.key(name), (*old).clone(), EventType::Deleted)
-        } else if is_deleting(&old) {
-            old
+        let deletion = if !graceful {
+            Deletion::Gone(self.commit(target.key(name), (*old).clone(), EventType::Deleted))
         } else {
-            let mut marked = (*old).clone();
-            let metadata = metadata_mut(&mut marked);
-            metadata.insert("deletionTimestamp".into(), now().into());
-            metadata.insert("deletionGracePeriodSeconds".into(), 0.into());
-            if let Some(generation) = metadata.get("generation").and_then(Value::as_i64) {
-                metadata.insert("generation".into(), (generation + 1).into());
-            }
-            if is_namespace {
-                marked["status"]["phase"] = "Terminating".into();
-            }
-            if def.key == crd_key() {
-                set_condition(
-                    &mut marked,
-                    "Terminating",
-                    "True",
-                    "InstanceDeletionInProgress",
-                );
-            }
-            self.commit(target.key(name), marked, EventType::Modified)
+            Deletion::Pending(self.mark_deleting(target, name, &old, foreground))
         };
         if is_namespace {
             self.empty_namespace(name);
@@ -1070,7 +1296,131 @@ impl Store {
             self.delete_all(&resource.key, None);
         }
         self.settle();
-        Ok(object)
+        Ok(deletion)
+    }
+
+    /// Sets deletionTimestamp (once) and, for a foreground deletion, its finalizer.
+    fn mark_deleting(
+        &mut self,
+        target: &Target,
+        name: &str,
+        old: &Arc<Value>,
+        foreground: bool,
+    ) -> Arc<Value> {
+        let mut list = finalizers(old);
+        let add_finalizer = foreground && !list.iter().any(|f| f == FOREGROUND_FINALIZER);
+        if is_deleting(old) && !add_finalizer {
+            return old.clone();
+        }
+        let mut marked = (**old).clone();
+        if add_finalizer {
+            list.push(FOREGROUND_FINALIZER.to_owned());
+            metadata_mut(&mut marked).insert("finalizers".into(), json!(list));
+        }
+        if !is_deleting(old) {
+            let metadata = metadata_mut(&mut marked);
+            metadata.insert("deletionTimestamp".into(), now().into());
+            metadata.insert("deletionGracePeriodSeconds".into(), 0.into());
+            if let Some(generation) = metadata.get("generation").and_then(Value::as_i64) {
+                metadata.insert("generation".into(), (generation + 1).into());
+            }
+            if target.def.key == namespace_key() {
+                marked["status"]["phase"] = "Terminating".into();
+            }
+            if target.def.key == crd_key() {
+                set_condition(
+                    &mut marked,
+                    "Terminating",
+                    "True",
+                    "InstanceDeletionInProgress",
+                );
+            }
+        }
+        self.commit(target.key(name), marked, EventType::Modified)
+    }
+
+    /// The garbage collector's part in foreground deletion, run by the server's collector
+    /// task (not inside the DELETE, as in a real cluster): delete the dependents of every
+    /// object deleted in the foreground, and let the object go once none of its blocking
+    /// dependents (`blockOwnerDeletion: true`) is left. Returns whether anything changed.
+    pub fn collect_foreground(&mut self) -> bool {
+        let owners: Vec<(ObjKey, String)> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER)
+            })
+            .filter_map(|(k, o)| Some((k.clone(), meta_str(o, "uid")?.to_owned())))
+            .collect();
+        let mut changed = false;
+        for (key, uid) in owners {
+            let dependents: Vec<(ObjKey, bool, bool)> = self
+                .objects
+                .iter()
+                .filter_map(|(k, o)| {
+                    let reference = owner_reference(o, &uid)?;
+                    let blocking = reference.get("blockOwnerDeletion") == Some(&Value::Bool(true));
+                    Some((k.clone(), blocking, is_deleting(o)))
+                })
+                .collect();
+            for (dependent, _, deleting) in &dependents {
+                if !deleting {
+                    changed |= self.delete_by_key(dependent, Propagation::Foreground);
+                }
+            }
+            let blocked = dependents
+                .iter()
+                .any(|(k, blocking, _)| *blocking && self.objects.contains_key(k));
+            if !blocked {
+                changed |= self.drop_finalizer(&key, FOREGROUND_FINALIZER);
+            }
+        }
+        if changed {
+            self.settle();
+        }
+        changed
+    }
+
+    fn delete_by_key(&mut self, key: &ObjKey, propagation: Propagation) -> bool {
+        let Some(def) = self.registry.by_key(&key.0) else {
+            return false;
+        };
+        let target = Target {
+            version: def.storage_version.clone(),
+            def,
+            namespace: key.1.clone(),
+        };
+        let opts = DeleteOptions {
+            propagation,
+            ..DeleteOptions::default()
+        };
+        self.delete(&target, &key.2, &opts).is_ok()
+    }
+
+    /// Removes one finalizer, finishing the deletion when it was the last.
+    fn drop_finalizer(&mut self, key: &ObjKey, finalizer: &str) -> bool {
+        let Some(object) = self.objects.get(key) else {
+            return false;
+        };
+        let mut updated = (**object).clone();
+        let remaining: Vec<String> = finalizers(&updated)
+            .into_iter()
+            .filter(|f| f != finalizer)
+            .collect();
+        let done = remaining.is_empty() && is_deleting(&updated);
+        let metadata = metadata_mut(&mut updated);
+        if remaining.is_empty() {
+            metadata.remove("finalizers");
+        } else {
+            metadata.insert("finalizers".into(), json!(remaining));
+        }
+        let kind = if done {
+            EventType::Deleted
+        } else {
+            EventType::Modified
+        };
+        self.commit(key.clone(), updated, kind);
+        true
     }
 
     /// Deletes every object matching `filter` (DELETE on a collection).
@@ -1098,7 +1448,7 @@ impl Store {
                 ..target.clone()
             };
             match self.delete(&at, &name, opts) {
-                Ok(object) => deleted.push(object),
+                Ok(deletion) => deleted.push(deletion.object()),
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
@@ -1256,40 +1606,30 @@ impl Store {
     }
 }
 
-/// `preconditions` of a delete: the object must still be the one the client saw.
+/// `preconditions` of a delete: the object must still be the one the client saw. The API
+/// server checks them before the deletion itself and names the object by its kind there.
 fn check_preconditions(
     def: &ResourceDef,
     name: &str,
     current: &Value,
     opts: &DeleteOptions,
 ) -> Result<(), ApiError> {
-    let checks = [
-        (
-            &opts.uid,
-            "uid",
-            "UID in precondition",
-            "UID in object meta",
-        ),
-        (
-            &opts.resource_version,
-            "resourceVersion",
-            "ResourceVersion in precondition",
-            "ResourceVersion in record",
-        ),
-    ];
-    for (wanted, field, ours, theirs) in checks {
-        let actual = meta_str(current, field).unwrap_or_default();
-        if let Some(wanted) = wanted
-            && wanted != actual
-        {
-            let why = format!("Precondition failed: {ours}: {wanted}, {theirs}: {actual}");
-            return Err(ApiError::conflict(
-                &def.key.group,
-                &def.key.plural,
-                name,
-                &why,
-            ));
-        }
+    let fail = |why: String| ApiError::precondition_failed(&def.key.group, &def.kind, name, &why);
+    let uid = meta_str(current, "uid").unwrap_or_default();
+    if let Some(wanted) = &opts.uid
+        && wanted != uid
+    {
+        return Err(fail(format!(
+            "the UID in the precondition ({wanted}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"
+        )));
+    }
+    let rv = meta_str(current, "resourceVersion").unwrap_or_default();
+    if let Some(wanted) = &opts.resource_version
+        && wanted != rv
+    {
+        return Err(fail(format!(
+            "the ResourceVersion in the precondition ({wanted}) does not match the ResourceVersion in record ({rv}). The object might have been modified"
+        )));
     }
     Ok(())
 }
