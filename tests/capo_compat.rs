@@ -18,7 +18,7 @@ use common::{
 use kube::core::cel::Validator;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Parses strictly (any field our types do not know is an error) and re-serialises.
 fn strict_round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Value, String> {
@@ -99,7 +99,22 @@ struct FieldShape {
     default: Value,
     format: Value,
     list_type: Value,
+    /// maxItems, maxLength, maxProperties, minItems, minLength, minimum, maximum, pattern:
+    /// the API server's CEL cost estimate depends on the upper bounds, and a bound tighter
+    /// than CAPO's would refuse a manifest CAPO accepts.
+    bounds: BTreeMap<&'static str, Value>,
 }
+
+const BOUNDS: [&str; 8] = [
+    "maxItems",
+    "maxLength",
+    "maxProperties",
+    "minItems",
+    "minLength",
+    "minimum",
+    "maximum",
+    "pattern",
+];
 
 /// Every field path below `spec` with its shape. `list_type` is recorded only where the
 /// reference declares one, so we may add list-type markers CAPO lacks.
@@ -119,6 +134,14 @@ fn walk(node: &Value, path: &str, required: bool, out: &mut BTreeMap<String, Fie
             default: node["default"].clone(),
             format: node["format"].clone(),
             list_type: node["x-kubernetes-list-type"].clone(),
+            bounds: BOUNDS
+                .iter()
+                // Compared as numbers: our typed CRDs hold bounds as floats.
+                .filter_map(|b| {
+                    node.get(*b)
+                        .map(|v| (*b, v.as_f64().map_or(v.clone(), |f| json!(f))))
+                })
+                .collect(),
         },
     );
     let required_names: Vec<&str> = node["required"]
