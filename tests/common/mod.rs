@@ -6,21 +6,24 @@ use std::path::PathBuf;
 use capo_rs::api::{GROUP, crds};
 use serde_json::Value;
 
-/// `../shared/capo` beside the repository (or `$CAPO_SHARED_DIR/capo`), if present.
-pub fn capo_reference_dir() -> Option<PathBuf> {
+/// `<part>` of the reference material in `../shared` beside the repository (or in
+/// `$CAPO_SHARED_DIR`), if present; a notice naming what is skipped otherwise.
+pub fn shared_reference(part: &str, skipping: &str) -> Option<PathBuf> {
     let shared = std::env::var_os("CAPO_SHARED_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let dir = shared.join("capo");
-    if dir.is_dir() {
-        Some(dir)
+    let path = shared.join(part);
+    if path.exists() {
+        Some(path)
     } else {
-        eprintln!(
-            "NOTICE: {} is absent; skipping the CAPO compatibility checks",
-            dir.display()
-        );
+        eprintln!("NOTICE: {} is absent; skipping {skipping}", path.display());
         None
     }
+}
+
+/// `../shared/capo` beside the repository (or `$CAPO_SHARED_DIR/capo`), if present.
+pub fn capo_reference_dir() -> Option<PathBuf> {
+    shared_reference("capo", "the CAPO compatibility checks")
 }
 
 /// Our generated CRD for `kind`, as JSON.

@@ -13,34 +13,16 @@ use serde_json::Value;
 
 use capo_rs::sim::kube::{KubeSim, KubeSimConfig};
 
-use super::within;
+use super::{common, within};
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn shared_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("CAPO_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest_dir().join("../shared"));
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "NOTICE: {} is absent; skipping the comparisons with recorded real-server answers",
-            dir.display()
-        );
-        None
-    }
-}
-
 fn yaml_documents(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    common::yaml_documents(&text)
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
@@ -112,7 +94,10 @@ type Verdict = Result<(), String>;
 
 /// The recorded verdicts of a real server: source, file name, verdict.
 fn recorded() -> Option<Vec<(String, String, Verdict)>> {
-    let file = shared_dir()?.join("kube-real-answers/crd-verdicts.json");
+    let file = common::shared_reference(
+        "kube-real-answers/crd-verdicts.json",
+        "the comparison with a real server's CRD verdicts",
+    )?;
     let text = std::fs::read_to_string(&file).ok()?;
     let json: Value = serde_json::from_str(&text).expect("verdicts are JSON");
     let entries = json["crds"].as_array().expect("a crds list");
@@ -189,7 +174,7 @@ async fn the_crds_we_generate_now_are_accepted() {
 
 #[tokio::test]
 async fn capo_and_cluster_api_crds_are_accepted() {
-    let Some(shared) = shared_dir() else {
+    let Some(shared) = common::shared_reference(".", "the CAPO and Cluster API CRDs") else {
         return;
     };
     for (source, dir) in [("CAPO", "capo/crds"), ("CAPI", "capi/crds")] {

@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+#[path = "../common/mod.rs"]
+mod common;
 mod crd_verdicts;
 mod write_answers;
 

@@ -281,17 +281,11 @@ async fn replay(base: String) -> BTreeMap<String, Value> {
 }
 
 fn recorded_answers() -> Option<BTreeMap<String, Value>> {
-    let shared = std::env::var_os("CAPO_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let file = shared.join("kube-real-answers/delete-patch-apply.json");
-    let Ok(text) = std::fs::read_to_string(&file) else {
-        eprintln!(
-            "NOTICE: {} is absent; the answers are not compared with a real server's",
-            file.display()
-        );
-        return None;
-    };
+    let file = super::common::shared_reference(
+        "kube-real-answers/delete-patch-apply.json",
+        "the comparison with a real server's answers",
+    )?;
+    let text = std::fs::read_to_string(&file).expect("readable recorded answers");
     let json: Value = serde_json::from_str(&text).expect("recorded answers are JSON");
     let answers = json["answers"].as_object().expect("an answers map");
     Some(

@@ -850,11 +850,7 @@ fn replace_cost(sz: Estimate, to_replace: Estimate, replace_with: Estimate) -> C
     let mut count = ZERO;
     let mut retained = ZERO;
     if to_replace.min == 0 {
-        count.max = if sz.max < u64::MAX {
-            sz.max + 1
-        } else {
-            sz.max
-        };
+        count.max = sz.max.saturating_add(1);
         retained.max = sz.max;
     } else if replace_with.max <= to_replace.min {
         retained.max = sz.max;
@@ -862,11 +858,7 @@ fn replace_cost(sz: Estimate, to_replace: Estimate, replace_with: Estimate) -> C
         count.max = sz.max.div_ceil(to_replace.min);
     }
     if to_replace.max == 0 {
-        count.min = if sz.min < u64::MAX {
-            sz.min + 1
-        } else {
-            sz.min
-        };
+        count.min = sz.min.saturating_add(1);
         retained.min = sz.min;
     } else if to_replace.max <= replace_with.min {
         retained.min = sz.min;
