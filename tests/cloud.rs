@@ -275,31 +275,53 @@ async fn cacert_from_the_secret_is_loaded_and_garbage_is_refused() {
     assert!(matches!(error, CloudError::Config(_)), "{error:?}");
 }
 
+/// Member GETs the server received carrying `token`.
+async fn gets_with_token(server: &MockServer, token: &str) -> usize {
+    server
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| {
+            r.method == wiremock::http::Method::GET
+                && r.headers
+                    .get("x-auth-token")
+                    .is_some_and(|t| t.as_bytes() == token.as_bytes())
+        })
+        .count()
+}
+
 #[tokio::test]
 async fn token_is_renewed_before_it_expires() {
     let server = MockServer::start().await;
     mount_keystone_rotating(&server, chrono::TimeDelta::seconds(3)).await;
-    Mock::given(method("GET"))
-        .and(path(format!(
-            "/load-balancer/v2/lbaas/pools/{POOL}/members/{MEMBER}"
-        )))
-        .and(header("x-auth-token", TOKEN_B))
-        .respond_with(json_response(200, &sample("member_active.json")))
-        .mount(&server)
-        .await;
+    // Token A stays valid until it expires: a call made while the renewal is in flight uses it.
+    for token in [TOKEN_A, TOKEN_B] {
+        Mock::given(method("GET"))
+            .and(path(format!(
+                "/load-balancer/v2/lbaas/pools/{POOL}/members/{MEMBER}"
+            )))
+            .and(header("x-auth-token", token))
+            .respond_with(json_response(200, &sample("member_active.json")))
+            .mount(&server)
+            .await;
+    }
 
     let (clouds, _) = clouds(options());
     let client = clouds.connect(&credentials(&server)).await.unwrap();
     // The margin is a fifth of the 3 s lifetime: renewal ~2.4 s after issue, before expiry.
+    // Calls go on until one carries the renewed token, which must happen without a 401.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while token_requests(&server).await < 2 {
+    while gets_with_token(&server, TOKEN_B).await == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "token was not renewed"
+            "token was not renewed ({} token requests)",
+            token_requests(&server).await
         );
+        client.octavia().get_member(POOL, MEMBER).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    client.octavia().get_member(POOL, MEMBER).await.unwrap();
+    assert_eq!(token_requests(&server).await, 2, "one renewal");
 }
 
 #[tokio::test]
