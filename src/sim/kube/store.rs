@@ -4,7 +4,7 @@
 //! CustomResourceDefinitions and owner-reference garbage collection. Everything here is
 //! synchronous and runs under one lock; the HTTP layer only parses and presents.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, LazyLock};
 
 use base64::Engine as _;
@@ -287,6 +287,8 @@ pub struct Store {
     objects: BTreeMap<ObjKey, Arc<Value>>,
     uids: HashMap<String, ObjKey>,
     orphaning: HashSet<String>,
+    /// Objects deleted in the foreground, for the garbage collector to finish.
+    foreground: BTreeSet<ObjKey>,
     rv: u64,
     history: VecDeque<Arc<Change>>,
     history_limit: usize,
@@ -457,6 +459,7 @@ impl Store {
             objects: BTreeMap::new(),
             uids: HashMap::new(),
             orphaning: HashSet::new(),
+            foreground: BTreeSet::new(),
             rv: 0,
             history: VecDeque::new(),
             history_limit: config.history.max(1),
@@ -1309,6 +1312,9 @@ impl Store {
     ) -> Arc<Value> {
         let mut list = finalizers(old);
         let add_finalizer = foreground && !list.iter().any(|f| f == FOREGROUND_FINALIZER);
+        if foreground {
+            self.foreground.insert(target.key(name));
+        }
         if is_deleting(old) && !add_finalizer {
             return old.clone();
         }
@@ -1344,13 +1350,17 @@ impl Store {
     /// object deleted in the foreground, and let the object go once none of its blocking
     /// dependents (`blockOwnerDeletion: true`) is left. Returns whether anything changed.
     pub fn collect_foreground(&mut self) -> bool {
-        let owners: Vec<(ObjKey, String)> = self
-            .objects
-            .iter()
-            .filter(|(_, o)| {
+        // Forget objects that went, or lost the finalizer some other way.
+        let objects = &self.objects;
+        self.foreground.retain(|key| {
+            objects.get(key).is_some_and(|o| {
                 is_deleting(o) && finalizers(o).iter().any(|f| f == FOREGROUND_FINALIZER)
             })
-            .filter_map(|(k, o)| Some((k.clone(), meta_str(o, "uid")?.to_owned())))
+        });
+        let owners: Vec<(ObjKey, String)> = self
+            .foreground
+            .iter()
+            .filter_map(|k| Some((k.clone(), meta_str(self.objects.get(k)?, "uid")?.to_owned())))
             .collect();
         let mut changed = false;
         for (key, uid) in owners {
