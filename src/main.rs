@@ -1,6 +1,15 @@
+//! The `capo-rs` binary.
+
+use std::process::ExitCode;
+
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+mod cli;
+#[cfg(feature = "dev-tools")]
+mod dev;
+mod watch_lb;
+
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             // The SDK logs every request at INFO: keep it to warnings unless asked.
@@ -11,5 +20,11 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    capo_rs::cli::run(capo_rs::cli::Cli::parse())
+    match cli::run(cli::Cli::parse()) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("Error: {error:?}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -9,12 +9,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::octavia::LoadBalancerFilter;
-use crate::cloud::{
+use capo_provider::cloud::octavia::LoadBalancerFilter;
+use capo_provider::cloud::{
     CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds, NoAuthSession, Service,
 };
-use crate::membership::{
-    DesiredLb, DesiredMember, Engine, EngineConfig, ObjectRef, Reason, ScheduleConfig,
+use capo_provider::membership::{
+    DesiredLb, DesiredMember, Engine, EngineConfig, MemberVerdictKind, Notice, ObjectName, Reason,
+    ScheduleConfig,
 };
 
 /// Where the load balancers live.
@@ -37,12 +38,6 @@ pub struct WatchArgs {
     pub until_ready: bool,
     pub stuck_after: Duration,
     pub options: CloudOptions,
-}
-
-/// What the watch ended with, as a process exit code: 0 ready, 2 stuck, 3 ERROR, 4 gone.
-pub fn run(args: WatchArgs) -> anyhow::Result<i32> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(watch(args))
 }
 
 async fn connect(clouds: &Clouds, target: &Target) -> anyhow::Result<CloudClient> {
@@ -75,7 +70,9 @@ async fn connect(clouds: &Clouds, target: &Target) -> anyhow::Result<CloudClient
     }
 }
 
-async fn watch(args: WatchArgs) -> anyhow::Result<i32> {
+/// Watches until a verdict ends it; what it ended with, as a process exit code: 0 ready
+/// (with `until_ready`), 2 stuck, 3 member ERROR, 4 load balancer ERROR, 130 interrupted.
+pub async fn watch(args: WatchArgs) -> anyhow::Result<u8> {
     let registry = prometheus::Registry::new();
     let cancel = CancellationToken::new();
     let qps = args.options.rate_limit.qps.get();
@@ -106,50 +103,59 @@ async fn watch(args: WatchArgs) -> anyhow::Result<i32> {
         engine.ensure(desired, &client);
     }
     let started = Instant::now();
-    let mut last_member: BTreeMap<(String, String), &'static str> = BTreeMap::new();
+    let mut last_member: BTreeMap<(String, String), MemberVerdictKind> = BTreeMap::new();
     let mut verdicts: BTreeMap<String, Reason> = BTreeMap::new();
     loop {
-        let change = tokio::select! {
-            change = changes.recv() => change,
-            _ = tokio::signal::ctrl_c() => { cancel.cancel(); return Ok(130); }
+        let notice = tokio::select! {
+            notice = changes.recv() => notice,
+            _ = tokio::signal::ctrl_c() => { engine.shutdown().await; return Ok(130); }
         };
-        let Ok(change) = change else { continue };
-        let Some(snapshot) = engine.snapshot(&change.lb_id) else {
-            continue;
+        // A change names its LB and the reason it was published with; after a re-sync every
+        // LB is shown as it is now.
+        let updates: Vec<(String, Option<Reason>)> = match notice {
+            Some(Notice::Changed(change)) => vec![(change.lb_id, Some(change.reason))],
+            Some(Notice::Resync { .. }) => names.keys().map(|lb| (lb.clone(), None)).collect(),
+            None => anyhow::bail!("the membership engine stopped"),
         };
-        let at = started.elapsed().as_secs_f64();
-        let name = names.get(&change.lb_id).cloned().unwrap_or_default();
-        for (member, port, verdict) in &snapshot.verdict.members {
-            let key = (change.lb_id.clone(), format!("{member}:{port}"));
-            if last_member.insert(key, verdict.name()) != Some(verdict.name()) {
-                println!(
-                    "{at:8.1}s  {name}  member {member}:{port} -> {}",
-                    verdict.name()
-                );
+        for (lb_id, reason) in updates {
+            let Some(snapshot) = engine.snapshot(&lb_id) else {
+                continue;
+            };
+            let reason = reason.unwrap_or(snapshot.verdict.reason);
+            let at = started.elapsed().as_secs_f64();
+            let name = names.get(&lb_id).cloned().unwrap_or_default();
+            for (member, port, verdict) in &snapshot.verdict.members {
+                let key = (lb_id.clone(), format!("{member}:{port}"));
+                if last_member.insert(key, verdict.kind()) != Some(verdict.kind()) {
+                    println!(
+                        "{at:8.1}s  {name}  member {member}:{port} -> {}",
+                        verdict.name()
+                    );
+                }
             }
-        }
-        println!(
-            "{at:8.1}s  {name}  gate {}: {}",
-            change.reason.as_str(),
-            snapshot.verdict.message(Instant::now())
-        );
-        verdicts.insert(change.lb_id.clone(), change.reason);
-        let code = match change.reason {
-            Reason::MemberStuck => Some(2),
-            Reason::MemberError => Some(3),
-            Reason::LoadBalancerError => Some(4),
-            _ => None,
-        };
-        if let Some(code) = code {
-            eprintln!("{name}: {}", snapshot.verdict.message(Instant::now()));
-            cancel.cancel();
-            return Ok(code);
+            println!(
+                "{at:8.1}s  {name}  gate {}: {}",
+                reason.as_str(),
+                snapshot.verdict.message(Instant::now())
+            );
+            verdicts.insert(lb_id.clone(), reason);
+            let code = match reason {
+                Reason::MemberStuck => Some(2),
+                Reason::MemberError => Some(3),
+                Reason::LoadBalancerError => Some(4),
+                _ => None,
+            };
+            if let Some(code) = code {
+                eprintln!("{name}: {}", snapshot.verdict.message(Instant::now()));
+                engine.shutdown().await;
+                return Ok(code);
+            }
         }
         let all_ready = names
             .keys()
             .all(|lb| verdicts.get(lb) == Some(&Reason::Ready));
         if args.until_ready && all_ready {
-            cancel.cancel();
+            engine.shutdown().await;
             return Ok(0);
         }
     }
@@ -184,7 +190,7 @@ async fn desired_from_cloud(client: &CloudClient, wanted: &str) -> anyhow::Resul
                 .entry(member.protocol_port)
                 .or_insert_with(|| pool.id.clone());
             members.push(DesiredMember {
-                owner: ObjectRef::new("watch-lb", member.name.clone()),
+                owner: ObjectName::new("watch-lb", member.name.clone()),
                 name: if member.name.is_empty() {
                     member.address.clone()
                 } else {
@@ -200,7 +206,7 @@ async fn desired_from_cloud(client: &CloudClient, wanted: &str) -> anyhow::Resul
     }
     Ok(DesiredLb {
         lb_id: lb.id,
-        cluster: ObjectRef::new("watch-lb", lb.name),
+        cluster: ObjectName::new("watch-lb", lb.name),
         pools,
         members,
         rollout_waiting: false,

@@ -1,0 +1,24 @@
+//! The Kubernetes API of capo-rs: CRD types compatible with CAPO's v1beta2 API, the
+//! condition vocabulary, and the generated CRDs.
+
+pub mod cel_cost;
+pub mod cluster;
+pub mod common;
+pub mod conditions;
+pub mod crds;
+pub mod identity;
+pub mod machine;
+pub mod schema;
+pub mod server;
+
+pub use cluster::{
+    OpenStackCluster, OpenStackClusterSpec, OpenStackClusterStatus, OpenStackClusterTemplate,
+};
+pub use identity::OpenStackClusterIdentity;
+pub use machine::{
+    OpenStackMachine, OpenStackMachineSpec, OpenStackMachineStatus, OpenStackMachineTemplate,
+};
+pub use server::{OpenStackServer, OpenStackServerSpec, OpenStackServerStatus};
+
+/// The API group of every kind.
+pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";

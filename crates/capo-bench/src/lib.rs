@@ -1,0 +1,9 @@
+//! `capo-rs bench ...`: measurements that print figures, and the comparison strategies they
+//! run against ours. Never part of the production build.
+
+pub mod membership;
+pub mod request_path;
+pub mod sim_status_tree;
+pub mod strategies;
+
+pub use strategies::Strategy;

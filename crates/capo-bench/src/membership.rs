@@ -1,0 +1,994 @@
+//! `capo-rs bench membership`: a fleet of control-plane rollouts against the simulated cloud,
+//! in-process on virtual time, once per strategy, and what each strategy cost and got wrong.
+//!
+//! Each cluster has an API load balancer with three ACTIVE members. At a random time within the
+//! window its rollout starts: for each old member, create a new one, wait for the gate to say
+//! Ready, delete the old one, wait again. The driver acts on the gate exactly as Cluster API
+//! would, so a Ready verdict while a desired member is not ACTIVE in the cloud is a false-ready:
+//! the moment an old control-plane machine would be removed too early.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use capo_provider::cloud::{
+    CloudClient, CloudError, CloudOptions, Clouds, RateLimit, SendError, Service, Session,
+    SessionScope,
+};
+use capo_provider::membership::{
+    DesiredLb, DesiredMember, Engine, EngineConfig, Notice, ObjectName, Reason, ScheduleConfig,
+};
+
+use crate::Strategy;
+use capo_sim::openstack::{
+    Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
+};
+
+/// The scenario's knobs.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchConfig {
+    pub clusters: u32,
+    pub members: u32,
+    /// Rollouts start uniformly within this window.
+    pub window: Duration,
+    pub provision_min: f64,
+    pub provision_max: f64,
+    pub slow_share: f64,
+    pub slow_seconds: f64,
+    pub stuck_share: f64,
+    pub error_share: f64,
+    pub qps: u32,
+    pub burst: u32,
+    pub stuck_after: Duration,
+    pub seed: u64,
+    /// The status-tree engine's scheduling (budget fields are set from `qps` and `burst`).
+    pub schedule: ScheduleConfig,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            clusters: 1000,
+            members: 3,
+            window: Duration::from_secs(3600),
+            provision_min: 2.0,
+            provision_max: 30.0,
+            slow_share: 0.05,
+            slow_seconds: 120.0,
+            stuck_share: 0.01,
+            error_share: 0.01,
+            qps: 20,
+            burst: 40,
+            stuck_after: Duration::from_secs(600),
+            seed: 42,
+            schedule: ScheduleConfig::default(),
+        }
+    }
+}
+
+/// One strategy's figures.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StrategyReport {
+    pub strategy: String,
+    /// Requests the engine sent (polls of every kind).
+    pub requests: u64,
+    /// Of which drift checks of settled load balancers (a cost the other strategies skip).
+    pub drift_polls: u64,
+    /// Rollout-related requests (all but drift) per member transition.
+    pub rollout_requests_per_transition: f64,
+    /// Member transitions the rollouts completed (creates and deletes that settled).
+    pub transitions: u64,
+    pub requests_per_transition: f64,
+    /// The most engine requests in any one second of (virtual) time.
+    pub peak_requests_per_second: u64,
+    /// Requests a token bucket of the budget (rate and burst) would have refused: 0 means the
+    /// budget was never exceeded (a second may hold up to rate + burst after a quiet spell).
+    pub over_budget: u64,
+    /// Poll answer -> subscriber holding the change, real microseconds.
+    pub wakeup_p50_us: f64,
+    pub wakeup_max_us: f64,
+    /// Member ACTIVE in the cloud -> gate verdict change, seconds.
+    pub detection_lag_p50: f64,
+    pub detection_lag_p99: f64,
+    pub detection_lag_max: f64,
+    /// Creations the lag was measured on: those whose member was ACTIVE when the gate opened
+    /// (a gate that opens before the member is ACTIVE has no lag, it is a false-ready).
+    pub detection_lag_samples: u64,
+    /// Ready verdicts acted on while a desired member was not ACTIVE.
+    pub false_ready: u64,
+    pub stuck_members: u64,
+    /// Seconds after the stuck threshold (request + stuck-after) that MemberStuck was seen;
+    /// `None` when a stuck member was never flagged.
+    pub stuck_flag_late_max: Option<f64>,
+    pub stuck_unflagged: u64,
+    pub error_members: u64,
+    /// Seconds from a member's ERROR to MemberError.
+    pub error_flag_max: Option<f64>,
+    pub error_unflagged: u64,
+    pub rollouts_completed: u64,
+    /// Gate waits that got no notification for an hour (should be 0).
+    pub missed_notifications: u64,
+    /// Virtual time the run covered.
+    pub virtual_seconds: f64,
+    /// Real CPU time of the run on one thread, and the part the simulator took.
+    pub cpu_seconds: f64,
+    pub simulator_cpu_seconds: f64,
+}
+
+/// A session that counts when each request was sent (virtual time) before passing it on.
+struct CountingSession {
+    inner: Arc<dyn Session>,
+    sent: Mutex<Vec<Instant>>,
+}
+
+#[async_trait]
+impl Session for CountingSession {
+    fn scope(&self) -> &SessionScope {
+        self.inner.scope()
+    }
+    async fn service_url(&self, service: Service) -> Result<url::Url, SendError> {
+        self.inner.service_url(service).await
+    }
+    async fn send(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<bytes::Bytes>, SendError> {
+        if let Ok(mut sent) = self.sent.lock() {
+            sent.push(Instant::now());
+        }
+        self.inner.send(request).await
+    }
+}
+
+/// The gate as each cluster's driver sees it.
+type Gates = Arc<Mutex<HashMap<String, watch::Sender<GateState>>>>;
+
+/// The latest verdict of a cluster's LB: reason, when it arrived, which desired generation.
+type GateState = (Reason, Instant, u64);
+
+/// What the drivers record, shared.
+#[derive(Default)]
+struct Record {
+    lags: Vec<f64>,
+    false_ready: u64,
+    transitions: u64,
+    rollouts_completed: u64,
+    stuck_late: Vec<f64>,
+    stuck_unflagged: u64,
+    error_flag: Vec<f64>,
+    error_unflagged: u64,
+    missed_notifications: u64,
+}
+
+pub fn run(config: &BenchConfig, strategies: &[Strategy]) -> anyhow::Result<Vec<StrategyReport>> {
+    strategies.iter().map(|s| run_one(config, *s)).collect()
+}
+
+fn run_one(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<StrategyReport> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let cpu_start = thread_cpu();
+    let mut report = runtime.block_on(rollouts(config, strategy))?;
+    report.cpu_seconds = (thread_cpu() - cpu_start).as_secs_f64();
+    Ok(report)
+}
+
+/// How many of `sent` (in time order) a token bucket of `qps` and `burst` would refuse.
+fn over_budget(sent: &[Instant], qps: f64, burst: f64) -> u64 {
+    let mut tokens = burst;
+    let mut last: Option<Instant> = None;
+    let mut refused = 0;
+    for at in sent {
+        if let Some(last) = last {
+            tokens = (tokens + at.saturating_duration_since(last).as_secs_f64() * qps).min(burst);
+        }
+        last = Some(*at);
+        // Timer granularity: a millisecond's worth of slack.
+        if tokens + qps * 1e-3 >= 1.0 {
+            tokens -= 1.0;
+        } else {
+            refused += 1;
+        }
+    }
+    refused
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let text = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    // Fields after the parenthesised command: utime and stime are the 12th and 13th.
+    let after = text.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+fn scenario(config: &BenchConfig) -> Scenario {
+    Scenario {
+        seed: Some(config.seed),
+        timings: Timings {
+            member_create: Delay::Uniform(config.provision_min, config.provision_max),
+            member_delete: Delay::Uniform(config.provision_min, config.provision_max),
+            ..Timings::default()
+        },
+        rules: vec![
+            Rule {
+                kind: ObjectKind::Member,
+                name: "*-slow".into(),
+                effect: Effect::Delay(Delay::Fixed(config.slow_seconds)),
+                times: None,
+            },
+            Rule {
+                kind: ObjectKind::Member,
+                name: "*-stuck".into(),
+                effect: Effect::Stuck,
+                times: None,
+            },
+            Rule {
+                kind: ObjectKind::Member,
+                name: "*-error".into(),
+                effect: Effect::Error,
+                times: None,
+            },
+        ],
+        ..Scenario::default()
+    }
+}
+
+fn unlimited_options() -> CloudOptions {
+    let mut options = CloudOptions::default();
+    let unlimited = std::num::NonZeroU32::new(1_000_000).unwrap_or(std::num::NonZeroU32::MAX);
+    options.rate_limit = RateLimit {
+        qps: unlimited,
+        burst: unlimited,
+    };
+    options.path.max_gate_wait = Duration::from_secs(3600);
+    options
+}
+
+/// A cluster's load balancer: ids and the current members' addresses.
+struct Fleet {
+    lbs: Vec<(String, String)>,
+}
+
+async fn build_fleet(client: &CloudClient, config: &BenchConfig) -> anyhow::Result<Fleet> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for cluster in 0..config.clusters {
+        let client = client.clone();
+        let members = config.members;
+        tasks.spawn(async move {
+            let (lb, pool) =
+                capo_sim::support::api_load_balancer(&client, &format!("c{cluster}-kubeapi"))
+                    .await?;
+            for k in 0..members {
+                capo_sim::support::create_member(
+                    &client,
+                    &lb,
+                    &pool,
+                    &format!("c{cluster}-cp-old-{k}"),
+                    &address(cluster, k, 0),
+                )
+                .await?;
+            }
+            Ok::<_, anyhow::Error>((cluster, lb, pool))
+        });
+    }
+    let mut lbs = BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (cluster, lb, pool) = done??;
+        lbs.insert(cluster, (lb, pool));
+    }
+    // Let every old member settle.
+    tokio::time::sleep(Duration::from_secs_f64(config.provision_max + 5.0)).await;
+    Ok(Fleet {
+        lbs: lbs.into_values().collect(),
+    })
+}
+
+fn address(cluster: u32, member: u32, generation: u32) -> String {
+    format!(
+        "10.{}.{}.{}",
+        cluster / 250,
+        cluster % 250,
+        generation * 16 + member + 2
+    )
+}
+
+async fn delete_member(
+    client: &CloudClient,
+    lb: &str,
+    pool: &str,
+    id: &str,
+) -> Result<(), CloudError> {
+    loop {
+        match client.octavia().delete_member(pool, id).await {
+            Ok(()) | Err(CloudError::NotFound(_)) => return Ok(()),
+            Err(CloudError::Busy(_)) => capo_sim::support::settle(client, lb).await?,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<StrategyReport> {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        scenario: scenario(config),
+        ..OpenStackSimConfig::default()
+    })
+    .await?;
+    let registry = prometheus::Registry::new();
+    let driver_clouds = Clouds::new(unlimited_options(), &registry, CancellationToken::new())?;
+    let driver = driver_clouds.client(sim.session());
+    let fleet = build_fleet(&driver, config).await?;
+    tracing::info!(load_balancers = fleet.lbs.len(), "fleet built");
+    sim.reset_request_log();
+
+    let counting = Arc::new(CountingSession {
+        inner: sim.session(),
+        sent: Mutex::new(Vec::new()),
+    });
+    let mut engine_options = unlimited_options();
+    let qps = std::num::NonZeroU32::new(config.qps).unwrap_or(std::num::NonZeroU32::MIN);
+    let burst = std::num::NonZeroU32::new(config.burst).unwrap_or(std::num::NonZeroU32::MIN);
+    engine_options.rate_limit = RateLimit { qps, burst };
+    let engine_registry = prometheus::Registry::new();
+    let engine_clouds = Clouds::new(engine_options, &engine_registry, CancellationToken::new())?;
+    let engine_client = engine_clouds.client(counting.clone());
+    let engine_config = EngineConfig {
+        stuck_after: config.stuck_after,
+        schedule: strategy.schedule(ScheduleConfig {
+            budget_qps: f64::from(config.qps),
+            burst: f64::from(config.burst),
+            ..config.schedule.clone()
+        }),
+        ..EngineConfig::default()
+    };
+    let cancel = CancellationToken::new();
+    let engine = Engine::with_observer(
+        engine_config,
+        strategy.observer(),
+        &engine_registry,
+        cancel.clone(),
+    )?;
+    // A controller tracks every cluster's load balancer all the time, not only during rollouts.
+    let truth = sim.member_truth();
+    for (cluster, (lb, pool)) in fleet.lbs.iter().enumerate() {
+        let members = truth
+            .iter()
+            .filter(|m| &m.pool_id == pool)
+            .map(|m| desired_member(&m.name, &m.address, &m.id, Instant::now()))
+            .collect();
+        engine.ensure(
+            DesiredLb {
+                lb_id: lb.clone(),
+                cluster: ObjectName::new("bench", format!("c{cluster}")),
+                pools: BTreeMap::from([(6443, pool.clone())]),
+                members,
+                rollout_waiting: false,
+            },
+            &engine_client,
+        );
+    }
+
+    // Every change goes to its cluster's gate.
+    let gates: Gates = Arc::new(Mutex::new(HashMap::new()));
+    let mut changes = engine.subscribe();
+    let dispatch_gates = gates.clone();
+    let dispatch_engine = engine.clone();
+    let wakeups: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
+    let dispatch_wakeups = wakeups.clone();
+    let dispatcher = tokio::spawn(async move {
+        loop {
+            match changes.recv().await {
+                Some(Notice::Changed(change)) => {
+                    if let Ok(mut wakeups) = dispatch_wakeups.lock() {
+                        wakeups.push(change.observed.elapsed().as_secs_f64() * 1e6);
+                    }
+                    if let Some(gate) = dispatch_gates
+                        .lock()
+                        .ok()
+                        .and_then(|g| g.get(&change.lb_id).cloned())
+                    {
+                        let _ = gate.send((change.reason, Instant::now(), change.generation));
+                    }
+                }
+                // Fell behind: every gate gets its current verdict.
+                Some(Notice::Resync { .. }) => {
+                    let gates: Vec<(String, watch::Sender<GateState>)> = dispatch_gates
+                        .lock()
+                        .map(|g| g.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                        .unwrap_or_default();
+                    for (lb, gate) in gates {
+                        if let Some(snapshot) = dispatch_engine.snapshot(&lb) {
+                            let _ = gate.send((
+                                snapshot.verdict.reason,
+                                Instant::now(),
+                                snapshot.generation,
+                            ));
+                        }
+                    }
+                }
+                None => break,
+            }
+        }
+    });
+
+    let record = Arc::new(Mutex::new(Record::default()));
+    let started = Instant::now();
+    let cpu_sim_start = sim.busy();
+    let mut rng = fastrand::Rng::with_seed(config.seed);
+    let mut drivers = tokio::task::JoinSet::new();
+    let sim = Arc::new(sim);
+    for (cluster, (lb, pool)) in fleet.lbs.into_iter().enumerate() {
+        let cluster = u32::try_from(cluster).unwrap_or(u32::MAX);
+        let (gate_tx, gate_rx) = watch::channel((Reason::NotObserved, Instant::now(), 0));
+        if let Ok(mut gates) = gates.lock() {
+            gates.insert(lb.clone(), gate_tx);
+        }
+        let fates: Vec<&'static str> = (0..config.members)
+            .map(|_| {
+                let roll = rng.f64();
+                if roll < config.stuck_share {
+                    "-stuck"
+                } else if roll < config.stuck_share + config.error_share {
+                    "-error"
+                } else if roll < config.stuck_share + config.error_share + config.slow_share {
+                    "-slow"
+                } else {
+                    ""
+                }
+            })
+            .collect();
+        let start_at = started + config.window.mul_f64(rng.f64());
+        let rollout = Rollout {
+            cluster,
+            lb,
+            pool,
+            fates,
+            members: config.members,
+            stuck_after: config.stuck_after,
+            engine: engine.clone(),
+            engine_client: engine_client.clone(),
+            driver: driver.clone(),
+            sim: sim.clone(),
+            record: record.clone(),
+        };
+        drivers.spawn(async move {
+            tokio::time::sleep_until(start_at).await;
+            rollout.run(gate_rx).await
+        });
+    }
+    let mut finished = 0;
+    while let Some(done) = drivers.join_next().await {
+        done??;
+        finished += 1;
+        tracing::debug!(
+            finished,
+            virtual_seconds = started.elapsed().as_secs(),
+            "rollout finished"
+        );
+    }
+    let virtual_seconds = started.elapsed().as_secs_f64();
+    cancel.cancel();
+    engine.shutdown().await;
+    dispatcher.abort();
+
+    let sent = counting.sent.lock().map(|s| s.clone()).unwrap_or_default();
+    let drift_polls = drift_polls(&engine_registry);
+    let mut per_second: HashMap<u64, u64> = HashMap::new();
+    for at in &sent {
+        *per_second
+            .entry(at.saturating_duration_since(started).as_secs())
+            .or_default() += 1;
+    }
+    let record = record
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned record"))?;
+    let mut wakeups = wakeups.lock().map(|w| w.clone()).unwrap_or_default();
+    wakeups.sort_by(f64::total_cmp);
+    let mut lags = record.lags.clone();
+    lags.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        lags.get(((lags.len() as f64 - 1.0) * q).round().max(0.0) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let max_of = |v: &[f64]| v.iter().copied().reduce(f64::max);
+    Ok(StrategyReport {
+        strategy: strategy.as_str().to_owned(),
+        requests: sent.len() as u64,
+        transitions: record.transitions,
+        requests_per_transition: sent.len() as f64 / (record.transitions.max(1) as f64),
+        drift_polls,
+        rollout_requests_per_transition: (sent.len() as u64).saturating_sub(drift_polls) as f64
+            / (record.transitions.max(1) as f64),
+        peak_requests_per_second: per_second.values().copied().max().unwrap_or(0),
+        over_budget: over_budget(&sent, f64::from(config.qps), f64::from(config.burst)),
+        wakeup_p50_us: wakeups.get(wakeups.len() / 2).copied().unwrap_or(0.0),
+        wakeup_max_us: wakeups.last().copied().unwrap_or(0.0),
+        detection_lag_p50: quantile(0.5),
+        detection_lag_p99: quantile(0.99),
+        detection_lag_max: lags.last().copied().unwrap_or(0.0),
+        detection_lag_samples: lags.len() as u64,
+        false_ready: record.false_ready,
+        stuck_members: record.stuck_late.len() as u64 + record.stuck_unflagged,
+        stuck_flag_late_max: max_of(&record.stuck_late),
+        stuck_unflagged: record.stuck_unflagged,
+        error_members: record.error_flag.len() as u64 + record.error_unflagged,
+        error_flag_max: max_of(&record.error_flag),
+        error_unflagged: record.error_unflagged,
+        rollouts_completed: record.rollouts_completed,
+        missed_notifications: record.missed_notifications,
+        virtual_seconds,
+        cpu_seconds: 0.0,
+        simulator_cpu_seconds: (sim.busy() - cpu_sim_start).as_secs_f64(),
+    })
+}
+
+/// Drift polls counted by the engine's `capo_lb_polls_total{kind="drift"}`.
+fn drift_polls(registry: &prometheus::Registry) -> u64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "capo_lb_polls_total")
+        .flat_map(|family| family.get_metric())
+        .filter(|metric| {
+            metric
+                .get_label()
+                .iter()
+                .any(|l| l.name() == "kind" && l.value() == "drift")
+        })
+        .map(|metric| metric.get_counter().get_value() as u64)
+        .sum()
+}
+
+struct Rollout {
+    cluster: u32,
+    lb: String,
+    pool: String,
+    fates: Vec<&'static str>,
+    members: u32,
+    stuck_after: Duration,
+    engine: Engine,
+    engine_client: CloudClient,
+    driver: CloudClient,
+    sim: Arc<OpenStackSim>,
+    record: Arc<Mutex<Record>>,
+}
+
+/// How a wait on the gate ended.
+enum Gate {
+    Ready(Instant),
+    Stuck(Instant),
+    Error(Instant),
+}
+
+impl Rollout {
+    fn desired(&self, members: &[DesiredMember]) -> DesiredLb {
+        DesiredLb {
+            lb_id: self.lb.clone(),
+            cluster: ObjectName::new("bench", format!("c{}", self.cluster)),
+            pools: BTreeMap::from([(6443, self.pool.clone())]),
+            members: members.to_vec(),
+            rollout_waiting: true,
+        }
+    }
+
+    fn record(&self, f: impl FnOnce(&mut Record)) {
+        if let Ok(mut record) = self.record.lock() {
+            f(&mut record);
+        }
+    }
+
+    /// Whether every desired member is ACTIVE in the cloud right now (ground truth).
+    fn truly_ready(&self, members: &[DesiredMember]) -> bool {
+        let truth = self.sim.member_truth();
+        members.iter().all(|m| {
+            truth.iter().any(|t| {
+                t.pool_id == self.pool
+                    && t.address == m.address
+                    && t.provisioning_status == "ACTIVE"
+            })
+        })
+    }
+
+    async fn wait_gate(&self, gate: &mut watch::Receiver<GateState>, generation: u64) -> Gate {
+        loop {
+            let (reason, at, seen) = *gate.borrow_and_update();
+            if seen >= generation {
+                match reason {
+                    Reason::Ready => return Gate::Ready(at),
+                    Reason::MemberStuck => return Gate::Stuck(at),
+                    Reason::MemberError => return Gate::Error(at),
+                    _ => {}
+                }
+            }
+            match tokio::time::timeout(Duration::from_secs(3600), gate.changed()).await {
+                Ok(Ok(())) => {}
+                // No notification for an hour: a lost wake-up. Count it and read the snapshot.
+                _ => {
+                    self.record(|r| r.missed_notifications += 1);
+                    let now = Instant::now();
+                    match self.engine.snapshot(&self.lb).map(|s| s.verdict.reason) {
+                        Some(Reason::Ready) => return Gate::Ready(now),
+                        Some(Reason::MemberError) => return Gate::Error(now),
+                        _ => return Gate::Stuck(now),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run(self, mut gate: watch::Receiver<GateState>) -> anyhow::Result<()> {
+        let truth = self.sim.member_truth();
+        let mut current: Vec<DesiredMember> = truth
+            .iter()
+            .filter(|m| m.pool_id == self.pool)
+            .map(|m| DesiredMember {
+                owner: ObjectName::new("bench", m.name.clone()),
+                name: m.name.clone(),
+                address: m.address.clone(),
+                port: 6443,
+                requested_at: Instant::now(),
+                member_id: Some(m.id.clone()),
+            })
+            .collect();
+        current.sort_by(|a, b| a.name.cmp(&b.name));
+        for k in 0..self.members {
+            let fate = self.fates[k as usize];
+            let name = format!("c{}-cp-new-{k}{fate}", self.cluster);
+            let address = address(self.cluster, k, 1);
+            let requested = Instant::now();
+            let id = capo_sim::support::create_member(
+                &self.driver,
+                &self.lb,
+                &self.pool,
+                &name,
+                &address,
+            )
+            .await?;
+            current.push(DesiredMember {
+                owner: ObjectName::new("bench", name.clone()),
+                name: name.clone(),
+                address: address.clone(),
+                port: 6443,
+                requested_at: requested,
+                member_id: Some(id.clone()),
+            });
+            let generation = self
+                .engine
+                .ensure(self.desired(&current), &self.engine_client);
+            match self.wait_gate(&mut gate, generation).await {
+                Gate::Ready(at) => {
+                    if !self.truly_ready(&current) {
+                        self.record(|r| r.false_ready += 1);
+                    }
+                    let settled = self
+                        .sim
+                        .member_truth()
+                        .into_iter()
+                        .find(|m| m.id == id)
+                        .and_then(|m| m.settled_at);
+                    if let Some(settled) = settled {
+                        self.record(|r| {
+                            r.lags
+                                .push(at.saturating_duration_since(settled).as_secs_f64())
+                        });
+                    }
+                    self.record(|r| r.transitions += 1);
+                }
+                Gate::Stuck(at) => {
+                    let late = at
+                        .saturating_duration_since(requested + self.stuck_after)
+                        .as_secs_f64();
+                    self.record(|r| {
+                        if fate == "-stuck" {
+                            r.stuck_late.push(late)
+                        }
+                    });
+                    return Ok(());
+                }
+                Gate::Error(at) => {
+                    let errored = self
+                        .sim
+                        .member_truth()
+                        .into_iter()
+                        .find(|m| m.id == id)
+                        .and_then(|m| m.settled_at);
+                    self.record(|r| match errored {
+                        Some(errored) => r
+                            .error_flag
+                            .push(at.saturating_duration_since(errored).as_secs_f64()),
+                        None => r.error_unflagged += 1,
+                    });
+                    return Ok(());
+                }
+            }
+            if fate == "-stuck" {
+                // The gate opened over a stuck member: never flagged.
+                self.record(|r| r.stuck_unflagged += 1);
+            }
+            if fate == "-error" {
+                self.record(|r| r.error_unflagged += 1);
+            }
+            // Cluster API removes an old machine once the new one is ready.
+            let old = current.remove(0);
+            if let Some(id) = &old.member_id {
+                delete_member(&self.driver, &self.lb, &self.pool, id).await?;
+            }
+            let generation = self
+                .engine
+                .ensure(self.desired(&current), &self.engine_client);
+            if let Gate::Ready(_) = self.wait_gate(&mut gate, generation).await {
+                self.record(|r| r.transitions += 1);
+            }
+        }
+        self.record(|r| r.rollouts_completed += 1);
+        Ok(())
+    }
+}
+
+fn desired_member(name: &str, address: &str, id: &str, requested_at: Instant) -> DesiredMember {
+    DesiredMember {
+        owner: ObjectName::new("bench", name),
+        name: name.into(),
+        address: address.into(),
+        port: 6443,
+        requested_at,
+        member_id: Some(id.into()),
+    }
+}
+
+/// How one row reads its value from a report.
+type Column = Box<dyn Fn(&StrategyReport) -> String>;
+
+/// The table, one row per measure, one column per strategy.
+pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
+    println!(
+        "membership benchmark: {} clusters x {} control-plane members, rollouts over {} s, provisioning {}-{} s, {:.0}% slow ({} s), {:.0}% stuck, {:.0}% ERROR; budget {} req/s, burst {}; stuck after {} s",
+        config.clusters,
+        config.members,
+        config.window.as_secs(),
+        config.provision_min,
+        config.provision_max,
+        config.slow_share * 100.0,
+        config.slow_seconds,
+        config.stuck_share * 100.0,
+        config.error_share * 100.0,
+        config.qps,
+        config.burst,
+        config.stuck_after.as_secs()
+    );
+    let opt = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let rows: Vec<(&str, Column)> = vec![
+        (
+            "OpenStack requests (engine)",
+            Box::new(|r| r.requests.to_string()),
+        ),
+        (
+            "  of which drift checks",
+            Box::new(|r| r.drift_polls.to_string()),
+        ),
+        (
+            "requests per member transition",
+            Box::new(|r| format!("{:.2}", r.requests_per_transition)),
+        ),
+        (
+            "  without drift checks",
+            Box::new(|r| format!("{:.2}", r.rollout_requests_per_transition)),
+        ),
+        (
+            "peak requests/s",
+            Box::new(|r| r.peak_requests_per_second.to_string()),
+        ),
+        (
+            "  requests over the budget",
+            Box::new(|r| r.over_budget.to_string()),
+        ),
+        (
+            "wake-up latency p50 (us)",
+            Box::new(|r| format!("{:.0}", r.wakeup_p50_us)),
+        ),
+        (
+            "wake-up latency max (us)",
+            Box::new(|r| format!("{:.0}", r.wakeup_max_us)),
+        ),
+        (
+            "detection lag p50 (s)",
+            Box::new(|r| format!("{:.2}", r.detection_lag_p50)),
+        ),
+        (
+            "detection lag p99 (s)",
+            Box::new(|r| format!("{:.2}", r.detection_lag_p99)),
+        ),
+        (
+            "detection lag max (s)",
+            Box::new(|r| format!("{:.2}", r.detection_lag_max)),
+        ),
+        (
+            "  measured on (creations)",
+            Box::new(|r| r.detection_lag_samples.to_string()),
+        ),
+        ("FALSE-READY", Box::new(|r| r.false_ready.to_string())),
+        ("stuck members", Box::new(|r| r.stuck_members.to_string())),
+        (
+            "  flagged late by, max (s)",
+            Box::new(move |r| opt(r.stuck_flag_late_max)),
+        ),
+        (
+            "  never flagged",
+            Box::new(|r| r.stuck_unflagged.to_string()),
+        ),
+        ("ERROR members", Box::new(|r| r.error_members.to_string())),
+        (
+            "  flagged after, max (s)",
+            Box::new(move |r| opt(r.error_flag_max)),
+        ),
+        (
+            "  never flagged",
+            Box::new(|r| r.error_unflagged.to_string()),
+        ),
+        (
+            "rollouts completed",
+            Box::new(|r| r.rollouts_completed.to_string()),
+        ),
+        (
+            "missed notifications",
+            Box::new(|r| r.missed_notifications.to_string()),
+        ),
+        (
+            "virtual time (s)",
+            Box::new(|r| format!("{:.0}", r.virtual_seconds)),
+        ),
+        (
+            "CPU, whole run (s)",
+            Box::new(|r| format!("{:.2}", r.cpu_seconds)),
+        ),
+        (
+            "  of which simulator (s)",
+            Box::new(|r| format!("{:.2}", r.simulator_cpu_seconds)),
+        ),
+    ];
+    print!("{:<34}", "");
+    for report in reports {
+        print!("{:>14}", report.strategy);
+    }
+    println!();
+    for (name, value) in rows {
+        print!("{name:<34}");
+        for report in reports {
+            print!("{:>14}", value(report));
+        }
+        println!();
+    }
+}
+
+/// Steady state with every member settled: memory and CPU of tracking `lbs` load balancers.
+#[derive(Debug, Serialize)]
+pub struct SteadyReport {
+    pub load_balancers: u32,
+    pub members: u32,
+    pub resident_growth_mib: Option<f64>,
+    pub virtual_seconds: f64,
+    pub polls: u64,
+    /// Engine and client CPU per second of (virtual) steady state, as a share of one core.
+    pub core_share: f64,
+}
+
+pub fn steady(
+    load_balancers: u32,
+    members: u32,
+    seconds: u64,
+    qps: u32,
+) -> anyhow::Result<SteadyReport> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    runtime.block_on(async move {
+        let config = BenchConfig {
+            clusters: load_balancers,
+            members,
+            ..BenchConfig::default()
+        };
+        let sim = OpenStackSim::start(OpenStackSimConfig {
+            scenario: Scenario {
+                seed: Some(1),
+                ..Scenario::default()
+            },
+            ..OpenStackSimConfig::default()
+        })
+        .await?;
+        let registry = prometheus::Registry::new();
+        let clouds = Clouds::new(unlimited_options(), &registry, CancellationToken::new())?;
+        let client = clouds.client(sim.session());
+        let fleet = build_fleet(&client, &config).await?;
+        let truth = sim.member_truth();
+        let rss_before = resident_bytes();
+        let mut options = unlimited_options();
+        let rate = std::num::NonZeroU32::new(qps).unwrap_or(std::num::NonZeroU32::MIN);
+        options.rate_limit = RateLimit {
+            qps: rate,
+            burst: rate,
+        };
+        let engine_registry = prometheus::Registry::new();
+        let engine_clouds = Clouds::new(options, &engine_registry, CancellationToken::new())?;
+        let counting = Arc::new(CountingSession {
+            inner: sim.session(),
+            sent: Mutex::new(Vec::new()),
+        });
+        let engine_client = engine_clouds.client(counting.clone());
+        let cancel = CancellationToken::new();
+        let engine_config = EngineConfig {
+            schedule: ScheduleConfig {
+                budget_qps: f64::from(qps),
+                burst: f64::from(qps),
+                ..ScheduleConfig::default()
+            },
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(engine_config, &engine_registry, cancel.clone())?;
+        for (i, (lb, pool)) in fleet.lbs.iter().enumerate() {
+            let desired = DesiredLb {
+                lb_id: lb.clone(),
+                cluster: ObjectName::new("bench", format!("c{i}")),
+                pools: BTreeMap::from([(6443, pool.clone())]),
+                members: truth
+                    .iter()
+                    .filter(|m| &m.pool_id == pool)
+                    .map(|m| DesiredMember {
+                        owner: ObjectName::new("bench", m.name.clone()),
+                        name: m.name.clone(),
+                        address: m.address.clone(),
+                        port: 6443,
+                        requested_at: Instant::now(),
+                        member_id: Some(m.id.clone()),
+                    })
+                    .collect(),
+                rollout_waiting: false,
+            };
+            engine.ensure(desired, &engine_client);
+        }
+        // First pass: every LB observed once; then measure a steady stretch.
+        tokio::time::sleep(Duration::from_secs(
+            u64::from(load_balancers) / u64::from(qps.max(1)) + 30,
+        ))
+        .await;
+        let resident_growth_mib = rss_before
+            .zip(resident_bytes())
+            .map(|(b, a)| a.saturating_sub(b) as f64 / 1048576.0);
+        let polls_before = counting.sent.lock().map(|s| s.len()).unwrap_or(0);
+        let cpu_before = thread_cpu();
+        let sim_before = sim.busy();
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let cpu = thread_cpu()
+            .saturating_sub(cpu_before)
+            .saturating_sub(sim.busy() - sim_before);
+        let polls = counting.sent.lock().map(|s| s.len()).unwrap_or(0) - polls_before;
+        cancel.cancel();
+        Ok(SteadyReport {
+            load_balancers,
+            members: load_balancers * members,
+            resident_growth_mib,
+            virtual_seconds: seconds as f64,
+            polls: polls as u64,
+            core_share: cpu.as_secs_f64() / seconds as f64,
+        })
+    })
+}
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}

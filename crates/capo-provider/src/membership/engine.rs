@@ -1,0 +1,685 @@
+//! The engine: one polling loop per cloud endpoint, every request through the cloud client
+//! (and so its rate limiter), verdicts recomputed on each observation, changes published to
+//! subscribers. Reconcilers talk to it through `ensure`, `forget`, `snapshot` and `subscribe`.
+//!
+//! Every loop is owned: the engine's [`TaskTracker`] holds them and its cancellation token
+//! stops them; [`Engine::shutdown`] waits for them. A panic in a poll or a loop is logged,
+//! counted (`capo_lb_engine_panics_total`) and survived: the poll is retried, the loop is
+//! restarted after a second.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, broadcast};
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::changes::{Change, Changes};
+use super::metrics::{EngineMetrics, EngineTask, MemberStateLabels, PollKind};
+use super::model::{DesiredLb, LbTrack, MemberTrack, Presence};
+use super::observe::{Observer, Seen, StatusTreeObserver};
+use super::schedule::{Finish, Pick, PollOutcome, ScheduleConfig, Scheduler};
+use super::verdict::{
+    Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, health, lb_verdict,
+};
+use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
+use crate::cloud::{CloudClient, CloudError};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// A member PENDING_* longer than this is stuck.
+    pub stuck_after: Duration,
+    pub schedule: ScheduleConfig,
+    /// Polls in flight per cloud endpoint.
+    pub max_in_flight: usize,
+    /// Changes a subscriber may fall behind before it is told to re-sync.
+    pub change_buffer: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            stuck_after: Duration::from_secs(600),
+            schedule: ScheduleConfig::default(),
+            max_in_flight: 8,
+            change_buffer: 4096,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the membership engine needs a tokio runtime to start in")]
+    NoRuntime,
+    #[error("registering the membership engine's metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// What the engine knows about one LB.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The desired-state generation the verdict reflects.
+    pub generation: u64,
+    pub verdict: LbVerdict,
+    pub health: Health,
+    pub members: Vec<MemberTrack>,
+    pub last_poll: Option<Instant>,
+}
+
+struct LbEntry {
+    /// Bumped by every `ensure` that changes the desired state.
+    generation: u64,
+    /// The generation the current verdict was computed for (after a poll).
+    verdict_generation: u64,
+    track: LbTrack,
+    verdict: LbVerdict,
+    endpoint: String,
+    client: CloudClient,
+    /// Metric label sets written for this LB, removed when they change or the LB goes.
+    member_labels: Vec<MemberStateLabels>,
+    /// The reason the gate metrics show.
+    reason_label: Option<Reason>,
+}
+
+struct Endpoint {
+    scheduler: Mutex<Scheduler>,
+    notify: Notify,
+    /// Ends this endpoint's loop (a child of the engine's token).
+    cancel: CancellationToken,
+}
+
+#[derive(Default)]
+struct State {
+    lbs: HashMap<String, LbEntry>,
+    endpoints: HashMap<String, Arc<Endpoint>>,
+}
+
+struct Inner {
+    config: EngineConfig,
+    observer: Arc<dyn Observer>,
+    metrics: EngineMetrics,
+    state: Mutex<State>,
+    changes: broadcast::Sender<Change>,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    runtime: Handle,
+}
+
+/// The membership engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// An engine that observes through status trees. Registers its metrics on `registry`;
+    /// `cancel` (or [`Engine::shutdown`]) stops every loop. Its loops run on the runtime this
+    /// is called in.
+    pub fn new(
+        config: EngineConfig,
+        registry: &prometheus::Registry,
+        cancel: CancellationToken,
+    ) -> Result<Self, EngineError> {
+        Self::with_observer(config, Arc::new(StatusTreeObserver), registry, cancel)
+    }
+
+    /// An engine that observes through `observer` (benchmarks and tests).
+    pub fn with_observer(
+        config: EngineConfig,
+        observer: Arc<dyn Observer>,
+        registry: &prometheus::Registry,
+        cancel: CancellationToken,
+    ) -> Result<Self, EngineError> {
+        let runtime = Handle::try_current().map_err(|_| EngineError::NoRuntime)?;
+        let (changes, _) = broadcast::channel(config.change_buffer.max(1));
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                metrics: EngineMetrics::register(registry)?,
+                observer,
+                config,
+                state: Mutex::new(State::default()),
+                changes,
+                cancel: cancel.child_token(),
+                tasks: TaskTracker::new(),
+                runtime,
+            }),
+        })
+    }
+
+    /// The observer's name (`status-tree` in production).
+    pub fn observer_name(&self) -> &'static str {
+        self.inner.observer.name()
+    }
+
+    /// Sets (or updates) a load balancer's desired membership; `client` is how to reach its
+    /// cloud. The LB is polled soon after. Returns the desired-state generation: changes and
+    /// snapshots carry the generation their verdict was computed for, so a caller can tell a
+    /// verdict about its latest wish from an older one.
+    pub fn ensure(&self, desired: DesiredLb, client: &CloudClient) -> u64 {
+        let now = Instant::now();
+        let scope = client.path().session().scope();
+        let key = format!("{}|{}", scope.auth_url, scope.region);
+        let lb_id = desired.lb_id.clone();
+        let rollout_waiting = desired.rollout_waiting;
+        let (endpoint, started, generation) = {
+            let mut state = self.inner.lock();
+            let (endpoint, started) = match state.endpoints.get(&key) {
+                Some(endpoint) => (endpoint.clone(), false),
+                None => {
+                    let endpoint = Arc::new(Endpoint {
+                        scheduler: Mutex::new(Scheduler::new(
+                            self.inner.config.schedule.clone(),
+                            now,
+                        )),
+                        notify: Notify::new(),
+                        cancel: self.inner.cancel.child_token(),
+                    });
+                    state.endpoints.insert(key.clone(), endpoint.clone());
+                    (endpoint, true)
+                }
+            };
+            let desired = match state.lbs.get(&lb_id) {
+                Some(entry) => entry.track.keep_request_times(desired),
+                None => desired,
+            };
+            let generation = match state.lbs.get_mut(&lb_id) {
+                Some(entry) if entry.track.desired == desired => {
+                    let generation = entry.generation;
+                    drop(state);
+                    if started {
+                        self.start_loop(key, endpoint);
+                    }
+                    return generation;
+                }
+                Some(entry) => {
+                    entry.generation += 1;
+                    entry.track.set_desired(desired);
+                    entry.client = client.clone();
+                    entry.generation
+                }
+                None => {
+                    let track = LbTrack::new(desired, now);
+                    let verdict = lb_verdict(&track, now, self.inner.config.stuck_after);
+                    state.lbs.insert(
+                        lb_id.clone(),
+                        LbEntry {
+                            generation: 1,
+                            verdict_generation: 0,
+                            track,
+                            verdict,
+                            endpoint: key.clone(),
+                            client: client.clone(),
+                            member_labels: Vec::new(),
+                            reason_label: None,
+                        },
+                    );
+                    1
+                }
+            };
+            (endpoint, started, generation)
+        };
+        self.inner.observer.desired_changed(&lb_id);
+        lock(&endpoint.scheduler).wake(&lb_id, rollout_waiting, now);
+        endpoint.notify.notify_one();
+        if started {
+            self.start_loop(key, endpoint);
+        }
+        generation
+    }
+
+    /// Starts an endpoint's loop; never called with the state lock held.
+    fn start_loop(&self, key: String, endpoint: Arc<Endpoint>) {
+        let inner = self.inner.clone();
+        self.inner.tasks.spawn_on(
+            supervise_endpoint(inner, key, endpoint),
+            &self.inner.runtime,
+        );
+    }
+
+    /// Stops tracking a load balancer. Forgetting an endpoint's last one ends its loop.
+    pub fn forget(&self, lb_id: &str) {
+        let mut state = self.inner.lock();
+        let Some(entry) = state.lbs.remove(lb_id) else {
+            return;
+        };
+        self.inner.clear_metrics(&entry);
+        self.inner.observer.forget(lb_id);
+        let still_used = state.lbs.values().any(|e| e.endpoint == entry.endpoint);
+        if still_used {
+            if let Some(endpoint) = state.endpoints.get(&entry.endpoint) {
+                lock(&endpoint.scheduler).remove(lb_id);
+            }
+        } else if let Some(endpoint) = state.endpoints.remove(&entry.endpoint) {
+            endpoint.cancel.cancel();
+        }
+    }
+
+    pub fn snapshot(&self, lb_id: &str) -> Option<Snapshot> {
+        let state = self.inner.lock();
+        let entry = state.lbs.get(lb_id)?;
+        Some(Snapshot {
+            generation: entry.verdict_generation,
+            verdict: entry.verdict.clone(),
+            health: health(&entry.track),
+            members: entry.track.members.clone(),
+            last_poll: entry.track.last_poll,
+        })
+    }
+
+    /// Every verdict change from now on (see [`Changes`] for what a slow subscriber gets).
+    pub fn subscribe(&self) -> Changes {
+        Changes::new(
+            self.inner.changes.subscribe(),
+            self.inner.metrics.change_resyncs_total.clone(),
+            self.inner.cancel.clone(),
+        )
+    }
+
+    /// Load balancers tracked.
+    pub fn len(&self) -> usize {
+        self.inner.lock().lbs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Endpoint loops still running (a forgotten endpoint's loop may take a moment to end).
+    pub fn running_loops(&self) -> usize {
+        self.inner.tasks.len()
+    }
+
+    /// Stops every loop and waits until they have ended; polls in flight are abandoned.
+    pub async fn shutdown(&self) {
+        self.inner.cancel.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    fn clear_metrics(&self, entry: &LbEntry) {
+        for labels in &entry.member_labels {
+            self.metrics.clear_member_state(labels);
+        }
+        self.metrics.clear_gate(
+            &entry.track.desired.cluster,
+            &entry.track.desired.lb_id,
+            entry.reason_label,
+        );
+    }
+}
+
+/// Runs an endpoint's loop until it is cancelled, restarting it after a panic.
+async fn supervise_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
+    loop {
+        let mut run = JoinSet::new();
+        run.spawn_on(
+            run_endpoint(inner.clone(), key.clone(), endpoint.clone()),
+            &inner.runtime,
+        );
+        let ended = tokio::select! {
+            ended = run.join_next() => ended,
+            () = endpoint.cancel.cancelled() => None,
+        };
+        match ended {
+            Some(Err(error)) if error.is_panic() => {
+                inner.metrics.panicked(&key, EngineTask::Loop);
+                tracing::error!(
+                    endpoint = %key,
+                    panic = %panic_message(error),
+                    "membership engine loop panicked; restarting it in 1 s"
+                );
+                // Polls it had in flight were aborted with it.
+                lock(&endpoint.scheduler).abandon_in_flight(Instant::now());
+                tokio::select! {
+                    () = endpoint.cancel.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            _ => break,
+        }
+    }
+    inner.metrics.clear_endpoint(&key);
+}
+
+fn panic_message(error: JoinError) -> String {
+    match error.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(not a string)".to_owned()),
+        Err(error) => error.to_string(),
+    }
+}
+
+async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
+    let max_in_flight = inner.config.max_in_flight.max(1);
+    let mut polls = JoinSet::new();
+    let mut polling: HashMap<tokio::task::Id, String> = HashMap::new();
+    loop {
+        let now = Instant::now();
+        while polls.len() < max_in_flight {
+            let Some(pick) = lock(&endpoint.scheduler).next(now) else {
+                break;
+            };
+            let lb = pick.lb.clone();
+            let handle =
+                polls.spawn_on(poll(inner.clone(), endpoint.clone(), pick), &inner.runtime);
+            polling.insert(handle.id(), lb);
+        }
+        let (wake, interval, learned) = {
+            let scheduler = lock(&endpoint.scheduler);
+            (
+                scheduler.wake_at(now),
+                scheduler.drift_interval(scheduler.len()),
+                scheduler.provisioning_times().len(),
+            )
+        };
+        inner.metrics.endpoint_schedule(&key, interval, learned);
+        // Never a zero wait: if the scheduler has nothing now, time must pass.
+        let wake = wake
+            .unwrap_or(now + Duration::from_secs(3600))
+            .max(now + Duration::from_millis(1));
+        let sleep = tokio::time::sleep_until(wake);
+        tokio::select! {
+            () = endpoint.cancel.cancelled() => break,
+            () = endpoint.notify.notified() => {}
+            Some(joined) = polls.join_next_with_id(), if !polls.is_empty() => {
+                poll_ended(&inner, &key, &endpoint, &mut polling, joined);
+            }
+            () = sleep, if polls.len() < max_in_flight => {}
+        }
+    }
+    polls.shutdown().await;
+}
+
+/// A poll task ended; a panicked one is counted and its LB polled again soon.
+fn poll_ended(
+    inner: &Inner,
+    key: &str,
+    endpoint: &Endpoint,
+    polling: &mut HashMap<tokio::task::Id, String>,
+    joined: Result<(tokio::task::Id, ()), JoinError>,
+) {
+    let id = match &joined {
+        Ok((id, ())) => *id,
+        Err(error) => error.id(),
+    };
+    let lb = polling.remove(&id);
+    let Err(error) = joined else { return };
+    if !error.is_panic() {
+        return;
+    }
+    inner.metrics.panicked(key, EngineTask::Poll);
+    let lb = lb.unwrap_or_default();
+    tracing::error!(
+        endpoint = %key,
+        lb = %lb,
+        panic = %panic_message(error),
+        "load balancer poll panicked; polling it again"
+    );
+    let retry = PollOutcome {
+        urgent: true,
+        ..PollOutcome::default()
+    };
+    lock(&endpoint.scheduler).done(&lb, &retry, Instant::now());
+}
+
+async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
+    let observer = inner.observer.clone();
+    // Ours: urgent or drift polls; an observer that paces itself polls on its own backoff.
+    let kind = match (observer.polls_urgently(), pick.urgent) {
+        (true, true) => PollKind::Urgent,
+        (true, false) => PollKind::Drift,
+        (false, _) => PollKind::Backoff,
+    };
+    inner.metrics.poll_started(kind, pick.lag);
+    let (client, desired, generation) = {
+        let state = inner.lock();
+        let Some(entry) = state.lbs.get(&pick.lb) else {
+            return;
+        };
+        (
+            entry.client.clone(),
+            entry.track.desired.clone(),
+            entry.generation,
+        )
+    };
+    let result = observer.observe(&client, &desired).await;
+    let observed = std::time::Instant::now();
+    let now = Instant::now();
+    let seen = match result {
+        Ok(seen) => seen,
+        Err(error) => {
+            inner
+                .metrics
+                .poll_finished(observer.name(), kind, error.kind());
+            tracing::debug!(lb = %pick.lb, %error, "load balancer poll failed");
+            let mut scheduler = lock(&endpoint.scheduler);
+            match error {
+                CloudError::RateLimited { retry_after, .. } => {
+                    scheduler.defer(&pick.lb, now + retry_after)
+                }
+                _ => scheduler.done(
+                    &pick.lb,
+                    &PollOutcome {
+                        urgent: true,
+                        ..PollOutcome::default()
+                    },
+                    now,
+                ),
+            }
+            return;
+        }
+    };
+    inner.metrics.poll_finished(observer.name(), kind, "ok");
+    let (outcome, learnt) = {
+        let mut state = inner.lock();
+        let Some(entry) = state.lbs.get_mut(&pick.lb) else {
+            return;
+        };
+        let previous_poll = entry.track.last_poll;
+        let before: Vec<MemberTrack> = entry.track.members.clone();
+        let changed = match &seen {
+            Seen::Observed(observation) => entry.track.observe(observation, now),
+            Seen::Gone => entry.track.observe_gone(now),
+        };
+        let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
+        let learnt = record_member_metrics(&inner, entry, &before, &verdict, previous_poll, now);
+        // A newer desired state arrived during the poll: this verdict is still about the one
+        // the poll started with.
+        let generation = generation.min(entry.generation);
+        let verdict_changed =
+            !verdict.same_gate(&entry.verdict) || generation != entry.verdict_generation;
+        entry.verdict = verdict;
+        entry.verdict_generation = generation;
+        if verdict_changed {
+            publish(&inner, entry, observed);
+        }
+        let deadline = [
+            stuck_deadline(entry, inner.config.stuck_after),
+            observer.next_due(&pick.lb),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        // Ours polls while something is on its way (pending, missing, not yet seen, stuck: it
+        // may still recover); ERROR changes only when someone repairs it, which wakes us. So
+        // an LB a rollout waits on is urgent exactly while it is on its way. An observer that
+        // paces itself follows its own backoff only.
+        let urgent = observer.polls_urgently()
+            && matches!(
+                entry.verdict.reason,
+                Reason::NotObserved
+                    | Reason::LoadBalancerPending
+                    | Reason::MembersPending
+                    | Reason::MembersMissing
+                    | Reason::MemberStuck
+            );
+        let outcome = PollOutcome {
+            // A load balancer that is gone stays reported but is only re-checked at drift pace.
+            urgent: urgent && !matches!(seen, Seen::Gone),
+            changed: changed || verdict_changed,
+            deadline,
+            creating_for: creating_for(entry, now),
+        };
+        (outcome, learnt)
+    };
+    let mut scheduler = lock(&endpoint.scheduler);
+    for took in learnt {
+        scheduler.learn(took);
+    }
+    scheduler.done(&pick.lb, &outcome, now);
+}
+
+/// How long each member still being created has been on its way, when those creations are
+/// all the LB waits for (otherwise the LB's own state, or another pending member, paces the
+/// polls).
+fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
+    let creating = Presence::Seen(ProvisioningStatus::PendingCreate);
+    let other_pending = entry.track.members.iter().any(|m| {
+        matches!(m.presence, Presence::Seen(p) if p.is_pending()) && m.presence != creating
+    });
+    if entry.verdict.reason != Reason::MembersPending || other_pending {
+        return Vec::new();
+    }
+    entry
+        .track
+        .members
+        .iter()
+        .filter(|m| m.presence == creating)
+        .map(|m| now.saturating_duration_since(m.desired.requested_at))
+        .collect()
+}
+
+/// When the next pending member turns stuck, so the verdict flips on time.
+fn stuck_deadline(entry: &LbEntry, stuck_after: Duration) -> Option<Instant> {
+    entry
+        .verdict
+        .members
+        .iter()
+        .filter_map(|(_, _, v)| match v {
+            MemberVerdict::Pending { since } => Some(*since + stuck_after),
+            _ => None,
+        })
+        .min()
+}
+
+fn publish(inner: &Inner, entry: &mut LbEntry, observed: std::time::Instant) {
+    let cluster = &entry.track.desired.cluster;
+    let lb = &entry.track.desired.lb_id;
+    let reason = entry.verdict.reason;
+    inner
+        .metrics
+        .set_gate(cluster, lb, reason, entry.reason_label.replace(reason));
+    tracing::debug!(%lb, %cluster, reason = reason.as_str(), "gate verdict changed");
+    // Nobody listening is fine: reconcilers also read snapshots.
+    let _ = inner.changes.send(Change {
+        lb_id: lb.clone(),
+        generation: entry.verdict_generation,
+        cluster: cluster.clone(),
+        machines: entry.track.machines(),
+        reason,
+        observed,
+    });
+}
+
+/// Updates the member metrics; returns when the members whose creation the engine watched
+/// and this poll saw ACTIVE finished.
+fn record_member_metrics(
+    inner: &Inner,
+    entry: &mut LbEntry,
+    before: &[MemberTrack],
+    verdict: &LbVerdict,
+    previous_poll: Option<Instant>,
+    now: Instant,
+) -> Vec<Finish> {
+    let mut learnt = Vec::new();
+    let metrics = &inner.metrics;
+    let observer = inner.observer.name();
+    let cluster = &entry.track.desired.cluster;
+    for labels in entry.member_labels.drain(..) {
+        metrics.clear_member_state(&labels);
+    }
+    for (index, track) in entry.track.members.iter().enumerate() {
+        let old = before.iter().find(|b| {
+            b.desired.address == track.desired.address && b.desired.port == track.desired.port
+        });
+        let labels = member_state_labels(cluster, track);
+        metrics.set_member_state(&labels);
+        entry.member_labels.push(labels);
+        let newly_active = track.active_at.is_some() && old.is_none_or(|o| o.active_at.is_none());
+        if newly_active {
+            let took = now.saturating_duration_since(track.desired.requested_at);
+            let lag = previous_poll.map(|previous| now.saturating_duration_since(previous));
+            metrics.member_active(observer, took, lag);
+            if let Some(previous) = previous_poll {
+                // Only creations the engine watched teach it how long they take: a member
+                // first seen already ACTIVE says nothing about when it finished.
+                let watched = old.is_some_and(|o| {
+                    o.presence == Presence::Seen(ProvisioningStatus::PendingCreate)
+                }) || track.desired.requested_at >= previous;
+                if watched {
+                    learnt.push(Finish {
+                        earliest: previous.saturating_duration_since(track.desired.requested_at),
+                        latest: took,
+                    });
+                }
+            }
+        }
+        let was = entry.verdict.members.get(index).map(|(_, _, v)| v.kind());
+        let is = verdict.members.get(index).map(|(_, _, v)| v.kind());
+        if let Some(is) = is.filter(|is| Some(*is) != was) {
+            metrics.member_became(cluster, is);
+        }
+    }
+    let count = |verdict: &LbVerdict, kind: MemberVerdictKind| {
+        verdict
+            .members
+            .iter()
+            .filter(|(_, _, v)| v.kind() == kind)
+            .count() as i64
+    };
+    for kind in MemberVerdictKind::ALL {
+        metrics.add_members_by_verdict(kind, count(verdict, kind) - count(&entry.verdict, kind));
+    }
+    learnt
+}
+
+fn member_state_labels(
+    cluster: &super::model::ObjectName,
+    track: &MemberTrack,
+) -> MemberStateLabels {
+    let (provisioning, operating) = match track.presence {
+        Presence::Seen(p) => (
+            p.as_str(),
+            track
+                .operating
+                .map(OperatingStatus::as_str)
+                .unwrap_or("UNKNOWN"),
+        ),
+        Presence::Absent => ("ABSENT", "UNKNOWN"),
+    };
+    MemberStateLabels {
+        namespace: cluster.namespace.clone(),
+        cluster: cluster.name.clone(),
+        pool: track.pool_id.clone().unwrap_or_default(),
+        member: track.desired.name.clone(),
+        provisioning,
+        operating,
+    }
+}

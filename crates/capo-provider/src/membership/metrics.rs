@@ -1,0 +1,327 @@
+//! The engine's Prometheus metrics (names documented in the README). Label sets are built
+//! here and only here: the engine calls typed methods.
+
+use std::time::Duration;
+
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use super::model::ObjectName;
+use super::verdict::{MemberVerdictKind, Reason};
+
+#[derive(Clone, Debug)]
+pub struct EngineMetrics {
+    /// 1 for each member's current (provisioning, operating) pair.
+    pub member_state: IntGaugeVec,
+    /// 1 when the LB's gate is open (verdict Ready), else 0; `reason` on the verdict gauge.
+    pub gate_ready: IntGaugeVec,
+    pub gate_reason: IntGaugeVec,
+    /// Desired members by verdict.
+    pub members_by_verdict: IntGaugeVec,
+    /// Requested -> first seen ACTIVE.
+    pub provisioning_seconds: HistogramVec,
+    /// Upper bound of how late a transition was noticed: time since the previous poll.
+    pub detection_lag_seconds: HistogramVec,
+    pub stuck_total: IntCounterVec,
+    pub error_total: IntCounterVec,
+    pub polls_total: IntCounterVec,
+    /// How late polls ran against their due time.
+    pub scheduler_lag_seconds: HistogramVec,
+    /// Current drift interval per cloud endpoint.
+    pub drift_interval_seconds: GaugeVec,
+    pub learned_windows: GaugeVec,
+    /// Panics caught in the engine's tasks (`task`: `poll` or `loop`).
+    pub panics_total: IntCounterVec,
+    /// Change subscribers that fell behind and were told to re-sync.
+    pub change_resyncs_total: IntCounter,
+}
+
+impl EngineMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let seconds = |name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]| {
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+        };
+        let lag_buckets = vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0];
+        let metrics = EngineMetrics {
+            member_state: IntGaugeVec::new(
+                Opts::new(
+                    "capo_lb_member_state",
+                    "1 for the member's current provisioning and operating status",
+                ),
+                &[
+                    "namespace",
+                    "cluster",
+                    "pool",
+                    "member",
+                    "provisioning_status",
+                    "operating_status",
+                ],
+            )?,
+            gate_ready: IntGaugeVec::new(
+                Opts::new(
+                    "capo_lb_gate_ready",
+                    "1 when the API load balancer gate is open (every desired member ACTIVE)",
+                ),
+                &["namespace", "cluster", "loadbalancer"],
+            )?,
+            gate_reason: IntGaugeVec::new(
+                Opts::new("capo_lb_gate_reason", "1 for the gate's current reason"),
+                &["namespace", "cluster", "loadbalancer", "reason"],
+            )?,
+            members_by_verdict: IntGaugeVec::new(
+                Opts::new("capo_lb_members", "Desired members by verdict"),
+                &["verdict"],
+            )?,
+            provisioning_seconds: seconds(
+                "capo_lb_member_provisioning_seconds",
+                "Time from a member's request to its first ACTIVE observation",
+                vec![
+                    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                ],
+                &["strategy"],
+            )?,
+            detection_lag_seconds: seconds(
+                "capo_lb_member_detection_lag_seconds",
+                "Upper bound of how late a member transition was seen: time since the previous poll",
+                lag_buckets.clone(),
+                &["strategy"],
+            )?,
+            stuck_total: IntCounterVec::new(
+                Opts::new(
+                    "capo_lb_member_stuck_total",
+                    "Members that became stuck in PENDING_*",
+                ),
+                &["namespace", "cluster"],
+            )?,
+            error_total: IntCounterVec::new(
+                Opts::new("capo_lb_member_error_total", "Members seen going to ERROR"),
+                &["namespace", "cluster"],
+            )?,
+            polls_total: IntCounterVec::new(
+                Opts::new(
+                    "capo_lb_polls_total",
+                    "Load balancer polls by strategy, kind (urgent or drift) and result",
+                ),
+                &["strategy", "kind", "result"],
+            )?,
+            scheduler_lag_seconds: seconds(
+                "capo_lb_scheduler_lag_seconds",
+                "How late polls ran against their due time",
+                lag_buckets,
+                &["kind"],
+            )?,
+            drift_interval_seconds: GaugeVec::new(
+                Opts::new(
+                    "capo_lb_drift_interval_seconds",
+                    "How often settled load balancers are re-checked",
+                ),
+                &["endpoint"],
+            )?,
+            learned_windows: GaugeVec::new(
+                Opts::new(
+                    "capo_lb_learned_provisioning_windows",
+                    "Member creations remembered to aim polls at (used from 30)",
+                ),
+                &["endpoint"],
+            )?,
+            panics_total: IntCounterVec::new(
+                Opts::new(
+                    "capo_lb_engine_panics_total",
+                    "Panics caught in the membership engine's tasks; the task is restarted",
+                ),
+                &["endpoint", "task"],
+            )?,
+            change_resyncs_total: IntCounter::new(
+                "capo_lb_change_resyncs_total",
+                "Times a change subscriber fell behind and was told to re-sync everything",
+            )?,
+        };
+        registry.register(Box::new(metrics.member_state.clone()))?;
+        registry.register(Box::new(metrics.gate_ready.clone()))?;
+        registry.register(Box::new(metrics.gate_reason.clone()))?;
+        registry.register(Box::new(metrics.members_by_verdict.clone()))?;
+        registry.register(Box::new(metrics.provisioning_seconds.clone()))?;
+        registry.register(Box::new(metrics.detection_lag_seconds.clone()))?;
+        registry.register(Box::new(metrics.stuck_total.clone()))?;
+        registry.register(Box::new(metrics.error_total.clone()))?;
+        registry.register(Box::new(metrics.polls_total.clone()))?;
+        registry.register(Box::new(metrics.scheduler_lag_seconds.clone()))?;
+        registry.register(Box::new(metrics.drift_interval_seconds.clone()))?;
+        registry.register(Box::new(metrics.learned_windows.clone()))?;
+        registry.register(Box::new(metrics.panics_total.clone()))?;
+        registry.register(Box::new(metrics.change_resyncs_total.clone()))?;
+        Ok(metrics)
+    }
+
+    /// The gate gauges of one LB: ready, and its reason (the previous reason's series goes).
+    pub(crate) fn set_gate(
+        &self,
+        cluster: &ObjectName,
+        lb: &str,
+        reason: Reason,
+        previous: Option<Reason>,
+    ) {
+        let gate = [cluster.namespace.as_str(), cluster.name.as_str(), lb];
+        self.gate_ready
+            .with_label_values(&gate)
+            .set(i64::from(reason == Reason::Ready));
+        if let Some(previous) = previous.filter(|p| *p != reason) {
+            let _ =
+                self.gate_reason
+                    .remove_label_values(&[gate[0], gate[1], lb, previous.as_str()]);
+        }
+        self.gate_reason
+            .with_label_values(&[gate[0], gate[1], lb, reason.as_str()])
+            .set(1);
+    }
+
+    /// Removes an LB's gate series.
+    pub(crate) fn clear_gate(&self, cluster: &ObjectName, lb: &str, reason: Option<Reason>) {
+        let _ = self
+            .gate_ready
+            .remove_label_values(&[&cluster.namespace, &cluster.name, lb]);
+        if let Some(reason) = reason {
+            let _ = self.gate_reason.remove_label_values(&[
+                &cluster.namespace,
+                &cluster.name,
+                lb,
+                reason.as_str(),
+            ]);
+        }
+    }
+
+    pub(crate) fn set_member_state(&self, labels: &MemberStateLabels) {
+        self.member_state.with_label_values(&labels.values()).set(1);
+    }
+
+    pub(crate) fn clear_member_state(&self, labels: &MemberStateLabels) {
+        let _ = self.member_state.remove_label_values(&labels.values());
+    }
+
+    /// A member's verdict became `kind`: counts the ones people are paged for.
+    pub(crate) fn member_became(&self, cluster: &ObjectName, kind: MemberVerdictKind) {
+        let counter = match kind {
+            MemberVerdictKind::Stuck => &self.stuck_total,
+            MemberVerdictKind::Error => &self.error_total,
+            _ => return,
+        };
+        counter
+            .with_label_values(&[&cluster.namespace, &cluster.name])
+            .inc();
+    }
+
+    pub(crate) fn add_members_by_verdict(&self, kind: MemberVerdictKind, delta: i64) {
+        if delta != 0 {
+            self.members_by_verdict
+                .with_label_values(&[kind.as_str()])
+                .add(delta);
+        }
+    }
+
+    pub(crate) fn member_active(&self, observer: &str, took: Duration, lag: Option<Duration>) {
+        self.provisioning_seconds
+            .with_label_values(&[observer])
+            .observe(took.as_secs_f64());
+        if let Some(lag) = lag {
+            self.detection_lag_seconds
+                .with_label_values(&[observer])
+                .observe(lag.as_secs_f64());
+        }
+    }
+
+    pub(crate) fn poll_started(&self, kind: PollKind, lag: Duration) {
+        self.scheduler_lag_seconds
+            .with_label_values(&[kind.as_str()])
+            .observe(lag.as_secs_f64());
+    }
+
+    /// `result`: `ok`, or the cloud error's kind.
+    pub(crate) fn poll_finished(&self, observer: &str, kind: PollKind, result: &str) {
+        self.polls_total
+            .with_label_values(&[observer, kind.as_str(), result])
+            .inc();
+    }
+
+    pub(crate) fn endpoint_schedule(&self, endpoint: &str, drift: Duration, learned: usize) {
+        self.drift_interval_seconds
+            .with_label_values(&[endpoint])
+            .set(drift.as_secs_f64());
+        self.learned_windows
+            .with_label_values(&[endpoint])
+            .set(learned as f64);
+    }
+
+    /// Removes an endpoint's series once its loop ends.
+    pub(crate) fn clear_endpoint(&self, endpoint: &str) {
+        let _ = self.drift_interval_seconds.remove_label_values(&[endpoint]);
+        let _ = self.learned_windows.remove_label_values(&[endpoint]);
+    }
+
+    pub(crate) fn panicked(&self, endpoint: &str, task: EngineTask) {
+        self.panics_total
+            .with_label_values(&[endpoint, task.as_str()])
+            .inc();
+    }
+}
+
+/// Why a poll ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollKind {
+    /// Something on the LB is on its way.
+    Urgent,
+    /// A settled LB's periodic re-check.
+    Drift,
+    /// An observer that paces itself.
+    Backoff,
+}
+
+impl PollKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PollKind::Urgent => "urgent",
+            PollKind::Drift => "drift",
+            PollKind::Backoff => "backoff",
+        }
+    }
+}
+
+/// The engine's tasks, as panics are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineTask {
+    Poll,
+    Loop,
+}
+
+impl EngineTask {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineTask::Poll => "poll",
+            EngineTask::Loop => "loop",
+        }
+    }
+}
+
+/// The labels of `capo_lb_member_state`, kept per LB to remove them when they change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MemberStateLabels {
+    pub namespace: String,
+    pub cluster: String,
+    pub pool: String,
+    pub member: String,
+    pub provisioning: &'static str,
+    pub operating: &'static str,
+}
+
+impl MemberStateLabels {
+    fn values(&self) -> [&str; 6] {
+        [
+            &self.namespace,
+            &self.cluster,
+            &self.pool,
+            &self.member,
+            self.provisioning,
+            self.operating,
+        ]
+    }
+}

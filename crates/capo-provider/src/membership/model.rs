@@ -1,0 +1,410 @@
+//! What the engine is told (desired membership) and what it sees (observations), and the
+//! per-member tracking that joins the two. Pure: time is passed in.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use tokio::time::Instant;
+
+use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus, StatusTree};
+
+/// A namespaced object's name. Its kind follows from where it stands: [`DesiredLb::cluster`]
+/// names an OpenStackCluster, [`DesiredMember::owner`] an OpenStackMachine. (Not kube's
+/// `ObjectRef`, which carries its kind as a type.)
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectName {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A member a reconciler wants in a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredMember {
+    /// The object that wants it (an OpenStackMachine), woken when its verdict changes.
+    pub owner: ObjectName,
+    /// The member's name in Octavia (the machine's name).
+    pub name: String,
+    pub address: String,
+    /// The pool's port (which pool), also the member's protocol port.
+    pub port: u16,
+    /// When the reconciler created (or asked for) it. Once a member is tracked, later `ensure`
+    /// calls cannot move this: the earliest request counts (so a reconciler may stamp `now`).
+    pub requested_at: Instant,
+    /// Octavia's id once known (the `member-get` strategy needs it).
+    pub member_id: Option<String>,
+}
+
+/// Desired membership of one load balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredLb {
+    pub lb_id: String,
+    /// The cluster object, woken on every verdict change.
+    pub cluster: ObjectName,
+    /// Pool id by port.
+    pub pools: BTreeMap<u16, String>,
+    pub members: Vec<DesiredMember>,
+    /// A rollout waits on this LB: while something is on its way, its polls go before other
+    /// urgent work (see the scheduler for the share the rest keeps).
+    pub rollout_waiting: bool,
+}
+
+/// A member as one poll saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenMember {
+    pub pool_id: String,
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub provisioning: ProvisioningStatus,
+    pub operating: OperatingStatus,
+}
+
+/// One poll's result for one load balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub provisioning: ProvisioningStatus,
+    pub operating: OperatingStatus,
+    pub members: Vec<SeenMember>,
+    /// Pools whose members were read (a member list covers only its pool; the tree, all).
+    pub pools_seen: Vec<String>,
+}
+
+impl Observation {
+    /// Everything the status tree says.
+    pub fn from_tree(tree: &StatusTree) -> Self {
+        let mut members = Vec::new();
+        let mut pools_seen = Vec::new();
+        for pool in tree.listeners.iter().flat_map(|l| &l.pools) {
+            if pools_seen.contains(&pool.id) {
+                continue;
+            }
+            pools_seen.push(pool.id.clone());
+            members.extend(pool.members.iter().map(|m| SeenMember {
+                pool_id: pool.id.clone(),
+                id: m.id.clone(),
+                name: m.name.clone(),
+                address: m.address.clone(),
+                port: m.protocol_port,
+                provisioning: m.provisioning_status,
+                operating: m.operating_status,
+            }));
+        }
+        Observation {
+            provisioning: tree.provisioning_status,
+            operating: tree.operating_status,
+            members,
+            pools_seen,
+        }
+    }
+}
+
+/// Where a member is, as the engine knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// Not seen in its pool (yet, or any more).
+    Absent,
+    Seen(ProvisioningStatus),
+}
+
+/// A desired member's tracked state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberTrack {
+    pub desired: DesiredMember,
+    pub pool_id: Option<String>,
+    pub presence: Presence,
+    pub operating: Option<OperatingStatus>,
+    /// When `presence` last changed (or the member was requested, while never seen).
+    pub since: Instant,
+    pub first_seen: Option<Instant>,
+    /// When it was first seen ACTIVE.
+    pub active_at: Option<Instant>,
+    pub id: Option<String>,
+}
+
+/// The engine's knowledge of one load balancer.
+#[derive(Clone, Debug)]
+pub struct LbTrack {
+    pub desired: DesiredLb,
+    /// `None` until the first poll answers; `Some(None)` when the LB is gone (404).
+    pub lb: Option<Option<(ProvisioningStatus, OperatingStatus)>>,
+    pub lb_since: Instant,
+    pub members: Vec<MemberTrack>,
+    /// Members seen in desired pools that nobody wants.
+    pub stale: Vec<SeenMember>,
+    pub last_poll: Option<Instant>,
+}
+
+impl LbTrack {
+    pub fn new(desired: DesiredLb, now: Instant) -> Self {
+        let mut track = LbTrack {
+            desired: desired.clone(),
+            lb: None,
+            lb_since: now,
+            members: Vec::new(),
+            stale: Vec::new(),
+            last_poll: None,
+        };
+        track.set_desired(desired);
+        track
+    }
+
+    /// New desired membership; what is known of members that stay desired is kept.
+    pub fn set_desired(&mut self, desired: DesiredLb) {
+        let previous = std::mem::take(&mut self.members);
+        self.members = desired
+            .members
+            .iter()
+            .map(|want| {
+                let pool_id = desired.pools.get(&want.port).cloned();
+                match previous.iter().find(|t| same_member(&t.desired, want)) {
+                    Some(known) => MemberTrack {
+                        desired: want.clone(),
+                        pool_id,
+                        id: known.id.clone().or_else(|| want.member_id.clone()),
+                        ..known.clone()
+                    },
+                    None => MemberTrack {
+                        desired: want.clone(),
+                        pool_id,
+                        presence: Presence::Absent,
+                        operating: None,
+                        since: want.requested_at,
+                        first_seen: None,
+                        active_at: None,
+                        id: want.member_id.clone(),
+                    },
+                }
+            })
+            .collect();
+        self.desired = desired;
+    }
+
+    /// Folds one observation in; returns whether anything the verdict depends on changed.
+    pub fn observe(&mut self, seen: &Observation, now: Instant) -> bool {
+        let lb = Some((seen.provisioning, seen.operating));
+        let previous = self.lb.flatten().map(|(provisioning, _)| provisioning);
+        if previous != Some(seen.provisioning) {
+            self.lb_since = now;
+        }
+        let mut changed = self.lb != Some(lb);
+        self.lb = Some(lb);
+        self.last_poll = Some(now);
+        for track in &mut self.members {
+            let Some(pool) = &track.pool_id else { continue };
+            if !seen.pools_seen.contains(pool) {
+                continue;
+            }
+            let found = seen.members.iter().find(|m| {
+                &m.pool_id == pool
+                    && m.address == track.desired.address
+                    && m.port == track.desired.port
+            });
+            let presence = match found {
+                Some(m) => Presence::Seen(m.provisioning),
+                None => Presence::Absent,
+            };
+            let operating = found.map(|m| m.operating);
+            if presence != track.presence {
+                track.presence = presence;
+                track.since = now;
+                changed = true;
+            }
+            if operating != track.operating {
+                track.operating = operating;
+                changed = true;
+            }
+            if let Some(m) = found {
+                track.first_seen.get_or_insert(now);
+                track.id.get_or_insert_with(|| m.id.clone());
+                if m.provisioning == ProvisioningStatus::Active {
+                    track.active_at.get_or_insert(now);
+                }
+            }
+        }
+        let desired_pools: Vec<&String> = self.desired.pools.values().collect();
+        let stale: Vec<SeenMember> = seen
+            .members
+            .iter()
+            .filter(|m| desired_pools.contains(&&m.pool_id))
+            .filter(|m| {
+                !self.members.iter().any(|t| {
+                    t.pool_id.as_ref() == Some(&m.pool_id)
+                        && t.desired.address == m.address
+                        && t.desired.port == m.port
+                })
+            })
+            .cloned()
+            .collect();
+        changed |= stale != self.stale;
+        self.stale = stale;
+        changed
+    }
+
+    /// The load balancer answered 404.
+    pub fn observe_gone(&mut self, now: Instant) -> bool {
+        let changed = self.lb != Some(None);
+        if changed {
+            self.lb_since = now;
+        }
+        self.lb = Some(None);
+        self.last_poll = Some(now);
+        changed
+    }
+
+    /// The OpenStackMachines behind this LB's desired members, each once.
+    pub fn machines(&self) -> Vec<ObjectName> {
+        let mut machines: Vec<ObjectName> = self
+            .members
+            .iter()
+            .map(|m| m.desired.owner.clone())
+            .collect();
+        machines.sort();
+        machines.dedup();
+        machines
+    }
+}
+
+impl LbTrack {
+    /// `desired` with each member already tracked keeping its earliest `requested_at`.
+    pub fn keep_request_times(&self, mut desired: DesiredLb) -> DesiredLb {
+        for want in &mut desired.members {
+            if let Some(known) = self.members.iter().find(|t| same_member(&t.desired, want)) {
+                want.requested_at = want.requested_at.min(known.desired.requested_at);
+            }
+        }
+        desired
+    }
+}
+
+fn same_member(a: &DesiredMember, b: &DesiredMember) -> bool {
+    a.address == b.address && a.port == b.port
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    pub fn member(name: &str, address: &str, at: Instant) -> DesiredMember {
+        DesiredMember {
+            owner: ObjectName::new("ns", name),
+            name: name.into(),
+            address: address.into(),
+            port: 6443,
+            requested_at: at,
+            member_id: None,
+        }
+    }
+
+    pub fn desired(members: Vec<DesiredMember>) -> DesiredLb {
+        DesiredLb {
+            lb_id: "lb".into(),
+            cluster: ObjectName::new("ns", "c1"),
+            pools: BTreeMap::from([(6443, "pool".to_owned())]),
+            members,
+            rollout_waiting: false,
+        }
+    }
+
+    pub fn seen(lb: ProvisioningStatus, members: &[(&str, ProvisioningStatus)]) -> Observation {
+        Observation {
+            provisioning: lb,
+            operating: OperatingStatus::Online,
+            members: members
+                .iter()
+                .map(|(address, status)| SeenMember {
+                    pool_id: "pool".into(),
+                    id: format!("id-{address}"),
+                    name: String::new(),
+                    address: (*address).into(),
+                    port: 6443,
+                    provisioning: *status,
+                    operating: OperatingStatus::NoMonitor,
+                })
+                .collect(),
+            pools_seen: vec!["pool".into()],
+        }
+    }
+
+    #[test]
+    fn observation_tracks_transitions_first_seen_and_stale_members() {
+        let t0 = Instant::now();
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(track.observe(
+            &seen(
+                ProvisioningStatus::PendingUpdate,
+                &[("10.0.0.1", ProvisioningStatus::PendingCreate)]
+            ),
+            t1
+        ));
+        assert_eq!(
+            track.members[0].presence,
+            Presence::Seen(ProvisioningStatus::PendingCreate)
+        );
+        assert_eq!(track.members[0].first_seen, Some(t1));
+        assert_eq!(track.members[0].id.as_deref(), Some("id-10.0.0.1"));
+        let t2 = t1 + Duration::from_secs(1);
+        // Nothing changed: no wake-up.
+        assert!(!track.observe(
+            &seen(
+                ProvisioningStatus::PendingUpdate,
+                &[("10.0.0.1", ProvisioningStatus::PendingCreate)]
+            ),
+            t2
+        ));
+        assert_eq!(track.members[0].since, t1);
+        let t3 = t2 + Duration::from_secs(1);
+        let both = seen(
+            ProvisioningStatus::Active,
+            &[
+                ("10.0.0.1", ProvisioningStatus::Active),
+                ("10.0.0.9", ProvisioningStatus::Active),
+            ],
+        );
+        assert!(track.observe(&both, t3));
+        assert_eq!(track.members[0].active_at, Some(t3));
+        assert_eq!(track.stale.len(), 1);
+        assert_eq!(track.stale[0].address, "10.0.0.9");
+    }
+
+    #[test]
+    fn desired_changes_keep_what_is_known() {
+        let t0 = Instant::now();
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(
+            &seen(
+                ProvisioningStatus::Active,
+                &[("10.0.0.1", ProvisioningStatus::Active)],
+            ),
+            t0,
+        );
+        track.set_desired(desired(vec![
+            member("m1", "10.0.0.1", t0),
+            member("m2", "10.0.0.2", t0),
+        ]));
+        assert_eq!(
+            track.members[0].presence,
+            Presence::Seen(ProvisioningStatus::Active)
+        );
+        assert_eq!(track.members[1].presence, Presence::Absent);
+        let machines: Vec<String> = track.machines().into_iter().map(|m| m.name).collect();
+        assert_eq!(machines, ["m1", "m2"]);
+    }
+}

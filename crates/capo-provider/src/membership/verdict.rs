@@ -1,0 +1,529 @@
+//! The gate's verdicts: pure functions of what is tracked and the time.
+//!
+//! Ready means the load balancer is ACTIVE and every desired member is in its pool with
+//! `provisioning_status` ACTIVE. Operating status never blocks: it is summarised separately.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use capo_api::conditions::reasons;
+
+use super::model::{LbTrack, MemberTrack, Presence};
+use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
+
+/// One desired member's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberVerdict {
+    Active,
+    /// PENDING_CREATE or PENDING_UPDATE, since then.
+    Pending {
+        since: Instant,
+    },
+    /// PENDING_* for longer than the stuck threshold.
+    Stuck {
+        since: Instant,
+    },
+    Error {
+        since: Instant,
+    },
+    /// Not (yet) in its pool; `since` is when it was requested or disappeared.
+    Missing {
+        since: Instant,
+    },
+    /// PENDING_DELETE: on its way out although desired.
+    Deleting {
+        since: Instant,
+    },
+    /// DELETED, or its pool is not known: it will not serve.
+    Gone,
+}
+
+impl MemberVerdict {
+    /// The verdict without its time: what metrics count and displays show.
+    pub fn kind(self) -> MemberVerdictKind {
+        match self {
+            MemberVerdict::Active => MemberVerdictKind::Active,
+            MemberVerdict::Pending { .. } => MemberVerdictKind::Pending,
+            MemberVerdict::Stuck { .. } => MemberVerdictKind::Stuck,
+            MemberVerdict::Error { .. } => MemberVerdictKind::Error,
+            MemberVerdict::Missing { .. } => MemberVerdictKind::Missing,
+            MemberVerdict::Deleting { .. } => MemberVerdictKind::Deleting,
+            MemberVerdict::Gone => MemberVerdictKind::Gone,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// [`MemberVerdict`]'s variants, for counting and labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemberVerdictKind {
+    Active,
+    Pending,
+    Stuck,
+    Error,
+    Missing,
+    Deleting,
+    Gone,
+}
+
+impl MemberVerdictKind {
+    pub const ALL: [MemberVerdictKind; 7] = [
+        MemberVerdictKind::Active,
+        MemberVerdictKind::Pending,
+        MemberVerdictKind::Stuck,
+        MemberVerdictKind::Error,
+        MemberVerdictKind::Missing,
+        MemberVerdictKind::Deleting,
+        MemberVerdictKind::Gone,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberVerdictKind::Active => "Active",
+            MemberVerdictKind::Pending => "Pending",
+            MemberVerdictKind::Stuck => "Stuck",
+            MemberVerdictKind::Error => "Error",
+            MemberVerdictKind::Missing => "Missing",
+            MemberVerdictKind::Deleting => "Deleting",
+            MemberVerdictKind::Gone => "Gone",
+        }
+    }
+}
+
+pub fn member_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) -> MemberVerdict {
+    let since = track.since;
+    if track.pool_id.is_none() {
+        return MemberVerdict::Gone;
+    }
+    match track.presence {
+        Presence::Absent => MemberVerdict::Missing { since },
+        Presence::Seen(status) => match status {
+            ProvisioningStatus::Active => MemberVerdict::Active,
+            ProvisioningStatus::Error => MemberVerdict::Error { since },
+            ProvisioningStatus::Deleted => MemberVerdict::Gone,
+            ProvisioningStatus::PendingDelete => MemberVerdict::Deleting { since },
+            ProvisioningStatus::PendingCreate
+            | ProvisioningStatus::PendingUpdate
+            | ProvisioningStatus::Unknown => {
+                // A member never seen ACTIVE counts from its request, not from when we first
+                // saw it: a restarted engine must not reset the clock. One that was ACTIVE
+                // counts from when it went pending again.
+                let pending_since = match track.active_at {
+                    None => since.min(track.desired.requested_at),
+                    Some(_) => since,
+                };
+                if now.saturating_duration_since(pending_since) >= stuck_after {
+                    MemberVerdict::Stuck {
+                        since: pending_since,
+                    }
+                } else {
+                    MemberVerdict::Pending {
+                        since: pending_since,
+                    }
+                }
+            }
+        },
+    }
+}
+
+/// Why a load balancer is (not) ready, most serious first. Each is a condition reason of the
+/// API ([`reasons::LOAD_BALANCER_GATE`]): the gate's conditions carry them as they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// Not observed yet.
+    NotObserved,
+    LoadBalancerError,
+    MemberError,
+    MemberStuck,
+    LoadBalancerPending,
+    MembersMissing,
+    MembersPending,
+    Ready,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::NotObserved,
+        Reason::LoadBalancerError,
+        Reason::MemberError,
+        Reason::MemberStuck,
+        Reason::LoadBalancerPending,
+        Reason::MembersMissing,
+        Reason::MembersPending,
+        Reason::Ready,
+    ];
+
+    /// The condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotObserved => reasons::LOAD_BALANCER_NOT_OBSERVED,
+            Reason::LoadBalancerError => reasons::LOAD_BALANCER_ERROR,
+            Reason::MemberError => reasons::MEMBER_ERROR,
+            Reason::MemberStuck => reasons::MEMBER_STUCK,
+            Reason::LoadBalancerPending => reasons::LOAD_BALANCER_PENDING,
+            Reason::MembersMissing => reasons::MEMBERS_MISSING,
+            Reason::MembersPending => reasons::MEMBERS_PENDING,
+            Reason::Ready => reasons::READY,
+        }
+    }
+}
+
+/// A load balancer's verdict with the members behind it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbVerdict {
+    pub reason: Reason,
+    /// The LB's provisioning status, if observed and present.
+    pub lb_status: Option<ProvisioningStatus>,
+    pub lb_since: Instant,
+    /// Each desired member: name, pool port, verdict.
+    pub members: Vec<(String, u16, MemberVerdict)>,
+    /// Members in desired pools that nobody wants (reported, never deleted here).
+    pub stale: Vec<String>,
+}
+
+impl LbVerdict {
+    pub fn is_ready(&self) -> bool {
+        self.reason == Reason::Ready
+    }
+
+    /// Whether a subscriber would see no difference: the same reason, the same verdict kind for
+    /// each member, the same stale members (durations moving on is not a change).
+    pub fn same_gate(&self, other: &LbVerdict) -> bool {
+        let kinds = |v: &LbVerdict| -> Vec<(String, u16, MemberVerdictKind)> {
+            v.members
+                .iter()
+                .map(|(name, port, m)| (name.clone(), *port, m.kind()))
+                .collect()
+        };
+        self.reason == other.reason && self.stale == other.stale && kinds(self) == kinds(other)
+    }
+
+    /// A sentence for a condition message: which members and since when (relative to `now`).
+    pub fn message(&self, now: Instant) -> String {
+        let ago = |since: Instant| human(now.saturating_duration_since(since));
+        let named = |wanted: MemberVerdictKind| -> Vec<String> {
+            self.members
+                .iter()
+                .filter(|(_, _, v)| v.kind() == wanted)
+                .map(|(name, port, v)| match v {
+                    MemberVerdict::Pending { since }
+                    | MemberVerdict::Stuck { since }
+                    | MemberVerdict::Error { since }
+                    | MemberVerdict::Missing { since }
+                    | MemberVerdict::Deleting { since } => {
+                        format!("{name}:{port} for {}", ago(*since))
+                    }
+                    _ => format!("{name}:{port}"),
+                })
+                .collect()
+        };
+        match self.reason {
+            Reason::NotObserved => "load balancer not observed yet".into(),
+            Reason::Ready => format!(
+                "load balancer ACTIVE and all {} members ACTIVE",
+                self.members.len()
+            ),
+            Reason::LoadBalancerError => match self.lb_status {
+                None => "load balancer not found".into(),
+                Some(_) => format!("load balancer in ERROR for {}", ago(self.lb_since)),
+            },
+            Reason::LoadBalancerPending => format!(
+                "load balancer {} for {}",
+                self.lb_status
+                    .map(ProvisioningStatus::as_str)
+                    .unwrap_or("pending"),
+                ago(self.lb_since)
+            ),
+            Reason::MemberError => format!(
+                "members in ERROR: {}",
+                named(MemberVerdictKind::Error).join(", ")
+            ),
+            Reason::MemberStuck => {
+                format!(
+                    "members stuck in PENDING: {}",
+                    named(MemberVerdictKind::Stuck).join(", ")
+                )
+            }
+            Reason::MembersMissing => {
+                let mut missing = named(MemberVerdictKind::Missing);
+                missing.extend(named(MemberVerdictKind::Deleting));
+                missing.extend(named(MemberVerdictKind::Gone));
+                format!("members not in their pool: {}", missing.join(", "))
+            }
+            Reason::MembersPending => format!(
+                "members pending: {}",
+                named(MemberVerdictKind::Pending).join(", ")
+            ),
+        }
+    }
+}
+
+fn human(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    match seconds {
+        0..=119 => format!("{seconds}s"),
+        120..=7199 => format!("{}m{}s", seconds / 60, seconds % 60),
+        _ => format!("{}h{}m", seconds / 3600, seconds % 3600 / 60),
+    }
+}
+
+pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVerdict {
+    let members: Vec<(String, u16, MemberVerdict)> = track
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.desired.name.clone(),
+                m.desired.port,
+                member_verdict(m, now, stuck_after),
+            )
+        })
+        .collect();
+    let lb_status = track.lb.flatten().map(|(p, _)| p);
+    let has = |wanted: MemberVerdictKind| members.iter().any(|(_, _, v)| v.kind() == wanted);
+    let reason = match track.lb {
+        None => Reason::NotObserved,
+        Some(None) => Reason::LoadBalancerError,
+        Some(Some((status, _))) => match status {
+            ProvisioningStatus::Error | ProvisioningStatus::Deleted => Reason::LoadBalancerError,
+            _ if has(MemberVerdictKind::Error) => Reason::MemberError,
+            _ if has(MemberVerdictKind::Stuck) => Reason::MemberStuck,
+            ProvisioningStatus::Active => {
+                if has(MemberVerdictKind::Missing)
+                    || has(MemberVerdictKind::Deleting)
+                    || has(MemberVerdictKind::Gone)
+                {
+                    Reason::MembersMissing
+                } else if has(MemberVerdictKind::Pending) {
+                    Reason::MembersPending
+                } else {
+                    Reason::Ready
+                }
+            }
+            _ => Reason::LoadBalancerPending,
+        },
+    };
+    LbVerdict {
+        reason,
+        lb_status,
+        lb_since: track.lb_since,
+        members,
+        stale: track
+            .stale
+            .iter()
+            .map(|m| format!("{} ({}:{})", m.name, m.address, m.port))
+            .collect(),
+    }
+}
+
+/// Health from operating status: reported, never blocking.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    Healthy,
+    /// Members reading OFFLINE, ERROR, DEGRADED or DRAINING (NO_MONITOR is healthy: nothing
+    /// watches them).
+    Degraded {
+        members: Vec<(String, OperatingStatus)>,
+    },
+    Unknown,
+}
+
+pub fn health(track: &LbTrack) -> Health {
+    if track.lb.is_none() {
+        return Health::Unknown;
+    }
+    let members: Vec<(String, OperatingStatus)> = track
+        .members
+        .iter()
+        .filter_map(|m| m.operating.map(|o| (m.desired.name.clone(), o)))
+        .filter(|(_, o)| !matches!(o, OperatingStatus::Online | OperatingStatus::NoMonitor))
+        .collect();
+    if members.is_empty() {
+        Health::Healthy
+    } else {
+        Health::Degraded { members }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::model::tests::{desired, member, seen};
+    use crate::membership::model::{LbTrack, Presence};
+    use ProvisioningStatus::*;
+
+    const STUCK: Duration = Duration::from_secs(600);
+    const ALL: [ProvisioningStatus; 7] = [
+        Active,
+        Deleted,
+        Error,
+        PendingCreate,
+        PendingUpdate,
+        PendingDelete,
+        Unknown,
+    ];
+
+    #[test]
+    fn the_engine_reasons_are_the_api_gate_reasons_in_the_same_order() {
+        let ours: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(ours, reasons::LOAD_BALANCER_GATE);
+        // Most serious first: the derived order is the declared one.
+        assert!(Reason::ALL.windows(2).all(|pair| pair[0] < pair[1]));
+    }
+
+    fn track_with(
+        lb: ProvisioningStatus,
+        member_status: Option<ProvisioningStatus>,
+        t0: Instant,
+    ) -> LbTrack {
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        let members: Vec<(&str, ProvisioningStatus)> = member_status
+            .map(|s| vec![("10.0.0.1", s)])
+            .unwrap_or_default();
+        track.observe(&seen(lb, &members), t0);
+        track
+    }
+
+    /// Every LB status x every member status (and absent): the verdict is Ready exactly when
+    /// both are ACTIVE, and never Ready otherwise.
+    #[test]
+    fn ready_only_when_lb_and_every_member_are_active() {
+        let t0 = Instant::now();
+        for lb in ALL {
+            for member in ALL.map(Some).into_iter().chain([None]) {
+                let verdict = lb_verdict(&track_with(lb, member, t0), t0, STUCK);
+                let expected_ready = lb == Active && member == Some(Active);
+                assert_eq!(
+                    verdict.is_ready(),
+                    expected_ready,
+                    "lb {lb:?} member {member:?}: {verdict:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn reasons_by_combination() {
+        let t0 = Instant::now();
+        let reason = |lb, member| lb_verdict(&track_with(lb, member, t0), t0, STUCK).reason;
+        assert_eq!(reason(Error, Some(Active)), Reason::LoadBalancerError);
+        assert_eq!(reason(Active, Some(Error)), Reason::MemberError);
+        assert_eq!(reason(PendingUpdate, Some(Error)), Reason::MemberError);
+        assert_eq!(
+            reason(PendingUpdate, Some(PendingCreate)),
+            Reason::LoadBalancerPending
+        );
+        assert_eq!(reason(Active, Some(PendingCreate)), Reason::MembersPending);
+        assert_eq!(reason(Active, Some(PendingUpdate)), Reason::MembersPending);
+        assert_eq!(reason(Active, None), Reason::MembersMissing);
+        assert_eq!(reason(Active, Some(PendingDelete)), Reason::MembersMissing);
+        assert_eq!(reason(Active, Some(Deleted)), Reason::MembersMissing);
+        assert_eq!(reason(Active, Some(Active)), Reason::Ready);
+        let unobserved = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        assert_eq!(
+            lb_verdict(&unobserved, t0, STUCK).reason,
+            Reason::NotObserved
+        );
+        let mut gone = unobserved.clone();
+        gone.observe_gone(t0);
+        assert_eq!(
+            lb_verdict(&gone, t0, STUCK).reason,
+            Reason::LoadBalancerError
+        );
+        assert_eq!(
+            lb_verdict(&gone, t0, STUCK).message(t0),
+            "load balancer not found"
+        );
+    }
+
+    #[test]
+    fn stuck_after_the_threshold_counted_from_the_request() {
+        let t0 = Instant::now();
+        let track = track_with(Active, Some(PendingCreate), t0);
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(
+            member_verdict(&track.members[0], at(599), STUCK),
+            MemberVerdict::Pending { since: t0 }
+        );
+        assert_eq!(
+            member_verdict(&track.members[0], at(600), STUCK),
+            MemberVerdict::Stuck { since: t0 }
+        );
+        let verdict = lb_verdict(&track, at(700), STUCK);
+        assert_eq!(verdict.reason, Reason::MemberStuck);
+        assert_eq!(
+            verdict.message(at(700)),
+            "members stuck in PENDING: m1:6443 for 11m40s"
+        );
+    }
+
+    #[test]
+    fn member_verdicts_for_every_status() {
+        let t0 = Instant::now();
+        for status in ALL {
+            let track = track_with(Active, Some(status), t0);
+            let verdict = member_verdict(&track.members[0], t0, STUCK);
+            let expected = match status {
+                Active => "Active",
+                Error => "Error",
+                Deleted => "Gone",
+                PendingDelete => "Deleting",
+                PendingCreate | PendingUpdate | Unknown => "Pending",
+            };
+            assert_eq!(verdict.name(), expected, "{status:?}");
+        }
+        let mut missing = track_with(Active, None, t0);
+        assert_eq!(missing.members[0].presence, Presence::Absent);
+        assert_eq!(
+            member_verdict(&missing.members[0], t0, STUCK).name(),
+            "Missing"
+        );
+        missing.members[0].pool_id = None;
+        assert_eq!(
+            member_verdict(&missing.members[0], t0, STUCK),
+            MemberVerdict::Gone
+        );
+    }
+
+    #[test]
+    fn operating_status_never_blocks_and_is_summarised() {
+        let t0 = Instant::now();
+        for operating in [
+            OperatingStatus::Online,
+            OperatingStatus::NoMonitor,
+            OperatingStatus::Offline,
+            OperatingStatus::Error,
+            OperatingStatus::Degraded,
+            OperatingStatus::Draining,
+        ] {
+            let mut track = track_with(Active, Some(Active), t0);
+            track.members[0].operating = Some(operating);
+            assert!(lb_verdict(&track, t0, STUCK).is_ready(), "{operating:?}");
+            let healthy = matches!(
+                operating,
+                OperatingStatus::Online | OperatingStatus::NoMonitor
+            );
+            assert_eq!(health(&track) == Health::Healthy, healthy, "{operating:?}");
+        }
+    }
+
+    #[test]
+    fn messages_name_members_and_durations() {
+        let t0 = Instant::now();
+        let track = track_with(Active, Some(PendingCreate), t0);
+        let later = t0 + Duration::from_secs(42);
+        assert_eq!(
+            lb_verdict(&track, later, STUCK).message(later),
+            "members pending: m1:6443 for 42s"
+        );
+        let track = track_with(PendingUpdate, Some(PendingCreate), t0);
+        assert_eq!(
+            lb_verdict(&track, later, STUCK).message(later),
+            "load balancer PENDING_UPDATE for 42s"
+        );
+    }
+}

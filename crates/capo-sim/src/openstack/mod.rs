@@ -1,0 +1,375 @@
+//! A simulated OpenStack cloud: Keystone, Nova, Neutron, Glance and an Octavia that behaves like
+//! the amphora (v2) provider, with timing and fault injection. One port serves every service
+//! under a path prefix the Keystone catalog advertises (`/identity/v3`, `/compute/v2.1`,
+//! `/network`, `/image`, `/load-balancer`); `/_sim/...` is the admin API.
+//!
+//! Transitions run on tokio's clock and are applied when a request arrives, so in-process use
+//! on a paused clock is deterministic, and with a scenario seed so are the random delays.
+
+mod faults;
+mod filters;
+mod glance;
+mod keystone;
+mod neutron;
+mod nova;
+mod octavia;
+mod server;
+mod world;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use faults::{
+    Delay, Effect, LatencyFault, ObjectKind, Outage, RateLimitFault, Rule, Scenario,
+    ServerErrorFault, Timings,
+};
+pub use world::{CloudSettings, RequestLog};
+
+/// One member as the simulator holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberTruth {
+    pub lb_id: String,
+    pub pool_id: String,
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub provisioning_status: &'static str,
+    /// When it last became ACTIVE or ERROR (tokio clock).
+    pub settled_at: Option<tokio::time::Instant>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenStackSimError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// How to start the simulator.
+#[derive(Clone, Debug)]
+pub struct OpenStackSimConfig {
+    pub listen: SocketAddr,
+    pub settings: CloudSettings,
+    pub scenario: Scenario,
+}
+
+impl Default for OpenStackSimConfig {
+    fn default() -> Self {
+        OpenStackSimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            settings: CloudSettings::default(),
+            scenario: Scenario::default(),
+        }
+    }
+}
+
+/// A running simulator. Dropping it stops the server.
+pub struct OpenStackSim {
+    addr: SocketAddr,
+    shared: Arc<server::Shared>,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl OpenStackSim {
+    /// Binds and starts serving in the background.
+    pub async fn start(config: OpenStackSimConfig) -> Result<Self, OpenStackSimError> {
+        let bind_error = |source| OpenStackSimError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let shared = Arc::new(server::Shared {
+            world: Mutex::new(world::World::new(config.settings, config.scenario)),
+            base: format!("http://{addr}"),
+            busy_nanos: std::sync::atomic::AtomicU64::new(0),
+        });
+        let shutdown = CancellationToken::new();
+        let app = server::router(shared.clone());
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let serving = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+            if let Err(error) = serving.await {
+                tracing::error!(%error, "simulated OpenStack stopped");
+            }
+        });
+        tracing::info!(%addr, "simulated OpenStack listening");
+        Ok(OpenStackSim {
+            addr,
+            shared,
+            shutdown,
+            task: Some(task),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        self.shared.base.clone()
+    }
+
+    /// Keystone's URL, as `auth_url` in clouds.yaml.
+    pub fn auth_url(&self) -> String {
+        format!("{}/identity/v3", self.shared.base)
+    }
+
+    /// A clouds.yaml with one cloud, `sim`, using the password credential.
+    pub fn clouds_yaml(&self) -> String {
+        let world = self.shared.world();
+        let s = &world.settings;
+        format!(
+            "clouds:\n  sim:\n    auth:\n      auth_url: {}\n      username: {}\n      password: {}\n      \
+             project_name: {}\n      user_domain_name: Default\n      project_domain_name: Default\n    \
+             region_name: {}\n    interface: public\n    identity_api_version: 3\n  \
+             sim-appcred:\n    auth_type: v3applicationcredential\n    auth:\n      auth_url: {}\n      \
+             application_credential_id: {}\n      application_credential_secret: {}\n    region_name: {}\n",
+            self.auth_url(),
+            s.username,
+            s.password,
+            s.project_name,
+            s.region,
+            self.auth_url(),
+            s.app_credential_id,
+            s.app_credential_secret,
+            s.region,
+        )
+    }
+
+    /// Replaces the scenario (as `PUT /_sim/scenario` does).
+    pub fn set_scenario(&self, scenario: Scenario) {
+        let mut world = self.shared.world();
+        if let Some(seed) = scenario.seed {
+            world.rng = fastrand::Rng::with_seed(seed);
+        }
+        world.scenario = scenario;
+        world.release_stuck();
+    }
+
+    /// Adds one fault rule.
+    pub fn add_rule(&self, rule: Rule) {
+        self.shared.world().scenario.rules.push(rule);
+    }
+
+    /// Removes every rule; objects they held stuck move on.
+    pub fn clear_rules(&self) {
+        let mut world = self.shared.world();
+        world.scenario.rules.clear();
+        world.release_stuck();
+    }
+
+    /// Requests served so far, by operation, status and second.
+    pub fn request_log(&self) -> serde_json::Value {
+        serde_json::to_value(&self.shared.world().requests).unwrap_or_default()
+    }
+
+    /// Forgets the request log (as `DELETE /_sim/requests` does).
+    pub fn reset_request_log(&self) {
+        self.shared.world().requests.reset();
+    }
+
+    /// Real time the simulator spent serving requests so far.
+    pub fn busy(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(
+            self.shared
+                .busy_nanos
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// How many requests `"<service> <operation>"` received.
+    pub fn request_count(&self, service_operation: &str) -> u64 {
+        self.shared
+            .world()
+            .requests
+            .by_operation
+            .get(service_operation)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Pins the operating status of the Octavia objects with this id or name (`None` unpins);
+    /// false when there is none. The same as `POST /_sim/operating-status`.
+    pub fn set_operating_status(&self, id_or_name: &str, status: Option<&str>) -> bool {
+        let status = status.and_then(octavia::Oper::parse);
+        octavia::set_operating(&mut self.shared.world(), id_or_name, status)
+    }
+
+    /// Load balancers and members that exist now.
+    pub fn octavia_counts(&self) -> (usize, usize) {
+        let world = self.shared.world();
+        (world.octavia.lbs.len(), world.octavia.members.len())
+    }
+
+    /// Every member as the simulated Octavia holds it right now (no request is logged): the
+    /// ground truth benchmarks and tests compare a poller's view with.
+    pub fn member_truth(&self) -> Vec<MemberTruth> {
+        let world = self.shared.world();
+        world
+            .octavia
+            .members
+            .values()
+            .map(|m| MemberTruth {
+                lb_id: world
+                    .octavia
+                    .pools
+                    .get(&m.pool)
+                    .map(|p| p.lb.clone())
+                    .unwrap_or_default(),
+                pool_id: m.pool.clone(),
+                id: m.meta.id.clone(),
+                name: m.meta.name.clone(),
+                address: m.address.clone(),
+                port: m.protocol_port,
+                provisioning_status: m.meta.status.as_str(),
+                settled_at: m.settled_at,
+            })
+            .collect()
+    }
+
+    /// When the next pending transition is due (for tests that advance a paused clock).
+    pub fn next_transition(&self) -> Option<tokio::time::Instant> {
+        self.shared.world().next_due()
+    }
+
+    /// Stops serving.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for OpenStackSim {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A `cloud::Session` that calls the simulator in-process, without TCP: on tokio's paused
+/// clock, a test or benchmark runs the cloud layer against the simulator in virtual time.
+/// It authenticates with the simulator's Keystone (password) and re-authenticates once on 401.
+pub struct InProcessSession {
+    shared: Arc<server::Shared>,
+    scope: capo_provider::cloud::SessionScope,
+    token: Mutex<Option<String>>,
+}
+
+impl OpenStackSim {
+    /// An in-process session on this simulator.
+    pub fn session(&self) -> Arc<InProcessSession> {
+        Arc::new(InProcessSession {
+            shared: self.shared.clone(),
+            scope: capo_provider::cloud::SessionScope {
+                auth_url: self.auth_url(),
+                region: self.shared.world().settings.region.clone(),
+            },
+            token: Mutex::new(None),
+        })
+    }
+}
+
+impl InProcessSession {
+    async fn authenticate(&self) -> Option<String> {
+        let body = {
+            let world = self.shared.world();
+            let s = &world.settings;
+            serde_json::json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
+                "name": s.username, "password": s.password, "domain": {"name": "Default"}}}}}})
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let reply = server::handle_request(
+            &self.shared,
+            &axum::http::Method::POST,
+            "/identity/v3/auth/tokens",
+            None,
+            None,
+            &body,
+        )
+        .await;
+        let token = reply
+            .headers
+            .iter()
+            .find(|(name, _)| *name == "x-subject-token")
+            .map(|(_, value)| value.clone());
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = token.clone();
+        token
+    }
+
+    async fn send_once(
+        &self,
+        parts: &axum::http::request::Parts,
+        body: &[u8],
+        token: Option<&str>,
+    ) -> world::Reply {
+        server::handle_request(
+            &self.shared,
+            &parts.method,
+            parts.uri.path(),
+            parts.uri.query(),
+            token,
+            body,
+        )
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl capo_provider::cloud::Session for InProcessSession {
+    fn scope(&self) -> &capo_provider::cloud::SessionScope {
+        &self.scope
+    }
+
+    async fn service_url(
+        &self,
+        service: capo_provider::cloud::Service,
+    ) -> Result<url::Url, capo_provider::cloud::SendError> {
+        let prefix = keystone::SERVICES
+            .iter()
+            .find(|(kind, _, _)| *kind == service.as_str())
+            .map(|(_, _, prefix)| *prefix)
+            .unwrap_or_default();
+        url::Url::parse(&format!("{}/{prefix}", self.shared.base))
+            .map(|url| capo_provider::cloud::versioned_base(url, service))
+            .map_err(|e| capo_provider::cloud::SendError::Other(e.to_string()))
+    }
+
+    async fn send(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<bytes::Bytes>, capo_provider::cloud::SendError> {
+        let (parts, body) = request.into_parts();
+        let current = self.token.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let token = match current {
+            Some(token) => Some(token),
+            None => self.authenticate().await,
+        };
+        let mut reply = self.send_once(&parts, &body, token.as_deref()).await;
+        if reply.status == axum::http::StatusCode::UNAUTHORIZED {
+            let token = self.authenticate().await;
+            reply = self.send_once(&parts, &body, token.as_deref()).await;
+        }
+        let mut response = http::Response::builder().status(reply.status.as_u16());
+        for (name, value) in &reply.headers {
+            response = response.header(*name, value.as_str());
+        }
+        let body = reply
+            .body
+            .map(|b| serde_json::to_vec(&b).unwrap_or_default())
+            .unwrap_or_default();
+        response
+            .body(bytes::Bytes::from(body))
+            .map_err(|e| capo_provider::cloud::SendError::Other(e.to_string()))
+    }
+}

@@ -1,0 +1,337 @@
+//! The subcommands that run simulators and benchmarks (`sim`, `bench`), built only with the
+//! default `dev-tools` feature: the production build carries none of this code.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use capo_api::crds;
+use capo_bench::Strategy;
+use capo_bench::membership::BenchConfig;
+use capo_provider::membership::ScheduleConfig;
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
+use clap::Subcommand;
+
+use crate::cli::OpenStackArgs;
+
+/// Simulators.
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// A simulated Kubernetes API server (plain HTTP), for kubectl and controllers.
+    Kube {
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+        /// Write a kubeconfig for the server to this file.
+        #[arg(long)]
+        kubeconfig_out: Option<PathBuf>,
+        /// Install capo-rs's CRDs at start.
+        #[arg(long)]
+        with_crds: bool,
+    },
+    /// A simulated OpenStack (Keystone, Nova, Neutron, Glance, Octavia) on one port.
+    Openstack {
+        /// Address to listen on (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:5000")]
+        listen: SocketAddr,
+        /// Write a clouds.yaml for the simulator (clouds `sim` and `sim-appcred`) to this file.
+        #[arg(long)]
+        clouds_yaml_out: Option<PathBuf>,
+        /// Timings and faults to start with (YAML or JSON; see the README).
+        #[arg(long)]
+        scenario: Option<PathBuf>,
+    },
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Cost of the OpenStack request path per call, without the network.
+    RequestPath {
+        /// Calls per measurement.
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..))]
+        calls: u32,
+    },
+    /// Control-plane rollouts against the simulated cloud, once per membership strategy.
+    Membership {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        clusters: u32,
+        /// Control-plane members per cluster.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        members: u32,
+        /// Seconds over which rollouts start.
+        #[arg(long, default_value_t = 3600)]
+        window: u64,
+        /// Engine budget: requests per second to the cloud endpoint.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        qps: u32,
+        #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(1..))]
+        burst: u32,
+        /// Seconds in PENDING_* before a member is stuck.
+        #[arg(long, default_value_t = 600)]
+        stuck_after: u64,
+        /// Share of members that take 120 s.
+        #[arg(long, default_value_t = 0.05, value_parser = share)]
+        slow_share: f64,
+        /// Share of members that get stuck.
+        #[arg(long, default_value_t = 0.01, value_parser = share)]
+        stuck_share: f64,
+        /// Share of members that go ERROR.
+        #[arg(long, default_value_t = 0.01, value_parser = share)]
+        error_share: f64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Status-tree: seconds between polls of an LB with something pending (at least 0.05).
+        #[arg(long, default_value_t = 1.5, value_parser = poll_interval)]
+        urgent_interval: f64,
+        /// Status-tree: seconds a pending state is polled at that interval before backing off.
+        #[arg(long, default_value_t = 180.0, value_parser = seconds)]
+        urgent_fresh: f64,
+        /// Status-tree: shortest drift interval for settled LBs, in seconds (at least 1).
+        #[arg(long, default_value_t = 300.0, value_parser = drift_interval)]
+        drift_min: f64,
+        /// Strategies to run, comma-separated.
+        #[arg(
+            long,
+            default_value = "status-tree,member-get,lb-only",
+            value_delimiter = ','
+        )]
+        strategies: Vec<Strategy>,
+    },
+    /// The engine at steady state: memory and CPU of tracking settled load balancers.
+    MembershipSteady {
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        load_balancers: u32,
+        #[arg(long, default_value_t = 3)]
+        members: u32,
+        /// Seconds of (virtual) steady state to measure.
+        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+        seconds: u64,
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        qps: u32,
+    },
+    /// The simulated Octavia at scale: memory and status-tree GET time in-process.
+    SimStatusTree {
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        load_balancers: u32,
+        #[arg(long, default_value_t = 3)]
+        members: u32,
+        /// Status-tree GETs to time.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+        gets: u32,
+    },
+    /// Paces concurrent calls through one endpoint's limiter (real time) and reports the
+    /// achieved rate and the largest burst seen.
+    RateLimit {
+        /// Calls to make, all at once.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+        requests: u32,
+        #[command(flatten)]
+        openstack: OpenStackArgs,
+    },
+}
+
+fn parse_at_least(text: &str, min: f64, what: &str) -> Result<f64, String> {
+    let value: f64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if value.is_finite() && value >= min {
+        Ok(value)
+    } else {
+        Err(format!("{what} must be at least {min}, not {text}"))
+    }
+}
+
+fn share(text: &str) -> Result<f64, String> {
+    let value = parse_at_least(text, 0.0, "a share")?;
+    if value <= 1.0 {
+        Ok(value)
+    } else {
+        Err(format!("a share is at most 1, not {text}"))
+    }
+}
+
+fn seconds(text: &str) -> Result<f64, String> {
+    parse_at_least(text, 0.0, "a duration")
+}
+
+fn poll_interval(text: &str) -> Result<f64, String> {
+    parse_at_least(text, 0.05, "the poll interval")
+}
+
+fn drift_interval(text: &str) -> Result<f64, String> {
+    parse_at_least(text, 1.0, "the drift interval")
+}
+
+/// Runs a benchmark. The virtual-time ones run on their own paused runtimes; the others on
+/// the process runtime `runtime` builds.
+pub fn bench(
+    command: BenchCommand,
+    runtime: fn() -> std::io::Result<tokio::runtime::Runtime>,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        BenchCommand::RequestPath { calls } => {
+            runtime()?
+                .block_on(capo_bench::request_path::run(calls))?
+                .print();
+        }
+        BenchCommand::Membership {
+            json,
+            clusters,
+            members,
+            window,
+            qps,
+            burst,
+            stuck_after,
+            slow_share,
+            stuck_share,
+            error_share,
+            seed,
+            urgent_interval,
+            urgent_fresh,
+            drift_min,
+            strategies,
+        } => {
+            let config = BenchConfig {
+                clusters,
+                members,
+                window: Duration::from_secs(window),
+                qps,
+                burst,
+                stuck_after: Duration::from_secs(stuck_after),
+                slow_share,
+                stuck_share,
+                error_share,
+                seed,
+                schedule: ScheduleConfig {
+                    urgent_initial: Duration::from_secs_f64(urgent_interval),
+                    urgent_fresh: Duration::from_secs_f64(urgent_fresh),
+                    drift_min: Duration::from_secs_f64(drift_min),
+                    ..ScheduleConfig::default()
+                },
+                ..BenchConfig::default()
+            };
+            let reports = capo_bench::membership::run(&config, &strategies)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"config": config, "results": reports})
+                    )?
+                );
+            } else {
+                capo_bench::membership::print_table(&config, &reports);
+            }
+        }
+        BenchCommand::MembershipSteady {
+            load_balancers,
+            members,
+            seconds,
+            qps,
+        } => {
+            let report = capo_bench::membership::steady(load_balancers, members, seconds, qps)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        }
+        BenchCommand::SimStatusTree {
+            load_balancers,
+            members,
+            gets,
+        } => {
+            capo_bench::sim_status_tree::run(load_balancers, members, gets)?.print();
+        }
+        BenchCommand::RateLimit {
+            requests,
+            openstack,
+        } => {
+            runtime()?
+                .block_on(capo_bench::request_path::rate_limit(
+                    requests,
+                    openstack.options(),
+                ))?
+                .print();
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a simulator until interrupted.
+pub async fn sim(command: SimCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        SimCommand::Kube {
+            listen,
+            kubeconfig_out,
+            with_crds,
+        } => run_kube_sim(listen, kubeconfig_out, with_crds).await?,
+        SimCommand::Openstack {
+            listen,
+            clouds_yaml_out,
+            scenario,
+        } => run_openstack_sim(listen, clouds_yaml_out, scenario).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_kube_sim(
+    listen: SocketAddr,
+    kubeconfig_out: Option<PathBuf>,
+    with_crds: bool,
+) -> anyhow::Result<()> {
+    let config = KubeSimConfig {
+        listen,
+        ..KubeSimConfig::default()
+    };
+    let sim = KubeSim::start(config).await?;
+    if with_crds {
+        let crds: Vec<serde_json::Value> = crds::all()
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        sim.install(&crds)?;
+    }
+    match kubeconfig_out {
+        Some(path) => {
+            std::fs::write(&path, sim.kubeconfig())?;
+            eprintln!("kubeconfig written to {}", path.display());
+        }
+        None => eprintln!("serving on {}", sim.url()),
+    }
+    tokio::signal::ctrl_c().await?;
+    sim.shutdown().await;
+    Ok(())
+}
+
+async fn run_openstack_sim(
+    listen: SocketAddr,
+    clouds_yaml_out: Option<PathBuf>,
+    scenario: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let scenario = match scenario {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            Scenario::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    let config = OpenStackSimConfig {
+        listen,
+        scenario,
+        ..OpenStackSimConfig::default()
+    };
+    let sim = OpenStackSim::start(config).await?;
+    if let Some(path) = clouds_yaml_out {
+        std::fs::write(&path, sim.clouds_yaml())?;
+        eprintln!("clouds.yaml written to {}", path.display());
+    }
+    eprintln!(
+        "simulated OpenStack on {} (Keystone: {})",
+        sim.url(),
+        sim.auth_url()
+    );
+    tokio::signal::ctrl_c().await?;
+    sim.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! Compatibility with CAPO: its sample manifests are accepted unchanged by our types and our
+//! CRD schemas, and our spec field paths equal CAPO's. Skips (with a notice) when the
+//! reference material in `../shared/capo` is absent.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+
+use capo_api::crds;
+use capo_api::{
+    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
+    OpenStackMachineTemplate, OpenStackServer,
+};
+use capo_sim::structural::{apply_defaults, prune, validate};
+use common::{
+    KINDS, capo_reference_dir, our_schema, sample_documents, storage_schema, yaml_documents,
+};
+use kube::core::cel::Validator;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// Parses strictly (any field our types do not know is an error) and re-serialises.
+fn strict_round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Value, String> {
+    let mut unknown = Vec::new();
+    let typed: T = serde_ignored::deserialize(doc.clone(), |path| unknown.push(path.to_string()))
+        .map_err(|e| e.to_string())?;
+    // The derived root types write `apiVersion` and `kind` themselves; the round trip below
+    // checks that they come back equal.
+    unknown.retain(|path| path != "apiVersion" && path != "kind");
+    if !unknown.is_empty() {
+        return Err(format!("unknown fields: {unknown:?}"));
+    }
+    serde_json::to_value(typed).map_err(|e| e.to_string())
+}
+
+fn round_trip(kind: &str, doc: &Value) -> Result<Value, String> {
+    match kind {
+        "OpenStackCluster" => strict_round_trip::<OpenStackCluster>(doc),
+        "OpenStackClusterTemplate" => strict_round_trip::<OpenStackClusterTemplate>(doc),
+        "OpenStackMachine" => strict_round_trip::<OpenStackMachine>(doc),
+        "OpenStackMachineTemplate" => strict_round_trip::<OpenStackMachineTemplate>(doc),
+        "OpenStackServer" => strict_round_trip::<OpenStackServer>(doc),
+        "OpenStackClusterIdentity" => strict_round_trip::<OpenStackClusterIdentity>(doc),
+        other => Err(format!("not our kind: {other}")),
+    }
+}
+
+#[test]
+fn every_capo_sample_document_is_accepted_unchanged() {
+    let Some(docs) = sample_documents() else {
+        return;
+    };
+    assert!(
+        !docs.is_empty(),
+        "CAPO's templates hold documents of our kinds"
+    );
+    let mut problems = Vec::new();
+    for (file, doc) in &docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let at = format!("{file}: {kind} {name}");
+        match round_trip(kind, doc) {
+            Ok(back) if &back == doc => {}
+            Ok(back) => problems.push(format!(
+                "{at}: round trip changed the document:\n{back:#}\nvs\n{doc:#}"
+            )),
+            Err(e) => problems.push(format!("{at}: {e}")),
+        }
+        let schema = our_schema(kind);
+        let mut stored = doc.clone();
+        apply_defaults(&mut stored, &schema);
+        let pruned = prune(&mut stored, &schema);
+        if !pruned.is_empty() {
+            problems.push(format!("{at}: the schema would prune {pruned:?}"));
+        }
+        for e in validate(&stored, &schema) {
+            problems.push(format!("{at}: {e}"));
+        }
+        if let Err(errors) = Validator::new().validate(&schema, &stored, None) {
+            problems.extend(
+                errors
+                    .into_vec()
+                    .into_iter()
+                    .map(|e| format!("{at}: CEL {}: {}", e.field_path, e.message)),
+            );
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    eprintln!("{} CAPO sample documents accepted", docs.len());
+}
+
+/// What the parity check compares at each field path.
+#[derive(Clone, Debug, PartialEq)]
+struct FieldShape {
+    type_: Value,
+    required: bool,
+    enum_: Value,
+    default: Value,
+    format: Value,
+    list_type: Value,
+    /// maxItems, maxLength, maxProperties, minItems, minLength, minimum, maximum, pattern:
+    /// the API server's CEL cost estimate depends on the upper bounds, and a bound tighter
+    /// than CAPO's would refuse a manifest CAPO accepts.
+    bounds: BTreeMap<&'static str, Value>,
+}
+
+const BOUNDS: [&str; 8] = [
+    "maxItems",
+    "maxLength",
+    "maxProperties",
+    "minItems",
+    "minLength",
+    "minimum",
+    "maximum",
+    "pattern",
+];
+
+/// Every field path below `spec` with its shape. `list_type` is recorded only where the
+/// reference declares one, so we may add list-type markers CAPO lacks.
+fn spec_fields(schema: &Value) -> BTreeMap<String, FieldShape> {
+    let mut out = BTreeMap::new();
+    walk(&schema["properties"]["spec"], "spec", false, &mut out);
+    out
+}
+
+fn walk(node: &Value, path: &str, required: bool, out: &mut BTreeMap<String, FieldShape>) {
+    out.insert(
+        path.to_owned(),
+        FieldShape {
+            type_: node["type"].clone(),
+            required,
+            enum_: node["enum"].clone(),
+            default: node["default"].clone(),
+            format: node["format"].clone(),
+            list_type: node["x-kubernetes-list-type"].clone(),
+            bounds: BOUNDS
+                .iter()
+                // Compared as numbers: our typed CRDs hold bounds as floats.
+                .filter_map(|b| {
+                    node.get(*b)
+                        .map(|v| (*b, v.as_f64().map_or(v.clone(), |f| json!(f))))
+                })
+                .collect(),
+        },
+    );
+    let required_names: Vec<&str> = node["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for (name, child) in node["properties"].as_object().into_iter().flatten() {
+        walk(
+            child,
+            &format!("{path}.{name}"),
+            required_names.contains(&name.as_str()),
+            out,
+        );
+    }
+    if node.get("items").is_some() {
+        walk(&node["items"], &format!("{path}[]"), false, out);
+    }
+    if node["additionalProperties"].is_object() {
+        walk(
+            &node["additionalProperties"],
+            &format!("{path}{{}}"),
+            false,
+            out,
+        );
+    }
+}
+
+#[test]
+fn our_spec_field_paths_equal_capos() {
+    let Some(dir) = capo_reference_dir() else {
+        return;
+    };
+    let mut differences = Vec::new();
+    for (kind, _) in KINDS {
+        // CAPO's files follow the same `<group>_<plural>.yaml` convention as ours.
+        let ours_crd = crds::all()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .expect("our CRD");
+        let file = dir.join("crds").join(crds::file_name(&ours_crd));
+        let reference = yaml_documents(&std::fs::read_to_string(&file).expect("CAPO CRD file"));
+        let theirs = spec_fields(&storage_schema(&reference[0]));
+        let ours = spec_fields(&our_schema(kind));
+        assert!(theirs.len() > 1, "{kind}: reference has spec fields");
+        for (path, their_shape) in &theirs {
+            let Some(our_shape) = ours.get(path) else {
+                differences.push(format!("{kind} {path}: missing"));
+                continue;
+            };
+            let comparable = FieldShape {
+                list_type: if their_shape.list_type.is_null() {
+                    Value::Null
+                } else {
+                    our_shape.list_type.clone()
+                },
+                // The root `spec` is required in our CRDs (see README); CAPO leaves it optional.
+                required: if path == "spec" {
+                    their_shape.required
+                } else {
+                    our_shape.required
+                },
+                ..our_shape.clone()
+            };
+            if &comparable != their_shape {
+                differences.push(format!(
+                    "{kind} {path}: ours {our_shape:?} vs CAPO {their_shape:?}"
+                ));
+            }
+        }
+        eprintln!("{kind}: {} spec field paths compared", theirs.len());
+        differences.extend(
+            ours.keys()
+                .filter(|p| !theirs.contains_key(*p))
+                .map(|p| format!("{kind} {p}: not in CAPO")),
+        );
+    }
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+}

@@ -1,0 +1,15 @@
+//! capo-rs's integration tests, linked into one binary: on two cores linking dominates, and one
+//! binary links once. Run a part with a filter, for example `cargo test --test it real_octavia`.
+//!
+//! Shared builders live in [`common`] and in `capo_sim::support`; nothing here reaches into
+//! production code that exists only for tests.
+
+mod capo_compat;
+mod cloud;
+mod common;
+mod crds;
+mod membership;
+mod real_octavia;
+mod sim_kube;
+mod sim_kubectl;
+mod sim_openstack;

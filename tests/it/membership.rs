@@ -1,0 +1,703 @@
+//! The membership engine against the simulated cloud, in-process on tokio's paused clock.
+
+use crate::common;
+
+use std::time::Duration;
+
+use capo_bench::Strategy;
+use capo_provider::cloud::octavia::MemberSpec;
+use capo_provider::cloud::{CloudClient, CloudOptions, Clouds};
+use capo_provider::membership::{
+    Changes, DesiredLb, Engine, EngineConfig, EngineError, Notice, ObjectName, Observer, OwnerKind,
+    Reason, Seen, StatusTreeObserver,
+};
+use capo_sim::openstack::{
+    Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, RateLimitFault, Rule, Scenario,
+    Timings,
+};
+use prometheus::Registry;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+fn scenario(rules: Vec<Rule>) -> Scenario {
+    Scenario {
+        seed: Some(7),
+        timings: Timings {
+            lb_create: Delay::Fixed(0.5),
+            lb_update: Delay::Fixed(0.3),
+            child_create: Delay::Fixed(0.3),
+            member_create: Delay::Fixed(5.0),
+            member_delete: Delay::Fixed(2.0),
+            ..Timings::default()
+        },
+        rules,
+        ..Scenario::default()
+    }
+}
+
+struct Setup {
+    sim: OpenStackSim,
+    client: CloudClient,
+    engine: Engine,
+    changes: Changes,
+    lb: String,
+    pool: String,
+    registry: Registry,
+}
+
+async fn setup(rules: Vec<Rule>, strategy: Strategy) -> Setup {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        scenario: scenario(rules),
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let (lb, pool) = capo_sim::support::api_load_balancer(&client, "c1-kubeapi")
+        .await
+        .unwrap();
+    let config = EngineConfig {
+        stuck_after: Duration::from_secs(60),
+        schedule: strategy.schedule(EngineConfig::default().schedule),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::with_observer(
+        config,
+        strategy.observer(),
+        &registry,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let changes = engine.subscribe();
+    Setup {
+        sim,
+        client,
+        engine,
+        changes,
+        lb,
+        pool,
+        registry,
+    }
+}
+
+/// Waits (in virtual time, bounded) until the load balancer is out of PENDING_*.
+async fn settle(client: &CloudClient, lb: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        capo_sim::support::settle(client, lb),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("load balancer {lb} stayed pending"))
+    .unwrap();
+}
+
+fn desired(setup: &Setup, members: &[(&str, &str, Option<String>)]) -> DesiredLb {
+    let members: Vec<(&str, &str, Option<&str>)> = members
+        .iter()
+        .map(|(name, address, id)| (*name, *address, id.as_deref()))
+        .collect();
+    common::desired_lb(&setup.lb, &setup.pool, &members)
+}
+
+async fn add_member(setup: &Setup, name: &str, address: &str) -> String {
+    settle(&setup.client, &setup.lb).await;
+    let spec = MemberSpec::new(name, address, 6443);
+    setup
+        .client
+        .octavia()
+        .create_member(&setup.pool, &spec)
+        .await
+        .unwrap()
+        .id
+}
+
+/// The next change with this reason (within an hour of virtual time).
+async fn wait_for(setup: &mut Setup, reason: Reason) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let change = tokio::time::timeout_at(deadline, common::next_change(&mut setup.changes))
+            .await
+            .expect("no change in time")
+            .unwrap();
+        if change.reason == reason {
+            return Instant::now();
+        }
+    }
+}
+
+/// Ground truth: is every desired address ACTIVE in the simulated pool?
+fn truly_ready(setup: &Setup, addresses: &[&str]) -> bool {
+    let truth = setup.sim.member_truth();
+    addresses.iter().all(|a| {
+        truth.iter().any(|m| {
+            m.address == *a && m.pool_id == setup.pool && m.provisioning_status == "ACTIVE"
+        })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_active_lb_with_a_pending_member_is_never_ready() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    let first = tokio::time::timeout(Duration::from_secs(5), common::next_change(&mut s.changes))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(first.reason, Reason::Ready);
+    // The LB is ACTIVE again long before the member (5 s): still not ready.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let snapshot = s.engine.snapshot(&s.lb).unwrap();
+    assert_eq!(
+        snapshot.verdict.reason,
+        Reason::MembersPending,
+        "{snapshot:?}"
+    );
+    let ready_at = wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    let settled = s.sim.member_truth()[0].settled_at.unwrap();
+    let lag = ready_at - settled;
+    assert!(
+        lag <= Duration::from_secs(2),
+        "detected {lag:?} after the member became ACTIVE"
+    );
+    // The change names the cluster and the machine, each with its kind.
+    let wakes: Vec<(OwnerKind, ObjectName)> = first
+        .wakes()
+        .map(|(kind, name)| (kind, name.clone()))
+        .collect();
+    assert_eq!(
+        wakes,
+        [
+            (
+                OwnerKind::OpenStackCluster,
+                ObjectName::new("default", "c1")
+            ),
+            (
+                OwnerKind::OpenStackMachine,
+                ObjectName::new("default", "cp-1")
+            ),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lb_only_is_ready_too_early_which_is_the_failure_we_prevent() {
+    let mut s = setup(vec![], Strategy::LbOnly).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(
+        !truly_ready(&s, &["10.0.0.1"]),
+        "lb-only said Ready while the member was still pending"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stuck_member_is_flagged_on_time_and_recovers() {
+    let rule = Rule {
+        kind: ObjectKind::Member,
+        name: "cp-2".into(),
+        effect: Effect::Stuck,
+        times: None,
+    };
+    let mut s = setup(vec![rule], Strategy::StatusTree).await;
+    add_member(&s, "cp-2", "10.0.0.2").await;
+    let requested = Instant::now();
+    s.engine
+        .ensure(desired(&s, &[("cp-2", "10.0.0.2", None)]), &s.client);
+    let flagged = wait_for(&mut s, Reason::MemberStuck).await;
+    let late = flagged - requested;
+    assert!(
+        late >= Duration::from_secs(60) && late <= Duration::from_secs(65),
+        "flagged after {late:?}"
+    );
+    let message = s
+        .engine
+        .snapshot(&s.lb)
+        .unwrap()
+        .verdict
+        .message(Instant::now());
+    assert!(message.contains("cp-2:6443"), "{message}");
+    s.sim.clear_rules();
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.2"]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_members_are_flagged_within_five_seconds() {
+    let rule = Rule {
+        kind: ObjectKind::Member,
+        name: "bad".into(),
+        effect: Effect::Error,
+        times: None,
+    };
+    let mut s = setup(vec![rule], Strategy::StatusTree).await;
+    add_member(&s, "bad", "10.0.0.3").await;
+    s.engine
+        .ensure(desired(&s, &[("bad", "10.0.0.3", None)]), &s.client);
+    let flagged = wait_for(&mut s, Reason::MemberError).await;
+    let errored = s.sim.member_truth()[0].settled_at.unwrap();
+    assert!(
+        flagged - errored <= Duration::from_secs(5),
+        "{:?}",
+        flagged - errored
+    );
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&s.registry.gather())
+        .unwrap();
+    assert!(
+        text.contains(r#"capo_lb_member_error_total{cluster="c1",namespace="default"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"capo_lb_gate_reason{cluster="c1",loadbalancer=""#),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_members_are_reported_not_deleted() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    add_member(&s, "old", "10.0.0.9").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    let snapshot = s.engine.snapshot(&s.lb).unwrap();
+    assert_eq!(
+        snapshot.verdict.stale,
+        vec!["old (10.0.0.9:6443)".to_owned()]
+    );
+    assert_eq!(s.sim.member_truth().len(), 2, "the engine deletes nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_storm_pauses_polling_and_the_gate_opens_after() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let mut storm = scenario(vec![]);
+    storm.rate_limits.push(RateLimitFault {
+        service: Some("load-balancer".into()),
+        above_per_second: None,
+        probability: Some(1.0),
+        retry_after: 5,
+    });
+    s.sim.set_scenario(storm);
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let limited = s.sim.request_count("load-balancer loadbalancer_status_get");
+    // One attempt per Retry-After pause at most (plus the in-line retry), not a flood.
+    assert!(
+        limited <= 60 / 5 * 2 + 2,
+        "{limited} requests during a 60 s storm"
+    );
+    assert_ne!(
+        s.engine.snapshot(&s.lb).unwrap().verdict.reason,
+        Reason::Ready
+    );
+    s.sim.set_scenario(scenario(vec![]));
+    wait_for(&mut s, Reason::Ready).await;
+}
+
+/// A reconciler may stamp `requested_at` with now on every ensure: the first request counts,
+/// and an unchanged wish is not a new generation.
+#[tokio::test(start_paused = true)]
+async fn re_ensuring_the_same_members_keeps_the_first_request_time() {
+    let s = setup(vec![], Strategy::StatusTree).await;
+    let id = add_member(&s, "m0", "10.0.2.10").await;
+    let first = s.engine.ensure(
+        desired(&s, &[("m0", "10.0.2.10", Some(id.clone()))]),
+        &s.client,
+    );
+    let asked = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = s
+        .engine
+        .ensure(desired(&s, &[("m0", "10.0.2.10", Some(id))]), &s.client);
+    assert_eq!(again, first);
+    let snapshot = s.engine.snapshot(&s.lb).expect("tracked");
+    assert_eq!(snapshot.members[0].desired.requested_at, asked);
+}
+
+/// Once it has watched 30 members finish, the engine polls a new one where members finish
+/// on this cloud instead of every 1.5 s, and still notices within the fast pace.
+#[tokio::test(start_paused = true)]
+async fn polls_aim_at_learned_provisioning_times() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let mut slow = scenario(vec![]);
+    slow.timings.member_create = Delay::Fixed(20.0);
+    s.sim.set_scenario(slow);
+    let mut members: Vec<(String, String, Option<String>)> = Vec::new();
+    let mut last = (0, 0.0);
+    for i in 0..31 {
+        let (name, address) = (format!("m{i}"), format!("10.0.1.{}", i + 10));
+        let id = add_member(&s, &name, &address).await;
+        members.push((name, address, Some(id.clone())));
+        let wanted: Vec<(&str, &str, Option<String>)> = members
+            .iter()
+            .map(|(n, a, id)| (n.as_str(), a.as_str(), id.clone()))
+            .collect();
+        let polls_before = s.sim.request_count("load-balancer loadbalancer_status_get");
+        s.engine.ensure(desired(&s, &wanted), &s.client);
+        let ready = wait_for(&mut s, Reason::Ready).await;
+        let settled = s
+            .sim
+            .member_truth()
+            .into_iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.settled_at)
+            .expect("the member settled");
+        let polls = s.sim.request_count("load-balancer loadbalancer_status_get") - polls_before;
+        last = (polls, (ready - settled).as_secs_f64());
+        if i == 0 {
+            assert!(polls >= 13, "unlearnt: every 1.5 s for 20 s, got {polls}");
+        }
+    }
+    let (polls, lag) = last;
+    assert!(
+        polls <= 5,
+        "learnt: a few polls for a 20 s member, got {polls}"
+    );
+    assert!(lag <= 1.6, "noticed {lag} s after the member finished");
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_get_follows_a_created_member_until_active() {
+    let mut s = setup(vec![], Strategy::MemberGet).await;
+    let id = add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", Some(id))]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    assert!(s.sim.request_count("load-balancer loadbalancer_member_get") >= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forgetting_stops_polling_and_a_deleted_lb_is_reported() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    wait_for(&mut s, Reason::Ready).await;
+    s.client
+        .octavia()
+        .delete_load_balancer(&s.lb, true)
+        .await
+        .unwrap();
+    let gone = wait_for(&mut s, Reason::LoadBalancerError).await;
+    assert!(gone.elapsed() < Duration::from_secs(1));
+    assert!(
+        s.engine
+            .snapshot(&s.lb)
+            .unwrap()
+            .verdict
+            .message(Instant::now())
+            .contains("not found")
+    );
+    s.engine.forget(&s.lb);
+    let before = s.sim.request_count("load-balancer loadbalancer_status_get");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(
+        s.sim.request_count("load-balancer loadbalancer_status_get"),
+        before
+    );
+    assert!(s.engine.is_empty());
+}
+
+/// The simulator's session, but the status tree is forbidden (as a restrictive policy does).
+struct NoStatusTree(std::sync::Arc<dyn capo_provider::cloud::Session>);
+
+#[async_trait::async_trait]
+impl capo_provider::cloud::Session for NoStatusTree {
+    fn scope(&self) -> &capo_provider::cloud::SessionScope {
+        self.0.scope()
+    }
+    async fn service_url(
+        &self,
+        service: capo_provider::cloud::Service,
+    ) -> Result<url::Url, capo_provider::cloud::SendError> {
+        self.0.service_url(service).await
+    }
+    async fn send(
+        &self,
+        request: http::Request<Vec<u8>>,
+    ) -> Result<http::Response<bytes::Bytes>, capo_provider::cloud::SendError> {
+        if request.uri().path().ends_with("/status") {
+            let body = br#"{"faultcode":"Client","faultstring":"Policy does not allow this request to be performed.","debuginfo":null}"#;
+            return Ok(http::Response::builder()
+                .status(403)
+                .body(bytes::Bytes::from_static(body))
+                .unwrap());
+        }
+        self.0.send(request).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_lists_stand_in_when_the_status_tree_is_refused() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let restricted = clouds.client(std::sync::Arc::new(NoStatusTree(s.sim.session())));
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &restricted);
+    wait_for(&mut s, Reason::Ready).await;
+    assert!(truly_ready(&s, &["10.0.0.1"]));
+    assert!(
+        s.sim
+            .request_count("load-balancer loadbalancer_member_list")
+            >= 1
+    );
+    assert_eq!(
+        s.sim.request_count("load-balancer loadbalancer_status_get"),
+        0,
+        "refused before reaching the cloud"
+    );
+}
+
+/// `capo-rs watch-lb` against the simulator over HTTP: exit 0 when ready, 3 on an ERROR member.
+#[tokio::test]
+async fn watch_lb_reports_transitions_and_exits_by_verdict() {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        scenario: Scenario {
+            timings: Timings {
+                member_create: Delay::Fixed(0.3),
+                ..scenario(vec![]).timings
+            },
+            ..scenario(vec![])
+        },
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let octavia = client.octavia();
+    let (lb, pool) = capo_sim::support::api_load_balancer(&client, "watched")
+        .await
+        .unwrap();
+    octavia
+        .create_member(&pool, &MemberSpec::new("cp-0", "10.0.0.5", 6443))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let clouds_yaml = dir.path().join("clouds.yaml");
+    std::fs::write(&clouds_yaml, sim.clouds_yaml()).unwrap();
+    let watch = |name: &str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"))
+            .args(["watch-lb", "--clouds-yaml"])
+            .arg(&clouds_yaml)
+            .args(["--cloud", "sim", "--until-ready", name])
+            .output()
+    };
+    let ready = watch("watched").await.unwrap();
+    let stdout = String::from_utf8_lossy(&ready.stdout);
+    assert_eq!(ready.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("member cp-0:6443 -> Active"), "{stdout}");
+    assert!(stdout.contains("gate Ready"), "{stdout}");
+
+    settle(&client, &lb).await;
+    sim.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "cp-bad".into(),
+        effect: Effect::Error,
+        times: None,
+    });
+    octavia
+        .create_member(&pool, &MemberSpec::new("cp-bad", "10.0.0.6", 6443))
+        .await
+        .unwrap();
+    let failed = watch(&lb).await.unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&failed.stdout)
+    );
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("members in ERROR: cp-bad:6443"));
+    let missing = watch("no-such-lb").await.unwrap();
+    assert_ne!(missing.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no load balancer has id or name"));
+}
+
+/// An observer that panics on its first poll, then looks through status trees.
+struct PanicsOnce(std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl Observer for PanicsOnce {
+    fn name(&self) -> &'static str {
+        "panics-once"
+    }
+
+    async fn observe(
+        &self,
+        client: &CloudClient,
+        desired: &DesiredLb,
+    ) -> Result<Seen, capo_provider::cloud::CloudError> {
+        if !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected panic in a poll");
+        }
+        StatusTreeObserver.observe(client, desired).await
+    }
+}
+
+/// The value of a counter or gauge series with these labels, 0 when absent.
+fn metric(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric())
+        .filter(|m| {
+            labels.iter().all(|(key, value)| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == *key && l.value() == *value)
+            })
+        })
+        .map(|m| m.get_counter().get_value() + m.get_gauge().get_value())
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_that_panics_is_counted_and_its_lb_polled_again() {
+    let s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let registry = Registry::new();
+    let observer = std::sync::Arc::new(PanicsOnce(std::sync::atomic::AtomicBool::new(false)));
+    let engine = Engine::with_observer(
+        EngineConfig::default(),
+        observer,
+        &registry,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    let mut changes = engine.subscribe();
+    engine.ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(change) = common::next_change(&mut changes).await {
+            if change.reason == Reason::Ready {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(ready, Ok(true), "the LB was polled again after the panic");
+    let panics = metric(
+        &registry,
+        "capo_lb_engine_panics_total",
+        &[("task", "poll")],
+    );
+    assert_eq!(panics, 1.0);
+    engine.shutdown().await;
+}
+
+/// A subscriber that falls behind is told so, and nothing is lost without a word: what it
+/// missed plus what it received is every change.
+#[tokio::test(start_paused = true)]
+async fn a_slow_subscriber_gets_a_resync_instead_of_silent_loss() {
+    let s = setup(vec![], Strategy::StatusTree).await;
+    let registry = Registry::new();
+    let config = EngineConfig {
+        change_buffer: 2,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(config, &registry, CancellationToken::new()).unwrap();
+    let mut slow = engine.subscribe();
+    let mut fast = engine.subscribe();
+    let mut published = 0u64;
+    let mut wanted: Vec<(String, String, Option<String>)> = Vec::new();
+    for i in 1..=5 {
+        wanted.push((format!("m{i}"), format!("10.0.3.{i}"), None));
+        let members: Vec<(&str, &str, Option<String>)> = wanted
+            .iter()
+            .map(|(n, a, id)| (n.as_str(), a.as_str(), id.clone()))
+            .collect();
+        let generation = engine.ensure(desired(&s, &members), &s.client);
+        // The fast subscriber keeps up; it tells when this generation's verdict is out.
+        loop {
+            let change =
+                tokio::time::timeout(Duration::from_secs(60), common::next_change(&mut fast))
+                    .await
+                    .expect("a verdict for every generation")
+                    .expect("the engine runs");
+            published += 1;
+            if change.generation >= generation {
+                break;
+            }
+        }
+    }
+    let mut notices = Vec::new();
+    while let Some(Some(notice)) = futures::FutureExt::now_or_never(slow.recv()) {
+        notices.push(notice);
+    }
+    let Some(Notice::Resync { missed }) = notices.first() else {
+        panic!("the slow subscriber was not told to re-sync: {notices:?}");
+    };
+    let received = notices
+        .iter()
+        .filter(|n| matches!(n, Notice::Changed(_)))
+        .count() as u64;
+    assert_eq!(missed + received, published, "{notices:?}");
+    assert_eq!(received, 2, "the buffer's worth, the newest ones");
+    let Some(Notice::Changed(last)) = notices.last() else {
+        panic!("{notices:?}");
+    };
+    assert_eq!(last.generation, 5);
+    assert_eq!(metric(&registry, "capo_lb_change_resyncs_total", &[]), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forgetting_an_endpoints_last_lb_ends_its_loop_and_shutdown_waits_for_all() {
+    let s = setup(vec![], Strategy::StatusTree).await;
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    assert_eq!(s.engine.running_loops(), 1);
+    s.engine.forget(&s.lb);
+    // On the paused clock this runs every task until all are idle, then moves time on.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(s.engine.running_loops(), 0, "no LB left, no loop left");
+
+    s.engine
+        .ensure(desired(&s, &[("cp-1", "10.0.0.1", None)]), &s.client);
+    assert_eq!(s.engine.running_loops(), 1, "a new LB starts a new loop");
+    let mut changes = s.engine.subscribe();
+    s.engine.shutdown().await;
+    assert_eq!(s.engine.running_loops(), 0);
+    // Subscribers hear the end rather than waiting forever.
+    while let Some(notice) = changes.recv().await {
+        assert!(matches!(notice, Notice::Changed(_)), "{notice:?}");
+    }
+}
+
+#[test]
+fn an_engine_outside_a_runtime_is_an_error_not_a_panic() {
+    let engine = Engine::new(
+        EngineConfig::default(),
+        &Registry::new(),
+        CancellationToken::new(),
+    );
+    assert!(matches!(engine, Err(EngineError::NoRuntime)));
+}
+
+#[test]
+fn change_kinds_are_the_api_kinds() {
+    use kube::Resource;
+    assert_eq!(
+        OwnerKind::OpenStackCluster.as_str(),
+        capo_api::OpenStackCluster::kind(&())
+    );
+    assert_eq!(
+        OwnerKind::OpenStackMachine.as_str(),
+        capo_api::OpenStackMachine::kind(&())
+    );
+}

@@ -1,0 +1,841 @@
+//! Our Octavia client and the membership engine against a real Octavia (`tests/octavia/up.sh`:
+//! Octavia 19 with no-op drivers, MariaDB, RabbitMQ), and every scenario again against
+//! `sim::openstack`, so the simulator is held to what the real service does.
+//!
+//! The real tier reads the API's URL from `CAPO_REAL_OCTAVIA_URL` (up.sh prints it). Without it
+//! the `real_*` tests only print a notice, unless `CAPO_REQUIRE_REAL_OCTAVIA=1` (set by
+//! `.ci/run`) makes a missing stack a failure. Faults are injected with `tests/octavia/fault.sh`
+//! (MySQL triggers, SIGSTOP of the worker), so the real tests run one at a time.
+
+use crate::common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use capo_provider::cloud::octavia::{
+    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
+};
+use capo_provider::cloud::{CloudClient, CloudError, CloudOptions, Clouds, NoAuthSession, Service};
+use capo_provider::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
+use capo_sim::openstack::{
+    CloudSettings, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
+};
+use prometheus::Registry;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Any UUID will do as the VIP subnet with the no-op network driver (and in the simulator).
+const VIP_SUBNET: &str = "8f6b1e0a-3c55-4d0e-9a57-2f1f0c6a4b21";
+
+/// The project the tests act as (noauth Octavia takes it from `X-Project-Id`).
+const PROJECT: &str = "capo-rs-test";
+
+/// How long scenario (a) holds a member PENDING while its LB is ACTIVE.
+const HOLD: Duration = Duration::from_secs(20);
+
+/// One place the scenarios run: a real Octavia or the simulator.
+#[async_trait]
+trait Backend: Send + Sync {
+    fn client(&self) -> CloudClient;
+    /// Members named `prefix*` stay PENDING_CREATE while their LB goes ACTIVE.
+    async fn hold_members(&self, prefix: &str);
+    /// Held members finish (ACTIVE).
+    async fn release_members(&self, prefix: &str);
+    /// Members named `prefix*` end in ERROR.
+    async fn fail_members(&self, prefix: &str);
+    /// Nothing progresses: every object stays PENDING_* (the LB included).
+    async fn hold_worker(&self);
+    async fn release_worker(&self);
+    async fn clear(&self);
+}
+
+// ------------------------------------------------------------------------------ real Octavia
+
+struct RealOctavia {
+    client: CloudClient,
+    _clouds: Arc<Clouds>,
+}
+
+fn fault_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/octavia/fault.sh")
+}
+
+/// Runs the fault helper; a fault that cannot be set is a failed test, not a quiet one.
+async fn fault(args: &[&str]) {
+    let output = tokio::process::Command::new("bash")
+        .arg(fault_script())
+        .args(args)
+        .output()
+        .await
+        .expect("run tests/octavia/fault.sh");
+    assert!(
+        output.status.success(),
+        "fault.sh {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[async_trait]
+impl Backend for RealOctavia {
+    fn client(&self) -> CloudClient {
+        self.client.clone()
+    }
+    async fn hold_members(&self, prefix: &str) {
+        // Until released: the test decides when the member finishes.
+        fault(&["member-hold", &format!("{prefix}%"), "3600"]).await;
+    }
+    async fn release_members(&self, prefix: &str) {
+        fault(&["member-release", &format!("{prefix}%")]).await;
+    }
+    async fn fail_members(&self, prefix: &str) {
+        fault(&["member-error", &format!("{prefix}%")]).await;
+    }
+    async fn hold_worker(&self) {
+        fault(&["worker-stop"]).await;
+    }
+    async fn release_worker(&self) {
+        fault(&["worker-cont"]).await;
+    }
+    async fn clear(&self) {
+        fault(&["clear"]).await;
+        fault(&["worker-cont"]).await;
+    }
+}
+
+/// The real tests share one Octavia and its faults: one at a time.
+static REAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The real stack, or `None` (with a notice) when it is not running and not required.
+fn real_octavia() -> Option<RealOctavia> {
+    let required = std::env::var("CAPO_REQUIRE_REAL_OCTAVIA").is_ok_and(|v| v == "1");
+    let Some(url) = std::env::var("CAPO_REAL_OCTAVIA_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    else {
+        assert!(
+            !required,
+            "CAPO_REQUIRE_REAL_OCTAVIA=1 but CAPO_REAL_OCTAVIA_URL is unset: start the stack with tests/octavia/up.sh"
+        );
+        eprintln!(
+            "NOTICE: CAPO_REAL_OCTAVIA_URL is unset; skipping the real Octavia tier (tests/octavia/up.sh starts it)"
+        );
+        return None;
+    };
+    let url = url::Url::parse(&url).expect("CAPO_REAL_OCTAVIA_URL is a URL");
+    let session = NoAuthSession::new([(Service::LoadBalancer, url)], Some(PROJECT.into()))
+        .expect("a noauth session");
+    let clouds = Clouds::new(
+        CloudOptions::default(),
+        &Registry::new(),
+        CancellationToken::new(),
+    )
+    .expect("clouds");
+    Some(RealOctavia {
+        client: clouds.client(Arc::new(session)),
+        _clouds: clouds,
+    })
+}
+
+/// Runs a scenario on the real stack, alone, with faults cleared before and after.
+macro_rules! on_real_octavia {
+    ($scenario:ident) => {{
+        let Some(real) = real_octavia() else { return };
+        let _alone = REAL.lock().await;
+        real.clear().await;
+        let outcome = tokio::time::timeout(Duration::from_secs(180), $scenario(&real)).await;
+        real.clear().await;
+        outcome.expect("scenario finished within 3 minutes");
+    }};
+}
+
+// ------------------------------------------------------------------------------ simulator
+
+struct Simulated {
+    sim: OpenStackSim,
+    client: CloudClient,
+    _clouds: Arc<Clouds>,
+}
+
+impl Simulated {
+    /// Timings and ordering of the real no-op Octavia's: a member settles (in ~0.3 s) before its
+    /// LB unlocks.
+    async fn start() -> Simulated {
+        let sim = OpenStackSim::start(OpenStackSimConfig {
+            // No health manager on the test stack: nothing reports the amphorae healthy.
+            settings: CloudSettings {
+                heartbeats: false,
+                ..CloudSettings::default()
+            },
+            scenario: Scenario {
+                seed: Some(11),
+                timings: Timings {
+                    lb_waits_for_members: true,
+                    ..Timings::default()
+                },
+                ..Scenario::default()
+            },
+            ..OpenStackSimConfig::default()
+        })
+        .await
+        .expect("simulator");
+        let clouds = Clouds::new(
+            CloudOptions::default(),
+            &Registry::new(),
+            CancellationToken::new(),
+        )
+        .expect("clouds");
+        let client = clouds.client(sim.session());
+        Simulated {
+            sim,
+            client,
+            _clouds: clouds,
+        }
+    }
+
+    fn rule(&self, kind: ObjectKind, name: String, effect: Effect) {
+        self.sim.add_rule(Rule {
+            kind,
+            name,
+            effect,
+            times: None,
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for Simulated {
+    fn client(&self) -> CloudClient {
+        self.client.clone()
+    }
+    async fn hold_members(&self, prefix: &str) {
+        self.rule(ObjectKind::Member, format!("{prefix}*"), Effect::Stuck);
+    }
+    async fn release_members(&self, _prefix: &str) {
+        self.sim.clear_rules();
+    }
+    async fn fail_members(&self, prefix: &str) {
+        self.rule(ObjectKind::Member, format!("{prefix}*"), Effect::Error);
+    }
+    async fn hold_worker(&self) {
+        self.rule(ObjectKind::Loadbalancer, "*".into(), Effect::Stuck);
+        self.rule(ObjectKind::Member, "*".into(), Effect::Stuck);
+    }
+    async fn release_worker(&self) {
+        self.sim.clear_rules();
+    }
+    async fn clear(&self) {
+        self.sim.clear_rules();
+    }
+}
+
+/// Runs a scenario on the simulator, on tokio's paused clock.
+macro_rules! on_simulator {
+    ($scenario:ident) => {{
+        let simulated = Simulated::start().await;
+        tokio::time::timeout(Duration::from_secs(600), $scenario(&simulated))
+            .await
+            .expect("scenario finished");
+    }};
+}
+
+// ------------------------------------------------------------------------------ helpers
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:06x}", fastrand::u32(..0xff_ffff))
+}
+
+/// Waits until the LB is out of PENDING_* (bounded).
+async fn settle(client: &CloudClient, lb: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        capo_sim::support::settle(client, lb),
+    )
+    .await
+    .expect("load balancer settles within a minute")
+    .expect("load balancer reads");
+}
+
+/// An API load balancer as CAPO builds it: LB, TCP listener on 6443, its pool.
+async fn api_load_balancer(client: &CloudClient, name: &str) -> (String, String) {
+    let octavia = client.octavia();
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: name.to_owned(),
+            vip_subnet_id: Some(VIP_SUBNET.into()),
+            ..Default::default()
+        })
+        .await
+        .expect("create load balancer");
+    assert_eq!(lb.provisioning_status, ProvisioningStatus::PendingCreate);
+    settle(client, &lb.id).await;
+    let listener = octavia
+        .create_listener(&ListenerSpec {
+            name: format!("{name}-6443"),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: 6443,
+            ..Default::default()
+        })
+        .await
+        .expect("create listener");
+    settle(client, &lb.id).await;
+    let pool = octavia
+        .create_pool(&PoolSpec {
+            name: format!("{name}-6443"),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            listener_id: Some(listener.id),
+            ..Default::default()
+        })
+        .await
+        .expect("create pool");
+    settle(client, &lb.id).await;
+    (lb.id, pool.id)
+}
+
+/// Creates a member (no `subnet_id`: the no-op network driver cannot delete those), waiting
+/// out a locked LB as a requeueing reconciler would.
+async fn create_member(
+    client: &CloudClient,
+    lb: &str,
+    pool: &str,
+    name: &str,
+    address: &str,
+) -> String {
+    capo_sim::support::create_member(client, lb, pool, name, address)
+        .await
+        .unwrap_or_else(|error| panic!("create member {name}: {error}"))
+}
+
+/// A new API load balancer under the engine's watch, for one scenario.
+struct Watched {
+    client: CloudClient,
+    name: String,
+    lb: String,
+    pool: String,
+    engine: Engine,
+    changes: capo_provider::membership::Changes,
+}
+
+impl Watched {
+    /// The LB and an engine polling fast (so scenarios are short) with `stuck_after`.
+    async fn start(backend: &dyn Backend, prefix: &str, stuck_after: Duration) -> Watched {
+        let client = backend.client();
+        let name = unique(prefix);
+        let (lb, pool) = api_load_balancer(&client, &name).await;
+        let config = EngineConfig {
+            stuck_after,
+            schedule: ScheduleConfig {
+                budget_qps: 50.0,
+                burst: 50.0,
+                urgent_initial: Duration::from_millis(250),
+                urgent_max: Duration::from_secs(1),
+                ..ScheduleConfig::default()
+            },
+            ..EngineConfig::default()
+        };
+        let engine =
+            Engine::new(config, &Registry::new(), CancellationToken::new()).expect("engine");
+        let changes = engine.subscribe();
+        Watched {
+            client,
+            name,
+            lb,
+            pool,
+            engine,
+            changes,
+        }
+    }
+
+    /// Creates a member named `<LB name>-<suffix>`; returns its name and id.
+    async fn add(&self, suffix: &str, address: &str) -> (String, String) {
+        let name = format!("{}-{suffix}", self.name);
+        let id = create_member(&self.client, &self.lb, &self.pool, &name, address).await;
+        (name, id)
+    }
+
+    /// Desires exactly these members (name, address, id); returns the generation.
+    fn ensure(&self, members: &[(&str, &str, &str)]) -> u64 {
+        let members: Vec<(&str, &str, Option<&str>)> = members
+            .iter()
+            .map(|(name, address, id)| (*name, *address, Some(*id)))
+            .collect();
+        let desired = common::desired_lb(&self.lb, &self.pool, &members);
+        self.engine.ensure(desired, &self.client)
+    }
+
+    /// The first verdict for `generation` or later with `reason`. A Ready verdict on the way
+    /// to any other reason fails the test: nothing in these scenarios may open the gate early.
+    async fn until(&mut self, generation: u64, reason: Reason, within: Duration) -> Snapshot {
+        self.until_snapshot(generation, within, |change, _| {
+            assert!(
+                change.reason == reason || change.reason != Reason::Ready,
+                "the gate opened while waiting for {reason:?}"
+            );
+            change.reason == reason
+        })
+        .await
+    }
+
+    /// The first verdict for `generation` or later whose snapshot satisfies `done`.
+    async fn until_snapshot(
+        &mut self,
+        generation: u64,
+        within: Duration,
+        done: impl Fn(&Change, &Snapshot) -> bool,
+    ) -> Snapshot {
+        let deadline = Instant::now() + within;
+        loop {
+            let change = tokio::time::timeout_at(deadline, common::next_change(&mut self.changes))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "no matching verdict within {within:?}; last: {:?}",
+                        self.engine
+                            .snapshot(&self.lb)
+                            .map(|s| s.verdict.message(Instant::now()))
+                    )
+                })
+                .expect("engine publishes changes");
+            if change.lb_id != self.lb || change.generation < generation {
+                continue;
+            }
+            if let Some(snapshot) = self.engine.snapshot(&self.lb)
+                && done(&change, &snapshot)
+            {
+                return snapshot;
+            }
+        }
+    }
+
+    async fn member_status(&self, id: &str) -> Option<ProvisioningStatus> {
+        member_status(&self.client, &self.pool, id).await
+    }
+
+    async fn lb_status(&self) -> ProvisioningStatus {
+        self.client
+            .octavia()
+            .get_load_balancer(&self.lb)
+            .await
+            .expect("get LB")
+            .provisioning_status
+    }
+}
+
+async fn member_status(client: &CloudClient, pool: &str, id: &str) -> Option<ProvisioningStatus> {
+    match client.octavia().get_member(pool, id).await {
+        Ok(member) => Some(member.provisioning_status),
+        Err(CloudError::NotFound(_)) => None,
+        Err(error) => panic!("get member {id}: {error}"),
+    }
+}
+
+// ------------------------------------------------------------------------------ scenarios
+
+/// The whole lifecycle through our typed calls: LB, listener, pool, member, status tree,
+/// deletes confirmed by 404.
+async fn lifecycle(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let name = unique("life");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let loaded = octavia.get_load_balancer(&lb).await.expect("get LB");
+    assert_eq!(loaded.name, name);
+    assert_eq!(loaded.provisioning_status, ProvisioningStatus::Active);
+    let created = octavia
+        .create_member(
+            &pool,
+            &MemberSpec::new(format!("{name}-m0"), "10.0.0.5", 6443),
+        )
+        .await
+        .expect("create member");
+    assert_eq!(
+        created.provisioning_status,
+        ProvisioningStatus::PendingCreate
+    );
+    settle(&client, &lb).await;
+    let member = octavia
+        .get_member(&pool, &created.id)
+        .await
+        .expect("get member");
+    assert_eq!(member.provisioning_status, ProvisioningStatus::Active);
+    assert_eq!(member.address, "10.0.0.5");
+    // Without a health monitor nobody checks the member; without a health manager nobody
+    // reports the LB healthy.
+    assert_eq!(member.operating_status, OperatingStatus::NoMonitor);
+    let listed = octavia.list_members(&pool).await.expect("list members");
+    assert_eq!(listed.len(), 1);
+    let tree = octavia.status_tree(&lb).await.expect("status tree");
+    let tree_members: Vec<_> = tree
+        .listeners
+        .iter()
+        .flat_map(|l| &l.pools)
+        .flat_map(|p| &p.members)
+        .collect();
+    assert_eq!(tree_members.len(), 1);
+    assert_eq!(tree_members[0].id, created.id);
+    assert_eq!(
+        tree_members[0].provisioning_status,
+        ProvisioningStatus::Active
+    );
+    assert_eq!(tree_members[0].operating_status, OperatingStatus::NoMonitor);
+    assert_eq!(tree.operating_status, OperatingStatus::Offline);
+
+    octavia
+        .delete_member(&pool, &created.id)
+        .await
+        .expect("delete member");
+    settle(&client, &lb).await;
+    assert!(matches!(
+        octavia.get_member(&pool, &created.id).await,
+        Err(CloudError::NotFound(_))
+    ));
+    octavia
+        .delete_load_balancer(&lb, true)
+        .await
+        .expect("cascade delete");
+    let gone = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match octavia.get_load_balancer(&lb).await {
+                Err(CloudError::NotFound(_)) => return,
+                Ok(lb) if lb.provisioning_status == ProvisioningStatus::Deleted => return,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(error) => panic!("get deleted LB: {error}"),
+            }
+        }
+    });
+    gone.await.expect("the LB goes away");
+}
+
+/// A change while the LB is locked is refused with 409, which we map to `Busy` (retry later).
+async fn locked_lb_is_busy(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("busy");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    backend.hold_worker().await;
+    let first = create_member(&client, &lb, &pool, &format!("{name}-m0"), "10.0.0.5").await;
+    let second = client
+        .octavia()
+        .create_member(
+            &pool,
+            &MemberSpec::new(format!("{name}-m1"), "10.0.0.6", 6443),
+        )
+        .await;
+    match second {
+        Err(CloudError::Busy(e)) => assert!(e.message.contains("immutable"), "{e:?}"),
+        other => panic!("a member create on a locked LB must be Busy, got {other:?}"),
+    }
+    let delete = client.octavia().delete_member(&pool, &first).await;
+    assert!(matches!(delete, Err(CloudError::Busy(_))), "{delete:?}");
+    backend.release_worker().await;
+    settle(&client, &lb).await;
+    assert_eq!(
+        member_status(&client, &pool, &first).await,
+        Some(ProvisioningStatus::Active)
+    );
+}
+
+/// Both 404 shapes Octavia answers with are `NotFound`.
+async fn not_found_shapes(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let missing = "00000000-0000-0000-0000-000000000000";
+    let name = unique("nf");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    // `{"faultcode": ..., "faultstring": "Member ... not found."}`
+    match octavia.get_member(&pool, missing).await {
+        Err(CloudError::NotFound(e)) => assert!(e.message.contains("not found"), "{e:?}"),
+        other => panic!("missing member: {other:?}"),
+    }
+    // `{"code": 404, "title": ..., "description": "Pool ... not found."}`
+    match octavia.list_members(missing).await {
+        Err(CloudError::NotFound(e)) => assert!(e.message.contains("not found"), "{e:?}"),
+        other => panic!("members of a missing pool: {other:?}"),
+    }
+    match octavia.status_tree(missing).await {
+        Err(CloudError::NotFound(_)) => {}
+        other => panic!("status tree of a missing LB: {other:?}"),
+    }
+    octavia
+        .delete_load_balancer(&lb, true)
+        .await
+        .expect("cleanup");
+}
+
+/// (a) A member held PENDING_CREATE while its LB reads ACTIVE: the gate is never Ready until
+/// the member is ACTIVE.
+async fn held_member_is_never_ready(backend: &dyn Backend) {
+    let mut w = Watched::start(backend, "held", Duration::from_secs(600)).await;
+    backend.hold_members(&format!("{}-m0", w.name)).await;
+    let (member, id) = w.add("m0", "10.0.1.5").await;
+    let generation = w.ensure(&[(&member, "10.0.1.5", &id)]);
+    // The premise: the LB settles to ACTIVE while the member stays PENDING_CREATE.
+    settle(&w.client, &w.lb).await;
+    assert_eq!(
+        w.member_status(&id).await,
+        Some(ProvisioningStatus::PendingCreate)
+    );
+    let held_until = Instant::now() + HOLD;
+    let pending = w
+        .until(generation, Reason::MembersPending, Duration::from_secs(30))
+        .await;
+    assert!(pending.verdict.message(Instant::now()).contains(&member));
+    // Nothing may open the gate while the hold lasts.
+    let early = tokio::time::timeout_at(held_until, w.until(generation, Reason::Ready, HOLD)).await;
+    assert!(early.is_err(), "Ready over a held member");
+    assert_eq!(
+        w.engine.snapshot(&w.lb).map(|s| s.verdict.reason),
+        Some(Reason::MembersPending)
+    );
+    assert_eq!(w.lb_status().await, ProvisioningStatus::Active);
+    backend.release_members(&member).await;
+    w.until(generation, Reason::Ready, Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        w.member_status(&id).await,
+        Some(ProvisioningStatus::Active),
+        "Ready only once the member is ACTIVE"
+    );
+}
+
+/// (b) A member that goes ERROR gives MemberError, naming it.
+async fn failed_member_is_member_error(backend: &dyn Backend) {
+    let mut w = Watched::start(backend, "err", Duration::from_secs(600)).await;
+    backend.fail_members(&format!("{}-m0", w.name)).await;
+    let (member, id) = w.add("m0", "10.0.2.5").await;
+    let generation = w.ensure(&[(&member, "10.0.2.5", &id)]);
+    let snapshot = w
+        .until(generation, Reason::MemberError, Duration::from_secs(30))
+        .await;
+    assert!(snapshot.verdict.message(Instant::now()).contains(&member));
+    assert_eq!(w.member_status(&id).await, Some(ProvisioningStatus::Error));
+    settle(&w.client, &w.lb).await;
+    assert_eq!(
+        w.lb_status().await,
+        ProvisioningStatus::Active,
+        "the LB unlocks after a member fails"
+    );
+}
+
+/// (c) With the worker held, a new member outstays a short stuck-after: MemberStuck; once the
+/// worker runs again it recovers to Ready.
+async fn held_worker_is_stuck(backend: &dyn Backend) {
+    let mut w = Watched::start(backend, "stuck", Duration::from_secs(3)).await;
+    backend.hold_worker().await;
+    let (member, id) = w.add("m0", "10.0.3.5").await;
+    let requested = Instant::now();
+    let generation = w.ensure(&[(&member, "10.0.3.5", &id)]);
+    assert_eq!(w.lb_status().await, ProvisioningStatus::PendingUpdate);
+    let snapshot = w
+        .until(generation, Reason::MemberStuck, Duration::from_secs(30))
+        .await;
+    let flagged_after = requested.elapsed();
+    assert!(
+        flagged_after >= Duration::from_secs(3) && flagged_after < Duration::from_secs(9),
+        "stuck flagged after {flagged_after:?} (stuck-after 3 s)"
+    );
+    assert!(snapshot.verdict.message(Instant::now()).contains(&member));
+    backend.release_worker().await;
+    w.until(generation, Reason::Ready, Duration::from_secs(60))
+        .await;
+    assert_eq!(w.member_status(&id).await, Some(ProvisioningStatus::Active));
+}
+
+/// (d) A removed member stays reported (stale) until the cloud says it is gone: the engine
+/// confirms removal only once the member answers 404.
+async fn removal_confirmed_after_404(backend: &dyn Backend) {
+    let mut w = Watched::start(backend, "rm", Duration::from_secs(600)).await;
+    let (keep, keep_id) = w.add("keep", "10.0.4.5").await;
+    let (leave, leave_id) = w.add("leave", "10.0.4.6").await;
+    settle(&w.client, &w.lb).await;
+    let both = [
+        (keep.as_str(), "10.0.4.5", keep_id.as_str()),
+        (leave.as_str(), "10.0.4.6", leave_id.as_str()),
+    ];
+    let generation = w.ensure(&both);
+    w.until(generation, Reason::Ready, Duration::from_secs(30))
+        .await;
+
+    backend.hold_worker().await;
+    w.client
+        .octavia()
+        .delete_member(&w.pool, &leave_id)
+        .await
+        .expect("delete member");
+    let generation = w.ensure(&both[..1]);
+    let reported = w
+        .until_snapshot(generation, Duration::from_secs(30), |_, snapshot| {
+            !snapshot.verdict.stale.is_empty()
+        })
+        .await;
+    assert!(
+        reported.verdict.stale[0].contains(&leave),
+        "{:?}",
+        reported.verdict.stale
+    );
+    assert_eq!(
+        w.member_status(&leave_id).await,
+        Some(ProvisioningStatus::PendingDelete)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        w.engine
+            .snapshot(&w.lb)
+            .is_some_and(|s| !s.verdict.stale.is_empty()),
+        "still reported while PENDING_DELETE"
+    );
+    backend.release_worker().await;
+    w.until_snapshot(generation, Duration::from_secs(60), |_, snapshot| {
+        snapshot.verdict.stale.is_empty()
+    })
+    .await;
+    assert_eq!(
+        w.member_status(&leave_id).await,
+        None,
+        "removal confirmed only once the member is 404"
+    );
+}
+
+// ------------------------------------------------------------------------------ the tests
+
+macro_rules! both {
+    ($scenario:ident, $real:ident, $sim:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $real() {
+            on_real_octavia!($scenario);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn $sim() {
+            on_simulator!($scenario);
+        }
+    };
+}
+
+both!(
+    lifecycle,
+    real_lifecycle_through_typed_calls,
+    sim_lifecycle_through_typed_calls
+);
+both!(
+    locked_lb_is_busy,
+    real_locked_lb_is_busy,
+    sim_locked_lb_is_busy
+);
+both!(
+    not_found_shapes,
+    real_both_404_shapes_are_not_found,
+    sim_both_404_shapes_are_not_found
+);
+both!(
+    held_member_is_never_ready,
+    real_held_member_is_never_ready,
+    sim_held_member_is_never_ready
+);
+both!(
+    failed_member_is_member_error,
+    real_failed_member_is_member_error,
+    sim_failed_member_is_member_error
+);
+both!(
+    held_worker_is_stuck,
+    real_held_worker_is_stuck,
+    sim_held_worker_is_stuck
+);
+both!(
+    removal_confirmed_after_404,
+    real_removal_confirmed_after_404,
+    sim_removal_confirmed_after_404
+);
+
+/// `capo-rs watch-lb` against the real Octavia: exits 0 once a new member is ACTIVE, 3 when
+/// one goes ERROR, 2 when one outstays the stuck threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_watch_lb() {
+    let Some(real) = real_octavia() else { return };
+    let _alone = REAL.lock().await;
+    real.clear().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(180), watch_lb_exits(&real)).await;
+    real.clear().await;
+    outcome.expect("watch-lb scenarios finished within 3 minutes");
+}
+
+async fn watch_lb_exits(real: &RealOctavia) {
+    let url = std::env::var("CAPO_REAL_OCTAVIA_URL").unwrap_or_default();
+    let client = real.client();
+    let name = unique("watch");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let good = format!("{name}-good");
+    real.hold_members(&good).await;
+    create_member(&client, &lb, &pool, &good, "10.0.5.5").await;
+    let watch = |lb: &str, until_ready: bool, stuck_after: &str| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"));
+        command.args([
+            "watch-lb",
+            "--noauth-octavia-url",
+            &url,
+            "--project-id",
+            PROJECT,
+            "--member-stuck-after",
+            stuck_after,
+        ]);
+        if until_ready {
+            command.arg("--until-ready");
+        }
+        command.arg(lb).kill_on_drop(true);
+        command
+    };
+    // Release the held member once watch-lb has reported it pending.
+    let mut child = watch(&lb, true, "60")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("watch-lb runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let mut stdout = String::new();
+    let mut released = false;
+    while let Some(line) = lines.next_line().await.expect("read watch-lb output") {
+        if !released && line.contains("-> Pending") {
+            real.release_members(&good).await;
+            released = true;
+        }
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    let status = child.wait().await.expect("watch-lb exits");
+    assert!(
+        released,
+        "watch-lb never reported the held member pending: {stdout}"
+    );
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("gate Ready"), "{stdout}");
+
+    let bad = format!("{name}-bad");
+    real.fail_members(&bad).await;
+    create_member(&client, &lb, &pool, &bad, "10.0.5.6").await;
+    let output = tokio::time::timeout(Duration::from_secs(60), watch(&lb, false, "60").output())
+        .await
+        .expect("watch-lb exits")
+        .expect("watch-lb runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(3), "{stdout}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&bad));
+
+    let (held_lb, held_pool) = api_load_balancer(&client, &format!("{name}-held")).await;
+    real.hold_worker().await;
+    let stuck = format!("{name}-stuck");
+    create_member(&client, &held_lb, &held_pool, &stuck, "10.0.5.7").await;
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        watch(&held_lb, false, "2").output(),
+    )
+    .await;
+    real.clear().await;
+    let output = output.expect("watch-lb exits").expect("watch-lb runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(2), "{stdout}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&stuck));
+}

@@ -1,0 +1,1106 @@
+//! The simulated OpenStack: conformance with the recorded Octavia responses, the cloud layer
+//! through its Keystone, and each kind of injected fault.
+
+use std::time::Duration;
+
+use capo_provider::cloud::octavia::{
+    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, ProvisioningStatus,
+};
+use capo_provider::cloud::{CloudClient, CloudCredentials, CloudError, CloudOptions, Clouds};
+use capo_sim::openstack::{
+    CloudSettings, Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage,
+    RateLimitFault, Rule, Scenario, ServerErrorFault, Timings,
+};
+use prometheus::Registry;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+fn sample(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/octavia")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+/// Fast, fixed timings: the member finishes after its load balancer (AmphoraV2).
+fn quick_timings() -> Timings {
+    Timings {
+        lb_create: Delay::Fixed(0.10),
+        lb_update: Delay::Fixed(0.05),
+        lb_delete: Delay::Fixed(0.05),
+        child_create: Delay::Fixed(0.05),
+        member_create: Delay::Fixed(0.15),
+        member_update: Delay::Fixed(0.10),
+        member_delete: Delay::Fixed(0.10),
+        member_online: Delay::Fixed(0.10),
+        server_build: Delay::Fixed(0.10),
+        server_delete: Delay::Fixed(0.10),
+        lb_waits_for_members: false,
+    }
+}
+
+async fn start(heartbeats: bool, scenario: Scenario) -> OpenStackSim {
+    OpenStackSim::start(OpenStackSimConfig {
+        settings: CloudSettings {
+            heartbeats,
+            ..CloudSettings::default()
+        },
+        scenario,
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn quick() -> Scenario {
+    Scenario {
+        seed: Some(1),
+        timings: quick_timings(),
+        ..Scenario::default()
+    }
+}
+
+/// Raw HTTP with a token from the simulator's Keystone.
+struct Raw {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Raw {
+    async fn new(sim: &OpenStackSim) -> Self {
+        let http = reqwest::Client::new();
+        let body = json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
+            "name": "demo", "password": "secret", "domain": {"name": "Default"}}}}}});
+        let response = http
+            .post(format!("{}/auth/tokens", sim.auth_url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        let token = response.headers()["x-subject-token"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        Raw {
+            http,
+            base: sim.url(),
+            token,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("x-auth-token", &self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// Polls `path` until `pointer` reads `want` (or 5 s pass).
+    async fn wait_for(&self, path: &str, pointer: &str, want: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, body) = self.get(path).await;
+            if body.pointer(pointer).and_then(Value::as_str) == Some(want) {
+                return body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path} {pointer} never became {want}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Same keys at every level (arrays: their first elements), and the same status values.
+fn assert_shape(context: &str, ours: &Value, real: &Value) {
+    match (ours, real) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut ka: Vec<&String> = a.keys().collect();
+            let mut kb: Vec<&String> = b.keys().collect();
+            ka.sort();
+            kb.sort();
+            assert_eq!(ka, kb, "{context}: key sets differ");
+            for (key, value) in b {
+                if key.ends_with("_status") {
+                    assert_eq!(&a[key], value, "{context}.{key}");
+                }
+                if value.is_object() || value.is_array() {
+                    assert_shape(&format!("{context}.{key}"), &a[key], value);
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            if let (Some(x), Some(y)) = (a.first(), b.first()) {
+                assert_shape(&format!("{context}[0]"), x, y);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn octavia_conformance_with_recorded_responses() {
+    // No-op drivers send no heartbeats: that is what the recordings show.
+    let sim = start(false, quick()).await;
+    let raw = Raw::new(&sim).await;
+    let (_, subnets) = raw.get("/network/v2.0/subnets").await;
+    let subnet = subnets["subnets"][0]["id"].as_str().unwrap().to_owned();
+
+    let (status, lb) = raw
+        .post(
+            "/load-balancer/v2/lbaas/loadbalancers",
+            json!({"loadbalancer": {"name": "lb-ex", "vip_subnet_id": subnet}}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    assert_shape(
+        "lb create",
+        &lb,
+        &sample("loadbalancer_create_response.json"),
+    );
+    let lb_id = lb["loadbalancer"]["id"].as_str().unwrap().to_owned();
+    let lb_path = format!("/load-balancer/v2/lbaas/loadbalancers/{lb_id}");
+    let listener_409 = raw.post("/load-balancer/v2/lbaas/listeners", json!({"listener": {"name": "li-ex", "loadbalancer_id": lb_id, "protocol": "HTTP", "protocol_port": 80}})).await;
+    assert_eq!(listener_409.0, 409, "a change while PENDING_CREATE");
+    assert_eq!(
+        listener_409.1["faultstring"],
+        format!("Load Balancer {lb_id} is immutable and cannot be updated.")
+    );
+    let active = raw
+        .wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    assert_shape("lb active", &active, &sample("loadbalancer_active.json"));
+
+    let (status, listener) = raw.post("/load-balancer/v2/lbaas/listeners", json!({"listener": {"name": "li-ex", "loadbalancer_id": lb_id, "protocol": "HTTP", "protocol_port": 80}})).await;
+    assert_eq!(status, 201);
+    assert_shape(
+        "listener create",
+        &listener,
+        &sample("listener_create_response.json"),
+    );
+    let listener_id = listener["listener"]["id"].as_str().unwrap().to_owned();
+    raw.wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    let (status, pool) = raw.post("/load-balancer/v2/lbaas/pools", json!({"pool": {"name": "pool-ex", "listener_id": listener_id, "protocol": "HTTP", "lb_algorithm": "ROUND_ROBIN"}})).await;
+    assert_eq!(status, 201);
+    assert_shape("pool create", &pool, &sample("pool_create_response.json"));
+    let pool_id = pool["pool"]["id"].as_str().unwrap().to_owned();
+    let pool_path = format!("/load-balancer/v2/lbaas/pools/{pool_id}");
+    let pool_active = raw
+        .wait_for(&pool_path, "/pool/provisioning_status", "ACTIVE")
+        .await;
+    assert_shape("pool active", &pool_active, &sample("pool_active.json"));
+    let full = raw.get(&lb_path).await.1;
+    assert_shape(
+        "lb with children",
+        &full,
+        &sample("loadbalancer_active_full.json"),
+    );
+
+    let members = format!("{pool_path}/members");
+    let (status, member) = raw.post(&members, json!({"member": {"name": "m1", "address": "192.0.2.10", "protocol_port": 8080, "subnet_id": subnet}})).await;
+    assert_eq!(status, 201);
+    assert_shape(
+        "member create",
+        &member,
+        &sample("member_create_response.json"),
+    );
+    let member_id = member["member"]["id"].as_str().unwrap().to_owned();
+    // While the LB is PENDING_UPDATE: the real 409, the real pending list and status tree.
+    let (status, busy) = raw
+        .post(
+            &members,
+            json!({"member": {"name": "m2", "address": "192.0.2.20", "protocol_port": 8080}}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    assert_shape(
+        "409 while pending",
+        &busy,
+        &sample("member_create_while_lb_pending_update.json")["body"],
+    );
+    assert_eq!(
+        busy["faultstring"],
+        format!("Pool {pool_id} is immutable and cannot be updated.")
+    );
+    assert_shape(
+        "member list pending",
+        &raw.get(&members).await.1,
+        &sample("member_list_while_pending.json"),
+    );
+    assert_shape(
+        "status tree pending",
+        &raw.get(&format!("{lb_path}/status")).await.1,
+        &sample("status_tree_while_pending.json"),
+    );
+
+    // AmphoraV2: the LB is ACTIVE again while the member is still PENDING_CREATE.
+    raw.wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    let member_path = format!("{members}/{member_id}");
+    assert_eq!(
+        raw.get(&member_path).await.1["member"]["provisioning_status"],
+        "PENDING_CREATE"
+    );
+    let member_active = raw
+        .wait_for(&member_path, "/member/provisioning_status", "ACTIVE")
+        .await;
+    assert_shape(
+        "member active",
+        &member_active,
+        &sample("member_active.json"),
+    );
+    assert_shape(
+        "member list",
+        &raw.get(&members).await.1,
+        &sample("member_list_active.json"),
+    );
+    assert_shape(
+        "status tree",
+        &raw.get(&format!("{lb_path}/status")).await.1,
+        &sample("status_tree_active.json"),
+    );
+
+    let errors = sample("error_samples.json");
+    let (status, duplicate) = raw
+        .post(
+            &members,
+            json!({"member": {"name": "dup", "address": "192.0.2.10", "protocol_port": 8080}}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(duplicate, errors["member_duplicate"]["body"]);
+    let (status, bad) = raw
+        .post(
+            &members,
+            json!({"member": {"address": "not-an-ip", "protocol_port": 80}}),
+        )
+        .await;
+    assert_eq!((status, &bad), (400, &errors["member_bad_address"]["body"]));
+    let unknown = "00000000-0000-0000-0000-000000000000";
+    let (status, body) = raw
+        .get(&format!("/load-balancer/v2/lbaas/pools/{unknown}/members"))
+        .await;
+    assert_eq!(
+        (status, &body),
+        (404, &errors["member_list_unknown_pool"]["body"])
+    );
+    let (status, body) = raw.get(&format!("{members}/{unknown}")).await;
+    assert_eq!(
+        (status, &body),
+        (404, &errors["member_get_unknown_member"]["body"])
+    );
+    let (status, body) = raw
+        .get(&format!(
+            "/load-balancer/v2/lbaas/loadbalancers/{unknown}/status"
+        ))
+        .await;
+    assert_eq!(
+        (status, &body),
+        (404, &errors["status_tree_unknown_lb"]["body"])
+    );
+
+    // Delete: 204, PENDING_DELETE, then 404.
+    let (status, _) = raw.call(reqwest::Method::DELETE, &member_path, None).await;
+    assert_eq!(status, 204);
+    assert_shape(
+        "member pending delete",
+        &raw.get(&member_path).await.1,
+        &sample("member_get_while_pending_delete.json"),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let gone = loop {
+        let (status, body) = raw.get(&member_path).await;
+        if status == 404 {
+            break body;
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_shape("member 404", &gone, &sample("member_get_404.json")["body"]);
+
+    // Injected ERROR: the member ends in ERROR, the LB back in ACTIVE.
+    raw.wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    let (status, _) = raw
+        .post(
+            &members,
+            json!({"member": {"name": "slow-1", "address": "192.0.2.201", "protocol_port": 81}}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    raw.wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    sim.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "bad-*".into(),
+        effect: Effect::Error,
+        times: None,
+    });
+    let (_, bad) = raw
+        .post(
+            &members,
+            json!({"member": {"name": "bad-1", "address": "192.0.2.202", "protocol_port": 81}}),
+        )
+        .await;
+    let bad_path = format!("{members}/{}", bad["member"]["id"].as_str().unwrap());
+    let errored = raw
+        .wait_for(&bad_path, "/member/provisioning_status", "ERROR")
+        .await;
+    assert_shape(
+        "member error",
+        &errored,
+        &sample("member_error_via_fault_injection.json"),
+    );
+    raw.wait_for(&lb_path, "/loadbalancer/provisioning_status", "ACTIVE")
+        .await;
+    let tree = raw.get(&format!("{lb_path}/status")).await.1;
+    assert_shape(
+        "status tree with error",
+        &tree,
+        &sample("status_tree_with_error_member.json"),
+    );
+}
+
+async fn connect(sim: &OpenStackSim, cloud: &str) -> (CloudClient, Registry) {
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let credentials = CloudCredentials {
+        clouds_yaml: sim.clouds_yaml(),
+        cacert: None,
+        cloud_name: cloud.into(),
+        region: None,
+    };
+    (clouds.connect(&credentials).await.unwrap(), registry)
+}
+
+#[tokio::test]
+async fn the_cloud_layer_drives_the_simulator_through_keystone() {
+    let sim = start(true, quick()).await;
+    for cloud in ["sim", "sim-appcred"] {
+        let (client, _) = connect(&sim, cloud).await;
+        let subnets = client
+            .neutron()
+            .list_subnets(&Default::default())
+            .await
+            .unwrap();
+        let lb = client
+            .octavia()
+            .create_load_balancer(&LoadBalancerSpec {
+                name: format!("{cloud}-kubeapi"),
+                vip_subnet_id: Some(subnets[0].id.clone()),
+                tags: vec!["cluster-c1".into()],
+                ..LoadBalancerSpec::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(lb.provisioning_status, ProvisioningStatus::PendingCreate);
+        let busy = client
+            .octavia()
+            .create_listener(&ListenerSpec {
+                name: "l".into(),
+                loadbalancer_id: lb.id.clone(),
+                protocol: "TCP".into(),
+                protocol_port: 6443,
+                ..ListenerSpec::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(busy, CloudError::Busy(_)), "{busy:?}");
+        let found = client
+            .octavia()
+            .list_load_balancers(&capo_provider::cloud::octavia::LoadBalancerFilter {
+                name: None,
+                tags: vec!["cluster-c1".into()],
+            })
+            .await
+            .unwrap();
+        assert!(found.iter().any(|l| l.id == lb.id));
+    }
+    assert!(sim.request_count("identity token_create") >= 2);
+}
+
+#[tokio::test]
+async fn expired_tokens_get_401_and_the_client_reauthenticates() {
+    let mut scenario = quick();
+    scenario.timings = quick_timings();
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        settings: CloudSettings {
+            token_lifetime: Duration::from_secs(3600),
+            ..CloudSettings::default()
+        },
+        scenario,
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let (client, _) = connect(&sim, "sim").await;
+    client.octavia().list_providers().await.unwrap();
+    reqwest::Client::new()
+        .post(format!("{}/_sim/keystone/revoke", sim.url()))
+        .send()
+        .await
+        .unwrap();
+    let providers = client.octavia().list_providers().await.unwrap();
+    assert_eq!(providers.len(), 2);
+    assert!(sim.request_count("identity token_create") >= 2);
+}
+
+// ---------------------------------------------------------------- faults, in virtual time
+
+/// The cloud layer on the simulator in-process, on tokio's paused clock.
+async fn in_process(scenario: Scenario) -> (OpenStackSim, CloudClient) {
+    let sim = start(true, scenario).await;
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    (sim, client)
+}
+
+/// An ACTIVE load balancer with a listener and a pool; returns (lb, pool).
+async fn lb_with_pool(client: &CloudClient, name: &str) -> (String, String) {
+    capo_sim::support::api_load_balancer(client, name)
+        .await
+        .unwrap()
+}
+
+/// Waits (in virtual time, bounded) until the load balancer is out of PENDING_*.
+async fn wait_lb_active(client: &CloudClient, lb: &str) {
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        capo_sim::support::settle(client, lb),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("load balancer {lb} stayed pending"))
+    .unwrap();
+}
+
+fn member(name: &str, last_octet: u8) -> MemberSpec {
+    MemberSpec::new(name, format!("10.0.0.{last_octet}"), 6443)
+}
+
+fn rule(kind: ObjectKind, name: &str, effect: Effect) -> Rule {
+    Rule {
+        kind,
+        name: name.into(),
+        effect,
+        times: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn member_delay_outlasts_the_load_balancer() {
+    let mut scenario = quick();
+    scenario.rules.push(rule(
+        ObjectKind::Member,
+        "cp-2",
+        Effect::Delay(Delay::Fixed(30.0)),
+    ));
+    let (_sim, client) = in_process(scenario).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    let created = client
+        .octavia()
+        .create_member(&pool, &member("cp-2", 2))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client
+            .octavia()
+            .get_load_balancer(&lb)
+            .await
+            .unwrap()
+            .provisioning_status,
+        ProvisioningStatus::Active
+    );
+    let pending = client
+        .octavia()
+        .get_member(&pool, &created.id)
+        .await
+        .unwrap();
+    assert_eq!(
+        pending.provisioning_status,
+        ProvisioningStatus::PendingCreate
+    );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let done = client
+        .octavia()
+        .get_member(&pool, &created.id)
+        .await
+        .unwrap();
+    assert_eq!(done.provisioning_status, ProvisioningStatus::Active);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stuck_members_stay_pending_until_the_rule_goes() {
+    let mut scenario = quick();
+    scenario
+        .rules
+        .push(rule(ObjectKind::Member, "stuck-*", Effect::Stuck));
+    let (sim, client) = in_process(scenario).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    let created = client
+        .octavia()
+        .create_member(&pool, &member("stuck-1", 3))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let tree = client.octavia().status_tree(&lb).await.unwrap();
+    assert_eq!(tree.provisioning_status, ProvisioningStatus::Active);
+    assert_eq!(
+        tree.listeners[0].pools[0].members[0].provisioning_status,
+        ProvisioningStatus::PendingCreate
+    );
+    sim.clear_rules();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let member = client
+        .octavia()
+        .get_member(&pool, &created.id)
+        .await
+        .unwrap();
+    assert_eq!(member.provisioning_status, ProvisioningStatus::Active);
+}
+
+#[tokio::test(start_paused = true)]
+async fn error_injection_for_members_load_balancers_and_servers() {
+    let mut scenario = quick();
+    scenario
+        .rules
+        .push(rule(ObjectKind::Member, "bad", Effect::Error));
+    scenario
+        .rules
+        .push(rule(ObjectKind::Loadbalancer, "broken", Effect::Error));
+    scenario
+        .rules
+        .push(rule(ObjectKind::Server, "doomed", Effect::Error));
+    let (_sim, client) = in_process(scenario).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    let bad = client
+        .octavia()
+        .create_member(&pool, &member("bad", 4))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client
+            .octavia()
+            .get_member(&pool, &bad.id)
+            .await
+            .unwrap()
+            .provisioning_status,
+        ProvisioningStatus::Error
+    );
+    assert_eq!(
+        client
+            .octavia()
+            .get_load_balancer(&lb)
+            .await
+            .unwrap()
+            .provisioning_status,
+        ProvisioningStatus::Active
+    );
+
+    let broken = client
+        .octavia()
+        .create_load_balancer(&LoadBalancerSpec {
+            name: "broken".into(),
+            vip_network_id: Some("n".into()),
+            ..LoadBalancerSpec::default()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client
+            .octavia()
+            .get_load_balancer(&broken.id)
+            .await
+            .unwrap()
+            .provisioning_status,
+        ProvisioningStatus::Error
+    );
+
+    let networks = client
+        .neutron()
+        .list_networks(&Default::default())
+        .await
+        .unwrap();
+    let images = client
+        .glance()
+        .list_images(None, &["capi".into()])
+        .await
+        .unwrap();
+    let flavor = client.nova().flavor_by_name("m1.small").await.unwrap();
+    let spec = |name: &str| capo_provider::cloud::nova::ServerSpec {
+        name: name.into(),
+        flavor_ref: flavor.id.clone(),
+        image_ref: images[0].id.clone(),
+        networks: vec![capo_provider::cloud::nova::ServerNetwork {
+            uuid: Some(networks[0].id.clone()),
+            port: None,
+        }],
+        ..Default::default()
+    };
+    let doomed = client.nova().create_server(&spec("doomed")).await.unwrap();
+    let fine = client.nova().create_server(&spec("fine")).await.unwrap();
+    assert_eq!(
+        client.nova().get_server(&fine.id).await.unwrap().status,
+        "BUILD"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client.nova().get_server(&doomed.id).await.unwrap().status,
+        "ERROR"
+    );
+    let fine = client.nova().get_server(&fine.id).await.unwrap();
+    assert_eq!(fine.status, "ACTIVE");
+    assert!(
+        fine.addresses.to_string().contains("172.24.4."),
+        "{}",
+        fine.addresses
+    );
+    client.nova().delete_server(&fine.id).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        client
+            .nova()
+            .get_server(&fine.id)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn operating_status_follows_monitors_and_admin_overrides() {
+    let (sim, client) = in_process(quick()).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    let created = client
+        .octavia()
+        .create_member(&pool, &member("m", 5))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client
+            .octavia()
+            .get_member(&pool, &created.id)
+            .await
+            .unwrap()
+            .operating_status,
+        OperatingStatus::NoMonitor
+    );
+    client
+        .octavia()
+        .create_health_monitor(&capo_provider::cloud::octavia::HealthMonitorSpec {
+            name: "hm".into(),
+            pool_id: pool.clone(),
+            kind: "TCP".into(),
+            delay: 5,
+            timeout: 5,
+            max_retries: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let offline = client
+        .octavia()
+        .get_member(&pool, &created.id)
+        .await
+        .unwrap();
+    assert_eq!(offline.operating_status, OperatingStatus::Offline);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        client
+            .octavia()
+            .get_member(&pool, &created.id)
+            .await
+            .unwrap()
+            .operating_status,
+        OperatingStatus::Online
+    );
+    assert!(sim.set_operating_status("m", Some("ERROR")));
+    let tree = client.octavia().status_tree(&lb).await.unwrap();
+    assert_eq!(
+        tree.listeners[0].pools[0].members[0].operating_status,
+        OperatingStatus::Error
+    );
+    assert_eq!(tree.operating_status, OperatingStatus::Error);
+}
+
+#[tokio::test]
+async fn rate_limits_server_errors_latency_and_keystone_outages() {
+    let sim = start(true, quick()).await;
+    let raw = Raw::new(&sim).await;
+    let put = |scenario: Scenario| {
+        let http = raw.http.clone();
+        let url = format!("{}/_sim/scenario", sim.url());
+        async move {
+            let response = http
+                .put(url)
+                .body(serde_json::to_string(&scenario).unwrap())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+        }
+    };
+    put(Scenario {
+        rate_limits: vec![RateLimitFault {
+            service: Some("load-balancer".into()),
+            above_per_second: Some(3),
+            probability: None,
+            retry_after: 2,
+        }],
+        ..quick()
+    })
+    .await;
+    let mut limited = 0;
+    for _ in 0..6 {
+        let response = raw
+            .http
+            .get(format!("{}/load-balancer/v2/lbaas/providers", raw.base))
+            .header("x-auth-token", &raw.token)
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 429 {
+            assert_eq!(response.headers()["retry-after"], "2");
+            limited += 1;
+        }
+    }
+    assert!((1..=3).contains(&limited), "{limited} limited");
+    assert_eq!(
+        raw.get("/network/v2.0/networks").await.0,
+        200,
+        "other services are not limited"
+    );
+
+    put(Scenario {
+        rate_limits: vec![RateLimitFault {
+            service: None,
+            above_per_second: None,
+            probability: Some(1.0),
+            retry_after: 1,
+        }],
+        ..quick()
+    })
+    .await;
+    assert_eq!(raw.get("/compute/v2.1/flavors").await.0, 429);
+
+    put(Scenario {
+        server_errors: vec![ServerErrorFault {
+            service: Some("network".into()),
+            probability: 1.0,
+            status: 502,
+        }],
+        ..quick()
+    })
+    .await;
+    assert_eq!(raw.get("/network/v2.0/networks").await.0, 502);
+    assert_eq!(raw.get("/compute/v2.1/flavors").await.0, 200);
+
+    put(Scenario {
+        latency: vec![capo_sim::openstack::LatencyFault {
+            service: Some("image".into()),
+            delay: Delay::Fixed(0.3),
+        }],
+        ..quick()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    assert_eq!(raw.get("/image/v2/images").await.0, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    put(Scenario {
+        keystone_outages: vec![Outage {
+            from: 0.0,
+            until: 1e9,
+        }],
+        ..quick()
+    })
+    .await;
+    let response = raw
+        .http
+        .post(format!("{}/auth/tokens", sim.auth_url()))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+
+    let log = raw
+        .http
+        .get(format!("{}/_sim/requests", sim.url()))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert!(
+        log["by_operation"]["load-balancer loadbalancer_provider_list"]
+            .as_u64()
+            .unwrap()
+            >= 6,
+        "{log}"
+    );
+    assert!(log["by_status"]["429"].as_u64().unwrap() >= 2, "{log}");
+    assert!(log["per_second"].as_object().is_some_and(|s| !s.is_empty()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_seed_makes_runs_repeatable() {
+    let run = || async {
+        let mut scenario = quick();
+        scenario.seed = Some(42);
+        scenario.timings.member_create = Delay::Uniform(1.0, 9.0);
+        let (_sim, client) = in_process(scenario).await;
+        let (lb, pool) = lb_with_pool(&client, "lb").await;
+        let started = tokio::time::Instant::now();
+        let created = client
+            .octavia()
+            .create_member(&pool, &member("m", 9))
+            .await
+            .unwrap();
+        while client
+            .octavia()
+            .get_member(&pool, &created.id)
+            .await
+            .unwrap()
+            .provisioning_status
+            != ProvisioningStatus::Active
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (lb, created.id, started.elapsed())
+    };
+    let first = run().await;
+    let second = run().await;
+    assert_eq!(first, second);
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_member_update_puts_every_member_in_pending_update() {
+    let (_sim, client) = in_process(quick()).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    let octavia = client.octavia();
+    octavia
+        .create_member(&pool, &member("m1", 1))
+        .await
+        .unwrap();
+    wait_lb_active(&client, &lb).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let session = _sim.session();
+    use capo_provider::cloud::Session;
+    let url = session
+        .service_url(capo_provider::cloud::Service::LoadBalancer)
+        .await
+        .unwrap();
+    let body = json!({"members": [{"name": "m1", "address": "10.0.0.1", "protocol_port": 6443}, {"name": "m2", "address": "10.0.0.2", "protocol_port": 6443}]});
+    let request = http::Request::put(format!("{url}lbaas/pools/{pool}/members"))
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    assert_eq!(session.send(request).await.unwrap().status(), 202);
+    let members = octavia.list_members(&pool).await.unwrap();
+    assert_eq!(members.len(), 2);
+    assert!(
+        members.iter().all(|m| m.provisioning_status.is_pending()),
+        "{members:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        octavia
+            .list_members(&pool)
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| m.provisioning_status == ProvisioningStatus::Active)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cascade_delete_removes_the_tree() {
+    let (_sim, client) = in_process(quick()).await;
+    let (lb, pool) = lb_with_pool(&client, "lb").await;
+    client
+        .octavia()
+        .create_member(&pool, &member("m1", 1))
+        .await
+        .unwrap();
+    wait_lb_active(&client, &lb).await;
+    let refused = client
+        .octavia()
+        .delete_load_balancer(&lb, false)
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, CloudError::BadRequest(_)), "{refused:?}");
+    client
+        .octavia()
+        .delete_load_balancer(&lb, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .octavia()
+            .get_load_balancer(&lb)
+            .await
+            .unwrap()
+            .provisioning_status,
+        ProvisioningStatus::PendingDelete
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        client
+            .octavia()
+            .get_load_balancer(&lb)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(
+        client
+            .octavia()
+            .list_members(&pool)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_load_balancers_with_three_members_each() {
+    let (sim, client) = in_process(quick()).await;
+    let mut last = None;
+    for i in 0..1000u32 {
+        let (lb, pool) = lb_with_pool(&client, &format!("lb-{i}")).await;
+        for m in 0..3u8 {
+            client
+                .octavia()
+                .create_member(
+                    &pool,
+                    &MemberSpec::new(
+                        format!("m{m}"),
+                        format!("10.{}.{}.{m}", i / 250, i % 250),
+                        6443,
+                    ),
+                )
+                .await
+                .unwrap();
+            wait_lb_active(&client, &lb).await;
+        }
+        last = Some(lb);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tree = client.octavia().status_tree(&last.unwrap()).await.unwrap();
+    assert_eq!(tree.listeners[0].pools[0].members.len(), 3);
+    assert!(
+        tree.listeners[0].pools[0]
+            .members
+            .iter()
+            .all(|m| m.provisioning_status == ProvisioningStatus::Active)
+    );
+    assert_eq!(sim.octavia_counts(), (1000, 3000));
+}
+
+/// `capo-rs sim openstack` standalone: a scenario file in, a clouds.yaml out, and plain HTTP
+/// with a token from its Keystone (what `curl` does).
+#[tokio::test]
+async fn the_standalone_command_serves_curl_like_clients() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(
+        &scenario,
+        "seed: 3\nrules:\n  - {kind: member, name: \"cp-*\", effect: stuck}\n",
+    )
+    .unwrap();
+    let clouds = dir.path().join("clouds.yaml");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"))
+        .args([
+            "sim",
+            "openstack",
+            "--listen",
+            "127.0.0.1:0",
+            "--clouds-yaml-out",
+        ])
+        .arg(&clouds)
+        .arg("--scenario")
+        .arg(&scenario)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    // Kept open until the end, so the child never writes to a closed pipe.
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.strip_prefix("simulated OpenStack on ").map(|rest| {
+                rest.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+        })
+        .expect("the simulator prints its URL");
+    let yaml = std::fs::read_to_string(&clouds).unwrap();
+    assert!(
+        yaml.contains(&format!("auth_url: {url}/identity/v3")),
+        "{yaml}"
+    );
+
+    let http = reqwest::Client::new();
+    let body = json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
+        "name": "demo", "password": "secret", "domain": {"name": "Default"}}}}}});
+    let response = http
+        .post(format!("{url}/identity/v3/auth/tokens"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let token = response.headers()["x-subject-token"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let catalog = response.json::<Value>().await.unwrap();
+    assert_eq!(catalog["token"]["catalog"].as_array().unwrap().len(), 5);
+    let providers = http
+        .get(format!("{url}/load-balancer/v2/lbaas/providers"))
+        .header("x-auth-token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(providers.status(), 200);
+    let scenario = http
+        .get(format!("{url}/_sim/scenario"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(scenario["rules"][0]["effect"], "stuck");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
