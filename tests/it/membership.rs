@@ -701,3 +701,18 @@ fn change_kinds_are_the_api_kinds() {
         capo_api::OpenStackMachine::kind(&())
     );
 }
+
+/// Reconcilers may call `ensure` from anywhere: a thread outside the runtime starts polling
+/// on the engine's runtime rather than panicking.
+#[tokio::test(start_paused = true)]
+async fn ensure_from_a_thread_outside_the_runtime_starts_polling() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    add_member(&s, "cp-1", "10.0.0.1").await;
+    let wanted = desired(&s, &[("cp-1", "10.0.0.1", None)]);
+    let (engine, client) = (s.engine.clone(), s.client.clone());
+    let generation = std::thread::spawn(move || engine.ensure(wanted, &client))
+        .join()
+        .expect("ensure does not panic outside a runtime");
+    assert_eq!(generation, 1);
+    wait_for(&mut s, Reason::Ready).await;
+}

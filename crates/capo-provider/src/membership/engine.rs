@@ -188,6 +188,8 @@ impl Engine {
             };
             let generation = match state.lbs.get_mut(&lb_id) {
                 Some(entry) if entry.track.desired == desired => {
+                    // Same wish, maybe new credentials: later polls use them.
+                    entry.client = client.clone();
                     let generation = entry.generation;
                     drop(state);
                     if started {
@@ -330,11 +332,8 @@ async fn supervise_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoi
             run_endpoint(inner.clone(), key.clone(), endpoint.clone()),
             &inner.runtime,
         );
-        let ended = tokio::select! {
-            ended = run.join_next() => ended,
-            () = endpoint.cancel.cancelled() => None,
-        };
-        match ended {
+        // The loop watches the endpoint's token itself and ends once its polls are gone.
+        match run.join_next().await {
             Some(Err(error)) if error.is_panic() => {
                 inner.metrics.panicked(&key, EngineTask::Loop);
                 tracing::error!(
