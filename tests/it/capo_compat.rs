@@ -1,6 +1,7 @@
 //! Compatibility with CAPO: its sample manifests are accepted unchanged by our types and our
 //! CRD schemas, and our spec field paths equal CAPO's. Skips (with a notice) when the
-//! reference material in `../shared/capo` is absent.
+//! reference material (`capo/`, outside the repository: see `common::shared_reference`) is
+//! absent.
 
 use crate::common;
 

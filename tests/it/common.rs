@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use capo_api::{GROUP, crds};
 use serde_json::Value;
 
-/// `<part>` of the reference material in `../shared` beside the repository (or in
-/// `$CAPO_SHARED_DIR`), if present; a notice naming what is skipped otherwise.
+/// `<part>` of the reference material, which is not part of the repository: `$CAPO_SHARED_DIR`,
+/// or a `shared` directory beside the clone (as on CI), if present; a notice naming what is skipped otherwise.
 pub fn shared_reference(part: &str, skipping: &str) -> Option<PathBuf> {
     let shared = std::env::var_os("CAPO_SHARED_DIR")
         .map(PathBuf::from)
@@ -21,7 +21,7 @@ pub fn shared_reference(part: &str, skipping: &str) -> Option<PathBuf> {
     }
 }
 
-/// `../shared/capo` beside the repository (or `$CAPO_SHARED_DIR/capo`), if present.
+/// The `capo/` part of the reference material (see [`shared_reference`]), if present.
 pub fn capo_reference_dir() -> Option<PathBuf> {
     shared_reference("capo", "the CAPO compatibility checks")
 }

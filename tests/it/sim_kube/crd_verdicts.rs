@@ -1,8 +1,8 @@
 //! The simulator judges CRDs as a real kube-apiserver does, CEL cost included. The CRDs
 //! capo-rs shipped at commit 3c0beee (kept in `tests/fixtures/crds-3c0beee`) are refused
 //! with the paths and factors a real v1.35.3 server gave; the CRDs we generate now are
-//! accepted; CAPO's and Cluster API's are accepted. Where `../shared/kube-real-answers`
-//! is present, every message is compared with the recorded one word for word.
+//! accepted; CAPO's and Cluster API's are accepted. Where the reference recording
+//! `kube-real-answers` is present (`common::shared_reference`), every message is compared with the recorded one word for word.
 
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,9 @@
 //! The simulator answers DELETE, PATCH and server-side apply as a real kube-apiserver
 //! does. The same requests were sent to a real v1.35.3 server and its answers recorded in
-//! `../shared/kube-real-answers/delete-patch-apply.json`; this test replays them against
-//! the simulator over plain HTTP and compares the answers, summarised the same way. With no
-//! `../shared` it still runs every request and checks the answers it can without the
+//! the reference recording `kube-real-answers/delete-patch-apply.json` (outside the
+//! repository: see `common::shared_reference`); this test replays them against
+//! the simulator over plain HTTP and compares the answers, summarised the same way. Without the
+//! recording it still runs every request and checks the answers it can without the
 //! recording (see the focused tests in `main.rs` for those behaviours through kube-rs).
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! Octavia v2 as a real amphora (v2) cloud behaves (DESIGN.md §6): every change under a load
+//! Octavia v2 as a real amphora (v2) cloud behaves: every change under a load
 //! balancer locks it (and its listeners and the pool) in PENDING_UPDATE; changes while it is
 //! PENDING_* get the real 409; the LB unlocks after its own delay while each member finishes
 //! on its own clock, possibly later, possibly never (stuck), possibly in ERROR.
