@@ -59,6 +59,11 @@ pub mod reasons {
     pub const DEGRADED: &str = "Degraded";
     /// Transient trouble talking to OpenStack; retried with backoff.
     pub const OPENSTACK_UNAVAILABLE: &str = "OpenStackUnavailable";
+    /// The credentials are missing or unusable (no Secret, unknown cloud, malformed
+    /// clouds.yaml, refused authentication); waits for a Secret change.
+    pub const INVALID_CREDENTIALS: &str = "InvalidCredentials";
+    /// Transient trouble talking to the Kubernetes API; retried with backoff.
+    pub const KUBERNETES_UNAVAILABLE: &str = "KubernetesUnavailable";
     /// The spec cannot work (unknown flavor, invalid CIDR); waits for a spec change.
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// The object is being deleted.

@@ -1,6 +1,8 @@
 //! capo-rs's provider library: the OpenStack access layer ([`cloud`]), which knows nothing of
-//! Kubernetes, and the membership engine ([`membership`]), which writes no Kubernetes objects.
-//! The controllers and the manager come next, beside them.
+//! Kubernetes; the membership engine ([`membership`]), which writes no Kubernetes objects; and
+//! what the reconcilers share ([`controllers`]: error categories, per-object backoff). The
+//! reconcilers and the manager come next (docs/architecture.md).
 
 pub mod cloud;
+pub mod controllers;
 pub mod membership;
