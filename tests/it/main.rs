@@ -7,6 +7,7 @@
 mod capo_compat;
 mod cloud;
 mod common;
+mod controllers;
 mod crds;
 mod membership;
 mod real_octavia;

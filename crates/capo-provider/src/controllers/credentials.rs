@@ -1,0 +1,184 @@
+//! OpenStack clients for the objects' `identityRef` Secrets, cached by what identifies the
+//! credentials: the Secret's uid and resourceVersion, the cloud's name and the region. A
+//! changed Secret is a new key, so it gets a new client and the old one is dropped. Nothing
+//! here ever logs or returns a Secret's contents: errors name the Secret and the key only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use super::error::{Categorized, ErrorCategory};
+use crate::cloud::{CloudClient, CloudCredentials, CloudError, Clouds};
+
+/// The Secret key holding clouds.yaml, as CAPO reads it.
+pub const CLOUDS_YAML_KEY: &str = "clouds.yaml";
+/// The optional Secret key holding a PEM CA bundle.
+pub const CACERT_KEY: &str = "cacert";
+
+/// What identifies one set of credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CredentialsKey {
+    /// The Secret's `namespace/name`, for messages.
+    pub secret: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub cloud_name: String,
+    pub region: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("Secret {secret} not found: create it with a {CLOUDS_YAML_KEY:?} key")]
+    SecretMissing { secret: String },
+    #[error("Secret {secret} has no {key:?} key")]
+    KeyMissing { secret: String, key: &'static str },
+    #[error("Secret {secret}: {key:?} is not UTF-8 text")]
+    NotText { secret: String, key: &'static str },
+    #[error("Secret {secret}: {source}")]
+    Cloud {
+        secret: String,
+        #[source]
+        source: CloudError,
+    },
+}
+
+impl Categorized for CredentialsError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            // Keystone down or slow is not the Secret's fault.
+            CredentialsError::Cloud { source, .. } => match source.category() {
+                category @ (ErrorCategory::Transient | ErrorCategory::RateLimited { .. }) => {
+                    category
+                }
+                _ => ErrorCategory::Credentials,
+            },
+            _ => ErrorCategory::Credentials,
+        }
+    }
+}
+
+/// The credentials a Secret's data holds for `key`'s cloud and region.
+pub fn credentials_from_secret(
+    key: &CredentialsKey,
+    data: &BTreeMap<String, Vec<u8>>,
+) -> Result<CloudCredentials, CredentialsError> {
+    let text = |name: &'static str| -> Result<Option<String>, CredentialsError> {
+        data.get(name)
+            .map(|bytes| {
+                String::from_utf8(bytes.clone()).map_err(|_| CredentialsError::NotText {
+                    secret: key.secret.clone(),
+                    key: name,
+                })
+            })
+            .transpose()
+    };
+    let clouds_yaml = text(CLOUDS_YAML_KEY)?.ok_or_else(|| CredentialsError::KeyMissing {
+        secret: key.secret.clone(),
+        key: CLOUDS_YAML_KEY,
+    })?;
+    Ok(CloudCredentials {
+        clouds_yaml,
+        cacert: text(CACERT_KEY)?,
+        cloud_name: key.cloud_name.clone(),
+        region: key.region.clone(),
+    })
+}
+
+/// One client per credentials key.
+pub struct ClientCache {
+    clouds: Arc<Clouds>,
+    clients: Mutex<HashMap<CredentialsKey, CloudClient>>,
+}
+
+impl ClientCache {
+    pub fn new(clouds: Arc<Clouds>) -> Self {
+        ClientCache {
+            clouds,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The client for `key`, connecting (and authenticating) on first use. `data` is the
+    /// Secret's data, read only when the key is new.
+    pub async fn client(
+        &self,
+        key: &CredentialsKey,
+        data: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<CloudClient, CredentialsError> {
+        if let Some(client) = self.lock().get(key) {
+            return Ok(client.clone());
+        }
+        let credentials = credentials_from_secret(key, data)?;
+        let client =
+            self.clouds
+                .connect(&credentials)
+                .await
+                .map_err(|source| CredentialsError::Cloud {
+                    secret: key.secret.clone(),
+                    source,
+                })?;
+        let mut clients = self.lock();
+        // An older version of the same Secret, cloud and region is superseded.
+        clients.retain(|known, _| {
+            !(known.uid == key.uid
+                && known.cloud_name == key.cloud_name
+                && known.region == key.region)
+        });
+        clients.insert(key.clone(), client.clone());
+        Ok(client)
+    }
+
+    /// Clients cached.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CredentialsKey, CloudClient>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> CredentialsKey {
+        CredentialsKey {
+            secret: "ns/creds".into(),
+            uid: "u1".into(),
+            resource_version: "1".into(),
+            cloud_name: "openstack".into(),
+            region: None,
+        }
+    }
+
+    #[test]
+    fn the_secret_keys_capo_uses_become_credentials() {
+        let data = BTreeMap::from([
+            (CLOUDS_YAML_KEY.to_owned(), b"clouds: {}".to_vec()),
+            (CACERT_KEY.to_owned(), b"PEM".to_vec()),
+        ]);
+        let credentials = credentials_from_secret(&key(), &data).unwrap();
+        assert_eq!(credentials.clouds_yaml, "clouds: {}");
+        assert_eq!(credentials.cacert.as_deref(), Some("PEM"));
+        assert_eq!(credentials.cloud_name, "openstack");
+    }
+
+    #[test]
+    fn a_secret_without_clouds_yaml_or_with_binary_is_a_credentials_error_naming_no_content() {
+        let missing = credentials_from_secret(&key(), &BTreeMap::new()).unwrap_err();
+        assert_eq!(missing.category(), ErrorCategory::Credentials);
+        assert_eq!(
+            missing.to_string(),
+            "Secret ns/creds has no \"clouds.yaml\" key"
+        );
+        let secret_bytes = vec![0xff, 0xfe, b's', b'3', b'c', b'r'];
+        let data = BTreeMap::from([(CLOUDS_YAML_KEY.to_owned(), secret_bytes)]);
+        let binary = credentials_from_secret(&key(), &data).unwrap_err();
+        assert_eq!(binary.category(), ErrorCategory::Credentials);
+        assert!(!binary.to_string().contains("s3cr"), "{binary}");
+    }
+}

@@ -1,0 +1,256 @@
+//! Reconcile metrics under controller-runtime's names, so the CAPI dashboards people already
+//! have show capo-rs's controllers too.
+
+use std::time::Instant;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::error::ErrorCategory;
+
+/// How one reconcile ended, as controller-runtime labels `result`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Success,
+    Error(ErrorCategory),
+    /// Requeued at once.
+    Requeue,
+    /// Requeued after a delay.
+    RequeueAfter,
+}
+
+impl ReconcileResult {
+    fn label(self) -> &'static str {
+        match self {
+            ReconcileResult::Success => "success",
+            ReconcileResult::Error(_) => "error",
+            ReconcileResult::Requeue => "requeue",
+            ReconcileResult::RequeueAfter => "requeue_after",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ReconcileMetrics {
+    total: IntCounterVec,
+    errors: IntCounterVec,
+    terminal_errors: IntCounterVec,
+    time: HistogramVec,
+    active_workers: IntGaugeVec,
+    max_concurrent: IntGaugeVec,
+}
+
+impl ReconcileMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let metrics = ReconcileMetrics {
+            total: IntCounterVec::new(
+                Opts::new(
+                    "controller_runtime_reconcile_total",
+                    "Total number of reconciliations per controller",
+                ),
+                &["controller", "result"],
+            )?,
+            errors: IntCounterVec::new(
+                Opts::new(
+                    "controller_runtime_reconcile_errors_total",
+                    "Total number of reconciliation errors per controller",
+                ),
+                &["controller"],
+            )?,
+            terminal_errors: IntCounterVec::new(
+                Opts::new(
+                    "controller_runtime_terminal_reconcile_errors_total",
+                    "Total number of terminal reconciliation errors per controller",
+                ),
+                &["controller"],
+            )?,
+            time: HistogramVec::new(
+                HistogramOpts::new(
+                    "controller_runtime_reconcile_time_seconds",
+                    "Length of time per reconciliation per controller",
+                )
+                .buckets(vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                ]),
+                &["controller"],
+            )?,
+            active_workers: IntGaugeVec::new(
+                Opts::new(
+                    "controller_runtime_active_workers",
+                    "Number of currently used workers per controller",
+                ),
+                &["controller"],
+            )?,
+            max_concurrent: IntGaugeVec::new(
+                Opts::new(
+                    "controller_runtime_max_concurrent_reconciles",
+                    "Maximum number of concurrent reconciles per controller",
+                ),
+                &["controller"],
+            )?,
+        };
+        registry.register(Box::new(metrics.total.clone()))?;
+        registry.register(Box::new(metrics.errors.clone()))?;
+        registry.register(Box::new(metrics.terminal_errors.clone()))?;
+        registry.register(Box::new(metrics.time.clone()))?;
+        registry.register(Box::new(metrics.active_workers.clone()))?;
+        registry.register(Box::new(metrics.max_concurrent.clone()))?;
+        Ok(metrics)
+    }
+
+    /// A controller starts with this many workers.
+    pub fn controller_started(&self, controller: &str, concurrency: usize) {
+        self.max_concurrent
+            .with_label_values(&[controller])
+            .set(i64::try_from(concurrency).unwrap_or(i64::MAX));
+    }
+
+    /// A reconcile begins; finish it with [`Reconciling::finish`]. Dropped unfinished (a
+    /// cancelled or panicking reconcile), it still frees its worker.
+    pub fn reconciling(&self, controller: &'static str) -> Reconciling {
+        self.active_workers.with_label_values(&[controller]).inc();
+        Reconciling {
+            metrics: self.clone(),
+            controller,
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+}
+
+/// One reconcile in progress.
+pub struct Reconciling {
+    metrics: ReconcileMetrics,
+    controller: &'static str,
+    started: Instant,
+    finished: bool,
+}
+
+impl Reconciling {
+    pub fn finish(mut self, result: ReconcileResult) {
+        self.finished = true;
+        let m = &self.metrics;
+        let controller = [self.controller];
+        m.active_workers.with_label_values(&controller).dec();
+        m.time
+            .with_label_values(&controller)
+            .observe(self.started.elapsed().as_secs_f64());
+        m.total
+            .with_label_values(&[self.controller, result.label()])
+            .inc();
+        if let ReconcileResult::Error(category) = result {
+            m.errors.with_label_values(&controller).inc();
+            if category.is_terminal() {
+                m.terminal_errors.with_label_values(&controller).inc();
+            }
+        }
+    }
+}
+
+impl Drop for Reconciling {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.metrics
+                .active_workers
+                .with_label_values(&[self.controller])
+                .dec();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric())
+            .filter(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| {
+                m.get_counter().get_value()
+                    + m.get_gauge().get_value()
+                    + m.get_histogram().get_sample_count() as f64
+            })
+            .sum()
+    }
+
+    #[test]
+    fn reconciles_are_counted_under_controller_runtimes_names() {
+        let registry = Registry::new();
+        let metrics = ReconcileMetrics::register(&registry).unwrap();
+        metrics.controller_started("openstackserver", 10);
+        let first = metrics.reconciling("openstackserver");
+        let second = metrics.reconciling("openstackserver");
+        let workers = [("controller", "openstackserver")];
+        assert_eq!(
+            value(&registry, "controller_runtime_active_workers", &workers),
+            2.0
+        );
+        first.finish(ReconcileResult::Success);
+        second.finish(ReconcileResult::Error(ErrorCategory::InvalidSpec));
+        let cancelled = metrics.reconciling("openstackserver");
+        drop(cancelled);
+        assert_eq!(
+            value(&registry, "controller_runtime_active_workers", &workers),
+            0.0,
+            "finished and dropped reconciles free their workers"
+        );
+        let by = |result| [("controller", "openstackserver"), ("result", result)];
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_reconcile_total",
+                &by("success")
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_reconcile_total",
+                &by("error")
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_reconcile_errors_total",
+                &workers
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_terminal_reconcile_errors_total",
+                &workers
+            ),
+            1.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_reconcile_time_seconds",
+                &workers
+            ),
+            2.0
+        );
+        assert_eq!(
+            value(
+                &registry,
+                "controller_runtime_max_concurrent_reconciles",
+                &workers
+            ),
+            10.0
+        );
+    }
+}
