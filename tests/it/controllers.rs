@@ -90,3 +90,97 @@ async fn unknown_clouds_and_malformed_clouds_yaml_are_credentials_errors_that_sa
     assert!(!malformed.to_string().contains("hunter2"), "{malformed}");
     assert!(cache.is_empty(), "failures are not cached");
 }
+
+// ------------------------------------------------------------------ Cluster API objects
+
+use capo_api::capi::{self, Machine};
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+
+/// A Machine as Cluster API writes it, with fields capo-rs does not model.
+fn machine_manifest() -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {"name": "cp-0", "namespace": "default",
+            "labels": {"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/control-plane": ""}},
+        "spec": {
+            "clusterName": "c1",
+            "bootstrap": {
+                "configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "cp-0"},
+                "dataSecretName": "cp-0-bootstrap"
+            },
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackMachine", "name": "cp-0"},
+            "failureDomain": "az-1",
+            "version": "v1.33.0",
+            "deletion": {"nodeDrainTimeoutSeconds": 10}
+        }
+    })
+}
+
+/// Creates the Machine through the API server, then reads it back typed and untyped.
+async fn machine_round_trip(crds: Vec<Value>) -> (Machine, DynamicObject) {
+    let sim = KubeSim::start(KubeSimConfig::default()).await.unwrap();
+    sim.install(&crds).unwrap();
+    let client = sim.client().unwrap();
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(capi::GROUP, "v1beta2", "Machine"));
+    let dynamic: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &resource);
+    let object: DynamicObject = serde_json::from_value(machine_manifest()).unwrap();
+    dynamic
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let typed: Api<Machine> = Api::namespaced(client, "default");
+    (
+        typed.get("cp-0").await.unwrap(),
+        dynamic.get("cp-0").await.unwrap(),
+    )
+}
+
+fn check_machine(typed: &Machine, untyped: &DynamicObject) {
+    assert_eq!(
+        typed.spec.bootstrap.data_secret_name.as_deref(),
+        Some("cp-0-bootstrap")
+    );
+    assert_eq!(typed.spec.failure_domain.as_deref(), Some("az-1"));
+    let labels = typed.metadata.labels.clone().unwrap_or_default();
+    assert!(capi::is_control_plane(&labels));
+    assert_eq!(capi::cluster_name(&labels), Some("c1"));
+    // What we do not model is kept by the server, not pruned.
+    assert_eq!(
+        untyped.data["spec"]["deletion"]["nodeDrainTimeoutSeconds"],
+        json!(10)
+    );
+}
+
+#[tokio::test]
+async fn our_minimal_capi_crds_serve_machines_as_cluster_api_writes_them() {
+    let crds = capi::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect();
+    let (typed, untyped) = machine_round_trip(crds).await;
+    check_machine(&typed, &untyped);
+}
+
+#[tokio::test]
+async fn our_capi_types_read_machines_served_by_cluster_apis_real_crds() {
+    let Some(dir) = crate::common::shared_reference("capi/crds", "the real Cluster API CRD check")
+    else {
+        return;
+    };
+    let crds = [
+        "cluster.x-k8s.io_clusters.yaml",
+        "cluster.x-k8s.io_machines.yaml",
+    ]
+    .iter()
+    .map(|file| {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        serde_yaml::from_str::<Value>(&text).unwrap()
+    })
+    .collect();
+    let (typed, untyped) = machine_round_trip(crds).await;
+    check_machine(&typed, &untyped);
+}

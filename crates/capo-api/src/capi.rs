@@ -1,0 +1,249 @@
+//! The Cluster API objects capo-rs reads, as minimal v1beta2 types: only the fields we use.
+//! Reading real objects ignores everything else. [`crds`] generates minimal CRDs from these
+//! types, with unknown fields preserved, for the demo and the tests that have no real Cluster
+//! API CRDs at hand; a management cluster has Cluster API's own.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Cluster API's group.
+pub const GROUP: &str = "cluster.x-k8s.io";
+
+/// Labels and annotations of the Cluster API contract.
+pub mod labels {
+    /// On every object of a cluster: the Cluster's name.
+    pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
+    /// On control-plane Machines (any value).
+    pub const CONTROL_PLANE: &str = "cluster.x-k8s.io/control-plane";
+    /// Annotation: this object is paused (any value).
+    pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+    /// Label a controller's `--watch-filter` selects on.
+    pub const WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
+    /// Annotation prefix of a Machine's pre-terminate deletion hooks.
+    pub const PRE_TERMINATE_HOOK_PREFIX: &str =
+        "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+}
+
+/// A reference to a contract object (v1beta2's `ContractVersionedObjectReference`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContractReference {
+    #[serde(default)]
+    pub api_group: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The part of a Cluster capo-rs reads.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "Cluster",
+    plural = "clusters",
+    namespaced,
+    status = "ClusterStatus",
+    derive = "PartialEq",
+    derive = "Default"
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ClusterSpec {
+    /// Reconciliation of the cluster's objects is paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_ref: Option<ContractReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_ref: Option<ContractReference>,
+}
+
+/// The part of a Cluster's status capo-rs reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<ClusterInitialization>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterInitialization {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_provisioned: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_initialized: Option<bool>,
+}
+
+/// The part of a Machine capo-rs reads.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "Machine",
+    plural = "machines",
+    namespaced,
+    status = "MachineStatus",
+    derive = "PartialEq",
+    derive = "Default"
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineSpec {
+    /// The Cluster's name.
+    #[serde(default)]
+    pub cluster_name: String,
+    #[serde(default)]
+    pub bootstrap: Bootstrap,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_ref: Option<ContractReference>,
+    /// Where the machine is placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct Bootstrap {
+    /// The Secret whose `value` key is the machine's user data, once the bootstrap provider
+    /// has written it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_secret_name: Option<String>,
+}
+
+/// The part of a Machine's status capo-rs reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+}
+
+/// Whether an object is paused: its Cluster says so, or the object carries the annotation.
+pub fn is_paused(cluster: Option<&Cluster>, annotations: &BTreeMap<String, String>) -> bool {
+    annotations.contains_key(labels::PAUSED) || cluster.is_some_and(|c| c.spec.paused == Some(true))
+}
+
+/// The Cluster an object belongs to, by its `cluster.x-k8s.io/cluster-name` label.
+pub fn cluster_name(labels: &BTreeMap<String, String>) -> Option<&str> {
+    labels
+        .get(labels::CLUSTER_NAME)
+        .map(String::as_str)
+        .filter(|name| !name.is_empty())
+}
+
+/// Whether a Machine is a control-plane machine.
+pub fn is_control_plane(labels: &BTreeMap<String, String>) -> bool {
+    labels.contains_key(labels::CONTROL_PLANE)
+}
+
+/// Minimal Cluster and Machine CRDs: the fields above, everything else preserved, a status
+/// subresource. For the demo and tests only.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    [Cluster::crd(), Machine::crd()]
+        .into_iter()
+        .map(preserve_unknown_fields)
+        .collect()
+}
+
+/// Marks the root schema of each version as preserving unknown fields, as a real server
+/// keeps `metadata`-adjacent fields we do not model.
+fn preserve_unknown_fields(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    if let Some(versions) = value
+        .pointer_mut("/spec/versions")
+        .and_then(Value::as_array_mut)
+    {
+        for version in versions {
+            if let Some(schema) = version
+                .pointer_mut("/schema/openAPIV3Schema")
+                .and_then(Value::as_object_mut)
+            {
+                schema.insert(
+                    "x-kubernetes-preserve-unknown-fields".into(),
+                    Value::Bool(true),
+                );
+            }
+        }
+    }
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_real_shaped_machine_reads_with_the_fields_we_use() {
+        let machine: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": "cp-0", "namespace": "default",
+                "labels": {"cluster.x-k8s.io/cluster-name": "c1", "cluster.x-k8s.io/control-plane": ""}},
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "cp-0"},
+                              "dataSecretName": "cp-0-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackMachine", "name": "cp-0"},
+                "failureDomain": "az-1",
+                "version": "v1.33.0",
+                "deletion": {"nodeDrainTimeoutSeconds": 10}
+            },
+            "status": {"phase": "Provisioning", "conditions": []}
+        }))
+        .unwrap();
+        assert_eq!(
+            machine.spec.bootstrap.data_secret_name.as_deref(),
+            Some("cp-0-bootstrap")
+        );
+        assert_eq!(machine.spec.failure_domain.as_deref(), Some("az-1"));
+        let labels = machine.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(cluster_name(&labels), Some("c1"));
+        assert!(is_control_plane(&labels));
+    }
+
+    #[test]
+    fn paused_by_the_cluster_or_by_the_annotation() {
+        let mut cluster = Cluster::new("c1", ClusterSpec::default());
+        let none = BTreeMap::new();
+        assert!(!is_paused(Some(&cluster), &none));
+        assert!(!is_paused(None, &none));
+        let annotated = BTreeMap::from([(labels::PAUSED.to_owned(), String::new())]);
+        assert!(is_paused(None, &annotated));
+        cluster.spec.paused = Some(true);
+        assert!(is_paused(Some(&cluster), &none));
+        let empty_name = BTreeMap::from([(labels::CLUSTER_NAME.to_owned(), String::new())]);
+        assert_eq!(cluster_name(&empty_name), None);
+    }
+
+    #[test]
+    fn minimal_crds_preserve_what_they_do_not_model() {
+        for crd in crds() {
+            let value = serde_json::to_value(&crd).unwrap();
+            let root = &value["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            assert_eq!(root["x-kubernetes-preserve-unknown-fields"], json!(true));
+            assert_eq!(
+                root["properties"]["spec"]["x-kubernetes-preserve-unknown-fields"],
+                json!(true)
+            );
+            assert_eq!(crd.spec.group, GROUP);
+        }
+    }
+}
