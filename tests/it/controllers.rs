@@ -184,3 +184,47 @@ async fn our_capi_types_read_machines_served_by_cluster_apis_real_crds() {
     let (typed, untyped) = machine_round_trip(crds).await;
     check_machine(&typed, &untyped);
 }
+
+// ------------------------------------------------------------------ the manager's CRD check
+
+use capo_provider::manager::{CrdCheckError, check_crds};
+
+#[tokio::test]
+async fn the_manager_names_missing_crds_and_how_to_install_them() {
+    let sim = KubeSim::start(KubeSimConfig::default()).await.unwrap();
+    let client = sim.client().unwrap();
+    let ours: Vec<String> = capo_api::crds::all()
+        .iter()
+        .filter_map(|crd| crd.metadata.name.clone())
+        .collect();
+    let missing = check_crds(&client, &ours).await.unwrap_err();
+    assert!(!missing.is_transient());
+    let message = missing.to_string();
+    assert!(
+        message.contains("openstackservers.infrastructure.cluster.x-k8s.io"),
+        "{message}"
+    );
+    assert!(
+        message.contains("kubectl apply --server-side -f crds/"),
+        "{message}"
+    );
+
+    let all_but_servers: Vec<Value> = capo_api::crds::all()
+        .iter()
+        .filter(|crd| crd.spec.names.kind != "OpenStackServer")
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect();
+    sim.install(&all_but_servers).unwrap();
+    let Err(CrdCheckError::Missing(names)) = check_crds(&client, &ours).await else {
+        panic!("OpenStackServer's CRD is still missing");
+    };
+    assert_eq!(names, ["openstackservers.infrastructure.cluster.x-k8s.io"]);
+
+    let servers: Vec<Value> = capo_api::crds::all()
+        .iter()
+        .filter(|crd| crd.spec.names.kind == "OpenStackServer")
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect();
+    sim.install(&servers).unwrap();
+    check_crds(&client, &ours).await.unwrap();
+}

@@ -5,4 +5,5 @@
 
 pub mod cloud;
 pub mod controllers;
+pub mod manager;
 pub mod membership;
