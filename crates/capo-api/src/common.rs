@@ -548,13 +548,29 @@ pub struct PortStatus {
     pub id: String,
 }
 
+/// A Cinder volume created for a server.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct VolumeStatus {
+    /// Volume name (`<server>-root`, `<server>-<device>`).
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Volume UUID.
+    #[schemars(length(min = 1))]
+    pub id: String,
+}
+
 /// OpenStack resources created for a server, so they can be cleaned up.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineResources {
-    /// Ports created for the server.
+    /// Ports created for the server, in the order of the resolved ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub ports: Vec<PortStatus>,
+    /// Volumes created for the server (root volume and additional block devices). Not in
+    /// CAPO's status: capo-rs records them so it can delete them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub volumes: Vec<VolumeStatus>,
 }
 
 /// A server specification with every reference resolved to a UUID.

@@ -62,6 +62,8 @@ pub mod reasons {
     /// The credentials are missing or unusable (no Secret, unknown cloud, malformed
     /// clouds.yaml, refused authentication); waits for a Secret change.
     pub const INVALID_CREDENTIALS: &str = "InvalidCredentials";
+    /// An object the spec names (a user-data Secret) does not exist yet; waits for it.
+    pub const DEPENDENCY_MISSING: &str = "DependencyMissing";
     /// Transient trouble talking to the Kubernetes API; retried with backoff.
     pub const KUBERNETES_UNAVAILABLE: &str = "KubernetesUnavailable";
     /// The spec cannot work (unknown flavor, invalid CIDR); waits for a spec change.
@@ -87,6 +89,25 @@ pub mod reasons {
     pub const INSTANCE_BUILDING: &str = "InstanceBuilding";
     /// The server is in ERROR.
     pub const INSTANCE_ERROR: &str = "InstanceError";
+    /// The server we created is gone, and nobody asked us to delete it.
+    pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
+    /// The server exists but is not running (SHUTOFF, SUSPENDED, ...).
+    pub const INSTANCE_NOT_ACTIVE: &str = "InstanceNotActive";
+    /// A volume the server needs is in ERROR.
+    pub const VOLUME_ERROR: &str = "VolumeError";
+    /// The spec names a floating IP pool kind capo-rs does not serve.
+    pub const FLOATING_IP_POOL_NOT_SUPPORTED: &str = "FloatingIPPoolNotSupported";
+}
+
+/// Finalizers, with CAPO's names so that capo-rs adopts the objects CAPO created (and CAPO
+/// adopts ours).
+pub mod finalizers {
+    /// On OpenStackCluster.
+    pub const CLUSTER: &str = "openstackcluster.infrastructure.cluster.x-k8s.io";
+    /// On OpenStackMachine.
+    pub const MACHINE: &str = "openstackmachine.infrastructure.cluster.x-k8s.io";
+    /// On OpenStackServer.
+    pub const SERVER: &str = "openstackserver.infrastructure.cluster.x-k8s.io";
 }
 
 /// The conditions each kind owns, in the order `Ready` reports their causes.

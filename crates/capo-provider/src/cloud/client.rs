@@ -315,4 +315,8 @@ impl CloudClient {
     pub fn glance(&self) -> super::glance::Glance<'_> {
         super::glance::Glance::new(&self.path)
     }
+
+    pub fn cinder(&self) -> super::cinder::Cinder<'_> {
+        super::cinder::Cinder::new(&self.path)
+    }
 }

@@ -8,10 +8,12 @@
 //!   rate limiter (and any Retry-After pause), sends with a timeout and the caller's cancellation,
 //!   classifies the answer into a [`CloudError`], retries what is safe to retry, records metrics
 //!   and logs one debug event per request.
-//! - Typed calls: [`octavia`], [`neutron`], [`nova`], [`glance`], on a [`CloudClient`].
+//! - Typed calls: [`octavia`], [`neutron`], [`nova`], [`glance`], [`cinder`], on a
+//!   [`CloudClient`].
 //!
 //! This module knows nothing of Kubernetes.
 
+pub mod cinder;
 mod client;
 mod credentials;
 mod endpoint;
@@ -45,6 +47,7 @@ pub enum Service {
     Network,
     Image,
     LoadBalancer,
+    BlockStorage,
 }
 
 impl Service {
@@ -56,6 +59,7 @@ impl Service {
             Service::Network => "network",
             Service::Image => "image",
             Service::LoadBalancer => "load-balancer",
+            Service::BlockStorage => "block-storage",
         }
     }
 
@@ -67,6 +71,7 @@ impl Service {
             Service::Compute => "v2.1",
             Service::Network => "v2.0",
             Service::Image | Service::LoadBalancer => "v2",
+            Service::BlockStorage => "v3",
         }
     }
 }

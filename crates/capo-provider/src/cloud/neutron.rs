@@ -220,6 +220,17 @@ pub struct PortSpec {
     pub vnic_type: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_address_pairs: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "binding:host_id")]
+    pub host_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", rename = "binding:profile")]
+    pub profile: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac_address: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub propagate_uplink_status: Option<bool>,
+    /// Extra attributes sent as given (CAPO's `valueSpecs`).
+    #[serde(flatten)]
+    pub value_specs: serde_json::Map<String, Value>,
     /// Tags are not part of a create body in Neutron; [`Neutron::set_tags`] adds them after.
     #[serde(skip)]
     pub tags: Vec<String>,
@@ -516,6 +527,28 @@ impl<'a> Neutron<'a> {
 
     pub async fn list_trunks(&self, filter: &Filter) -> Result<Vec<Trunk>, CloudError> {
         self.list(op("trunk_list"), "trunks", filter).await
+    }
+
+    /// A trunk whose parent is `port_id`; tagged like the port.
+    pub async fn create_trunk(
+        &self,
+        name: &str,
+        port_id: &str,
+        description: &str,
+        tags: &[String],
+    ) -> Result<Trunk, CloudError> {
+        let body = json!({ "name": name, "port_id": port_id, "description": description });
+        let trunk: Trunk = self
+            .create(op("trunk_create"), "trunks", "trunk", body)
+            .await?;
+        if !tags.is_empty() {
+            self.set_tags("trunks", &trunk.id, tags).await?;
+        }
+        Ok(trunk)
+    }
+
+    pub async fn delete_trunk(&self, id: &str) -> Result<(), CloudError> {
+        self.delete(op("trunk_delete"), "trunks", id).await
     }
 }
 

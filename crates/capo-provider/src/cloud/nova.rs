@@ -28,6 +28,45 @@ pub struct Server {
     pub fault: Option<Value>,
     #[serde(default, rename = "OS-EXT-AZ:availability_zone")]
     pub availability_zone: Option<String>,
+    #[serde(default)]
+    pub created: Option<String>,
+    /// `deleting` once a delete is under way.
+    #[serde(default, rename = "OS-EXT-STS:task_state")]
+    pub task_state: Option<String>,
+}
+
+impl Server {
+    /// Nova's fault message, for a server in ERROR.
+    pub fn fault_message(&self) -> Option<&str> {
+        self.fault.as_ref()?.get("message")?.as_str()
+    }
+
+    /// Whether a delete is under way.
+    pub fn is_deleting(&self) -> bool {
+        self.task_state.as_deref() == Some("deleting")
+            || matches!(self.status.as_str(), "DELETED" | "SOFT_DELETED")
+    }
+}
+
+/// One entry of a new server's `block_device_mapping_v2`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BlockDevice {
+    /// 0 for the boot disk, -1 for the others.
+    pub boot_index: i32,
+    /// The volume (or image) for `source_type` volume (or image).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// `volume`, `image` or `blank`.
+    pub source_type: &'static str,
+    /// `volume` or `local`.
+    pub destination_type: &'static str,
+    /// GiB, for a blank local disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<u64>,
+    pub delete_on_termination: bool,
+    /// The device tag the guest sees.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 /// A network attachment of a new server.
@@ -60,9 +99,17 @@ pub struct ServerSpec {
     pub tags: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_drive: Option<bool>,
+    #[serde(
+        rename = "block_device_mapping_v2",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub block_devices: Vec<BlockDevice>,
     /// Not part of the `server` object: sent as a scheduler hint.
     #[serde(skip)]
     pub server_group_id: Option<String>,
+    /// More scheduler hints, sent beside the server object.
+    #[serde(skip)]
+    pub scheduler_hints: serde_json::Map<String, Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -108,8 +155,12 @@ impl<'a> Nova<'a> {
 
     pub async fn create_server(&self, spec: &ServerSpec) -> Result<Server, CloudError> {
         let mut body = json!({ "server": spec });
+        let mut hints = spec.scheduler_hints.clone();
         if let Some(group) = &spec.server_group_id {
-            body["os:scheduler_hints"] = json!({ "group": group });
+            hints.insert("group".into(), json!(group));
+        }
+        if !hints.is_empty() {
+            body["os:scheduler_hints"] = Value::Object(hints);
         }
         let call = versioned(Call::post(op("server_create"), "servers", body));
         self.path.fetch(call.key("server")).await
@@ -135,6 +186,11 @@ impl<'a> Nova<'a> {
             format!("servers/{}", seg(id)),
         ));
         self.path.run(call).await
+    }
+
+    pub async fn get_flavor(&self, id: &str) -> Result<Flavor, CloudError> {
+        let call = versioned(Call::get(op("flavor_get"), format!("flavors/{}", seg(id))));
+        self.path.fetch(call.key("flavor")).await
     }
 
     /// The flavor with this exact name; `NotFound` when there is none.

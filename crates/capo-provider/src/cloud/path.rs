@@ -45,6 +45,7 @@ pub(crate) struct ServiceGates {
     pub(crate) network: Arc<EndpointGate>,
     pub(crate) image: Arc<EndpointGate>,
     pub(crate) load_balancer: Arc<EndpointGate>,
+    pub(crate) block_storage: Arc<EndpointGate>,
 }
 
 impl ServiceGates {
@@ -55,6 +56,7 @@ impl ServiceGates {
             network: gate(Service::Network),
             image: gate(Service::Image),
             load_balancer: gate(Service::LoadBalancer),
+            block_storage: gate(Service::BlockStorage),
         }
     }
 
@@ -65,6 +67,7 @@ impl ServiceGates {
             Service::Network => &self.network,
             Service::Image => &self.image,
             Service::LoadBalancer => &self.load_balancer,
+            Service::BlockStorage => &self.block_storage,
         }
     }
 }

@@ -98,6 +98,7 @@ fn service_type(service: Service) -> ServiceType {
         Service::Network => ServiceType::Network,
         Service::Image => ServiceType::Image,
         Service::LoadBalancer => ServiceType::LoadBalancer,
+        Service::BlockStorage => ServiceType::BlockStorage,
     }
 }
 

@@ -20,6 +20,9 @@ pub enum ErrorCategory {
     /// The credentials are missing or unusable (no Secret, unknown cloud, malformed
     /// clouds.yaml, refused authentication). A Secret change wakes the object.
     Credentials,
+    /// An object the spec names does not exist yet (the user-data Secret): nothing to do
+    /// until it appears, and its watch wakes the object then.
+    Dependency,
     /// The Kubernetes API failed us (conflict, timeout): retry soon.
     Kubernetes,
 }
@@ -29,7 +32,7 @@ impl ErrorCategory {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            ErrorCategory::InvalidSpec | ErrorCategory::Credentials
+            ErrorCategory::InvalidSpec | ErrorCategory::Credentials | ErrorCategory::Dependency
         )
     }
 
@@ -41,6 +44,7 @@ impl ErrorCategory {
             }
             ErrorCategory::InvalidSpec => reasons::INVALID_SPEC,
             ErrorCategory::Credentials => reasons::INVALID_CREDENTIALS,
+            ErrorCategory::Dependency => reasons::DEPENDENCY_MISSING,
             ErrorCategory::Kubernetes => reasons::KUBERNETES_UNAVAILABLE,
         }
     }
@@ -52,6 +56,7 @@ impl ErrorCategory {
             ErrorCategory::RateLimited { .. } => "rate_limited",
             ErrorCategory::InvalidSpec => "invalid_spec",
             ErrorCategory::Credentials => "credentials",
+            ErrorCategory::Dependency => "dependency",
             ErrorCategory::Kubernetes => "kubernetes",
         }
     }
@@ -133,6 +138,7 @@ mod tests {
             },
             ErrorCategory::InvalidSpec,
             ErrorCategory::Credentials,
+            ErrorCategory::Dependency,
             ErrorCategory::Kubernetes,
         ];
         let labels: std::collections::HashSet<&str> = all.iter().map(|c| c.label()).collect();

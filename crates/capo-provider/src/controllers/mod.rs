@@ -1,14 +1,59 @@
-//! What every reconciler shares: how errors are categorised ([`error`]), how an object that
-//! keeps failing backs off ([`backoff`]), OpenStack clients per credentials
-//! ([`credentials`]), and the reconcile metrics CAPI dashboards know ([`metrics`]). The
-//! reconcilers themselves (observe -> plan -> apply -> status) come next beside them.
+//! The reconcilers and what they share: the [`Context`], how errors are categorised
+//! ([`error`]), how an object that keeps failing backs off ([`backoff`]), OpenStack clients per
+//! credentials ([`credentials`], [`identity`]), the Kubernetes writes ([`writes`]), and the
+//! reconcile metrics CAPI dashboards know ([`metrics`]).
+//!
+//! Every reconciler has the same shape: observe (Kubernetes, then OpenStack) -> plan (pure) ->
+//! apply (OpenStack changes, never waiting) -> status (one patch). [`server`] is the first.
 
 pub mod backoff;
+pub mod context;
 pub mod credentials;
 pub mod error;
+pub mod identity;
 pub mod metrics;
+pub mod outcome;
+pub mod server;
+pub mod writes;
+
+use std::collections::BTreeMap;
+
+use capo_api::capi::{self, Cluster};
+use capo_api::conditions::{self, Desired, types};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
 
 pub use backoff::{Backoff, BackoffPolicy};
+pub use context::{Context, ControllerConfig};
 pub use credentials::{ClientCache, CredentialsError, CredentialsKey};
 pub use error::{Categorized, ErrorCategory};
 pub use metrics::ReconcileMetrics;
+pub use outcome::Outcome;
+
+/// The Cluster an object belongs to, by its `cluster.x-k8s.io/cluster-name` label: `None`
+/// without the label, or when no such Cluster exists (a server outside any cluster).
+pub async fn owning_cluster(
+    ctx: &Context,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Option<Cluster>, kube::Error> {
+    let Some(name) = capi::cluster_name(labels) else {
+        return Ok(None);
+    };
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
+    clusters.get_opt(name).await
+}
+
+/// Sets `Ready` from the conditions it summarises.
+pub fn set_ready(
+    conditions: &mut Vec<Condition>,
+    from: &[&str],
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let summary = conditions::summarize_ready(conditions, from);
+    let (status, reason, message) = (summary.status, summary.reason.to_owned(), summary.message);
+    let ready = Desired::new(types::READY, status, &reason, message);
+    conditions::set(conditions, &ready, generation, now);
+}

@@ -1,6 +1,146 @@
-//! The manager (`capo-rs run`): connects to Kubernetes, checks that our CRDs are served, and
-//! runs the controllers. This first part holds the CRD check; the controllers join it next.
+//! The manager (`capo-rs run`): connects to Kubernetes, waits until the CRDs the controllers
+//! watch are served, builds the one [`Context`], runs every controller, and shuts down
+//! gracefully: reconciles in flight finish (their OpenStack calls are not cancelled), then
+//! the engine's loops stop.
+//!
+//! Leader election and the admin HTTP server (/metrics, /healthz, /readyz) join in
+//! [`run`], at the places marked there.
 
+pub mod controllers;
 pub mod crds;
 
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::cloud::{CloudError, CloudOptions, Clouds};
+use crate::controllers::{Context, ControllerConfig, ReconcileMetrics};
+use crate::membership::{Engine, EngineConfig, EngineError};
+
+pub use controllers::WatchScope;
 pub use crds::{CrdCheckError, check_crds};
+
+/// Everything `capo-rs run` is told.
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    pub scope: WatchScope,
+    /// Reconciles of OpenStackServers at once (CAPO's default is 10).
+    pub server_concurrency: u16,
+    pub controllers: ControllerConfig,
+    pub engine: EngineConfig,
+    pub cloud: CloudOptions,
+    /// How often to look again for CRDs that are missing.
+    pub crd_retry: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            scope: WatchScope::default(),
+            server_concurrency: 10,
+            controllers: ControllerConfig::default(),
+            engine: EngineConfig::default(),
+            cloud: CloudOptions::default(),
+            crd_retry: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("connecting to Kubernetes: {0}")]
+    Connect(String),
+    #[error(transparent)]
+    Crds(#[from] CrdCheckError),
+    #[error("setting up OpenStack access: {0}")]
+    Cloud(#[from] CloudError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A Kubernetes client from `kubeconfig`, or as kubectl finds one: `$KUBECONFIG`,
+/// `~/.kube/config`, then the in-cluster service account.
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ManagerError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ManagerError::Connect(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))
+}
+
+/// The CRDs the controllers watch: ours, and Cluster API's Cluster (for `spec.paused`).
+pub fn required_crds() -> Vec<String> {
+    let mut names: Vec<String> = capo_api::crds::all()
+        .iter()
+        .filter_map(|crd| crd.metadata.name.clone())
+        .collect();
+    names.push(format!("clusters.{}", capo_api::capi::GROUP));
+    names
+}
+
+/// Waits until every required CRD is Established, saying what is missing each time; `false`
+/// when `shutdown` came first.
+pub async fn wait_for_crds(
+    client: &kube::Client,
+    retry: Duration,
+    shutdown: &CancellationToken,
+) -> bool {
+    let names = required_crds();
+    loop {
+        match check_crds(client, &names).await {
+            Ok(()) => return true,
+            Err(error) => tracing::warn!(%error, "waiting for CustomResourceDefinitions"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(retry) => {}
+        }
+    }
+}
+
+/// Runs the controllers until `shutdown` is cancelled, then stops gracefully.
+pub async fn run(
+    client: kube::Client,
+    config: ManagerConfig,
+    registry: &Registry,
+    shutdown: CancellationToken,
+) -> Result<(), ManagerError> {
+    if !wait_for_crds(&client, config.crd_retry, &shutdown).await {
+        return Ok(());
+    }
+    // Leader election (a later issue) goes here: the controllers below start only on the
+    // replica that holds the Lease, and stop when it is lost.
+
+    // Not the shutdown token: reconciles still running when shutdown begins finish their
+    // OpenStack calls, so nothing is left half-written.
+    let cloud_stop = CancellationToken::new();
+    let clouds: Arc<Clouds> = Clouds::new(config.cloud.clone(), registry, cloud_stop.clone())?;
+    let engine = Engine::new(config.engine.clone(), registry, cloud_stop.child_token())?;
+    let metrics = ReconcileMetrics::register(registry)?;
+    let ctx = Context::new(client, engine.clone(), clouds, metrics, config.controllers.clone());
+    // The admin HTTP server (/metrics on `registry`, /healthz, /readyz) starts here.
+    tracing::info!(
+        namespace = config.scope.namespace.as_deref().unwrap_or("(all)"),
+        watch_filter = config.scope.watch_filter.as_deref().unwrap_or("(none)"),
+        "controllers starting"
+    );
+    controllers::run_servers(ctx, &config.scope, config.server_concurrency, shutdown).await;
+    engine.shutdown().await;
+    cloud_stop.cancel();
+    tracing::info!("controllers stopped");
+    Ok(())
+}

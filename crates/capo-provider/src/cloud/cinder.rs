@@ -1,0 +1,104 @@
+//! Cinder v3: the volumes a server boots from or carries as extra disks. They are created
+//! before the server (so their type and availability zone can be chosen, as CAPO does) and
+//! handed to Nova in its block device mapping.
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::endpoint::Call;
+use super::octavia::seg;
+use super::{CloudError, Operation, RequestPath, Service};
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Volume {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    /// creating, available, in-use, deleting, error, ...
+    #[serde(default)]
+    pub status: String,
+    /// GiB.
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub availability_zone: Option<String>,
+    #[serde(default)]
+    pub volume_type: Option<String>,
+    #[serde(default)]
+    pub attachments: Vec<serde_json::Value>,
+    /// Cinder's timestamp, without a zone (UTC).
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+impl Volume {
+    /// Whether Nova can attach it now.
+    pub fn is_available(&self) -> bool {
+        self.status == "available"
+    }
+
+    /// Whether Cinder gave up on it.
+    pub fn is_error(&self) -> bool {
+        self.status.starts_with("error")
+    }
+
+    /// Whether a delete is already under way.
+    pub fn is_deleting(&self) -> bool {
+        self.status == "deleting"
+    }
+}
+
+/// A volume to create.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct VolumeSpec {
+    pub name: String,
+    /// GiB.
+    pub size: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub availability_zone: Option<String>,
+    /// The image to copy onto the volume (a root volume).
+    #[serde(rename = "imageRef", skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+}
+
+const fn op(name: &'static str) -> Operation {
+    Operation::new(Service::BlockStorage, name)
+}
+
+/// Typed Cinder calls.
+pub struct Cinder<'a> {
+    path: &'a RequestPath,
+}
+
+impl<'a> Cinder<'a> {
+    pub(crate) fn new(path: &'a RequestPath) -> Self {
+        Cinder { path }
+    }
+
+    /// Starts creating a volume; it reads `creating` until it is `available`.
+    pub async fn create_volume(&self, spec: &VolumeSpec) -> Result<Volume, CloudError> {
+        let call = Call::post(op("volume_create"), "volumes", json!({ "volume": spec }));
+        self.path.fetch(call.key("volume")).await
+    }
+
+    pub async fn get_volume(&self, id: &str) -> Result<Volume, CloudError> {
+        let call = Call::get(op("volume_get"), format!("volumes/{}", seg(id)));
+        self.path.fetch(call.key("volume")).await
+    }
+
+    /// Volumes with exactly this name.
+    pub async fn list_volumes_by_name(&self, name: &str) -> Result<Vec<Volume>, CloudError> {
+        let call = Call::get(op("volume_list"), "volumes/detail").query("name", name);
+        let volumes: Vec<Volume> = self.path.fetch_all(call.key("volumes")).await?;
+        Ok(volumes.into_iter().filter(|v| v.name == name).collect())
+    }
+
+    pub async fn delete_volume(&self, id: &str) -> Result<(), CloudError> {
+        let call = Call::delete(op("volume_delete"), format!("volumes/{}", seg(id)));
+        self.path.run(call).await
+    }
+}

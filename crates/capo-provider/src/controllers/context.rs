@@ -1,0 +1,160 @@
+//! The one `Context` every reconciler shares: the Kubernetes client and event recorder, the
+//! membership engine, OpenStack clients per credentials, metrics, tunables, and the
+//! per-object backoff that turns a category of error into the next attempt's delay.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::backoff::{Backoff, BackoffPolicy};
+use super::credentials::ClientCache;
+use super::error::ErrorCategory;
+use super::metrics::ReconcileMetrics;
+use crate::cloud::Clouds;
+use crate::membership::Engine;
+
+/// The `reportingController` of our events.
+pub const REPORTING_CONTROLLER: &str = "capo-rs";
+/// The field manager of our writes.
+pub const FIELD_MANAGER: &str = "capo-rs";
+
+/// Tunables of every controller.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// A settled object is looked at again this often, to see drift. An object held by a
+    /// terminal error is too: the cloud may have been fixed meanwhile (an image uploaded).
+    pub sync_period: Duration,
+    /// While something in the cloud is on its way (a server building, a volume being
+    /// created, a server being deleted), the object is looked at again after a quarter of
+    /// the time it has been waiting, within these bounds: soon at first, rarely for slow work.
+    pub poll_min: Duration,
+    pub poll_max: Duration,
+    /// Transient errors back off per object.
+    pub backoff: BackoffPolicy,
+    /// `reportingInstance` of events (the pod's name in a cluster).
+    pub instance: Option<String>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            sync_period: Duration::from_secs(600),
+            poll_min: Duration::from_secs(1),
+            poll_max: Duration::from_secs(30),
+            backoff: BackoffPolicy::default(),
+            instance: None,
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// When to look again at work that has been on its way for `waited`.
+    pub fn poll_after(&self, waited: Duration) -> Duration {
+        (waited / 4).clamp(self.poll_min, self.poll_max.max(self.poll_min))
+    }
+}
+
+/// Shared by every reconcile of every controller.
+pub struct Context {
+    pub client: kube::Client,
+    pub recorder: Recorder,
+    pub engine: Engine,
+    pub clouds: ClientCache,
+    pub metrics: ReconcileMetrics,
+    pub config: ControllerConfig,
+    backoff: Mutex<Backoff<String>>,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        engine: Engine,
+        clouds: Arc<Clouds>,
+        metrics: ReconcileMetrics,
+        config: ControllerConfig,
+    ) -> Arc<Self> {
+        let reporter = Reporter {
+            controller: REPORTING_CONTROLLER.into(),
+            instance: config.instance.clone(),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            engine,
+            clouds: ClientCache::new(clouds),
+            metrics,
+            backoff: Mutex::new(Backoff::new(config.backoff)),
+            config,
+        })
+    }
+
+    /// Publishes an event. A refused event is logged, never a reason to fail a reconcile.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(%error, reason, "cannot publish event");
+        }
+    }
+
+    /// What to do after a reconcile of `key` failed with `category`: terminal errors wait
+    /// for a change (or the sync period); others back off, per object, with jitter.
+    pub fn after_error(&self, key: &str, category: ErrorCategory) -> Action {
+        if category.is_terminal() {
+            return Action::requeue(self.config.sync_period);
+        }
+        let retry_after = match category {
+            ErrorCategory::RateLimited { retry_after } => Some(retry_after),
+            _ => None,
+        };
+        let delay = self
+            .lock_backoff()
+            .failed(&key.to_owned(), retry_after, fastrand::f64());
+        Action::requeue(delay)
+    }
+
+    /// `key` reconciled: its next failure backs off from the start.
+    pub fn succeeded(&self, key: &str) {
+        self.lock_backoff().succeeded(&key.to_owned());
+    }
+
+    /// `key` is gone.
+    pub fn forget(&self, key: &str) {
+        self.lock_backoff().forget(&key.to_owned());
+    }
+
+    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff<String>> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_follow_the_wait_within_bounds() {
+        let config = ControllerConfig::default();
+        assert_eq!(config.poll_after(Duration::ZERO), Duration::from_secs(1));
+        assert_eq!(config.poll_after(Duration::from_secs(20)), Duration::from_secs(5));
+        assert_eq!(
+            config.poll_after(Duration::from_secs(3600)),
+            Duration::from_secs(30)
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! From an object's `identityRef` to an OpenStack client: the Secret in the object's own
+//! namespace, or, through an OpenStackClusterIdentity, a Secret elsewhere that the object's
+//! namespace is allowed to use. Errors name objects and keys, never a Secret's contents.
+
+use std::collections::BTreeMap;
+
+use capo_api::OpenStackClusterIdentity;
+use capo_api::common::{IdentityRef, IdentityRefType};
+use capo_api::identity::LabelSelector;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+
+use super::credentials::{CredentialsError, CredentialsKey};
+use super::error::{Categorized, ErrorCategory};
+use super::Context;
+use crate::cloud::CloudClient;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("reading {what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("OpenStackClusterIdentity {0} not found")]
+    IdentityMissing(String),
+    #[error("OpenStackClusterIdentity {identity} does not allow namespace {namespace}")]
+    NamespaceNotAllowed { identity: String, namespace: String },
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
+
+impl Categorized for IdentityError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            IdentityError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            IdentityError::Credentials(error) => error.category(),
+            IdentityError::IdentityMissing(_) | IdentityError::NamespaceNotAllowed { .. } => {
+                ErrorCategory::Credentials
+            }
+        }
+    }
+}
+
+fn reading(what: String) -> impl FnOnce(kube::Error) -> IdentityError {
+    move |source| IdentityError::Kubernetes { what, source }
+}
+
+/// The client for `identity`, as used by an object in `namespace`.
+pub async fn cloud_client(
+    ctx: &Context,
+    namespace: &str,
+    identity: &IdentityRef,
+) -> Result<CloudClient, IdentityError> {
+    let (secret_namespace, secret_name) = match identity.kind() {
+        IdentityRefType::Secret => (namespace.to_owned(), identity.name.clone()),
+        IdentityRefType::ClusterIdentity => cluster_identity_secret(ctx, namespace, &identity.name).await?,
+    };
+    let secret_label = format!("{secret_namespace}/{secret_name}");
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &secret_namespace);
+    let secret = secrets
+        .get_opt(&secret_name)
+        .await
+        .map_err(reading(format!("Secret {secret_label}")))?
+        .ok_or_else(|| CredentialsError::SecretMissing {
+            secret: secret_label.clone(),
+        })?;
+    let key = CredentialsKey {
+        secret: secret_label,
+        uid: secret.uid().unwrap_or_default(),
+        resource_version: secret.resource_version().unwrap_or_default(),
+        cloud_name: identity.cloud_name.clone(),
+        region: identity.region.clone(),
+    };
+    let data: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
+    Ok(ctx.clouds.client(&key, &data).await?)
+}
+
+/// The Secret an OpenStackClusterIdentity names, if `namespace` may use it.
+async fn cluster_identity_secret(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, String), IdentityError> {
+    let identities: Api<OpenStackClusterIdentity> = Api::all(ctx.client.clone());
+    let identity = identities
+        .get_opt(name)
+        .await
+        .map_err(reading(format!("OpenStackClusterIdentity {name}")))?
+        .ok_or_else(|| IdentityError::IdentityMissing(name.to_owned()))?;
+    if let Some(selector) = &identity.spec.namespace_selector {
+        let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+        let labels = namespaces
+            .get_opt(namespace)
+            .await
+            .map_err(reading(format!("Namespace {namespace}")))?
+            .map(|ns| ns.meta().labels.clone().unwrap_or_default())
+            .unwrap_or_default();
+        if !selector_matches(selector, &labels) {
+            return Err(IdentityError::NamespaceNotAllowed {
+                identity: name.to_owned(),
+                namespace: namespace.to_owned(),
+            });
+        }
+    }
+    let secret = &identity.spec.secret_ref;
+    Ok((secret.namespace.clone(), secret.name.clone()))
+}
+
+/// Whether `labels` satisfy a Kubernetes label selector. An unknown operator matches
+/// nothing, as the API server would refuse it.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let by_expressions = selector.match_expressions.iter().all(|requirement| {
+        let value = labels.get(&requirement.key);
+        match requirement.operator.as_str() {
+            "In" => value.is_some_and(|v| requirement.values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !requirement.values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capo_api::identity::LabelSelectorRequirement;
+
+    fn requirement(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.iter().map(|v| (*v).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn label_selectors_match_as_kubernetes_does() {
+        let labels = BTreeMap::from([("team".to_owned(), "a".to_owned())]);
+        let empty = LabelSelector::default();
+        assert!(selector_matches(&empty, &labels), "empty selects everything");
+        let mut selector = LabelSelector {
+            match_labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
+            ..LabelSelector::default()
+        };
+        assert!(selector_matches(&selector, &labels));
+        selector.match_expressions = vec![requirement("env", "DoesNotExist", &[])];
+        assert!(selector_matches(&selector, &labels));
+        selector.match_expressions = vec![requirement("team", "NotIn", &["a", "b"])];
+        assert!(!selector_matches(&selector, &labels));
+        selector.match_expressions = vec![requirement("team", "In", &["b"])];
+        assert!(!selector_matches(&selector, &labels));
+        selector.match_expressions = vec![requirement("team", "Bogus", &[])];
+        assert!(!selector_matches(&selector, &labels));
+    }
+}

@@ -1,0 +1,39 @@
+//! How a reconcile that did not fail ended, and what that means for the next one.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+
+use super::context::ControllerConfig;
+use super::metrics::ReconcileResult;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing is on its way: look again after the sync period, for drift.
+    Settled,
+    /// Something in the cloud is on its way: look again after this long.
+    Poll(Duration),
+    /// Paused: nothing until the object or its Cluster changes.
+    Paused,
+    /// Deleted, finalizer removed.
+    Deleted,
+}
+
+impl Outcome {
+    pub fn action(self, config: &ControllerConfig) -> Action {
+        match self {
+            Outcome::Settled => Action::requeue(config.sync_period),
+            Outcome::Poll(after) => Action::requeue(after),
+            Outcome::Paused | Outcome::Deleted => Action::await_change(),
+        }
+    }
+
+    /// controller-runtime's `result` label: a requeue for a sync period is a success there
+    /// too (it comes from the informer's resync, not from the result).
+    pub fn result(self) -> ReconcileResult {
+        match self {
+            Outcome::Poll(_) => ReconcileResult::RequeueAfter,
+            _ => ReconcileResult::Success,
+        }
+    }
+}

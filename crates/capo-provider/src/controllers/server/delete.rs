@@ -1,0 +1,197 @@
+//! Deleting a server: the server first, coming back until Nova has let it go; then the
+//! trunks and ports we created; then any volume Nova did not take with it; then the
+//! finalizer. Every lookup is by recorded ID and by name too, so what a lost status write
+//! forgot is still found. Already gone is not an error.
+
+use capo_api::OpenStackServer;
+use capo_api::common::InstanceStatus;
+use capo_api::conditions::{self, Desired, Status, finalizers, reasons, types};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::plan;
+use super::ServerError;
+use crate::controllers::identity;
+use crate::cloud::neutron::Filter;
+use crate::cloud::nova::Server;
+use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::{Context, Outcome, writes};
+
+pub(super) async fn run(
+    object: &OpenStackServer,
+    ctx: &Context,
+    api: &Api<OpenStackServer>,
+    status: &mut InstanceStatus,
+) -> Result<Outcome, ServerError> {
+    if !object.finalizers().iter().any(|f| f == finalizers::SERVER) {
+        // Nothing was created before our finalizer went on.
+        return Ok(Outcome::Deleted);
+    }
+    let deleting = Desired::new(
+        types::INSTANCE_READY,
+        Status::False,
+        reasons::DELETING,
+        "deleting the server, then its ports and volumes",
+    );
+    conditions::set(&mut status.conditions, &deleting, object.meta().generation, Timestamp::now());
+    let namespace = object.namespace().unwrap_or_default();
+    let cloud = identity::cloud_client(ctx, &namespace, &object.spec.identity_ref).await?;
+    let name = object.name_any();
+    let waited = object
+        .meta()
+        .deletion_timestamp
+        .as_ref()
+        .and_then(|t| std::time::Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+        .unwrap_or_default();
+    let poll = Outcome::Poll(ctx.config.poll_after(waited));
+
+    let servers = find_servers(&cloud, &name, status.instance_id.as_deref()).await?;
+    if !servers.is_empty() {
+        for server in servers.iter().filter(|s| !s.is_deleting()) {
+            delete_server(ctx, object, &cloud, server).await?;
+        }
+        status.instance_state = Some("DELETING".into());
+        return Ok(poll);
+    }
+    status.instance_state = Some("DELETED".into());
+    status.addresses.clear();
+
+    delete_ports(ctx, object, &cloud, status).await?;
+    if !delete_volumes(&cloud, object, status).await? {
+        return Ok(poll);
+    }
+    writes::remove_finalizer(api, object, finalizers::SERVER)
+        .await
+        .map_err(ServerError::kube("removing the finalizer"))?;
+    tracing::info!("deleted; finalizer removed");
+    Ok(Outcome::Deleted)
+}
+
+/// The server by recorded ID, else every server with its name.
+async fn find_servers(
+    cloud: &CloudClient,
+    name: &str,
+    recorded: Option<&str>,
+) -> Result<Vec<Server>, ServerError> {
+    let nova = cloud.nova();
+    match recorded {
+        Some(id) => match nova.get_server(id).await {
+            Ok(server) => Ok(vec![server]),
+            Err(CloudError::NotFound(_)) => Ok(Vec::new()),
+            Err(error) => Err(ServerError::cloud(format!("reading server {id}"))(error)),
+        },
+        None => nova
+            .list_servers_by_name(name)
+            .await
+            .map_err(ServerError::cloud("looking up the server by name")),
+    }
+}
+
+async fn delete_server(
+    ctx: &Context,
+    object: &OpenStackServer,
+    cloud: &CloudClient,
+    server: &Server,
+) -> Result<(), ServerError> {
+    match cloud.nova().delete_server(&server.id).await {
+        Ok(()) | Err(CloudError::NotFound(_)) => {}
+        Err(error) => return Err(ServerError::cloud(format!("deleting server {}", server.id))(error)),
+    }
+    tracing::info!(server = %server.id, "deleting server");
+    let note = format!("Deleting server {} ({})", server.name, server.id);
+    ctx.event(&object.object_ref(&()), EventType::Normal, "SuccessfulDeleteServer", "Delete", note)
+        .await;
+    Ok(())
+}
+
+/// The ports we recorded and every port with one of our port names, with their trunks.
+async fn delete_ports(
+    ctx: &Context,
+    object: &OpenStackServer,
+    cloud: &CloudClient,
+    status: &mut InstanceStatus,
+) -> Result<(), ServerError> {
+    let neutron = cloud.neutron();
+    let mut ids: Vec<String> = status
+        .resources
+        .as_ref()
+        .map(|r| r.ports.iter().map(|p| p.id.clone()).collect())
+        .unwrap_or_default();
+    for port_name in plan::port_names(&object.name_any(), &object.spec) {
+        let found = neutron
+            .list_ports(&Filter::by_name(&port_name))
+            .await
+            .map_err(ServerError::cloud(format!("looking up port {port_name}")))?;
+        ids.extend(found.into_iter().map(|p| p.id));
+    }
+    ids.sort();
+    ids.dedup();
+    let trunked = object.spec.trunk == Some(true) || object.spec.ports.iter().any(|p| p.trunk == Some(true));
+    for id in &ids {
+        if trunked {
+            let trunks = neutron
+                .list_trunks(&Filter::default().with("port_id", id.clone()))
+                .await
+                .map_err(ServerError::cloud(format!("looking up the trunk of port {id}")))?;
+            for trunk in trunks {
+                match neutron.delete_trunk(&trunk.id).await {
+                    Ok(()) | Err(CloudError::NotFound(_)) => {}
+                    Err(error) => {
+                        return Err(ServerError::cloud(format!("deleting trunk {}", trunk.id))(error));
+                    }
+                }
+            }
+        }
+        match neutron.delete_port(id).await {
+            Ok(()) | Err(CloudError::NotFound(_)) => {}
+            Err(error) => return Err(ServerError::cloud(format!("deleting port {id}"))(error)),
+        }
+        tracing::info!(port = %id, "deleted port");
+        if let Some(resources) = status.resources.as_mut() {
+            resources.ports.retain(|p| &p.id != id);
+        }
+    }
+    if !ids.is_empty() {
+        let note = format!("Deleted ports {}", ids.join(", "));
+        ctx.event(&object.object_ref(&()), EventType::Normal, "SuccessfulDeletePort", "Delete", note)
+            .await;
+    }
+    Ok(())
+}
+
+/// Volumes Nova did not delete with the server (it was never created, or their delete is
+/// late). Whether all are gone.
+async fn delete_volumes(
+    cloud: &CloudClient,
+    object: &OpenStackServer,
+    status: &mut InstanceStatus,
+) -> Result<bool, ServerError> {
+    let cinder = cloud.cinder();
+    let mut remaining = Vec::new();
+    for volume_name in plan::volume_names(&object.name_any(), &object.spec) {
+        let found = cinder
+            .list_volumes_by_name(&volume_name)
+            .await
+            .map_err(ServerError::cloud(format!("looking up volume {volume_name}")))?;
+        for volume in found {
+            remaining.push(volume.name.clone());
+            if volume.is_deleting() {
+                continue;
+            }
+            match cinder.delete_volume(&volume.id).await {
+                // Still attached while Nova lets go of it: next time.
+                Ok(()) | Err(CloudError::NotFound(_) | CloudError::BadRequest(_)) => {}
+                Err(error) => {
+                    return Err(ServerError::cloud(format!("deleting volume {}", volume.id))(error));
+                }
+            }
+            tracing::info!(volume = %volume.id, "deleting volume");
+        }
+    }
+    if let Some(resources) = status.resources.as_mut() {
+        resources.volumes.retain(|v| remaining.contains(&v.name));
+    }
+    Ok(remaining.is_empty())
+}

@@ -1,0 +1,263 @@
+//! The OpenStackServer reconciler: one Nova server with its ports, trunks and volumes, for a
+//! machine or a bastion. observe (Kubernetes, then the cloud) -> plan (`plan`, pure) ->
+//! apply (one step at a time, recording what it created as it goes) -> status (one patch).
+//!
+//! Nothing here waits on OpenStack: a server building, a volume being created or a server
+//! being deleted ends the reconcile with a requeue, sooner while the wait is young.
+
+mod delete;
+pub mod plan;
+mod provision;
+pub mod resolve;
+
+use std::sync::Arc;
+
+use capo_api::OpenStackServer;
+use capo_api::capi::{self, Cluster};
+use capo_api::common::InstanceStatus;
+use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::Instrument;
+
+use super::error::{Categorized, ErrorCategory};
+use super::identity::IdentityError;
+use super::metrics::ReconcileResult;
+use super::outcome::Outcome;
+use super::{Context, writes};
+use crate::cloud::CloudError;
+use resolve::ResolveError;
+
+/// The `controller` label of metrics and the span name.
+pub const CONTROLLER: &str = "openstackserver";
+
+/// What the watch hands us: the object, or why it could not be read.
+pub type Watched = DeserializeGuard<OpenStackServer>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("floatingIPPoolRef names a {0}, a kind capo-rs does not serve: attach a floating IP another way")]
+    FloatingIpPool(String),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The user-data Secret (or its `value` key) is missing.
+    #[error("{0}")]
+    UserData(String),
+    #[error("{action}: {source}")]
+    Cloud {
+        action: String,
+        #[source]
+        source: CloudError,
+    },
+    #[error("volume {0} is in ERROR: delete it, and capo-rs creates it again")]
+    VolumeFailed(String),
+    /// Several servers carry our server's name: which one is ours cannot be told.
+    #[error("{0}")]
+    Duplicates(String),
+}
+
+impl Categorized for ServerError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            ServerError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            ServerError::Identity(error) => error.category(),
+            ServerError::InvalidSpec(_)
+            | ServerError::FloatingIpPool(_)
+            | ServerError::VolumeFailed(_)
+            | ServerError::Duplicates(_)
+            | ServerError::Resolve(ResolveError::Spec(_)) => ErrorCategory::InvalidSpec,
+            ServerError::Resolve(ResolveError::Cloud { source, .. })
+            | ServerError::Cloud { source, .. } => source.category(),
+            ServerError::UserData(_) => ErrorCategory::Dependency,
+        }
+    }
+}
+
+impl ServerError {
+    /// The condition and Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ServerError::FloatingIpPool(_) => reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
+            ServerError::VolumeFailed(_) => reasons::VOLUME_ERROR,
+            _ => self.category().reason(),
+        }
+    }
+
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ServerError {
+        let what = what.into();
+        move |source| ServerError::Kubernetes { what, source }
+    }
+
+    pub(crate) fn cloud(action: impl Into<String>) -> impl FnOnce(CloudError) -> ServerError {
+        let action = action.into();
+        move |source| ServerError::Cloud { action, source }
+    }
+}
+
+fn backoff_key(object: &Watched) -> String {
+    format!(
+        "{CONTROLLER}/{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// One reconcile, as kube-runtime's `Controller` calls it.
+pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, ServerError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        controller = CONTROLLER,
+        namespace = %object.namespace().unwrap_or_default(),
+        name = %object.name_any(),
+        generation = object.meta().generation.unwrap_or_default(),
+    );
+    let key = backoff_key(&object);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let result = async {
+        match &object.0 {
+            Ok(server) => reconcile_server(server, &ctx).await,
+            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        }
+    }
+    .instrument(span)
+    .await;
+    match &result {
+        Ok(outcome) => {
+            reconciling.finish(outcome.result());
+            match outcome {
+                Outcome::Deleted => ctx.forget(&key),
+                _ => ctx.succeeded(&key),
+            }
+        }
+        Err(error) => reconciling.finish(ReconcileResult::Error(error.category())),
+    }
+    result.map(|outcome| outcome.action(&ctx.config))
+}
+
+/// After a failed reconcile: back off, or wait.
+pub fn error_policy(object: Arc<Watched>, error: &ServerError, ctx: Arc<Context>) -> Action {
+    ctx.after_error(&backoff_key(&object), error.category())
+}
+
+async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Outcome, ServerError> {
+    let namespace = server.namespace().unwrap_or_default();
+    let api: Api<OpenStackServer> = Api::namespaced(ctx.client.clone(), &namespace);
+    let cluster = super::owning_cluster(ctx, &namespace, server.labels())
+        .await
+        .map_err(ServerError::kube("reading the owning Cluster"))?;
+    let before = server.status.clone();
+    let mut status = before.clone().unwrap_or_default();
+    let generation = server.meta().generation;
+    let now = Timestamp::now();
+    conditions::initialize(&mut status.conditions, owned::SERVER, generation, now);
+    let paused = capi::is_paused(cluster.as_ref(), server.annotations());
+    conditions::set(&mut status.conditions, &conditions::paused(paused), generation, now);
+    if paused {
+        write_status(&api, server, before.as_ref(), &status).await?;
+        tracing::debug!("paused: nothing else touched");
+        return Ok(Outcome::Paused);
+    }
+    let deleting = server.meta().deletion_timestamp.is_some();
+    let result = if deleting {
+        delete::run(server, ctx, &api, &mut status).await
+    } else {
+        let cluster_name = cluster_label(server, cluster.as_ref());
+        provision::run(server, ctx, &api, &mut status, cluster_name.as_deref()).await
+    };
+    if let Err(error) = &result {
+        report_error(server, ctx, &mut status, error, generation, now).await;
+    }
+    if matches!(result, Ok(Outcome::Deleted)) {
+        // The finalizer is gone, and with it the object.
+        return result;
+    }
+    status.observed_generation = generation;
+    super::set_ready(&mut status.conditions, owned::SERVER_READY_FROM, generation, now);
+    write_status(&api, server, before.as_ref(), &status).await?;
+    result
+}
+
+/// The Cluster's name, from the object's label.
+fn cluster_label(server: &OpenStackServer, cluster: Option<&Cluster>) -> Option<String> {
+    cluster
+        .map(ResourceExt::name_any)
+        .or_else(|| capi::cluster_name(server.labels()).map(str::to_owned))
+}
+
+async fn write_status(
+    api: &Api<OpenStackServer>,
+    server: &OpenStackServer,
+    before: Option<&InstanceStatus>,
+    status: &InstanceStatus,
+) -> Result<(), ServerError> {
+    writes::patch_status(api, &server.name_any(), before, status)
+        .await
+        .map(|_| ())
+        .map_err(ServerError::kube("writing status"))
+}
+
+/// The condition says what went wrong. A transient failure does not take back an
+/// InstanceReady that was True (a drift check that met a 503 says nothing about the server);
+/// a terminal one also gets a Warning event.
+async fn report_error(
+    server: &OpenStackServer,
+    ctx: &Context,
+    status: &mut InstanceStatus,
+    error: &ServerError,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let category = error.category();
+    let message = error.to_string();
+    let was_ready =
+        conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
+    if category.is_terminal() || !was_ready {
+        let condition = Desired::new(types::INSTANCE_READY, Status::False, error.reason(), message.clone());
+        conditions::set(&mut status.conditions, &condition, generation, now);
+    }
+    if category.is_terminal() {
+        tracing::warn!(reason = error.reason(), %message, "reconcile needs a change to go on");
+        let regarding = server.object_ref(&());
+        ctx.event(&regarding, EventType::Warning, error.reason(), "Reconcile", message)
+            .await;
+    } else {
+        tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
+    }
+}
+
+/// An object we cannot read: say so on it and in an event, and go on with the others.
+async fn report_invalid(
+    object: &Watched,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<Outcome, ServerError> {
+    let message = format!("cannot read this OpenStackServer: {}", invalid.error);
+    tracing::warn!(%message, "skipping an object that does not decode");
+    let regarding = object.object_ref(&());
+    ctx.event(&regarding, EventType::Warning, reasons::INVALID_SPEC, "Reconcile", message.clone())
+        .await;
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<Watched> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut conditions = Vec::new();
+    let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
+    conditions::set(&mut conditions, &ready, object.meta().generation, Timestamp::now());
+    let status = serde_json::json!({ "conditions": conditions });
+    writes::patch_status(&api, &object.name_any(), None, &status)
+        .await
+        .map_err(ServerError::kube("writing status"))?;
+    Ok(Outcome::Settled)
+}

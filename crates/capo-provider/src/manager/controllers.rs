@@ -1,0 +1,178 @@
+//! Each controller wired to its watches: what wakes an object, and what does not.
+//!
+//! - Our objects wake their reconciler when their spec (generation), labels, annotations
+//!   (paused) or deletion change; our own status writes do not.
+//! - A Secret's creation or change wakes the objects that name it (credentials, user data):
+//!   a metadata-only watch, so no Secret's contents are held in memory.
+//! - A Cluster's `spec.paused` wakes the objects labelled with its name.
+//! - An object that does not decode is handed over as such (`DeserializeGuard`), reported
+//!   and skipped; it never stalls the watch.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use capo_api::OpenStackServer;
+use capo_api::capi::{self, Cluster};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PartialObjectMeta};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::controllers::{Context, server};
+
+/// Which objects this manager reconciles.
+#[derive(Clone, Debug, Default)]
+pub struct WatchScope {
+    /// Only this namespace; all when `None`.
+    pub namespace: Option<String>,
+    /// Only objects labelled `cluster.x-k8s.io/watch-filter=<value>` (CAPI's `--watch-filter`).
+    pub watch_filter: Option<String>,
+}
+
+impl WatchScope {
+    pub fn api<K>(&self, client: kube::Client) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        }
+    }
+
+    /// The watch of Cluster API objects (ours and Clusters): filtered by label when asked.
+    pub fn watcher_config(&self) -> watcher::Config {
+        match &self.watch_filter {
+            Some(value) => watcher::Config::default()
+                .labels(&format!("{}={value}", capi::labels::WATCH_FILTER)),
+            None => watcher::Config::default(),
+        }
+    }
+}
+
+/// What in an object's metadata and spec calls for a reconcile: not its status, which we
+/// write ourselves.
+fn reconcile_worthy<K: Resource>(object: &K) -> Option<u64> {
+    let meta = object.meta();
+    let mut hasher = DefaultHasher::new();
+    (
+        meta.generation,
+        &meta.labels,
+        &meta.annotations,
+        meta.deletion_timestamp.is_some(),
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+fn paused_changes(cluster: &Cluster) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    (cluster.spec.paused, predicates::generation(cluster)).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Objects in `store` within the namespace of `meta` that `wanted` picks.
+fn pick<K: Resource<DynamicType = ()> + Clone>(
+    store: &Store<K>,
+    namespace: Option<String>,
+    wanted: impl Fn(&K) -> bool,
+) -> Vec<ObjectRef<K>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|object| object.namespace() == namespace && wanted(object))
+        .map(|object| ObjectRef::from(object.as_ref()))
+        .collect()
+}
+
+/// A watch stream of `K` that restarts with backoff on errors.
+fn watch<K>(api: Api<K>, config: watcher::Config) -> impl futures::Stream<Item = Result<K, watcher::Error>>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default + Clone + Eq + Hash,
+{
+    watcher(api, config).default_backoff().touched_objects()
+}
+
+/// The OpenStackServer controller, until `shutdown`; reconciles in flight finish first.
+pub async fn run_servers(
+    ctx: Arc<Context>,
+    scope: &WatchScope,
+    concurrency: u16,
+    shutdown: CancellationToken,
+) {
+    type Watched = DeserializeGuard<OpenStackServer>;
+    let client = ctx.client.clone();
+    let (reader, writer) = reflector::store::<Watched>();
+    let servers = reflector(writer, watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(reconcile_worthy, Default::default());
+    let secrets = watch(
+        scope.api::<PartialObjectMeta<Secret>>(client.clone()),
+        watcher::Config::default(),
+    );
+    let clusters = watch(scope.api::<Cluster>(client), scope.watcher_config())
+        .predicate_filter(paused_changes, Default::default());
+    let by_secret = reader.clone();
+    let by_cluster = reader.clone();
+    ctx.metrics
+        .controller_started(server::CONTROLLER, usize::from(concurrency));
+    Controller::for_stream(servers, reader)
+        .watches_stream(secrets, move |secret| {
+            let name = secret.name_any();
+            pick(&by_secret, secret.namespace(), |object: &Watched| {
+                object.0.as_ref().is_ok_and(|server| names_secret(server, &name))
+            })
+        })
+        .watches_stream(clusters, move |cluster| {
+            let name = cluster.name_any();
+            pick(&by_cluster, cluster.namespace(), |object: &Watched| {
+                capi::cluster_name(object.labels()) == Some(name.as_str())
+            })
+        })
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(server::reconcile, server::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                log_controller_error(server::CONTROLLER, &error);
+            }
+        })
+        .await;
+}
+
+/// Whether the server names this Secret, for credentials or user data.
+fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
+    let identity = &server.spec.identity_ref;
+    let credentials = identity.kind() == capo_api::common::IdentityRefType::Secret && identity.name == secret;
+    let user_data = server
+        .spec
+        .user_data_ref
+        .as_ref()
+        .and_then(|r| r.name.as_deref())
+        == Some(secret);
+    credentials || user_data
+}
+
+/// Reconcile failures are logged where they happen, with their object; the rest here.
+fn log_controller_error<E: std::error::Error, Q: std::error::Error>(
+    controller: &str,
+    error: &controller::Error<E, Q>,
+) {
+    match error {
+        controller::Error::ReconcilerFailed(..) => {}
+        controller::Error::ObjectNotFound(object) => {
+            tracing::debug!(controller, %object, "object gone before its reconcile");
+        }
+        other => tracing::warn!(controller, error = %other, "watch trouble; retrying"),
+    }
+}
