@@ -25,6 +25,12 @@ pub struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the controllers against a Kubernetes cluster (the manager).
+    ///
+    /// Connects with --kubeconfig, else as kubectl does ($KUBECONFIG, ~/.kube/config), else
+    /// with the in-cluster service account. Waits until the CRDs are installed, then
+    /// reconciles until SIGTERM or SIGINT; a second signal stops at once.
+    Run(RunArgs),
     /// Print every CRD as one multi-document YAML stream, or write one file per CRD.
     ///
     /// Refuses (exit code 1) when kube-apiserver would refuse a CRD: a CEL rule over the
@@ -83,6 +89,105 @@ pub enum Command {
     },
 }
 
+/// `capo-rs run`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// kubeconfig file; without it, $KUBECONFIG, ~/.kube/config, then in-cluster.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Reconcile objects in this namespace only (default: all namespaces).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=VALUE (Cluster API's
+    /// --watch-filter).
+    #[arg(long)]
+    pub watch_filter: Option<String>,
+    /// OpenStackServers reconciled at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub openstackserver_concurrency: u16,
+    /// How often a settled object is looked at again for drift: 600, 600s, 10m or 1h.
+    #[arg(long, default_value = "10m", value_parser = capo_provider::manager::parse_duration)]
+    pub sync_period: Duration,
+    /// Seconds in PENDING_* before a load balancer member is stuck.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub member_stuck_after: u64,
+    /// `reportingInstance` of events (in a cluster: the pod's name, from the downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub instance: Option<String>,
+    #[command(flatten)]
+    pub openstack: OpenStackArgs,
+}
+
+impl RunArgs {
+    fn manager_config(&self) -> capo_provider::manager::ManagerConfig {
+        use capo_provider::manager::{ManagerConfig, WatchScope};
+        let defaults = ManagerConfig::default();
+        ManagerConfig {
+            scope: WatchScope {
+                namespace: self.namespace.clone(),
+                watch_filter: self.watch_filter.clone(),
+            },
+            server_concurrency: self.openstackserver_concurrency,
+            controllers: capo_provider::controllers::ControllerConfig {
+                sync_period: self.sync_period,
+                instance: self.instance.clone(),
+                ..defaults.controllers.clone()
+            },
+            engine: capo_provider::membership::EngineConfig {
+                stuck_after: Duration::from_secs(self.member_stuck_after),
+                ..defaults.engine.clone()
+            },
+            cloud: self.openstack.options(),
+            ..defaults
+        }
+    }
+}
+
+/// `capo-rs run`: the manager until a signal.
+async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
+    let client = capo_provider::manager::connect(args.kubeconfig.as_deref()).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let registry = prometheus::Registry::new();
+    let manager =
+        capo_provider::manager::run(client, args.manager_config(), &registry, shutdown.clone());
+    tokio::pin!(manager);
+    tokio::select! {
+        result = &mut manager => return Ok(result?),
+        () = termination() => {}
+    }
+    tracing::info!(
+        "shutting down: reconciles in flight finish first (a second signal stops at once)"
+    );
+    shutdown.cancel();
+    tokio::select! {
+        result = manager => Ok(result?),
+        () = termination() => anyhow::bail!("stopped at once by a second signal"),
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 /// How politely we talk to OpenStack; shared by every command that does.
 #[derive(Clone, Debug, clap::Args)]
 pub struct OpenStackArgs {
@@ -125,6 +230,10 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// Runs a parsed command; the process's exit code.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run(args) => {
+            runtime()?.block_on(run_manager(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Crds { out, costs } => {
             write_crds(out, costs)?;
             Ok(ExitCode::SUCCESS)

@@ -27,7 +27,8 @@ pub enum SimCommand {
         /// Write a kubeconfig for the server to this file.
         #[arg(long)]
         kubeconfig_out: Option<PathBuf>,
-        /// Install capo-rs's CRDs at start.
+        /// Install capo-rs's CRDs at start, and minimal Cluster API Cluster and Machine CRDs
+        /// (a management cluster has Cluster API's own).
         #[arg(long)]
         with_crds: bool,
     },
@@ -287,6 +288,7 @@ async fn run_kube_sim(
     if with_crds {
         let crds: Vec<serde_json::Value> = crds::all()
             .iter()
+            .chain(capo_api::capi::crds().iter())
             .map(serde_json::to_value)
             .collect::<Result<_, _>>()?;
         sim.install(&crds)?;

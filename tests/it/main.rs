@@ -11,6 +11,7 @@ mod controllers;
 mod crds;
 mod membership;
 mod real_octavia;
+mod server_controller;
 mod sim_kube;
 mod sim_kubectl;
 mod sim_openstack;

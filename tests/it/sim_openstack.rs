@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use capo_provider::cloud::cinder::VolumeSpec;
 use capo_provider::cloud::octavia::{
     ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, ProvisioningStatus,
 };
@@ -35,6 +36,8 @@ fn quick_timings() -> Timings {
         member_online: Delay::Fixed(0.10),
         server_build: Delay::Fixed(0.10),
         server_delete: Delay::Fixed(0.10),
+        volume_create: Delay::Fixed(0.10),
+        volume_delete: Delay::Fixed(0.10),
         lb_waits_for_members: false,
     }
 }
@@ -1084,7 +1087,7 @@ async fn the_standalone_command_serves_curl_like_clients() {
         .unwrap()
         .to_owned();
     let catalog = response.json::<Value>().await.unwrap();
-    assert_eq!(catalog["token"]["catalog"].as_array().unwrap().len(), 5);
+    assert_eq!(catalog["token"]["catalog"].as_array().unwrap().len(), 6);
     let providers = http
         .get(format!("{url}/load-balancer/v2/lbaas/providers"))
         .header("x-auth-token", &token)
@@ -1103,4 +1106,618 @@ async fn the_standalone_command_serves_curl_like_clients() {
     assert_eq!(scenario["rules"][0]["effect"], "stuck");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+// ---------------------------------------------------------------- Cinder, BDM, trunks
+
+/// One request through an in-process session (with a token), as status and JSON.
+async fn sim_call(
+    sim: &OpenStackSim,
+    service: capo_provider::cloud::Service,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    use capo_provider::cloud::Session;
+    let session = sim.session();
+    let url = session.service_url(service).await.unwrap();
+    let body = body
+        .map(|b| serde_json::to_vec(&b).unwrap())
+        .unwrap_or_default();
+    let request = http::Request::builder()
+        .method(method)
+        .uri(format!("{url}{path}"))
+        .body(body)
+        .unwrap();
+    let response = session.send(request).await.unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        serde_json::from_slice(response.body()).unwrap_or(Value::Null),
+    )
+}
+
+fn volume_spec(name: &str, size: u64) -> VolumeSpec {
+    VolumeSpec {
+        name: name.into(),
+        size,
+        ..VolumeSpec::default()
+    }
+}
+
+/// The first `capi` image, `m1.small` and the `public` network.
+async fn server_inputs(client: &CloudClient) -> (String, String, String) {
+    let images = client
+        .glance()
+        .list_images(None, &["capi".into()])
+        .await
+        .unwrap();
+    let flavor = client.nova().flavor_by_name("m1.small").await.unwrap();
+    let networks = client
+        .neutron()
+        .list_networks(&Default::default())
+        .await
+        .unwrap();
+    (images[0].id.clone(), flavor.id, networks[0].id.clone())
+}
+
+/// Creates a volume and lets it become available (virtual time).
+async fn available_volume(client: &CloudClient, spec: &VolumeSpec) -> String {
+    let created = client.cinder().create_volume(spec).await.unwrap();
+    assert_eq!(created.status, "creating");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let volume = client.cinder().get_volume(&created.id).await.unwrap();
+    assert!(volume.is_available(), "{volume:?}");
+    created.id
+}
+
+fn bad_request_saying(error: &CloudError, message: &str) {
+    assert!(matches!(error, CloudError::BadRequest(_)), "{error:?}");
+    assert_eq!(error.message(), message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cinder_volumes_are_created_checked_and_deleted() {
+    let (sim, client) = in_process(quick()).await;
+    let cinder = client.cinder();
+    let (image, _, _) = server_inputs(&client).await;
+    let before = sim.object_counts();
+    let id = available_volume(
+        &client,
+        &VolumeSpec {
+            image_id: Some(image.clone()),
+            volume_type: Some("ssd".into()),
+            availability_zone: Some("nova".into()),
+            ..volume_spec("root", 20)
+        },
+    )
+    .await;
+    let shown = sim.volume("root").unwrap();
+    assert_eq!(shown["id"], id.as_str());
+    assert_eq!(shown["bootable"], "true");
+    assert_eq!(shown["volume_type"], "ssd");
+    assert_eq!(shown["size"], 20);
+    assert_eq!(shown["attachments"], json!([]));
+    assert_eq!(
+        shown["os-vol-tenant-attr:tenant_id"],
+        CloudSettings::default().project_id.as_str()
+    );
+    let plain = available_volume(&client, &volume_spec("plain", 1)).await;
+    let plain_shown = sim.volume(&plain).unwrap();
+    assert_eq!(plain_shown["bootable"], "false");
+    assert_eq!(plain_shown["volume_type"], "__DEFAULT__");
+    assert_eq!(plain_shown["availability_zone"], "nova");
+    assert_eq!(cinder.list_volumes_by_name("root").await.unwrap().len(), 1);
+    assert!(cinder.list_volumes_by_name("roo").await.unwrap().is_empty());
+
+    let refused = cinder
+        .create_volume(&volume_spec("zero", 0))
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &refused,
+        "Invalid input received: Volume size '0' must be an integer and greater than 0",
+    );
+    let refused = cinder
+        .create_volume(&VolumeSpec {
+            volume_type: Some("gold".into()),
+            ..volume_spec("gold", 1)
+        })
+        .await
+        .unwrap_err();
+    assert!(refused.is_not_found(), "{refused:?}");
+    assert_eq!(
+        refused.message(),
+        "Volume type with name gold could not be found."
+    );
+    let refused = cinder
+        .create_volume(&VolumeSpec {
+            image_id: Some("no-such-image".into()),
+            ..volume_spec("imageless", 1)
+        })
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &refused,
+        "Invalid image identifier or unable to access requested image.",
+    );
+    let refused = cinder
+        .create_volume(&VolumeSpec {
+            availability_zone: Some("az9".into()),
+            ..volume_spec("elsewhere", 1)
+        })
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &refused,
+        "Invalid input received: Availability zone 'az9' is invalid.",
+    );
+    assert_eq!(sim.object_counts()["volumes"], before["volumes"] + 2);
+
+    cinder.delete_volume(&id).await.unwrap();
+    assert!(cinder.get_volume(&id).await.unwrap().is_deleting());
+    let again = cinder.delete_volume(&id).await.unwrap_err();
+    assert!(
+        again.message().starts_with(
+            "Invalid volume: Volume status must be available or error or error_restoring"
+        ),
+        "{again:?}"
+    );
+    cinder.delete_volume(&plain).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(cinder.get_volume(&id).await.unwrap_err().is_not_found());
+    assert_eq!(
+        cinder.delete_volume(&id).await.unwrap_err().message(),
+        format!("Volume {id} could not be found.")
+    );
+    assert_eq!(sim.object_counts(), before);
+    assert_eq!(sim.request_count("block-storage volume_create"), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn booting_from_a_volume_attaches_it_and_the_server_takes_it_along() {
+    use capo_provider::cloud::nova::{BlockDevice, ServerNetwork, ServerSpec};
+    let (sim, client) = in_process(quick()).await;
+    let (image, flavor, network) = server_inputs(&client).await;
+    let before = sim.object_counts();
+    let root = available_volume(
+        &client,
+        &VolumeSpec {
+            image_id: Some(image.clone()),
+            ..volume_spec("cp-0-root", 20)
+        },
+    )
+    .await;
+    let data = available_volume(&client, &volume_spec("cp-0-etcd", 5)).await;
+    let volume = |uuid: &str, boot_index, delete_on_termination| BlockDevice {
+        boot_index,
+        uuid: Some(uuid.into()),
+        source_type: "volume",
+        destination_type: "volume",
+        volume_size: None,
+        delete_on_termination,
+        tag: None,
+    };
+    let ephemeral = BlockDevice {
+        boot_index: -1,
+        uuid: None,
+        source_type: "blank",
+        destination_type: "local",
+        volume_size: Some(1),
+        delete_on_termination: true,
+        tag: Some("scratch".into()),
+    };
+    let spec = |name: &str, block_devices: Vec<BlockDevice>| ServerSpec {
+        name: name.into(),
+        flavor_ref: flavor.clone(),
+        networks: vec![ServerNetwork {
+            uuid: Some(network.clone()),
+            port: None,
+        }],
+        block_devices,
+        ..ServerSpec::default()
+    };
+
+    // Refused creates change nothing.
+    let counts = sim.object_counts();
+    let no_image = client
+        .nova()
+        .create_server(&spec("no-image", vec![]))
+        .await
+        .unwrap_err();
+    bad_request_saying(&no_image, "Missing imageRef attribute");
+    let missing = client
+        .nova()
+        .create_server(&spec("missing", vec![volume("nope", 0, true)]))
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &missing,
+        "Block Device Mapping is Invalid: failed to get volume nope.",
+    );
+    let not_bootable = client
+        .nova()
+        .create_server(&spec("not-bootable", vec![volume(&data, 0, true)]))
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &not_bootable,
+        &format!("Block Device {data} is not bootable."),
+    );
+    let no_boot = client
+        .nova()
+        .create_server(&spec("no-boot", vec![volume(&data, -1, false)]))
+        .await
+        .unwrap_err();
+    assert!(no_boot.message().contains("Boot sequence"), "{no_boot:?}");
+    assert_eq!(sim.object_counts(), counts);
+
+    let mut server_spec = spec(
+        "cp-0",
+        vec![
+            volume(&root, 0, true),
+            volume(&data, -1, false),
+            ephemeral.clone(),
+        ],
+    );
+    server_spec
+        .scheduler_hints
+        .insert("different_host".into(), json!(["x"]));
+    let server = client.nova().create_server(&server_spec).await.unwrap();
+    for id in [&root, &data] {
+        let shown = sim.volume(id).unwrap();
+        assert_eq!(shown["status"], "in-use", "{shown}");
+        assert_eq!(shown["attachments"][0]["server_id"], server.id.as_str());
+        assert_eq!(shown["attachments"][0]["volume_id"], id.as_str());
+    }
+    assert_eq!(
+        sim.volume(&root).unwrap()["attachments"][0]["device"],
+        "/dev/vda"
+    );
+    let body = sim.server("cp-0").unwrap();
+    assert_eq!(body["image"], "", "volume-backed servers show no image");
+    assert_eq!(
+        body["os-extended-volumes:volumes_attached"],
+        json!([{"id": root, "delete_on_termination": true},
+               {"id": data, "delete_on_termination": false}])
+    );
+
+    // A volume in use cannot be deleted, nor booted by another server.
+    let in_use = client.cinder().delete_volume(&root).await.unwrap_err();
+    assert!(
+        in_use
+            .message()
+            .starts_with("Invalid volume: Volume status must be available"),
+        "{in_use:?}"
+    );
+    let taken = client
+        .nova()
+        .create_server(&spec("cp-1", vec![volume(&root, 0, true)]))
+        .await
+        .unwrap_err();
+    bad_request_saying(
+        &taken,
+        &format!(
+            "Invalid volume: volume '{root}' status must be 'available'. Currently in 'in-use'"
+        ),
+    );
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        client.nova().get_server(&server.id).await.unwrap().status,
+        "ACTIVE"
+    );
+    client.nova().delete_server(&server.id).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(
+        client
+            .nova()
+            .get_server(&server.id)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+    assert!(
+        client
+            .cinder()
+            .get_volume(&root)
+            .await
+            .unwrap_err()
+            .is_not_found(),
+        "delete_on_termination"
+    );
+    let kept = client.cinder().get_volume(&data).await.unwrap();
+    assert!(kept.is_available(), "{kept:?}");
+    assert!(kept.attachments.is_empty());
+    client.cinder().delete_volume(&data).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(sim.object_counts(), before, "nothing leaked");
+}
+
+#[tokio::test(start_paused = true)]
+async fn nova_makes_volumes_from_images_and_a_failed_build_gives_them_back() {
+    use capo_provider::cloud::nova::{BlockDevice, ServerNetwork, ServerSpec};
+    let mut scenario = quick();
+    scenario
+        .rules
+        .push(rule(ObjectKind::Server, "doomed", Effect::Error));
+    let (sim, client) = in_process(scenario).await;
+    let (image, flavor, network) = server_inputs(&client).await;
+    let before = sim.object_counts();
+    let data = available_volume(&client, &volume_spec("doomed-data", 5)).await;
+    let server = client
+        .nova()
+        .create_server(&ServerSpec {
+            name: "doomed".into(),
+            flavor_ref: flavor,
+            networks: vec![ServerNetwork {
+                uuid: Some(network),
+                port: None,
+            }],
+            block_devices: vec![
+                BlockDevice {
+                    boot_index: 0,
+                    uuid: Some(image),
+                    source_type: "image",
+                    destination_type: "volume",
+                    volume_size: Some(20),
+                    delete_on_termination: true,
+                    tag: None,
+                },
+                BlockDevice {
+                    boot_index: -1,
+                    uuid: Some(data.clone()),
+                    source_type: "volume",
+                    destination_type: "volume",
+                    volume_size: None,
+                    delete_on_termination: true,
+                    tag: None,
+                },
+            ],
+            ..ServerSpec::default()
+        })
+        .await
+        .unwrap();
+    let attached = sim.server(&server.id).unwrap()["os-extended-volumes:volumes_attached"].clone();
+    let root = attached[0]["id"].as_str().unwrap().to_owned();
+    let made = sim.volume(&root).unwrap();
+    assert_eq!(made["status"], "in-use");
+    assert_eq!(made["bootable"], "true");
+    assert_eq!(made["size"], 20);
+    assert_eq!(sim.object_counts()["volumes"], before["volumes"] + 2);
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        client.nova().get_server(&server.id).await.unwrap().status,
+        "ERROR"
+    );
+    for id in [&root, &data] {
+        let volume = client.cinder().get_volume(id).await.unwrap();
+        assert!(
+            volume.is_available() && volume.attachments.is_empty(),
+            "{volume:?}"
+        );
+    }
+    client.nova().delete_server(&server.id).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(
+        sim.object_counts(),
+        before,
+        "both volumes went with the server"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn volume_rules_fail_hold_or_slow_a_volume() {
+    let mut scenario = quick();
+    scenario
+        .rules
+        .push(rule(ObjectKind::Volume, "bad-*", Effect::Error));
+    scenario
+        .rules
+        .push(rule(ObjectKind::Volume, "stuck-*", Effect::Stuck));
+    scenario.rules.push(rule(
+        ObjectKind::Volume,
+        "slow",
+        Effect::Delay(Delay::Fixed(30.0)),
+    ));
+    let (sim, client) = in_process(scenario).await;
+    let cinder = client.cinder();
+    let bad = cinder
+        .create_volume(&volume_spec("bad-1", 1))
+        .await
+        .unwrap();
+    let stuck = cinder
+        .create_volume(&volume_spec("stuck-1", 1))
+        .await
+        .unwrap();
+    let slow = cinder.create_volume(&volume_spec("slow", 1)).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(cinder.get_volume(&bad.id).await.unwrap().is_error());
+    assert_eq!(
+        cinder.get_volume(&slow.id).await.unwrap().status,
+        "creating"
+    );
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert!(cinder.get_volume(&slow.id).await.unwrap().is_available());
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(
+        cinder.get_volume(&stuck.id).await.unwrap().status,
+        "creating"
+    );
+    let refused = cinder.delete_volume(&stuck.id).await.unwrap_err();
+    assert!(matches!(refused, CloudError::BadRequest(_)), "{refused:?}");
+    sim.clear_rules();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(cinder.get_volume(&stuck.id).await.unwrap().is_available());
+    // A volume in error can be deleted.
+    cinder.delete_volume(&bad.id).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(cinder.get_volume(&bad.id).await.unwrap_err().is_not_found());
+}
+
+#[tokio::test(start_paused = true)]
+async fn trunk_parent_ports_are_guarded_and_port_attributes_echo() {
+    use capo_provider::cloud::Service;
+    use capo_provider::cloud::neutron::PortSpec;
+    let (sim, client) = in_process(quick()).await;
+    let neutron = client.neutron();
+    let (_, _, network) = server_inputs(&client).await;
+    let before = sim.object_counts();
+    let mut value_specs = serde_json::Map::new();
+    value_specs.insert("dns_name".into(), json!("cp-0"));
+    let port = neutron
+        .create_port(&PortSpec {
+            name: "cp-0-trunk".into(),
+            network_id: network.clone(),
+            host_id: Some("compute-7".into()),
+            profile: Some(json!({"capabilities": ["switchdev"]})),
+            mac_address: Some("fa:16:3e:00:00:01".into()),
+            propagate_uplink_status: Some(true),
+            value_specs,
+            ..PortSpec::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(port.mac_address, "fa:16:3e:00:00:01");
+    let (_, shown) = sim_call(
+        &sim,
+        Service::Network,
+        http::Method::GET,
+        &format!("ports/{}", port.id),
+        None,
+    )
+    .await;
+    let shown = &shown["port"];
+    assert_eq!(shown["binding:host_id"], "compute-7");
+    assert_eq!(
+        shown["binding:profile"],
+        json!({"capabilities": ["switchdev"]})
+    );
+    assert_eq!(shown["propagate_uplink_status"], true);
+    assert_eq!(shown["dns_name"], "cp-0");
+    let duplicate_mac = neutron
+        .create_port(&PortSpec {
+            name: "twin".into(),
+            network_id: network.clone(),
+            mac_address: Some("fa:16:3e:00:00:01".into()),
+            ..PortSpec::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(duplicate_mac, CloudError::Conflict(_)),
+        "{duplicate_mac:?}"
+    );
+
+    let trunk = neutron
+        .create_trunk("cp-0-trunk", &port.id, "", &["cluster-c1".into()])
+        .await
+        .unwrap();
+    assert_eq!(trunk.port_id, port.id);
+    let parent = neutron.get_port(&port.id).await.unwrap();
+    assert_eq!(
+        parent.trunk_details.as_ref().map(|d| d["trunk_id"].clone()),
+        Some(json!(trunk.id))
+    );
+    let second = neutron
+        .create_trunk("again", &port.id, "", &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(second, CloudError::Conflict(_)), "{second:?}");
+    assert_eq!(
+        second.message(),
+        format!("Port {} is in use by another trunk.", port.id)
+    );
+    let orphan = neutron
+        .create_trunk("orphan", "no-such-port", "", &[])
+        .await
+        .unwrap_err();
+    assert!(orphan.is_not_found(), "{orphan:?}");
+    let (status, body) = sim_call(
+        &sim,
+        Service::Network,
+        http::Method::DELETE,
+        &format!("ports/{}", port.id),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        body,
+        json!({"NeutronError": {"type": "PortInUseAsTrunkParent",
+            "message": format!("Port {} is currently a parent port for trunk {}.", port.id, trunk.id),
+            "detail": ""}})
+    );
+    assert_eq!(sim.object_counts()["trunks"], before["trunks"] + 1);
+
+    neutron.delete_trunk(&trunk.id).await.unwrap();
+    assert_eq!(
+        neutron.get_port(&port.id).await.unwrap().trunk_details,
+        None
+    );
+    neutron.delete_port(&port.id).await.unwrap();
+    assert_eq!(sim.object_counts(), before);
+}
+
+/// Cinder over HTTP: in the catalog, under `v3/{project_id}/` too, with Cinder's error bodies,
+/// its faults and its request-log names.
+#[tokio::test]
+async fn cinder_over_http_with_the_project_in_the_path() {
+    let sim = start(true, quick()).await;
+    let raw = Raw::new(&sim).await;
+    let project = CloudSettings::default().project_id;
+    let (status, created) = raw
+        .post(
+            &format!("/block-storage/v3/{project}/volumes"),
+            json!({"volume": {"name": "v", "size": 1}}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let id = created["volume"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["volume"]["status"], "creating");
+    let path = format!("/block-storage/v3/volumes/{id}");
+    raw.wait_for(&path, "/volume/status", "available").await;
+    let (status, listed) = raw
+        .get("/block-storage/v3/volumes?status=available&name=v")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["volumes"][0]["id"], id.as_str());
+    let (_, none) = raw
+        .get("/block-storage/v3/volumes/detail?status=error")
+        .await;
+    assert_eq!(none["volumes"], json!([]));
+    let (status, missing) = raw.get("/block-storage/v3/volumes/nope").await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        missing,
+        json!({"itemNotFound": {"code": 404, "message": "Volume nope could not be found."}})
+    );
+    let (status, bad) = raw
+        .post(
+            "/block-storage/v3/volumes",
+            json!({"volume": {"name": "x"}}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(bad["badRequest"]["code"], 400);
+    assert!(
+        bad["badRequest"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Invalid input received:")
+    );
+    assert!(sim.request_count("block-storage volume_create") >= 2);
+    assert!(sim.request_count("block-storage volume_get") >= 1);
+
+    sim.set_scenario(Scenario {
+        server_errors: vec![ServerErrorFault {
+            service: Some("block-storage".into()),
+            probability: 1.0,
+            status: 503,
+        }],
+        ..quick()
+    });
+    assert_eq!(raw.get("/block-storage/v3/volumes").await.0, 503);
+    assert_eq!(raw.get("/compute/v2.1/flavors").await.0, 200);
 }

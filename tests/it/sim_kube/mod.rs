@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::common;
 mod crd_verdicts;
+mod metadata;
 mod write_answers;
 
 /// A test kind with what our CRDs use: a status subresource, a default on status, nested
@@ -1180,6 +1181,99 @@ async fn finalizers_hold_deletion() {
         other => panic!("expected DELETED, got {other:?}"),
     }
     assert_status(&api_error(widgets.get("f").await), 404, "NotFound");
+}
+
+/// The generic registry's `markAsDeleting`: the DELETE that first sets
+/// `deletionTimestamp` on an object held by finalizers bumps `generation` (objects that
+/// have one), once; a dry run answers the marked object and stores nothing.
+#[tokio::test]
+async fn a_held_deletion_bumps_generation_once() {
+    let (_sim, client) = start().await;
+    let widgets: Api<Widget> = Api::default_namespaced(client.clone());
+    let mut held = widget("held", "small");
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let created = widgets.create(&pp(), &held).await.expect("create");
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let dry = widgets
+        .delete("held", &DeleteParams::default().dry_run())
+        .await
+        .expect("dry-run delete")
+        .left()
+        .expect("the object comes back");
+    assert_eq!(dry.metadata.generation, Some(2), "what it would store");
+    assert!(dry.metadata.deletion_timestamp.is_some());
+    assert_eq!(dry.metadata.deletion_grace_period_seconds, Some(0));
+    let stored = widgets.get("held").await.expect("get");
+    assert_eq!(
+        (
+            stored.metadata.generation,
+            &stored.metadata.deletion_timestamp
+        ),
+        (Some(1), &None),
+        "a dry run stores nothing"
+    );
+    assert_eq!(stored.resource_version(), created.resource_version());
+
+    let deleting = widgets
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("delete")
+        .left()
+        .expect("the object comes back");
+    assert_eq!(deleting.metadata.generation, Some(2));
+    assert_eq!(deleting.metadata.deletion_grace_period_seconds, Some(0));
+    let stamp = deleting
+        .metadata
+        .deletion_timestamp
+        .clone()
+        .expect("stamped");
+
+    let again = widgets
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("delete again")
+        .left()
+        .expect("still held");
+    assert_eq!(
+        again.metadata.generation,
+        Some(2),
+        "only the first DELETE bumps"
+    );
+    assert_eq!(again.metadata.deletion_timestamp, Some(stamp));
+    assert_eq!(
+        again.resource_version(),
+        deleting.resource_version(),
+        "no write"
+    );
+
+    // A foreground deletion holds the object with its own finalizer: the same bump.
+    widgets
+        .create(&pp(), &widget("fg", "small"))
+        .await
+        .expect("create");
+    let foreground = widgets
+        .delete("fg", &DeleteParams::foreground())
+        .await
+        .expect("delete")
+        .left()
+        .expect("held by foregroundDeletion");
+    assert_eq!(foreground.metadata.generation, Some(2));
+
+    // Built-ins without a generation get none.
+    let configmaps: Api<ConfigMap> = Api::default_namespaced(client);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("held".into());
+    cm.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    configmaps.create(&pp(), &cm).await.expect("create");
+    let deleting = configmaps
+        .delete("held", &DeleteParams::default())
+        .await
+        .expect("delete")
+        .left()
+        .expect("held");
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    assert_eq!(deleting.metadata.generation, None);
 }
 
 #[tokio::test]

@@ -151,7 +151,10 @@ mod tests {
     fn polls_follow_the_wait_within_bounds() {
         let config = ControllerConfig::default();
         assert_eq!(config.poll_after(Duration::ZERO), Duration::from_secs(1));
-        assert_eq!(config.poll_after(Duration::from_secs(20)), Duration::from_secs(5));
+        assert_eq!(
+            config.poll_after(Duration::from_secs(20)),
+            Duration::from_secs(5)
+        );
         assert_eq!(
             config.poll_after(Duration::from_secs(3600)),
             Duration::from_secs(30)

@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
+use super::Context;
 use super::credentials::{CredentialsError, CredentialsKey};
 use super::error::{Categorized, ErrorCategory};
-use super::Context;
 use crate::cloud::CloudClient;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,9 @@ pub async fn cloud_client(
 ) -> Result<CloudClient, IdentityError> {
     let (secret_namespace, secret_name) = match identity.kind() {
         IdentityRefType::Secret => (namespace.to_owned(), identity.name.clone()),
-        IdentityRefType::ClusterIdentity => cluster_identity_secret(ctx, namespace, &identity.name).await?,
+        IdentityRefType::ClusterIdentity => {
+            cluster_identity_secret(ctx, namespace, &identity.name).await?
+        }
     };
     let secret_label = format!("{secret_namespace}/{secret_name}");
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &secret_namespace);
@@ -151,7 +153,10 @@ mod tests {
     fn label_selectors_match_as_kubernetes_does() {
         let labels = BTreeMap::from([("team".to_owned(), "a".to_owned())]);
         let empty = LabelSelector::default();
-        assert!(selector_matches(&empty, &labels), "empty selects everything");
+        assert!(
+            selector_matches(&empty, &labels),
+            "empty selects everything"
+        );
         let mut selector = LabelSelector {
             match_labels: BTreeMap::from([("team".to_owned(), "a".to_owned())]),
             ..LabelSelector::default()

@@ -26,7 +26,11 @@ fn json_patch(operations: serde_json::Value) -> Result<json_patch::Patch, kube::
 /// Adds `finalizer` unless the object has it. The patch is conditional on the finalizers the
 /// object has now (or, when it has none, on its resourceVersion), so a concurrent change is a
 /// conflict to retry, never a lost finalizer.
-pub async fn add_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<bool, kube::Error>
+pub async fn add_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
@@ -51,7 +55,11 @@ where
 }
 
 /// Removes `finalizer` if the object has it, testing that it is still where we saw it.
-pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<(), kube::Error>
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {

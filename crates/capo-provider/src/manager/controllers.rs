@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use capo_api::OpenStackServer;
 use capo_api::capi::{self, Cluster};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
 use kube::core::DeserializeGuard;
@@ -94,7 +94,10 @@ fn pick<K: Resource<DynamicType = ()> + Clone>(
 }
 
 /// A watch stream of `K` that restarts with backoff on errors.
-fn watch<K>(api: Api<K>, config: watcher::Config) -> impl futures::Stream<Item = Result<K, watcher::Error>>
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     K::DynamicType: Default + Clone + Eq + Hash,
@@ -112,10 +115,13 @@ pub async fn run_servers(
     type Watched = DeserializeGuard<OpenStackServer>;
     let client = ctx.client.clone();
     let (reader, writer) = reflector::store::<Watched>();
-    let servers = reflector(writer, watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(reconcile_worthy, Default::default());
+    let servers = reflector(
+        writer,
+        watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(reconcile_worthy, Default::default());
     let secrets = watch(
         scope.api::<PartialObjectMeta<Secret>>(client.clone()),
         watcher::Config::default(),
@@ -124,13 +130,17 @@ pub async fn run_servers(
         .predicate_filter(paused_changes, Default::default());
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
+    let listed = reader.clone();
     ctx.metrics
         .controller_started(server::CONTROLLER, usize::from(concurrency));
-    Controller::for_stream(servers, reader)
+    let controller = Controller::for_stream(servers, reader)
         .watches_stream(secrets, move |secret| {
             let name = secret.name_any();
             pick(&by_secret, secret.namespace(), |object: &Watched| {
-                object.0.as_ref().is_ok_and(|server| names_secret(server, &name))
+                object
+                    .0
+                    .as_ref()
+                    .is_ok_and(|server| names_secret(server, &name))
             })
         })
         .watches_stream(clusters, move |cluster| {
@@ -140,20 +150,44 @@ pub async fn run_servers(
             })
         })
         .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(server::reconcile, server::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
                 log_controller_error(server::CONTROLLER, &error);
             }
-        })
-        .await;
+        });
+    until_stopped(controller, listed, shutdown).await;
+}
+
+/// Runs a controller until its graceful shutdown ends. kube-runtime holds reconciles until
+/// the store has listed once, and a controller told to stop before then never finishes; with
+/// nothing in flight then, it is simply dropped.
+async fn until_stopped<K: Resource + Clone>(
+    controller: impl std::future::Future<Output = ()>,
+    store: Store<K>,
+    shutdown: CancellationToken,
+) where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    let never_listed = async move {
+        shutdown.cancelled().await;
+        if store.wait_until_ready().now_or_never().is_none() {
+            return;
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = controller => {}
+        () = never_listed => tracing::debug!("stopped before the first list"),
+    }
 }
 
 /// Whether the server names this Secret, for credentials or user data.
 fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
     let identity = &server.spec.identity_ref;
-    let credentials = identity.kind() == capo_api::common::IdentityRefType::Secret && identity.name == secret;
+    let credentials =
+        identity.kind() == capo_api::common::IdentityRefType::Secret && identity.name == secret;
     let user_data = server
         .spec
         .user_data_ref

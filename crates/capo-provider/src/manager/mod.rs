@@ -112,6 +112,28 @@ pub async fn wait_for_crds(
     }
 }
 
+/// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `15m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let count: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 90s, 15m or 1h"))?;
+    let unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(format!("{text:?}: the unit must be s, m or h")),
+    };
+    match count.checked_mul(unit) {
+        Some(0) | None => Err(format!("{text:?} must be positive and reasonable")),
+        Some(seconds) => Ok(Duration::from_secs(seconds)),
+    }
+}
+
 /// Runs the controllers until `shutdown` is cancelled, then stops gracefully.
 pub async fn run(
     client: kube::Client,
@@ -131,7 +153,13 @@ pub async fn run(
     let clouds: Arc<Clouds> = Clouds::new(config.cloud.clone(), registry, cloud_stop.clone())?;
     let engine = Engine::new(config.engine.clone(), registry, cloud_stop.child_token())?;
     let metrics = ReconcileMetrics::register(registry)?;
-    let ctx = Context::new(client, engine.clone(), clouds, metrics, config.controllers.clone());
+    let ctx = Context::new(
+        client,
+        engine.clone(),
+        clouds,
+        metrics,
+        config.controllers.clone(),
+    );
     // The admin HTTP server (/metrics on `registry`, /healthz, /readyz) starts here.
     tracing::info!(
         namespace = config.scope.namespace.as_deref().unwrap_or("(all)"),
@@ -143,4 +171,27 @@ pub async fn run(
     cloud_stop.cancel();
     tracing::info!("controllers stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_go_writes_them() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn the_required_crds_are_ours_and_cluster_apis_cluster() {
+        let names = required_crds();
+        assert!(names.contains(&"openstackservers.infrastructure.cluster.x-k8s.io".to_owned()));
+        assert!(names.contains(&"clusters.cluster.x-k8s.io".to_owned()));
+    }
 }

@@ -174,6 +174,12 @@ impl ApiError {
         )
     }
 
+    /// 406: no form the client accepts can be given (`Accept`), or the transformation it
+    /// asked for does not fit the answer (`PartialObjectMetadata` of a list).
+    pub fn not_acceptable(message: impl Into<String>) -> Self {
+        Self::new(406, "NotAcceptable", message)
+    }
+
     /// 409 for a delete whose preconditions fail. The API server names the object by its
     /// kind here, not its resource (`Widget.example.test`), in the message and the details.
     pub fn precondition_failed(group: &str, kind: &str, name: &str, why: &str) -> Self {

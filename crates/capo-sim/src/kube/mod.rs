@@ -8,6 +8,7 @@
 pub mod errors;
 pub mod managed;
 pub mod openapi;
+pub mod output;
 pub mod patch;
 pub mod protobuf;
 pub mod resources;

@@ -1,5 +1,8 @@
 //! The HTTP face of the simulator: URL routing like kube-apiserver's, query parameters,
-//! content negotiation (JSON or `Table`), and watch streams.
+//! content negotiation (the object, `Table` or `PartialObjectMetadata`, see [`output`]),
+//! and watch streams.
+//!
+//! [`output`]: super::output
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,6 +19,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::errors::ApiError;
+use super::output::{self, Output};
 use super::patch::Patch;
 use super::resources::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -105,11 +109,20 @@ impl Request<'_> {
         matches!(self.param(name), Some("true" | "1"))
     }
 
-    fn wants_table(&self) -> bool {
-        self.headers
-            .get(header::ACCEPT)
-            .and_then(|a| a.to_str().ok())
-            .is_some_and(|a| a.contains("as=Table"))
+    /// The form the client accepts the answer in (`Accept`), or 406.
+    fn output(&self, custom: bool) -> Result<Output, ApiError> {
+        let accept = self
+            .headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|a| a.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(",");
+        output::negotiate(Some(&accept), custom)
+    }
+
+    fn include_object(&self) -> IncludeObject {
+        IncludeObject::parse(self.param("includeObject"))
     }
 
     fn content_type(&self) -> &str {
@@ -315,35 +328,51 @@ fn resource_request(
         namespace: path.namespace.unwrap_or_default().to_owned(),
     };
     let method = request.method.clone();
+    // As the API server's handlers do, every verb settles the answer's form before it
+    // acts (406 comes first), and shapes the answer after.
+    let negotiate = || request.output(def.custom);
     match (method, path.name) {
         (Method::GET, Some(name)) => {
+            let output = negotiate()?;
             let object = shared.store().get(&target, name)?;
-            Ok(object_response(&target, &object, request, StatusCode::OK))
+            Ok(object_response(
+                &target,
+                &object,
+                request,
+                output,
+                StatusCode::OK,
+            ))
         }
         (Method::GET, None) if request.flag("watch") => {
-            watch(shared, request, &target, path.namespace)
+            watch(shared, request, &target, path.namespace, negotiate()?)
         }
-        (Method::GET, None) => list(shared, request, &target, path.namespace),
+        (Method::GET, None) => list(shared, request, &target, path.namespace, negotiate()?),
         (Method::POST, None) if def.namespaced && path.namespace.is_none() => {
             Err(ApiError::method_not_allowed())
         }
         (Method::POST, None) => {
+            let output = negotiate()?;
             let opts = request.write_options()?;
             let written = shared
                 .store()
                 .create(&target, request.json_body()?, &opts)?;
-            Ok(written_response(&target, written, request))
+            Ok(written_response(&target, written, request, output))
         }
         (Method::PUT, Some(name)) => {
+            let output = negotiate()?;
             let opts = request.write_options()?;
             let written =
                 shared
                     .store()
                     .update(&target, name, request.json_body()?, status, &opts)?;
-            Ok(written_response(&target, written, request))
+            Ok(written_response(&target, written, request, output))
         }
-        (Method::PATCH, Some(name)) => patch(shared, request, &target, name, status),
+        (Method::PATCH, Some(name)) => {
+            let output = negotiate()?;
+            patch(shared, request, &target, name, status, output)
+        }
         (Method::DELETE, Some(name)) => {
+            let output = negotiate()?;
             let opts = delete_options(request)?;
             let deletion = shared.store().delete(&target, name, &opts)?;
             Ok(match deletion {
@@ -357,7 +386,7 @@ fn resource_request(
                     } else {
                         StatusCode::OK
                     };
-                    object_response(&target, &object, request, code)
+                    object_response(&target, &object, request, output, code)
                 }
             })
         }
@@ -365,6 +394,7 @@ fn resource_request(
             Err(ApiError::method_not_allowed())
         }
         (Method::DELETE, None) => {
+            let output = negotiate()?;
             let opts = delete_options(request)?;
             let (labels, fields) = selectors(request, &target)?;
             let filter = |o: &Value| labels.matches(o) && fields.matches(o);
@@ -377,15 +407,14 @@ fn resource_request(
                 .map(|o| present(&def, &target.version, o))
                 .collect();
             let rv = shared.store().resource_version();
-            Ok(json_response(
-                StatusCode::OK,
-                &list_json(
-                    &def,
-                    &target.version,
-                    items,
-                    json!({"resourceVersion": rv.to_string()}),
-                ),
-            ))
+            let body = list_body(
+                &target,
+                items,
+                json!({"resourceVersion": rv.to_string()}),
+                request,
+                output,
+            )?;
+            Ok(json_response(StatusCode::OK, &body))
         }
         _ => Err(ApiError::method_not_allowed()),
     }
@@ -404,35 +433,42 @@ fn deleted_status(def: &ResourceDef, object: &Value) -> Value {
            "details": {"name": meta("name"), "group": def.key.group, "kind": def.key.plural, "uid": meta("uid")}})
 }
 
+/// One object in the form the client asked for (a `PartialObjectMetadataList` of one
+/// object is 406, as the API server has it).
 fn object_response(
     target: &Target,
     object: &Value,
     request: &Request<'_>,
+    output: Output,
     code: StatusCode,
 ) -> Response {
     let presented = present(&target.def, &target.version, object);
-    if request.wants_table() {
-        let include = IncludeObject::parse(request.param("includeObject"));
-        let rv = presented
-            .pointer("/metadata/resourceVersion")
-            .cloned()
-            .unwrap_or_default();
-        let t = table::table(
-            &target.def,
-            &target.version,
-            &[presented],
-            json!({"resourceVersion": rv}),
-            include,
-        );
-        return json_response(code, &t);
-    }
-    json_response(code, &presented)
+    let body = match output {
+        Output::Object => presented,
+        Output::Table => {
+            let rv = presented
+                .pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or_default();
+            table::table(
+                &target.def,
+                &target.version,
+                &[presented],
+                json!({"resourceVersion": rv}),
+                request.include_object(),
+            )
+        }
+        Output::Metadata(version) => output::partial(&presented, version),
+        Output::MetadataList(_) => return error_response(&output::not_a_list(&target.def)),
+    };
+    json_response(code, &body)
 }
 
 fn written_response(
     target: &Target,
     written: super::store::Written,
     request: &Request<'_>,
+    output: Output,
 ) -> Response {
     let code = if written.created {
         StatusCode::CREATED
@@ -440,7 +476,7 @@ fn written_response(
         StatusCode::OK
     };
     with_warnings(
-        object_response(target, &written.object, request, code),
+        object_response(target, &written.object, request, output, code),
         &written.warnings,
     )
 }
@@ -451,6 +487,7 @@ fn patch(
     target: &Target,
     name: &str,
     status: bool,
+    output: Output,
 ) -> Result<Response, ApiError> {
     let patch = Patch::parse(request.content_type(), request.body, target.def.custom)?;
     let opts = request.write_options()?;
@@ -464,7 +501,7 @@ fn patch(
         let written = shared
             .store()
             .apply(target, name, config, status, &opts, force)?;
-        return Ok(written_response(target, written, request));
+        return Ok(written_response(target, written, request, output));
     }
     if request.param("force").is_some() {
         return Err(ApiError::bad_request(
@@ -477,7 +514,7 @@ fn patch(
     let patched = patch.apply_to(&presented)?;
     let written = store.update(target, name, patched, status, &opts)?;
     drop(store);
-    Ok(written_response(target, written, request))
+    Ok(written_response(target, written, request, output))
 }
 
 fn delete_options(request: &Request<'_>) -> Result<DeleteOptions, ApiError> {
@@ -536,11 +573,30 @@ fn list_json(def: &ResourceDef, version: &str, items: Vec<Value>, metadata: Valu
     json!({"kind": def.list_kind, "apiVersion": def.api_version(version), "metadata": metadata, "items": items})
 }
 
+/// A list (of presented objects) in the form the client asked for (a
+/// `PartialObjectMetadata` of a list is 406, as the API server has it).
+fn list_body(
+    target: &Target,
+    items: Vec<Value>,
+    metadata: Value,
+    request: &Request<'_>,
+    output: Output,
+) -> Result<Value, ApiError> {
+    let (def, version) = (&target.def, target.version.as_str());
+    Ok(match output {
+        Output::Object => list_json(def, version, items, metadata),
+        Output::Table => table::table(def, version, &items, metadata, request.include_object()),
+        Output::Metadata(_) => return Err(output::a_list(def)),
+        Output::MetadataList(meta) => output::partial_list(&items, metadata, meta),
+    })
+}
+
 fn list(
     shared: &Arc<Shared>,
     request: &Request<'_>,
     target: &Target,
     namespace: Option<&str>,
+    output: Output,
 ) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(request, target)?;
     let limit = match request.param("limit") {
@@ -572,12 +628,7 @@ fn list(
     if let Some(remaining) = page.remaining {
         metadata["remainingItemCount"] = remaining.into();
     }
-    let body = if request.wants_table() {
-        let include = IncludeObject::parse(request.param("includeObject"));
-        table::table(&target.def, &target.version, &items, metadata, include)
-    } else {
-        list_json(&target.def, &target.version, items, metadata)
-    };
+    let body = list_body(target, items, metadata, request, output)?;
     Ok(json_response(StatusCode::OK, &body))
 }
 
@@ -588,7 +639,8 @@ struct WatchView {
     namespace: Option<String>,
     labels: LabelSelector,
     fields: FieldSelector,
-    table: Option<IncludeObject>,
+    output: Output,
+    include: IncludeObject,
 }
 
 impl WatchView {
@@ -622,8 +674,9 @@ impl WatchView {
 
     fn event(&self, kind: &str, object: &Value) -> Value {
         let presented = present(&self.def, &self.version, object);
-        let object = match self.table {
-            Some(include) => {
+        let object = match self.output {
+            Output::Object => presented,
+            Output::Table => {
                 let rv = presented
                     .pointer("/metadata/resourceVersion")
                     .cloned()
@@ -633,22 +686,36 @@ impl WatchView {
                     &self.version,
                     &[presented],
                     json!({"resourceVersion": rv}),
-                    include,
+                    self.include,
                 )
             }
-            None => presented,
+            // Each event carries one object, so a watch asking for a list of metadata
+            // gets the metadata of each.
+            Output::Metadata(version) | Output::MetadataList(version) => {
+                output::partial(&presented, version)
+            }
         };
         json!({"type": kind, "object": object})
     }
 
+    /// A BOOKMARK: the kind with only a resourceVersion (and the initial-events-end
+    /// annotation), as `PartialObjectMetadata` to a watch of metadata, which the API server
+    /// transforms bookmarks for as it does every event.
     fn bookmark(&self, rv: u64, initial_events_end: bool) -> Value {
         let mut metadata = json!({"resourceVersion": rv.to_string()});
         if initial_events_end {
             metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        json!({"type": "BOOKMARK", "object": {
+        let object = json!({
             "kind": self.def.kind, "apiVersion": self.def.api_version(&self.version), "metadata": metadata,
-        }})
+        });
+        let object = match self.output {
+            Output::Metadata(version) | Output::MetadataList(version) => {
+                output::partial(&object, version)
+            }
+            Output::Object | Output::Table => object,
+        };
+        json!({"type": "BOOKMARK", "object": object})
     }
 }
 
@@ -657,6 +724,7 @@ fn watch(
     request: &Request<'_>,
     target: &Target,
     namespace: Option<&str>,
+    output: Output,
 ) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(request, target)?;
     let send_initial = request.flag("sendInitialEvents");
@@ -672,9 +740,8 @@ fn watch(
         namespace: namespace.map(str::to_owned),
         labels,
         fields,
-        table: request
-            .wants_table()
-            .then(|| IncludeObject::parse(request.param("includeObject"))),
+        output,
+        include: request.include_object(),
     };
     let start = shared.store().watch(
         &target.def.key,

@@ -427,6 +427,48 @@ pub fn present(def: &ResourceDef, version: &str, stored: &Value) -> Value {
     object
 }
 
+/// An object a DELETE holds (finalizers, or a foreground deletion) as the generic
+/// registry's `markAsDeleting` leaves it: `deletionTimestamp` and
+/// `deletionGracePeriodSeconds: 0` set once, `generation` bumped by one that first time
+/// (objects with a generation: custom resources and CRDs), the `foregroundDeletion`
+/// finalizer added for a foreground deletion. `None` when nothing changes.
+fn marked_for_deletion(def: &ResourceDef, old: &Value, foreground: bool) -> Option<Value> {
+    let mut list = finalizers(old);
+    let add_finalizer = foreground && !list.iter().any(|f| f == FOREGROUND_FINALIZER);
+    if is_deleting(old) && !add_finalizer {
+        return None;
+    }
+    let mut marked = old.clone();
+    if add_finalizer {
+        list.push(FOREGROUND_FINALIZER.to_owned());
+        metadata_mut(&mut marked).insert("finalizers".into(), json!(list));
+    }
+    if !is_deleting(old) {
+        let metadata = metadata_mut(&mut marked);
+        metadata.insert("deletionTimestamp".into(), now().into());
+        metadata.insert("deletionGracePeriodSeconds".into(), 0.into());
+        if let Some(generation) = metadata
+            .get("generation")
+            .and_then(Value::as_i64)
+            .filter(|g| *g > 0)
+        {
+            metadata.insert("generation".into(), (generation + 1).into());
+        }
+        if def.key == namespace_key() {
+            marked["status"]["phase"] = "Terminating".into();
+        }
+        if def.key == crd_key() {
+            set_condition(
+                &mut marked,
+                "Terminating",
+                "True",
+                "InstanceDeletionInProgress",
+            );
+        }
+    }
+    Some(marked)
+}
+
 /// The part of an object whose change bumps `generation`.
 fn generation_view(object: &Value, ignore_status: bool) -> Value {
     let mut view = object.clone();
@@ -1274,8 +1316,11 @@ impl Store {
         let foreground = opts.propagation == Propagation::Foreground;
         let graceful = !finalizers(&old).is_empty() || is_namespace || foreground;
         if opts.dry_run {
+            // The API server runs the marking update dry, and answers what it would store.
             return Ok(if graceful {
-                Deletion::Pending(old)
+                Deletion::Pending(
+                    marked_for_deletion(&target.def, &old, foreground).map_or(old, Arc::new),
+                )
             } else {
                 Deletion::Gone(old)
             });
@@ -1310,39 +1355,13 @@ impl Store {
         old: &Arc<Value>,
         foreground: bool,
     ) -> Arc<Value> {
-        let mut list = finalizers(old);
-        let add_finalizer = foreground && !list.iter().any(|f| f == FOREGROUND_FINALIZER);
         if foreground {
             self.foreground.insert(target.key(name));
         }
-        if is_deleting(old) && !add_finalizer {
-            return old.clone();
+        match marked_for_deletion(&target.def, old, foreground) {
+            Some(marked) => self.commit(target.key(name), marked, EventType::Modified),
+            None => old.clone(),
         }
-        let mut marked = (**old).clone();
-        if add_finalizer {
-            list.push(FOREGROUND_FINALIZER.to_owned());
-            metadata_mut(&mut marked).insert("finalizers".into(), json!(list));
-        }
-        if !is_deleting(old) {
-            let metadata = metadata_mut(&mut marked);
-            metadata.insert("deletionTimestamp".into(), now().into());
-            metadata.insert("deletionGracePeriodSeconds".into(), 0.into());
-            if let Some(generation) = metadata.get("generation").and_then(Value::as_i64) {
-                metadata.insert("generation".into(), (generation + 1).into());
-            }
-            if target.def.key == namespace_key() {
-                marked["status"]["phase"] = "Terminating".into();
-            }
-            if target.def.key == crd_key() {
-                set_condition(
-                    &mut marked,
-                    "Terminating",
-                    "True",
-                    "InstanceDeletionInProgress",
-                );
-            }
-        }
-        self.commit(target.key(name), marked, EventType::Modified)
     }
 
     /// The garbage collector's part in foreground deletion, run by the server's collector

@@ -56,6 +56,10 @@ pub struct Timings {
     pub server_build: Delay,
     /// Server delete -> gone.
     pub server_delete: Delay,
+    /// Volume creating -> available.
+    pub volume_create: Delay,
+    /// Volume deleting -> gone.
+    pub volume_delete: Delay,
     /// The LB stays PENDING_UPDATE until the member change under it has settled, as Octavia's
     /// own flows order it (member, then pool, then LB). Off by default: members may outlast
     /// the LB's unlock, as with AmphoraV2 in production. A member held by a `stuck` rule never
@@ -77,6 +81,8 @@ impl Default for Timings {
             member_online: Delay::Fixed(1.0),
             server_build: Delay::Uniform(1.0, 2.0),
             server_delete: Delay::Uniform(0.5, 1.0),
+            volume_create: Delay::Uniform(0.3, 0.6),
+            volume_delete: Delay::Uniform(0.2, 0.4),
             lb_waits_for_members: false,
         }
     }
@@ -89,6 +95,8 @@ pub enum ObjectKind {
     Loadbalancer,
     Member,
     Server,
+    /// A Cinder volume, by its name (an unnamed volume matches only `*`).
+    Volume,
 }
 
 /// What happens to a matching object's next transition.
@@ -97,7 +105,7 @@ pub enum ObjectKind {
 pub enum Effect {
     /// The transition takes this long instead of the default.
     Delay(Delay),
-    /// The object stays PENDING_* (or BUILD) until the rule is removed.
+    /// The object stays PENDING_* (or BUILD, creating, deleting) until the rule is removed.
     Stuck,
     /// The transition ends in ERROR.
     Error,
@@ -124,7 +132,8 @@ fn any_name() -> String {
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitFault {
-    /// `load-balancer`, `compute`, `network`, `image`, `identity`; absent = every service.
+    /// `load-balancer`, `compute`, `network`, `image`, `block-storage`, `identity`; absent =
+    /// every service.
     #[serde(default)]
     pub service: Option<String>,
     /// Answer 429 to requests beyond this many in the current second.

@@ -12,7 +12,11 @@ pub struct Glance {
 
 impl Glance {
     pub fn exists(&self, id: &str) -> bool {
-        self.images.iter().any(|i| i["id"] == id)
+        self.find(id).is_some()
+    }
+
+    pub fn find(&self, id: &str) -> Option<&Value> {
+        self.images.iter().find(|i| i["id"] == id)
     }
 }
 

@@ -23,6 +23,7 @@ pub const SERVICES: &[(&str, &str, &str)] = &[
     ("network", "neutron", "network"),
     ("image", "glance", "image"),
     ("load-balancer", "octavia", "load-balancer"),
+    ("block-storage", "cinder", "block-storage"),
 ];
 
 pub fn unauthorized() -> Reply {

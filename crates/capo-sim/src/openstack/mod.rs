@@ -1,11 +1,12 @@
-//! A simulated OpenStack cloud: Keystone, Nova, Neutron, Glance and an Octavia that behaves like
-//! the amphora (v2) provider, with timing and fault injection. One port serves every service
-//! under a path prefix the Keystone catalog advertises (`/identity/v3`, `/compute/v2.1`,
-//! `/network`, `/image`, `/load-balancer`); `/_sim/...` is the admin API.
+//! A simulated OpenStack cloud: Keystone, Nova, Neutron, Glance, Cinder and an Octavia that
+//! behaves like the amphora (v2) provider, with timing and fault injection. One port serves every
+//! service under a path prefix the Keystone catalog advertises (`/identity/v3`, `/compute/v2.1`,
+//! `/network`, `/image`, `/load-balancer`, `/block-storage`); `/_sim/...` is the admin API.
 //!
 //! Transitions run on tokio's clock and are applied when a request arrives, so in-process use
 //! on a paused clock is deterministic, and with a scenario seed so are the random delays.
 
+mod cinder;
 mod faults;
 mod filters;
 mod glance;
@@ -209,6 +210,41 @@ impl OpenStackSim {
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();
         (world.octavia.lbs.len(), world.octavia.members.len())
+    }
+
+    /// How many objects of each kind exist now (`servers`, `volumes`, `ports`, `trunks`,
+    /// `networks`, `subnets`, `routers`, `security-groups`, `floatingips`, `loadbalancers`,
+    /// `members`), seeded ones included: a test compares the census before and after a create
+    /// and delete cycle to find leaks.
+    pub fn object_counts(&self) -> std::collections::BTreeMap<String, usize> {
+        let world = self.shared.world();
+        let mut counts = std::collections::BTreeMap::new();
+        counts.insert("servers".to_owned(), world.nova.count());
+        counts.insert("volumes".to_owned(), world.cinder.count());
+        for collection in [
+            "ports",
+            "trunks",
+            "networks",
+            "subnets",
+            "routers",
+            "security-groups",
+            "floatingips",
+        ] {
+            counts.insert(collection.to_owned(), world.neutron.all(collection).len());
+        }
+        counts.insert("loadbalancers".to_owned(), world.octavia.lbs.len());
+        counts.insert("members".to_owned(), world.octavia.members.len());
+        counts
+    }
+
+    /// A Cinder volume as the API shows it, by id or (oldest first) name.
+    pub fn volume(&self, id_or_name: &str) -> Option<serde_json::Value> {
+        self.shared.world().cinder.find(id_or_name).cloned()
+    }
+
+    /// A Nova server as the API shows it, by id or (oldest first) name.
+    pub fn server(&self, id_or_name: &str) -> Option<serde_json::Value> {
+        self.shared.world().nova.find(id_or_name).cloned()
     }
 
     /// Every member as the simulated Octavia holds it right now (no request is logged): the

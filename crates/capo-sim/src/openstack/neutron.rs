@@ -1,5 +1,6 @@
 //! Neutron v2.0: networks, subnets, routers and interfaces, ports with fixed IPs allocated from
-//! their subnet, security groups and rules, floating IPs, trunks, tags, filters. Objects are
+//! their subnet, security groups and rules, floating IPs, trunks (a port parents at most one and
+//! cannot be deleted while it does), tags, filters. Objects are
 //! kept as JSON, the way the API shows them; per-collection hooks add what Neutron computes.
 
 use std::collections::BTreeMap;
@@ -157,6 +158,17 @@ pub fn handle(
     }
 }
 
+/// The trunk whose parent is `port`, if any.
+fn trunk_of(world: &World, port: &str) -> Option<String> {
+    world
+        .neutron
+        .all("trunks")
+        .iter()
+        .find(|t| t["port_id"] == port)
+        .and_then(|t| t["id"].as_str())
+        .map(str::to_owned)
+}
+
 fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
     let network_exists = |field: &str| {
         let id = object[field].as_str().unwrap_or_default();
@@ -177,7 +189,43 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
                 )
             })
         }
-        "ports" => network_exists("network_id"),
+        "ports" => {
+            network_exists("network_id")?;
+            let network = object["network_id"].as_str().unwrap_or_default();
+            match object["mac_address"].as_str() {
+                Some(mac)
+                    if world
+                        .neutron
+                        .all("ports")
+                        .iter()
+                        .any(|p| p["network_id"] == network && p["mac_address"] == mac) =>
+                {
+                    Err(Reply::neutron(
+                        409,
+                        "MacAddressInUse",
+                        format!(
+                            "Unable to complete operation for network {network}. \
+                             The mac address {mac} is in use."
+                        ),
+                    ))
+                }
+                _ => Ok(()),
+            }
+        }
+        "trunks" => {
+            let port = object["port_id"].as_str().unwrap_or_default();
+            if world.neutron.find("ports", port).is_none() {
+                Err(not_found("Port", port))
+            } else if trunk_of(world, port).is_some() {
+                Err(Reply::neutron(
+                    409,
+                    "TrunkPortInUse",
+                    format!("Port {port} is in use by another trunk."),
+                ))
+            } else {
+                Ok(())
+            }
+        }
         "floatingips" => {
             network_exists("floating_network_id")?;
             let id = object["floating_network_id"].as_str().unwrap_or_default();
@@ -280,6 +328,12 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
     {
         subnets.push(object["id"].clone());
     }
+    if path == "trunks"
+        && let Some(port) = object["port_id"].as_str().map(str::to_owned)
+        && let Some(port) = world.neutron.find_mut("ports", &port)
+    {
+        port["trunk_details"] = json!({"trunk_id": object["id"], "sub_ports": object["sub_ports"]});
+    }
     if path == "security-group-rules" {
         sync_rules(
             world,
@@ -369,6 +423,11 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
         ("security_groups", json!([])),
         ("allowed_address_pairs", json!([])),
         ("binding:vnic_type", json!("normal")),
+        ("binding:host_id", json!("")),
+        ("binding:profile", json!({})),
+        ("binding:vif_type", json!("unbound")),
+        ("binding:vif_details", json!({})),
+        ("propagate_uplink_status", json!(false)),
         ("port_security_enabled", json!(true)),
     ] {
         object.entry(key).or_insert(value);
@@ -537,6 +596,15 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
     if world.neutron.find(path, id).is_none() {
         return not_found(kind, id);
     }
+    if path == "ports"
+        && let Some(trunk) = trunk_of(world, id)
+    {
+        return Reply::neutron(
+            409,
+            "PortInUseAsTrunkParent",
+            format!("Port {id} is currently a parent port for trunk {trunk}."),
+        );
+    }
     let in_use = match path {
         "networks" => world
             .neutron
@@ -573,6 +641,16 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
                 && let Some(subnets) = network["subnets"].as_array_mut()
             {
                 subnets.retain(|s| s != id);
+            }
+        }
+        "trunks" => {
+            if let Some(port) = removed
+                .as_ref()
+                .and_then(|t| t["port_id"].as_str())
+                .map(str::to_owned)
+                && let Some(Value::Object(port)) = world.neutron.find_mut("ports", &port)
+            {
+                port.remove("trunk_details");
             }
         }
         "security-groups" => {

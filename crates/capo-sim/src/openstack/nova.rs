@@ -1,5 +1,6 @@
 //! Nova v2.1: servers (BUILD -> ACTIVE after a delay, ERROR by injection, delete -> gone after
-//! a delay), flavors, server groups, availability zones.
+//! a delay) with ports and block device mappings (Cinder volumes), flavors, server groups,
+//! availability zones.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 
 use super::faults::{Effect, ObjectKind};
 use super::world::{Reply, Timer, World, json_body};
-use super::{filters, neutron};
+use super::{cinder, filters, neutron};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
@@ -27,6 +28,8 @@ struct Server {
     own_ports: Vec<String>,
     /// Ports the caller passed, unbound when the server goes.
     given_ports: Vec<String>,
+    /// Attached volumes and whether each goes with the server (`delete_on_termination`).
+    volumes: Vec<(String, bool)>,
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +38,44 @@ pub struct Nova {
     flavors: Vec<Value>,
     groups: Vec<Value>,
     seq: u64,
+}
+
+impl Nova {
+    /// Servers that exist now (deleting ones included until they are gone).
+    pub fn count(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// By id, else the oldest server with this name.
+    pub fn find(&self, id_or_name: &str) -> Option<&Value> {
+        self.servers.get(id_or_name).map(|s| &s.body).or_else(|| {
+            self.servers
+                .values()
+                .filter(|s| s.body["name"] == id_or_name)
+                .min_by_key(|s| s.seq)
+                .map(|s| &s.body)
+        })
+    }
+}
+
+/// Where one `block_device_mapping_v2` entry's disk comes from.
+#[derive(Debug)]
+enum Source {
+    Volume(String),
+    Image(String),
+    Blank,
+}
+
+/// One checked `block_device_mapping_v2` entry.
+#[derive(Debug)]
+struct Device {
+    /// `None` for -1 or absent: not bootable.
+    boot_index: Option<u64>,
+    source: Source,
+    /// Lands in Cinder (destination `volume`) rather than on the hypervisor (`local`).
+    to_volume: bool,
+    size: Option<u64>,
+    delete_on_termination: bool,
 }
 
 pub fn seed(world: &mut World) {
@@ -129,9 +170,28 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         return Reply::nova(400, format!("Flavor {flavor_ref} could not be found."));
     };
     let image_ref = request["imageRef"].as_str().unwrap_or_default();
+    let has_mappings = request["block_device_mapping_v2"]
+        .as_array()
+        .is_some_and(|m| !m.is_empty());
+    if image_ref.is_empty() && !has_mappings {
+        return Reply::nova(400, "Missing imageRef attribute");
+    }
     if !image_ref.is_empty() && !world.glance.exists(image_ref) {
         return Reply::nova(400, format!("Image {image_ref} could not be found."));
     }
+    let devices = match block_devices(world, request, image_ref) {
+        Ok(devices) => devices,
+        Err(reply) => return reply,
+    };
+    let boot = devices.iter().find(|d| d.boot_index == Some(0));
+    let image = match boot {
+        Some(device) if device.to_volume => String::new(),
+        Some(Device {
+            source: Source::Image(image),
+            ..
+        }) => image.clone(),
+        _ => image_ref.to_owned(),
+    };
     let id = world.uuid();
     let mut own_ports = Vec::new();
     let mut given_ports = Vec::new();
@@ -158,7 +218,11 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     for port in own_ports.iter().chain(&given_ports) {
         neutron::bind_port(world, port, &id);
     }
-    if let Some(group) = body["os:scheduler_hints"]["group"].as_str()
+    let volumes = attach_volumes(world, &id, devices);
+    let hints = body
+        .get("os:scheduler_hints")
+        .or_else(|| body.get("OS-SCH-HNT:scheduler_hints"));
+    if let Some(group) = hints.and_then(|h| h["group"].as_str())
         && let Some(group) = world.nova.groups.iter_mut().find(|g| g["id"] == group)
         && let Some(members) = group["members"].as_array_mut()
     {
@@ -170,13 +234,16 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         "id": id, "name": name, "status": "BUILD", "OS-EXT-STS:vm_state": "building",
         "OS-EXT-STS:task_state": "scheduling", "OS-EXT-STS:power_state": 0,
         "flavor": {"original_name": flavor["name"], "vcpus": flavor["vcpus"], "ram": flavor["ram"], "disk": flavor["disk"]},
-        "image": if image_ref.is_empty() { json!("") } else { json!({"id": image_ref}) },
+        "image": if image.is_empty() { json!("") } else { json!({"id": image}) },
         "addresses": addresses, "key_name": request["key_name"], "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
         "tags": request.get("tags").cloned().unwrap_or(json!([])),
         "OS-EXT-AZ:availability_zone": request["availability_zone"].as_str().unwrap_or("nova"),
         "user_id": format!("{}-id", world.settings.username), "tenant_id": world.settings.project_id,
         "created": now, "updated": now, "hostId": "", "progress": 0, "config_drive": "",
         "security_groups": [{"name": "default"}],
+        "os-extended-volumes:volumes_attached": volumes.iter()
+            .map(|(volume, delete)| json!({"id": volume, "delete_on_termination": delete}))
+            .collect::<Vec<_>>(),
     });
     let pending = plan(world, &name, Next::Active);
     world.nova.seq += 1;
@@ -189,6 +256,7 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
             next: Some(pending),
             own_ports,
             given_ports,
+            volumes,
         },
     );
     if let (_, Some(due)) = pending {
@@ -200,6 +268,165 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         json!({"server": {"id": id, "links": [], "OS-DCF:diskConfig": "MANUAL",
                                        "security_groups": [{"name": "default"}], "adminPass": "simulated"}}),
     )
+}
+
+/// Reads and checks `block_device_mapping_v2` as Nova's API does, changing nothing.
+fn block_devices(world: &World, request: &Value, image_ref: &str) -> Result<Vec<Device>, Reply> {
+    let invalid = |message: String| Err(Reply::nova(400, message));
+    let mut devices = Vec::new();
+    for entry in request["block_device_mapping_v2"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let boot_index = match &entry["boot_index"] {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        };
+        let uuid = entry["uuid"].as_str().unwrap_or_default();
+        let source_type = entry["source_type"].as_str().unwrap_or_default();
+        let default_destination = if source_type == "volume" {
+            "volume"
+        } else {
+            "local"
+        };
+        let to_volume = match entry["destination_type"]
+            .as_str()
+            .unwrap_or(default_destination)
+        {
+            "volume" => true,
+            "local" => false,
+            other => {
+                return invalid(format!(
+                    "Invalid input for field/attribute destination_type. Value: {other}. \
+                     '{other}' is not one of ['local', 'volume']"
+                ));
+            }
+        };
+        let size = entry["volume_size"].as_u64().filter(|s| *s > 0);
+        let delete_on_termination = match &entry["delete_on_termination"] {
+            Value::Bool(b) => *b,
+            Value::String(s) => s.eq_ignore_ascii_case("true"),
+            _ => false,
+        };
+        let source = match source_type {
+            "volume" if !to_volume => {
+                return invalid(
+                    "Block Device Mapping is Invalid: Mapping volume to local is not supported."
+                        .into(),
+                );
+            }
+            "volume" => {
+                let Some(volume) = world.cinder.get(uuid) else {
+                    return invalid(format!(
+                        "Block Device Mapping is Invalid: failed to get volume {uuid}."
+                    ));
+                };
+                let status = volume["status"].as_str().unwrap_or_default();
+                if status != "available" {
+                    return invalid(format!(
+                        "Invalid volume: volume '{uuid}' status must be 'available'. Currently in '{status}'"
+                    ));
+                }
+                if boot_index == Some(0) && volume["bootable"] != "true" {
+                    return invalid(format!("Block Device {uuid} is not bootable."));
+                }
+                Source::Volume(uuid.to_owned())
+            }
+            "image" => {
+                if !world.glance.exists(uuid) {
+                    return invalid(format!(
+                        "Block Device Mapping is Invalid: failed to get image {uuid}."
+                    ));
+                }
+                if to_volume && size.is_none() {
+                    return invalid(
+                        "Images with destination_type 'volume' need to have a non-zero size specified"
+                            .into(),
+                    );
+                }
+                if !to_volume && boot_index != Some(0) {
+                    return invalid(
+                        "Block Device Mapping is Invalid: Mapping image to local is not supported."
+                            .into(),
+                    );
+                }
+                Source::Image(uuid.to_owned())
+            }
+            "blank" if to_volume && size.is_none() => {
+                return invalid(
+                    "Blank volumes (source: 'blank', dest: 'volume') need to have non-zero size"
+                        .into(),
+                );
+            }
+            "blank" => Source::Blank,
+            "snapshot" => {
+                return invalid(format!(
+                    "Block Device Mapping is Invalid: failed to get snapshot {uuid}."
+                ));
+            }
+            other => {
+                return invalid(format!(
+                    "Invalid input for field/attribute source_type. Value: {other}. \
+                     '{other}' is not one of ['volume', 'image', 'snapshot', 'blank']"
+                ));
+            }
+        };
+        devices.push(Device {
+            boot_index,
+            source,
+            to_volume,
+            size,
+            delete_on_termination,
+        });
+    }
+    // With an imageRef, Nova adds the image as boot device 0 unless a mapping is one.
+    let mut order: Vec<u64> = devices.iter().filter_map(|d| d.boot_index).collect();
+    if !image_ref.is_empty() && !order.contains(&0) {
+        order.push(0);
+    }
+    order.sort_unstable();
+    let contiguous = order.iter().zip(0u64..).all(|(index, want)| *index == want);
+    if order.is_empty() || !contiguous {
+        return invalid(
+            "Block Device Mapping is Invalid: Boot sequence for the instance and image/block \
+             device mapping combination is not valid."
+                .into(),
+        );
+    }
+    Ok(devices)
+}
+
+/// Creates the volumes Nova makes (image or blank to volume) and attaches every volume, boot
+/// disk first as `/dev/vda`; returns (volume, delete_on_termination) per attached volume.
+fn attach_volumes(
+    world: &mut World,
+    server: &str,
+    mut devices: Vec<Device>,
+) -> Vec<(String, bool)> {
+    devices.sort_by_key(|d| d.boot_index != Some(0));
+    let mut attached = Vec::new();
+    for (index, device) in devices.into_iter().enumerate() {
+        if !device.to_volume {
+            continue;
+        }
+        let size = device.size.unwrap_or(1);
+        let volume = match device.source {
+            Source::Volume(volume) => volume,
+            Source::Image(image) => cinder::create_for_server(world, "", size, Some(&image)),
+            Source::Blank => {
+                cinder::create_for_server(world, &format!("{server}-blank-vol"), size, None)
+            }
+        };
+        let letter = u8::try_from(index)
+            .ok()
+            .filter(|i| *i < 26)
+            .map_or('z', |i| char::from(b'a' + i));
+        cinder::attach(world, &volume, server, &format!("/dev/vd{letter}"));
+        attached.push((volume, device.delete_on_termination));
+    }
+    attached
 }
 
 fn addresses<'a>(world: &World, ports: impl Iterator<Item = &'a String>) -> Value {
@@ -317,6 +544,13 @@ pub fn on_server_timer(world: &mut World, id: &str) {
         Next::Gone => {
             if let Some(server) = world.nova.servers.remove(id) {
                 cleanup(world, &server.own_ports, &server.given_ports);
+                for (volume, delete) in &server.volumes {
+                    if *delete {
+                        cinder::delete_for_server(world, volume, id);
+                    } else {
+                        cinder::detach(world, volume, id);
+                    }
+                }
                 for group in &mut world.nova.groups {
                     if let Some(members) = group["members"].as_array_mut() {
                         members.retain(|m| m != id);
@@ -325,6 +559,18 @@ pub fn on_server_timer(world: &mut World, id: &str) {
             }
         }
         Next::Active | Next::Error => {
+            if next == Next::Error {
+                // A build that fails gives its volumes back (the mappings stay listed).
+                let volumes: Vec<String> = world
+                    .nova
+                    .servers
+                    .get(id)
+                    .map(|s| s.volumes.iter().map(|(volume, _)| volume.clone()).collect())
+                    .unwrap_or_default();
+                for volume in volumes {
+                    cinder::detach(world, &volume, id);
+                }
+            }
             if let Some(server) = world.nova.servers.get_mut(id) {
                 let body = &mut server.body;
                 body["updated"] = json!(now);

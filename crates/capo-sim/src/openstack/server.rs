@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::faults::{self, Rule, Scenario};
 use super::octavia::{self, Oper};
 use super::world::{LoggedRequest, Reply, World};
-use super::{glance, keystone, neutron, nova};
+use super::{cinder, glance, keystone, neutron, nova};
 
 pub struct Shared {
     pub world: Mutex<World>,
@@ -71,7 +71,11 @@ pub async fn handle_request(
     let Some(service) = service(first) else {
         return Reply::json(404, json!({"error": "unknown service"}));
     };
-    let operation = operation(service, method, rest);
+    let operation = if service == "block-storage" {
+        operation(service, method, &cinder::unscoped(rest))
+    } else {
+        operation(service, method, rest)
+    };
     let started = std::time::Instant::now();
     let (fault, latency) = {
         let mut world = shared.world();
@@ -135,6 +139,7 @@ fn serve(
         "network" => neutron::handle(world, method, rest, query, body),
         "compute" => nova::handle(world, method, rest, query, body),
         "image" => glance::handle(world, method, rest, query),
+        "block-storage" => cinder::handle(world, method, rest, query, body),
         _ => Reply::json(404, json!({"error": "unknown service"})),
     }
 }
@@ -374,6 +379,8 @@ fn admin(shared: &Shared, method: &Method, rest: &[&str], body: &[u8]) -> Reply 
             "loadbalancers": world.octavia.lbs.len(),
             "members": world.octavia.members.len(),
             "ports": world.neutron.all("ports").len(),
+            "servers": world.nova.count(),
+            "volumes": world.cinder.count(),
         })),
         _ => Reply::json(
             404,
@@ -436,6 +443,16 @@ mod tests {
             "server_list"
         );
         assert_eq!(op("compute", Method::GET, "v2.1/servers/s"), "server_get");
+        let unscoped = |path: &str| {
+            let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+            operation(
+                "block-storage",
+                &Method::DELETE,
+                &super::cinder::unscoped(&segments),
+            )
+        };
+        assert_eq!(unscoped("v3/volumes/v"), "volume_delete");
+        assert_eq!(unscoped("v3/0123abcd/volumes/v"), "volume_delete");
         assert_eq!(
             op("identity", Method::POST, "v3/auth/tokens"),
             "token_create"

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::faults::Scenario;
-use super::{glance, keystone, neutron, nova, octavia};
+use super::{cinder, glance, keystone, neutron, nova, octavia};
 
 /// An answer: status, optional JSON body, extra headers.
 #[derive(Debug)]
@@ -84,6 +84,11 @@ impl Reply {
         )
     }
 
+    /// Cinder's error body: the same shape as Nova's.
+    pub fn cinder(status: u16, message: impl Into<String>) -> Self {
+        Reply::nova(status, message)
+    }
+
     pub fn bad_json() -> Self {
         Reply::fault(400, "Invalid input: the request body is not valid JSON")
     }
@@ -118,6 +123,7 @@ pub enum Timer {
     Member(String),
     MemberOnline(String),
     Server(String),
+    Volume(String),
 }
 
 /// One simulator request, for the admin request log.
@@ -234,6 +240,7 @@ pub struct World {
     pub neutron: neutron::Neutron,
     pub nova: nova::Nova,
     pub glance: glance::Glance,
+    pub cinder: cinder::Cinder,
 }
 
 impl World {
@@ -256,10 +263,12 @@ impl World {
             neutron: neutron::Neutron::default(),
             nova: nova::Nova::default(),
             glance: glance::Glance::default(),
+            cinder: cinder::Cinder::default(),
         };
         neutron::seed(&mut world);
         nova::seed(&mut world);
         glance::seed(&mut world);
+        cinder::seed(&mut world);
         world
     }
 
@@ -320,6 +329,7 @@ impl World {
                 Timer::Member(id) => octavia::on_member_timer(self, &id),
                 Timer::MemberOnline(id) => octavia::on_member_online(self, &id),
                 Timer::Server(id) => nova::on_server_timer(self, &id),
+                Timer::Volume(id) => cinder::on_volume_timer(self, &id),
             }
         }
     }
@@ -333,5 +343,6 @@ impl World {
     pub fn release_stuck(&mut self) {
         octavia::release_stuck(self);
         nova::release_stuck(self);
+        cinder::release_stuck(self);
     }
 }

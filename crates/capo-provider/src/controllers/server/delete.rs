@@ -11,12 +11,12 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::plan;
 use super::ServerError;
-use crate::controllers::identity;
+use super::plan;
 use crate::cloud::neutron::Filter;
 use crate::cloud::nova::Server;
 use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::identity;
 use crate::controllers::{Context, Outcome, writes};
 
 pub(super) async fn run(
@@ -35,7 +35,12 @@ pub(super) async fn run(
         reasons::DELETING,
         "deleting the server, then its ports and volumes",
     );
-    conditions::set(&mut status.conditions, &deleting, object.meta().generation, Timestamp::now());
+    conditions::set(
+        &mut status.conditions,
+        &deleting,
+        object.meta().generation,
+        Timestamp::now(),
+    );
     let namespace = object.namespace().unwrap_or_default();
     let cloud = identity::cloud_client(ctx, &namespace, &object.spec.identity_ref).await?;
     let name = object.name_any();
@@ -97,12 +102,20 @@ async fn delete_server(
 ) -> Result<(), ServerError> {
     match cloud.nova().delete_server(&server.id).await {
         Ok(()) | Err(CloudError::NotFound(_)) => {}
-        Err(error) => return Err(ServerError::cloud(format!("deleting server {}", server.id))(error)),
+        Err(error) => {
+            return Err(ServerError::cloud(format!("deleting server {}", server.id))(error));
+        }
     }
     tracing::info!(server = %server.id, "deleting server");
     let note = format!("Deleting server {} ({})", server.name, server.id);
-    ctx.event(&object.object_ref(&()), EventType::Normal, "SuccessfulDeleteServer", "Delete", note)
-        .await;
+    ctx.event(
+        &object.object_ref(&()),
+        EventType::Normal,
+        "SuccessfulDeleteServer",
+        "Delete",
+        note,
+    )
+    .await;
     Ok(())
 }
 
@@ -128,18 +141,23 @@ async fn delete_ports(
     }
     ids.sort();
     ids.dedup();
-    let trunked = object.spec.trunk == Some(true) || object.spec.ports.iter().any(|p| p.trunk == Some(true));
+    let trunked =
+        object.spec.trunk == Some(true) || object.spec.ports.iter().any(|p| p.trunk == Some(true));
     for id in &ids {
         if trunked {
             let trunks = neutron
                 .list_trunks(&Filter::default().with("port_id", id.clone()))
                 .await
-                .map_err(ServerError::cloud(format!("looking up the trunk of port {id}")))?;
+                .map_err(ServerError::cloud(format!(
+                    "looking up the trunk of port {id}"
+                )))?;
             for trunk in trunks {
                 match neutron.delete_trunk(&trunk.id).await {
                     Ok(()) | Err(CloudError::NotFound(_)) => {}
                     Err(error) => {
-                        return Err(ServerError::cloud(format!("deleting trunk {}", trunk.id))(error));
+                        return Err(ServerError::cloud(format!("deleting trunk {}", trunk.id))(
+                            error,
+                        ));
                     }
                 }
             }
@@ -155,8 +173,14 @@ async fn delete_ports(
     }
     if !ids.is_empty() {
         let note = format!("Deleted ports {}", ids.join(", "));
-        ctx.event(&object.object_ref(&()), EventType::Normal, "SuccessfulDeletePort", "Delete", note)
-            .await;
+        ctx.event(
+            &object.object_ref(&()),
+            EventType::Normal,
+            "SuccessfulDeletePort",
+            "Delete",
+            note,
+        )
+        .await;
     }
     Ok(())
 }
@@ -174,7 +198,9 @@ async fn delete_volumes(
         let found = cinder
             .list_volumes_by_name(&volume_name)
             .await
-            .map_err(ServerError::cloud(format!("looking up volume {volume_name}")))?;
+            .map_err(ServerError::cloud(format!(
+                "looking up volume {volume_name}"
+            )))?;
         for volume in found {
             remaining.push(volume.name.clone());
             if volume.is_deleting() {
@@ -184,7 +210,9 @@ async fn delete_volumes(
                 // Still attached while Nova lets go of it: next time.
                 Ok(()) | Err(CloudError::NotFound(_) | CloudError::BadRequest(_)) => {}
                 Err(error) => {
-                    return Err(ServerError::cloud(format!("deleting volume {}", volume.id))(error));
+                    return Err(
+                        ServerError::cloud(format!("deleting volume {}", volume.id))(error),
+                    );
                 }
             }
             tracing::info!(volume = %volume.id, "deleting volume");

@@ -50,7 +50,9 @@ pub enum ServerError {
     Identity(#[from] IdentityError),
     #[error("{0}")]
     InvalidSpec(String),
-    #[error("floatingIPPoolRef names a {0}, a kind capo-rs does not serve: attach a floating IP another way")]
+    #[error(
+        "floatingIPPoolRef names a {0}, a kind capo-rs does not serve: attach a floating IP another way"
+    )]
     FloatingIpPool(String),
     #[error(transparent)]
     Resolve(#[from] ResolveError),
@@ -165,7 +167,12 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
     let now = Timestamp::now();
     conditions::initialize(&mut status.conditions, owned::SERVER, generation, now);
     let paused = capi::is_paused(cluster.as_ref(), server.annotations());
-    conditions::set(&mut status.conditions, &conditions::paused(paused), generation, now);
+    conditions::set(
+        &mut status.conditions,
+        &conditions::paused(paused),
+        generation,
+        now,
+    );
     if paused {
         write_status(&api, server, before.as_ref(), &status).await?;
         tracing::debug!("paused: nothing else touched");
@@ -186,7 +193,12 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
         return result;
     }
     status.observed_generation = generation;
-    super::set_ready(&mut status.conditions, owned::SERVER_READY_FROM, generation, now);
+    super::set_ready(
+        &mut status.conditions,
+        owned::SERVER_READY_FROM,
+        generation,
+        now,
+    );
     write_status(&api, server, before.as_ref(), &status).await?;
     result
 }
@@ -226,14 +238,25 @@ async fn report_error(
     let was_ready =
         conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
     if category.is_terminal() || !was_ready {
-        let condition = Desired::new(types::INSTANCE_READY, Status::False, error.reason(), message.clone());
+        let condition = Desired::new(
+            types::INSTANCE_READY,
+            Status::False,
+            error.reason(),
+            message.clone(),
+        );
         conditions::set(&mut status.conditions, &condition, generation, now);
     }
     if category.is_terminal() {
         tracing::warn!(reason = error.reason(), %message, "reconcile needs a change to go on");
         let regarding = server.object_ref(&());
-        ctx.event(&regarding, EventType::Warning, error.reason(), "Reconcile", message)
-            .await;
+        ctx.event(
+            &regarding,
+            EventType::Warning,
+            error.reason(),
+            "Reconcile",
+            message,
+        )
+        .await;
     } else {
         tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
     }
@@ -248,13 +271,24 @@ async fn report_invalid(
     let message = format!("cannot read this OpenStackServer: {}", invalid.error);
     tracing::warn!(%message, "skipping an object that does not decode");
     let regarding = object.object_ref(&());
-    ctx.event(&regarding, EventType::Warning, reasons::INVALID_SPEC, "Reconcile", message.clone())
-        .await;
+    ctx.event(
+        &regarding,
+        EventType::Warning,
+        reasons::INVALID_SPEC,
+        "Reconcile",
+        message.clone(),
+    )
+    .await;
     let namespace = object.namespace().unwrap_or_default();
     let api: Api<Watched> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut conditions = Vec::new();
     let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
-    conditions::set(&mut conditions, &ready, object.meta().generation, Timestamp::now());
+    conditions::set(
+        &mut conditions,
+        &ready,
+        object.meta().generation,
+        Timestamp::now(),
+    );
     let status = serde_json::json!({ "conditions": conditions });
     writes::patch_status(&api, &object.name_any(), None, &status)
         .await

@@ -310,7 +310,11 @@ pub fn server_request(
         name: name.to_owned(),
         flavor_ref: resolved.flavor_id.clone().unwrap_or_default(),
         // Booting from a volume: the image is on the volume.
-        image_ref: if spec.root_volume.is_some() { String::new() } else { image },
+        image_ref: if spec.root_volume.is_some() {
+            String::new()
+        } else {
+            image
+        },
         networks: port_ids
             .iter()
             .map(|id| ServerNetwork {
@@ -460,7 +464,10 @@ pub fn instance_view(
         return view(
             Status::False,
             reasons::INSTANCE_NOT_FOUND,
-            format!("server {} is being deleted by someone other than capo-rs", server.id),
+            format!(
+                "server {} is being deleted by someone other than capo-rs",
+                server.id
+            ),
             true,
             Some(poll(age)),
         );
@@ -473,7 +480,11 @@ pub fn instance_view(
         "BUILD" | "" => view(
             Status::False,
             reasons::INSTANCE_BUILDING,
-            format!("Nova is building server {} ({}s so far)", server.id, age.as_secs()),
+            format!(
+                "Nova is building server {} ({}s so far)",
+                server.id,
+                age.as_secs()
+            ),
             false,
             Some(poll(age)),
         ),
@@ -483,7 +494,9 @@ pub fn instance_view(
             format!(
                 "server {} is in ERROR: {}",
                 server.id,
-                server.fault_message().unwrap_or("Nova gave no fault message")
+                server
+                    .fault_message()
+                    .unwrap_or("Nova gave no fault message")
             ),
             true,
             None,
@@ -549,9 +562,7 @@ pub fn is_complete(spec: &OpenStackServerSpec, resolved: &ResolvedServerSpec) ->
 }
 
 /// Maps recorded volumes (name -> id) for the wanted ones.
-pub fn recorded_volume_ids(
-    recorded: &[capo_api::common::VolumeStatus],
-) -> BTreeMap<&str, &str> {
+pub fn recorded_volume_ids(recorded: &[capo_api::common::VolumeStatus]) -> BTreeMap<&str, &str> {
     recorded
         .iter()
         .map(|v| (v.name.as_str(), v.id.as_str()))
@@ -600,7 +611,10 @@ mod tests {
     #[test]
     fn ports_are_named_as_capo_names_them() {
         let spec = spec();
-        assert_eq!(port_names("bastion", &spec), ["bastion-0", "bastion-storage"]);
+        assert_eq!(
+            port_names("bastion", &spec),
+            ["bastion-0", "bastion-storage"]
+        );
     }
 
     #[test]
@@ -613,7 +627,9 @@ mod tests {
         });
         assert_eq!(
             validate(&with_pool),
-            Err(SpecProblem::FloatingIpPool("OpenStackFloatingIPPool".into()))
+            Err(SpecProblem::FloatingIpPool(
+                "OpenStackFloatingIPPool".into()
+            ))
         );
         let mut no_ports = spec();
         no_ports.ports.clear();
@@ -641,7 +657,10 @@ mod tests {
         assert_eq!(port.name, "bastion-0");
         assert_eq!(port.tags, ["capo", "mine"]);
         assert_eq!(port.trunk, Some(false), "inherited from the server");
-        assert_eq!(port.description.as_deref(), Some("Created by capo-rs for cluster c1"));
+        assert_eq!(
+            port.description.as_deref(),
+            Some("Created by capo-rs for cluster c1")
+        );
         let request = port_request(&port);
         assert_eq!(request.security_groups, Some(vec!["sg".to_owned()]));
         assert_eq!(request.fixed_ips[0].subnet_id.as_deref(), Some("s1"));
@@ -668,10 +687,19 @@ mod tests {
             ..ResolvedPortSpec::default()
         };
         let body = serde_json::to_value(port_request(&port)).expect("serialises");
-        assert_eq!(body["binding:profile"], json!({"capabilities": ["switchdev"], "trusted": true}));
-        assert_eq!(body["allowed_address_pairs"], json!([{"ip_address": "10.0.0.9"}]));
+        assert_eq!(
+            body["binding:profile"],
+            json!({"capabilities": ["switchdev"], "trusted": true})
+        );
+        assert_eq!(
+            body["allowed_address_pairs"],
+            json!([{"ip_address": "10.0.0.9"}])
+        );
         assert_eq!(body["dns_name"], json!("host"));
-        assert!(body.get("security_groups").is_none(), "Neutron's default then");
+        assert!(
+            body.get("security_groups").is_none(),
+            "Neutron's default then"
+        );
     }
 
     #[test]
@@ -706,7 +734,10 @@ mod tests {
         ];
         let volumes = wanted_volumes("cp-0", &spec, Some("img"));
         assert_eq!(volume_names("cp-0", &spec), ["cp-0-root", "cp-0-etcd"]);
-        assert_eq!(volumes[0].request.availability_zone.as_deref(), Some("az-2"));
+        assert_eq!(
+            volumes[0].request.availability_zone.as_deref(),
+            Some("az-2")
+        );
         assert_eq!(volumes[0].request.image_id.as_deref(), Some("img"));
         assert_eq!(volumes[1].request.availability_zone, None, "no zone named");
         let with_ids: Vec<(VolumeWant, String)> = volumes
@@ -718,9 +749,15 @@ mod tests {
             .collect();
         let devices = block_devices(&spec, "img", &with_ids);
         assert_eq!(devices.len(), 3);
-        assert_eq!((devices[0].boot_index, devices[0].source_type), (0, "volume"));
+        assert_eq!(
+            (devices[0].boot_index, devices[0].source_type),
+            (0, "volume")
+        );
         assert_eq!(devices[1].tag.as_deref(), Some("etcd"));
-        assert_eq!((devices[2].source_type, devices[2].destination_type), ("blank", "local"));
+        assert_eq!(
+            (devices[2].source_type, devices[2].destination_type),
+            ("blank", "local")
+        );
         let resolved = ResolvedServerSpec {
             image_id: Some("img".into()),
             flavor_id: Some("2".into()),
@@ -743,8 +780,14 @@ mod tests {
         }];
         let devices = block_devices(&spec, "img", &[]);
         assert_eq!(devices[0].uuid.as_deref(), Some("img"));
-        assert_eq!((devices[0].source_type, devices[0].boot_index), ("image", 0));
-        assert!(block_devices(&self::spec(), "img", &[]).is_empty(), "plain boot: no mapping");
+        assert_eq!(
+            (devices[0].source_type, devices[0].boot_index),
+            ("image", 0)
+        );
+        assert!(
+            block_devices(&self::spec(), "img", &[]).is_empty(),
+            "plain boot: no mapping"
+        );
     }
 
     #[test]
@@ -756,7 +799,14 @@ mod tests {
             {"name": "c", "value": {"type": "String", "string": "x"}},
         ]))
         .expect("hints");
-        let request = server_request("s", &spec, &ResolvedServerSpec::default(), &[], vec![], None);
+        let request = server_request(
+            "s",
+            &spec,
+            &ResolvedServerSpec::default(),
+            &[],
+            vec![],
+            None,
+        );
         assert_eq!(
             Value::Object(request.scheduler_hints),
             json!({"a": true, "b": 3, "c": "x"})
@@ -778,7 +828,10 @@ mod tests {
         let mut seen = observed(vec![Some("p0"), None], vec![None]);
         assert_eq!(next_step(&no_trunks, &seen), Next::CreatePorts(vec![1]));
         seen.ports[1] = Some("p1".into());
-        assert_eq!(next_step(&[false, true], &seen), Next::CreateTrunks(vec![1]));
+        assert_eq!(
+            next_step(&[false, true], &seen),
+            Next::CreateTrunks(vec![1])
+        );
         assert_eq!(next_step(&no_trunks, &seen), Next::CreateVolumes(vec![0]));
         seen.volumes[0] = Some(volume("s-root", "creating"));
         assert_eq!(
@@ -786,7 +839,10 @@ mod tests {
             Next::WaitForVolumes(vec!["s-root (creating)".into()])
         );
         seen.volumes[0] = Some(volume("s-root", "error"));
-        assert_eq!(next_step(&no_trunks, &seen), Next::VolumeFailed("s-root".into()));
+        assert_eq!(
+            next_step(&no_trunks, &seen),
+            Next::VolumeFailed("s-root".into())
+        );
         seen.volumes[0] = Some(volume("s-root", "available"));
         assert_eq!(next_step(&no_trunks, &seen), Next::CreateServer);
         seen.server = ServerState::Found(Box::new(server("BUILD")));
@@ -819,10 +875,20 @@ mod tests {
         let now = chrono::DateTime::parse_from_rfc3339("2026-11-22T06:34:04Z")
             .expect("a time")
             .with_timezone(&chrono::Utc);
-        assert_eq!(age(Some("2026-11-22T06:33:54Z"), now), Duration::from_secs(10));
-        assert_eq!(age(Some("2026-11-22T06:33:59.000000"), now), Duration::from_secs(5));
+        assert_eq!(
+            age(Some("2026-11-22T06:33:54Z"), now),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            age(Some("2026-11-22T06:33:59.000000"), now),
+            Duration::from_secs(5)
+        );
         assert_eq!(age(Some("yesterday"), now), Duration::ZERO);
-        assert_eq!(age(Some("2026-11-22T07:00:00Z"), now), Duration::ZERO, "future");
+        assert_eq!(
+            age(Some("2026-11-22T07:00:00Z"), now),
+            Duration::ZERO,
+            "future"
+        );
         assert_eq!(age(None, now), Duration::ZERO);
     }
 
@@ -833,6 +899,9 @@ mod tests {
             .iter()
             .map(|a| (a.type_.as_str(), a.address.as_str()))
             .collect();
-        assert_eq!(pairs, [("InternalIP", "10.0.0.5"), ("ExternalIP", "172.24.4.9")]);
+        assert_eq!(
+            pairs,
+            [("InternalIP", "10.0.0.5"), ("ExternalIP", "172.24.4.9")]
+        );
     }
 }

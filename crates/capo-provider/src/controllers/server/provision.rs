@@ -16,14 +16,14 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
+use super::ServerError;
 use super::plan::{self, Next, Observed, ServerState, SpecProblem, VolumeWant};
 use super::resolve;
-use super::ServerError;
-use crate::controllers::identity;
 use crate::cloud::cinder::Volume;
 use crate::cloud::neutron::Filter;
 use crate::cloud::nova::Server;
 use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::identity;
 use crate::controllers::{Context, Outcome, writes};
 
 /// The Secret key holding user data, as Cluster API's bootstrap providers write it.
@@ -57,7 +57,11 @@ pub(super) async fn run(
     let name = object.name_any();
     let namespace = object.namespace().unwrap_or_default();
     let cloud = identity::cloud_client(ctx, &namespace, &spec.identity_ref).await?;
-    let resolved = match status.resolved.clone().filter(|r| plan::is_complete(spec, r)) {
+    let resolved = match status
+        .resolved
+        .clone()
+        .filter(|r| plan::is_complete(spec, r))
+    {
         Some(resolved) => resolved,
         None => {
             let resolved = resolve::resolve(&cloud, &name, spec, cluster).await?;
@@ -69,7 +73,11 @@ pub(super) async fn run(
     writes::add_finalizer(api, object, finalizers::SERVER)
         .await
         .map_err(ServerError::kube("adding the finalizer"))?;
-    let wants_trunk = resolved.ports.iter().map(|p| p.trunk == Some(true)).collect();
+    let wants_trunk = resolved
+        .ports
+        .iter()
+        .map(|p| p.trunk == Some(true))
+        .collect();
     let volumes = plan::wanted_volumes(&name, spec, resolved.image_id.as_deref());
     let mut pass = Pass {
         ctx,
@@ -94,7 +102,11 @@ impl Pass<'_> {
     async fn observe(&mut self, status: &InstanceStatus) -> Result<(), ServerError> {
         self.observed.server = self.find_server(status.instance_id.as_deref()).await?;
         let server_exists = matches!(self.observed.server, ServerState::Found(_));
-        let recorded = status.resources.as_ref().map(|r| r.ports.as_slice()).unwrap_or(&[]);
+        let recorded = status
+            .resources
+            .as_ref()
+            .map(|r| r.ports.as_slice())
+            .unwrap_or(&[]);
         self.observed.ports = if recorded.len() == self.resolved.ports.len() && server_exists {
             // Attached to a running server: trust what we recorded.
             recorded.iter().map(|p| Some(p.id.clone())).collect()
@@ -107,7 +119,11 @@ impl Pass<'_> {
             return Ok(());
         }
         self.observed.trunks = self.find_trunks().await?;
-        let recorded = status.resources.as_ref().map(|r| r.volumes.as_slice()).unwrap_or(&[]);
+        let recorded = status
+            .resources
+            .as_ref()
+            .map(|r| r.volumes.as_slice())
+            .unwrap_or(&[]);
         self.observed.volumes = self.find_volumes(recorded).await?;
         Ok(())
     }
@@ -142,13 +158,20 @@ impl Pass<'_> {
     }
 
     /// Recorded ports, checked before a server is created on them.
-    async fn check_ports(&self, recorded: &[PortStatus]) -> Result<Vec<Option<String>>, ServerError> {
+    async fn check_ports(
+        &self,
+        recorded: &[PortStatus],
+    ) -> Result<Vec<Option<String>>, ServerError> {
         let mut ports = Vec::with_capacity(recorded.len());
         for port in recorded {
             match self.cloud.neutron().get_port(&port.id).await {
                 Ok(found) => ports.push(Some(found.id)),
                 Err(CloudError::NotFound(_)) => ports.push(None),
-                Err(error) => return Err(ServerError::cloud(format!("reading port {}", port.id))(error)),
+                Err(error) => {
+                    return Err(ServerError::cloud(format!("reading port {}", port.id))(
+                        error,
+                    ));
+                }
             }
         }
         Ok(ports)
@@ -173,22 +196,34 @@ impl Pass<'_> {
     async fn find_trunks(&self) -> Result<Vec<Option<String>>, ServerError> {
         let mut trunks = vec![None; self.wants_trunk.len()];
         for (index, wants) in self.wants_trunk.iter().enumerate() {
-            let Some(port) = self.observed.ports.get(index).cloned().flatten().filter(|_| *wants) else {
+            let Some(port) = self
+                .observed
+                .ports
+                .get(index)
+                .cloned()
+                .flatten()
+                .filter(|_| *wants)
+            else {
                 continue;
             };
             let filter = Filter::default().with("port_id", port.clone());
-            let found = self
-                .cloud
-                .neutron()
-                .list_trunks(&filter)
-                .await
-                .map_err(ServerError::cloud(format!("looking up the trunk of port {port}")))?;
+            let found =
+                self.cloud
+                    .neutron()
+                    .list_trunks(&filter)
+                    .await
+                    .map_err(ServerError::cloud(format!(
+                        "looking up the trunk of port {port}"
+                    )))?;
             trunks[index] = found.into_iter().next().map(|t| t.id);
         }
         Ok(trunks)
     }
 
-    async fn find_volumes(&self, recorded: &[VolumeStatus]) -> Result<Vec<Option<Volume>>, ServerError> {
+    async fn find_volumes(
+        &self,
+        recorded: &[VolumeStatus],
+    ) -> Result<Vec<Option<Volume>>, ServerError> {
         let cinder = self.cloud.cinder();
         let mut volumes = Vec::with_capacity(self.volumes.len());
         for want in &self.volumes {
@@ -198,14 +233,15 @@ impl Pass<'_> {
                     Ok(volume) => Some(volume),
                     Err(CloudError::NotFound(_)) => None,
                     Err(error) => {
-                        return Err(ServerError::cloud(format!("reading volume {}", known.id))(error));
+                        return Err(ServerError::cloud(format!("reading volume {}", known.id))(
+                            error,
+                        ));
                     }
                 },
                 None => {
-                    let found = cinder
-                        .list_volumes_by_name(want.name())
-                        .await
-                        .map_err(ServerError::cloud(format!("looking up volume {}", want.name())))?;
+                    let found = cinder.list_volumes_by_name(want.name()).await.map_err(
+                        ServerError::cloud(format!("looking up volume {}", want.name())),
+                    )?;
                     only_one("volumes", want.name(), found, |v| &v.id)?
                 }
             };
@@ -223,10 +259,19 @@ impl Pass<'_> {
                 Next::CreateVolumes(indices) => self.create_volumes(&indices, status).await?,
                 Next::WaitForVolumes(waiting) => {
                     let message = format!("waiting for volumes: {}", waiting.join(", "));
-                    set_instance(status, self.object, Status::False, reasons::INSTANCE_BUILDING, message);
-                    let oldest = self.observed.volumes.iter().flatten().map(|v| {
-                        plan::age(v.created_at.as_deref(), chrono::Utc::now())
-                    });
+                    set_instance(
+                        status,
+                        self.object,
+                        Status::False,
+                        reasons::INSTANCE_BUILDING,
+                        message,
+                    );
+                    let oldest = self
+                        .observed
+                        .volumes
+                        .iter()
+                        .flatten()
+                        .map(|v| plan::age(v.created_at.as_deref(), chrono::Utc::now()));
                     let waited = oldest.max().unwrap_or(Duration::ZERO);
                     return Ok(Outcome::Poll(self.ctx.config.poll_after(waited)));
                 }
@@ -238,7 +283,11 @@ impl Pass<'_> {
         }
     }
 
-    async fn create_ports(&mut self, indices: &[usize], status: &mut InstanceStatus) -> Result<(), ServerError> {
+    async fn create_ports(
+        &mut self,
+        indices: &[usize],
+        status: &mut InstanceStatus,
+    ) -> Result<(), ServerError> {
         for &index in indices {
             let Some(want) = self.resolved.ports.get(index) else {
                 continue;
@@ -253,14 +302,18 @@ impl Pass<'_> {
             self.observed.ports[index] = Some(port.id.clone());
             record_ports(status, &self.observed.ports);
             let note = format!("Created port {} ({})", want.name, port.id);
-            self.event(EventType::Normal, "SuccessfulCreatePort", note).await;
+            self.event(EventType::Normal, "SuccessfulCreatePort", note)
+                .await;
         }
         Ok(())
     }
 
     async fn create_trunks(&mut self, indices: &[usize]) -> Result<(), ServerError> {
         for &index in indices {
-            let (Some(want), Some(Some(port))) = (self.resolved.ports.get(index), self.observed.ports.get(index)) else {
+            let (Some(want), Some(Some(port))) = (
+                self.resolved.ports.get(index),
+                self.observed.ports.get(index),
+            ) else {
                 continue;
             };
             let description = want.description.clone().unwrap_or_default();
@@ -269,7 +322,10 @@ impl Pass<'_> {
                 .neutron()
                 .create_trunk(&want.name, port, &description, &want.tags)
                 .await
-                .map_err(ServerError::cloud(format!("creating the trunk of port {}", want.name)))?;
+                .map_err(ServerError::cloud(format!(
+                    "creating the trunk of port {}",
+                    want.name
+                )))?;
             tracing::info!(trunk = %trunk.id, port = %port, "created trunk");
             if let Some(slot) = self.observed.trunks.get_mut(index) {
                 *slot = Some(trunk.id);
@@ -278,7 +334,11 @@ impl Pass<'_> {
         Ok(())
     }
 
-    async fn create_volumes(&mut self, indices: &[usize], status: &mut InstanceStatus) -> Result<(), ServerError> {
+    async fn create_volumes(
+        &mut self,
+        indices: &[usize],
+        status: &mut InstanceStatus,
+    ) -> Result<(), ServerError> {
         for &index in indices {
             let Some(want) = self.volumes.get(index) else {
                 continue;
@@ -288,12 +348,16 @@ impl Pass<'_> {
                 .cinder()
                 .create_volume(&want.request)
                 .await
-                .map_err(ServerError::cloud(format!("creating volume {}", want.name())))?;
+                .map_err(ServerError::cloud(format!(
+                    "creating volume {}",
+                    want.name()
+                )))?;
             tracing::info!(volume = %volume.id, name = %want.name(), "created volume");
             let note = format!("Created volume {} ({})", want.name(), volume.id);
             self.observed.volumes[index] = Some(volume);
             record_volumes(status, &self.volumes, &self.observed.volumes);
-            self.event(EventType::Normal, "SuccessfulCreateVolume", note).await;
+            self.event(EventType::Normal, "SuccessfulCreateVolume", note)
+                .await;
         }
         Ok(())
     }
@@ -310,7 +374,14 @@ impl Pass<'_> {
             .collect();
         let image = self.resolved.image_id.clone().unwrap_or_default();
         let devices = plan::block_devices(spec, &image, &volumes);
-        let request = plan::server_request(&self.name, spec, &self.resolved, &port_ids, devices, user_data);
+        let request = plan::server_request(
+            &self.name,
+            spec,
+            &self.resolved,
+            &port_ids,
+            devices,
+            user_data,
+        );
         let created = self
             .cloud
             .nova()
@@ -321,16 +392,28 @@ impl Pass<'_> {
         status.instance_id = Some(created.id.clone());
         status.instance_state = Some("BUILD".into());
         let message = format!("Nova is building server {}", created.id);
-        set_instance(status, self.object, Status::False, reasons::INSTANCE_BUILDING, message);
+        set_instance(
+            status,
+            self.object,
+            Status::False,
+            reasons::INSTANCE_BUILDING,
+            message,
+        );
         let note = format!("Created server {} ({})", self.name, created.id);
-        self.event(EventType::Normal, "SuccessfulCreateServer", note).await;
+        self.event(EventType::Normal, "SuccessfulCreateServer", note)
+            .await;
         Ok(Outcome::Poll(self.ctx.config.poll_min))
     }
 
     /// The user data from `userDataRef`'s Secret, base64 as Nova wants it.
     async fn user_data(&self) -> Result<Option<String>, ServerError> {
         let spec = &self.object.spec;
-        let Some(name) = spec.user_data_ref.as_ref().and_then(|r| r.name.clone()).filter(|n| !n.is_empty()) else {
+        let Some(name) = spec
+            .user_data_ref
+            .as_ref()
+            .and_then(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+        else {
             return Ok(None);
         };
         let namespace = self.object.namespace().unwrap_or_default();
@@ -338,8 +421,12 @@ impl Pass<'_> {
         let secret = secrets
             .get_opt(&name)
             .await
-            .map_err(ServerError::kube(format!("reading user-data Secret {namespace}/{name}")))?
-            .ok_or_else(|| ServerError::UserData(format!("user-data Secret {namespace}/{name} not found")))?;
+            .map_err(ServerError::kube(format!(
+                "reading user-data Secret {namespace}/{name}"
+            )))?
+            .ok_or_else(|| {
+                ServerError::UserData(format!("user-data Secret {namespace}/{name} not found"))
+            })?;
         let value = secret
             .data
             .as_ref()
@@ -349,7 +436,9 @@ impl Pass<'_> {
                     "user-data Secret {namespace}/{name} has no {USER_DATA_KEY:?} key"
                 ))
             })?;
-        Ok(Some(base64::engine::general_purpose::STANDARD.encode(&value.0)))
+        Ok(Some(
+            base64::engine::general_purpose::STANDARD.encode(&value.0),
+        ))
     }
 
     /// The server exists: its state becomes the status.
@@ -365,12 +454,19 @@ impl Pass<'_> {
         let age = plan::age(server.created.as_deref(), chrono::Utc::now());
         let view = plan::instance_view(server, age, |waited| self.ctx.config.poll_after(waited));
         if view.provisioned {
-            status.initialization.get_or_insert_with(Default::default).provisioned = Some(true);
+            status
+                .initialization
+                .get_or_insert_with(Default::default)
+                .provisioned = Some(true);
         }
         let changed = set_instance_condition(status, self.object, &view.condition);
         if view.needs_attention && changed {
-            self.event(EventType::Warning, view.condition.reason, view.condition.message.clone())
-                .await;
+            self.event(
+                EventType::Warning,
+                view.condition.reason,
+                view.condition.message.clone(),
+            )
+            .await;
         }
         view.poll_after.map_or(Outcome::Settled, Outcome::Poll)
     }
@@ -381,16 +477,24 @@ impl Pass<'_> {
         status.instance_state = Some("DELETED".into());
         status.addresses.clear();
         let message = format!("server {id} was deleted outside capo-rs");
-        let condition = Desired::new(types::INSTANCE_READY, Status::False, reasons::INSTANCE_NOT_FOUND, message.clone());
+        let condition = Desired::new(
+            types::INSTANCE_READY,
+            Status::False,
+            reasons::INSTANCE_NOT_FOUND,
+            message.clone(),
+        );
         if set_instance_condition(status, self.object, &condition) {
-            self.event(EventType::Warning, reasons::INSTANCE_NOT_FOUND, message).await;
+            self.event(EventType::Warning, reasons::INSTANCE_NOT_FOUND, message)
+                .await;
         }
         Outcome::Settled
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
         let regarding = self.object.object_ref(&());
-        self.ctx.event(&regarding, type_, reason, "Reconcile", note).await;
+        self.ctx
+            .event(&regarding, type_, reason, "Reconcile", note)
+            .await;
     }
 }
 
@@ -415,7 +519,9 @@ fn only_one<T>(
 }
 
 fn record_ports(status: &mut InstanceStatus, ports: &[Option<String>]) {
-    let resources = status.resources.get_or_insert_with(MachineResources::default);
+    let resources = status
+        .resources
+        .get_or_insert_with(MachineResources::default);
     resources.ports = ports
         .iter()
         .flatten()
@@ -424,7 +530,9 @@ fn record_ports(status: &mut InstanceStatus, ports: &[Option<String>]) {
 }
 
 fn record_volumes(status: &mut InstanceStatus, wanted: &[VolumeWant], found: &[Option<Volume>]) {
-    let resources = status.resources.get_or_insert_with(MachineResources::default);
+    let resources = status
+        .resources
+        .get_or_insert_with(MachineResources::default);
     resources.volumes = wanted
         .iter()
         .zip(found)
@@ -437,15 +545,34 @@ fn record_volumes(status: &mut InstanceStatus, wanted: &[VolumeWant], found: &[O
         .collect();
 }
 
-fn set_instance(status: &mut InstanceStatus, object: &OpenStackServer, state: Status, reason: &str, message: String) {
+fn set_instance(
+    status: &mut InstanceStatus,
+    object: &OpenStackServer,
+    state: Status,
+    reason: &str,
+    message: String,
+) {
     let condition = Desired::new(types::INSTANCE_READY, state, reason, message);
     set_instance_condition(status, object, &condition);
 }
 
 /// Sets InstanceReady; whether its reason or status changed (a new situation, worth an event).
-fn set_instance_condition(status: &mut InstanceStatus, object: &OpenStackServer, condition: &Desired<'_>) -> bool {
+fn set_instance_condition(
+    status: &mut InstanceStatus,
+    object: &OpenStackServer,
+    condition: &Desired<'_>,
+) -> bool {
     let before = conditions::find(&status.conditions, types::INSTANCE_READY)
         .map(|c| (c.status.clone(), c.reason.clone()));
-    conditions::set(&mut status.conditions, condition, object.meta().generation, Timestamp::now());
-    before != Some((condition.status.as_str().to_owned(), condition.reason.to_owned()))
+    conditions::set(
+        &mut status.conditions,
+        condition,
+        object.meta().generation,
+        Timestamp::now(),
+    );
+    before
+        != Some((
+            condition.status.as_str().to_owned(),
+            condition.reason.to_owned(),
+        ))
 }

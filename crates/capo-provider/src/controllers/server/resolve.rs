@@ -5,8 +5,7 @@
 
 use capo_api::OpenStackServerSpec;
 use capo_api::common::{
-    IdOrFilter, NameFilter, NeutronFilter, PortOpts, ResolvedServerSpec,
-    SubnetFilter,
+    IdOrFilter, NameFilter, NeutronFilter, PortOpts, ResolvedServerSpec, SubnetFilter,
 };
 
 use super::plan::{ResolvedRefs, resolved_port};
@@ -32,7 +31,11 @@ fn cloud(what: impl Into<String>) -> impl FnOnce(CloudError) -> ResolveError {
 }
 
 /// Exactly one match, or a spec problem naming `what`.
-fn exactly_one<T>(what: &str, mut found: Vec<T>, id: impl Fn(&T) -> &str) -> Result<T, ResolveError> {
+fn exactly_one<T>(
+    what: &str,
+    mut found: Vec<T>,
+    id: impl Fn(&T) -> &str,
+) -> Result<T, ResolveError> {
     match found.len() {
         1 => Ok(found.remove(0)),
         0 => Err(ResolveError::Spec(format!("no {what} matches"))),
@@ -73,7 +76,10 @@ pub async fn resolve(
     })
 }
 
-async fn image(cloud_client: &CloudClient, spec: &OpenStackServerSpec) -> Result<String, ResolveError> {
+async fn image(
+    cloud_client: &CloudClient,
+    spec: &OpenStackServerSpec,
+) -> Result<String, ResolveError> {
     if let Some(id) = &spec.image.id {
         return Ok(id.clone());
     }
@@ -83,20 +89,31 @@ async fn image(cloud_client: &CloudClient, spec: &OpenStackServerSpec) -> Result
         .list_images(filter.name.as_deref(), &filter.tags)
         .await
         .map_err(cloud("the image"))?;
-    let what = format!("image (name {:?}, tags {:?})", filter.name.unwrap_or_default(), filter.tags);
+    let what = format!(
+        "image (name {:?}, tags {:?})",
+        filter.name.unwrap_or_default(),
+        filter.tags
+    );
     exactly_one(&what, images, |i| &i.id).map(|i| i.id)
 }
 
-async fn flavor(cloud_client: &CloudClient, spec: &OpenStackServerSpec) -> Result<String, ResolveError> {
+async fn flavor(
+    cloud_client: &CloudClient,
+    spec: &OpenStackServerSpec,
+) -> Result<String, ResolveError> {
     if let Some(id) = &spec.flavor_id {
         return Ok(id.clone());
     }
     let Some(name) = &spec.flavor else {
-        return Err(ResolveError::Spec("neither flavor nor flavorID is set".into()));
+        return Err(ResolveError::Spec(
+            "neither flavor nor flavorID is set".into(),
+        ));
     };
     match cloud_client.nova().flavor_by_name(name).await {
         Ok(flavor) => Ok(flavor.id),
-        Err(CloudError::NotFound(_)) => Err(ResolveError::Spec(format!("no flavor named {name:?}"))),
+        Err(CloudError::NotFound(_)) => {
+            Err(ResolveError::Spec(format!("no flavor named {name:?}")))
+        }
         Err(source) => Err(ResolveError::Cloud {
             what: "the flavor".into(),
             source,
@@ -289,7 +306,10 @@ mod tests {
         assert_eq!(out.not_tags_any, ["b"]);
         assert_eq!(
             out.extra,
-            [("ip_version", "4".to_owned()), ("cidr", "10.0.0.0/24".to_owned())]
+            [
+                ("ip_version", "4".to_owned()),
+                ("cidr", "10.0.0.0/24".to_owned())
+            ]
         );
     }
 
@@ -299,6 +319,9 @@ mod tests {
         assert_eq!(none.to_string(), "no network matches");
         let two = exactly_one("network", vec!["a".to_owned(), "b".to_owned()], |s| s).unwrap_err();
         assert_eq!(two.to_string(), "2 networks match, one is needed: a, b");
-        assert_eq!(exactly_one("network", vec!["a".to_owned()], |s| s).unwrap(), "a");
+        assert_eq!(
+            exactly_one("network", vec!["a".to_owned()], |s| s).unwrap(),
+            "a"
+        );
     }
 }

@@ -1,0 +1,1013 @@
+//! The manager and the OpenStackServer controller in the simulated world: the simulated
+//! Kubernetes API (our CRDs and minimal Cluster API CRDs) and the simulated OpenStack, over
+//! loopback, on the real clock with fast cloud timings. Every wait is for a state the
+//! controller writes, bounded by a timeout; none is a sleep standing in for synchronisation.
+
+use std::future::Future;
+use std::time::Duration;
+
+use capo_api::OpenStackServer;
+use capo_api::conditions::{self, reasons, types};
+use capo_provider::cloud::{CloudClient, CloudOptions, Clouds};
+use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
+use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use capo_sim::openstack::{
+    Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage, RateLimitFault, Rule,
+    Scenario, Timings,
+};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use prometheus::Registry;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const NAMESPACE: &str = "default";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn timings() -> Timings {
+    Timings {
+        server_build: Delay::Fixed(0.3),
+        server_delete: Delay::Fixed(0.2),
+        volume_create: Delay::Fixed(0.2),
+        volume_delete: Delay::Fixed(0.1),
+        ..Timings::default()
+    }
+}
+
+fn manager_config(scope: WatchScope) -> ManagerConfig {
+    ManagerConfig {
+        scope,
+        controllers: ControllerConfig {
+            poll_min: Duration::from_millis(100),
+            poll_max: Duration::from_millis(500),
+            backoff: BackoffPolicy {
+                initial: Duration::from_millis(100),
+                cap: Duration::from_secs(1),
+                ..BackoffPolicy::default()
+            },
+            ..ControllerConfig::default()
+        },
+        crd_retry: Duration::from_millis(100),
+        ..ManagerConfig::default()
+    }
+}
+
+/// Both simulators, a cloud-config Secret, a tenant network, and the manager running.
+struct World {
+    _kube: KubeSim,
+    cloud: OpenStackSim,
+    client: kube::Client,
+    registry: Registry,
+    shutdown: CancellationToken,
+    manager: Option<JoinHandle<Result<(), ManagerError>>>,
+    /// A client of our own, to set up and inspect the cloud.
+    admin: CloudClient,
+    /// Requests the set-up made, before any controller did.
+    baseline: u64,
+}
+
+impl World {
+    async fn start() -> Self {
+        Self::start_with(Scenario::default(), WatchScope::default()).await
+    }
+
+    async fn start_with(mut scenario: Scenario, scope: WatchScope) -> Self {
+        scenario.timings = timings();
+        let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
+        let crds: Vec<Value> = capo_api::crds::all()
+            .iter()
+            .chain(capo_api::capi::crds().iter())
+            .map(|crd| serde_json::to_value(crd).unwrap())
+            .collect();
+        kube.install(&crds).unwrap();
+        let cloud = OpenStackSim::start(OpenStackSimConfig {
+            scenario,
+            ..OpenStackSimConfig::default()
+        })
+        .await
+        .unwrap();
+        let clouds = Clouds::new(
+            CloudOptions::default(),
+            &Registry::new(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let admin = clouds.client(cloud.session());
+        let network = admin
+            .neutron()
+            .create_network("capo-net", None)
+            .await
+            .unwrap();
+        admin
+            .neutron()
+            .create_subnet("capo-subnet", &network.id, "10.6.0.0/24", &[])
+            .await
+            .unwrap();
+        let client = kube.client().unwrap();
+        let mut world = World {
+            _kube: kube,
+            client,
+            registry: Registry::new(),
+            shutdown: CancellationToken::new(),
+            manager: None,
+            admin,
+            baseline: cloud.request_log()["total"].as_u64().unwrap_or(0),
+            cloud,
+        };
+        world
+            .put_secret("cloud-config", "clouds.yaml", &world.cloud.clouds_yaml())
+            .await;
+        world.start_manager(scope);
+        world
+    }
+
+    fn start_manager(&mut self, scope: WatchScope) {
+        self.registry = Registry::new();
+        self.shutdown = CancellationToken::new();
+        let (client, registry, shutdown) = (
+            self.client.clone(),
+            self.registry.clone(),
+            self.shutdown.clone(),
+        );
+        self.manager = Some(tokio::spawn(async move {
+            manager::run(client, manager_config(scope), &registry, shutdown).await
+        }));
+    }
+
+    /// Graceful shutdown: returns once reconciles in flight have finished.
+    async fn stop_manager(&mut self) {
+        self.shutdown.cancel();
+        if let Some(manager) = self.manager.take() {
+            tokio::time::timeout(WAIT, manager)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    fn servers(&self) -> Api<OpenStackServer> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    async fn put_secret(&self, name: &str, key: &str, value: &str) {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "stringData": {key: value},
+            "data": {key: base64(value)},
+        }))
+        .unwrap();
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+
+    async fn create(&self, manifest: Value) -> OpenStackServer {
+        let object: OpenStackServer = serde_json::from_value(manifest).unwrap();
+        self.servers()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `name` satisfies `done`.
+    async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&OpenStackServer) -> bool,
+    ) -> OpenStackServer {
+        let condition = move |object: Option<&OpenStackServer>| object.is_some_and(&done);
+        let waited = await_condition(self.servers(), name, condition);
+        match tokio::time::timeout(WAIT, waited).await {
+            Ok(Ok(Some(object))) => object,
+            other => {
+                let now = self.servers().get_opt(name).await.ok().flatten();
+                panic!(
+                    "{name}: never {what}: {other:?}\nlast seen: {:#?}",
+                    now.map(|o| o.status)
+                );
+            }
+        }
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let waited = await_condition(self.servers(), name, |object: Option<&OpenStackServer>| {
+            object.is_none()
+        });
+        tokio::time::timeout(WAIT, waited).await.unwrap().unwrap();
+    }
+
+    /// Reconciles the OpenStackServer controller has run (any result).
+    fn reconciles(&self) -> f64 {
+        metric_sum(&self.registry, "controller_runtime_reconcile_total")
+    }
+
+    async fn warnings(&self, reason: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), NAMESPACE);
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason)
+            })
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
+    fn requests(&self, service_operation: &str) -> u64 {
+        self.cloud.request_count(service_operation)
+    }
+
+    /// OpenStack requests since the set-up.
+    fn request_total(&self) -> u64 {
+        self.cloud.request_log()["total"].as_u64().unwrap_or(0) - self.baseline
+    }
+}
+
+fn base64(text: &str) -> String {
+    use std::fmt::Write;
+    // A tiny encoder keeps this test free of another dependency.
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let _ = out.write_char(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn metric_sum(registry: &Registry, name: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric())
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+fn server_manifest(name: &str) -> Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "OpenStackServer",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "flavor": "m1.small",
+            "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
+            "sshKeyName": "capo",
+            "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+            "ports": [{"network": {"filter": {"name": "capo-net"}}}],
+            "tags": ["capo-rs-test"],
+        }
+    })
+}
+
+fn condition<'a>(
+    object: &'a OpenStackServer,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions::find(&object.status.as_ref()?.conditions, type_)
+}
+
+fn reason(object: &OpenStackServer, type_: &str) -> String {
+    condition(object, type_)
+        .map(|c| c.reason.clone())
+        .unwrap_or_default()
+}
+
+fn is_ready(object: &OpenStackServer) -> bool {
+    condition(object, types::READY).is_some_and(|c| c.status == "True")
+}
+
+fn has_reason(type_: &'static str, wanted: &'static str) -> impl Fn(&OpenStackServer) -> bool {
+    move |object| reason(object, type_) == wanted
+}
+
+/// Polls `probe` every 20 ms until it yields something, for at most [`WAIT`].
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, probe: impl Fn() -> F) -> T {
+    within(what, async {
+        loop {
+            if let Some(found) = probe().await {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+#[tokio::test]
+async fn a_server_goes_build_to_active_with_its_ports_and_addresses() {
+    let world = World::start().await;
+    let created = world.create(server_manifest("bastion")).await;
+    let ready = world.wait_for("bastion", "Ready", is_ready).await;
+    let status = ready.status.clone().unwrap();
+
+    // Every owned condition, Paused False, observedGeneration stamped, provisioned.
+    for type_ in conditions::owned::SERVER {
+        assert!(condition(&ready, type_).is_some(), "{type_} is written");
+    }
+    assert_eq!(reason(&ready, types::PAUSED), reasons::NOT_PAUSED);
+    assert_eq!(status.observed_generation, created.metadata.generation);
+    assert_eq!(
+        status.initialization.and_then(|i| i.provisioned),
+        Some(true)
+    );
+    assert_eq!(status.instance_state.as_deref(), Some("ACTIVE"));
+    assert!(
+        ready
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"openstackserver.infrastructure.cluster.x-k8s.io".to_owned())
+    );
+
+    // What it resolved to and what it created, as Nova and Neutron hold them.
+    let resolved = status.resolved.unwrap();
+    assert!(resolved.image_id.is_some());
+    assert_eq!(resolved.flavor_id.as_deref(), Some("2"));
+    assert_eq!(resolved.ports[0].name, "bastion-0");
+    let ports = status.resources.unwrap().ports;
+    assert_eq!(ports.len(), 1);
+    let port = world.admin.neutron().get_port(&ports[0].id).await.unwrap();
+    assert_eq!(port.name, "bastion-0");
+    assert_eq!(port.tags, ["capo-rs-test"]);
+    let server = world
+        .admin
+        .nova()
+        .get_server(status.instance_id.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(server.status, "ACTIVE");
+    assert_eq!(server.tags, ["capo-rs-test"]);
+    let address = &status.addresses[0];
+    assert_eq!(address.type_, "InternalIP");
+    assert!(address.address.starts_with("10.6.0."), "{address:?}");
+    assert_eq!(
+        Some(&address.address),
+        port.fixed_ips[0].ip_address.as_ref()
+    );
+
+    eprintln!(
+        "FIGURES create: {} reconciles, {} OpenStack requests ({})",
+        world.reconciles(),
+        world.request_total(),
+        world.cloud.request_log()["by_operation"]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_image_or_flavor_is_terminal_with_a_warning_and_no_requeue_storm() {
+    let world = World::start().await;
+    let mut no_image = server_manifest("no-image");
+    no_image["spec"]["image"] = json!({"filter": {"name": "no-such-image"}});
+    world.create(no_image).await;
+    let mut no_flavor = server_manifest("no-flavor");
+    no_flavor["spec"]["flavor"] = json!("m1.enormous");
+    world.create(no_flavor).await;
+
+    let refused = world
+        .wait_for(
+            "no-image",
+            "InvalidSpec",
+            has_reason(types::INSTANCE_READY, reasons::INVALID_SPEC),
+        )
+        .await;
+    let message = &condition(&refused, types::INSTANCE_READY).unwrap().message;
+    assert!(message.contains("no-such-image"), "{message}");
+    assert_eq!(reason(&refused, types::READY), reasons::INVALID_SPEC);
+    let refused = world
+        .wait_for(
+            "no-flavor",
+            "InvalidSpec",
+            has_reason(types::INSTANCE_READY, reasons::INVALID_SPEC),
+        )
+        .await;
+    assert!(
+        condition(&refused, types::INSTANCE_READY)
+            .unwrap()
+            .message
+            .contains("m1.enormous")
+    );
+    let warnings = world.warnings(reasons::INVALID_SPEC).await;
+    assert!(
+        warnings.iter().any(|w| w.contains("no-such-image")),
+        "{warnings:?}"
+    );
+
+    // Nothing was created, nothing holds the objects, and nothing keeps reconciling them:
+    // watching for a second shows no further reconcile.
+    assert_eq!(
+        world.requests("compute server_create") + world.requests("network port_create"),
+        0
+    );
+    assert!(refused.metadata.finalizers.unwrap_or_default().is_empty());
+    let settled = world.reconciles();
+    assert!(settled <= 4.0, "{settled} reconciles for two objects");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(world.reconciles(), settled, "no requeue storm");
+    let terminal = metric_sum(
+        &world.registry,
+        "controller_runtime_terminal_reconcile_errors_total",
+    );
+    assert_eq!(terminal, 2.0);
+}
+
+#[tokio::test]
+async fn a_nova_error_is_reported_with_its_fault() {
+    let scenario = Scenario {
+        rules: vec![Rule {
+            kind: ObjectKind::Server,
+            name: "broken".into(),
+            effect: Effect::Error,
+            times: None,
+        }],
+        ..Scenario::default()
+    };
+    let world = World::start_with(scenario, WatchScope::default()).await;
+    world.create(server_manifest("broken")).await;
+    let failed = world
+        .wait_for(
+            "broken",
+            "InstanceError",
+            has_reason(types::INSTANCE_READY, reasons::INSTANCE_ERROR),
+        )
+        .await;
+    let message = &condition(&failed, types::INSTANCE_READY).unwrap().message;
+    assert!(message.contains("No valid host was found"), "{message}");
+    assert_eq!(
+        failed.status.as_ref().unwrap().instance_state.as_deref(),
+        Some("ERROR")
+    );
+    assert_eq!(reason(&failed, types::READY), reasons::INSTANCE_ERROR);
+    let warnings = eventually("the warning", || async {
+        Some(world.warnings(reasons::INSTANCE_ERROR).await).filter(|w| !w.is_empty())
+    })
+    .await;
+    assert!(
+        warnings[0].contains("No valid host was found"),
+        "{warnings:?}"
+    );
+    let provisioned = failed
+        .status
+        .unwrap()
+        .initialization
+        .and_then(|i| i.provisioned);
+    assert_ne!(
+        provisioned,
+        Some(true),
+        "an ERROR server is never provisioned"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_storm_says_so_is_never_terminal_and_converges_afterwards() {
+    let storm = Scenario {
+        rate_limits: vec![RateLimitFault {
+            service: Some("compute".into()),
+            above_per_second: None,
+            probability: Some(1.0),
+            retry_after: 1,
+        }],
+        ..Scenario::default()
+    };
+    let world = World::start_with(storm, WatchScope::default()).await;
+    world.create(server_manifest("patient")).await;
+    let limited = world
+        .wait_for(
+            "patient",
+            "OpenStackUnavailable",
+            has_reason(types::INSTANCE_READY, reasons::OPENSTACK_UNAVAILABLE),
+        )
+        .await;
+    let message = &condition(&limited, types::INSTANCE_READY).unwrap().message;
+    assert!(message.contains("rate limited"), "{message}");
+    world.cloud.set_scenario(Scenario {
+        timings: timings(),
+        ..Scenario::default()
+    });
+    world.wait_for("patient", "Ready", is_ready).await;
+    assert_eq!(
+        metric_sum(
+            &world.registry,
+            "controller_runtime_terminal_reconcile_errors_total"
+        ),
+        0.0
+    );
+    assert!(metric_sum(&world.registry, "controller_runtime_reconcile_errors_total") >= 1.0);
+    assert_eq!(world.requests("compute server_create"), 1, "created once");
+}
+
+#[tokio::test]
+async fn a_keystone_outage_says_so_and_the_object_converges_when_it_ends() {
+    let world = World::start().await;
+    world.cloud.set_scenario(Scenario {
+        timings: timings(),
+        keystone_outages: vec![Outage {
+            from: 0.0,
+            until: f64::MAX,
+        }],
+        ..Scenario::default()
+    });
+    world.create(server_manifest("during-outage")).await;
+    let waiting = world
+        .wait_for(
+            "during-outage",
+            "OpenStackUnavailable",
+            has_reason(types::INSTANCE_READY, reasons::OPENSTACK_UNAVAILABLE),
+        )
+        .await;
+    assert!(!is_ready(&waiting));
+    world.cloud.set_scenario(Scenario {
+        timings: timings(),
+        ..Scenario::default()
+    });
+    world.wait_for("during-outage", "Ready", is_ready).await;
+    assert_eq!(
+        metric_sum(
+            &world.registry,
+            "controller_runtime_terminal_reconcile_errors_total"
+        ),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_missing_secret_or_malformed_clouds_yaml_gives_a_clear_condition_and_a_new_secret_wakes_it()
+ {
+    let world = World::start().await;
+    let mut orphan = server_manifest("orphan");
+    orphan["spec"]["identityRef"]["name"] = json!("later");
+    world.create(orphan).await;
+    let mut garbled = server_manifest("garbled");
+    garbled["spec"]["identityRef"]["name"] = json!("garbled");
+    world
+        .put_secret("garbled", "clouds.yaml", "clouds: [password: hunter2")
+        .await;
+    world.create(garbled).await;
+
+    let waiting = world
+        .wait_for(
+            "orphan",
+            "InvalidCredentials",
+            has_reason(types::INSTANCE_READY, reasons::INVALID_CREDENTIALS),
+        )
+        .await;
+    let message = &condition(&waiting, types::INSTANCE_READY).unwrap().message;
+    assert!(
+        message.contains("Secret default/later not found"),
+        "{message}"
+    );
+    let bad = world
+        .wait_for(
+            "garbled",
+            "InvalidCredentials",
+            has_reason(types::INSTANCE_READY, reasons::INVALID_CREDENTIALS),
+        )
+        .await;
+    let message = &condition(&bad, types::INSTANCE_READY).unwrap().message;
+    assert!(message.contains("default/garbled"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+
+    // The sync period is ten minutes: only the Secret's watch can bring this about now.
+    world
+        .put_secret("later", "clouds.yaml", &world.cloud.clouds_yaml())
+        .await;
+    world.wait_for("orphan", "Ready", is_ready).await;
+}
+
+#[tokio::test]
+async fn a_missing_user_data_secret_waits_and_its_creation_wakes_the_server() {
+    let world = World::start().await;
+    let mut manifest = server_manifest("booted");
+    manifest["spec"]["userDataRef"] = json!({"name": "booted-bootstrap"});
+    world.create(manifest).await;
+    world
+        .wait_for(
+            "booted",
+            "DependencyMissing",
+            has_reason(types::INSTANCE_READY, reasons::DEPENDENCY_MISSING),
+        )
+        .await;
+    assert_eq!(world.requests("compute server_create"), 0);
+    world
+        .put_secret("booted-bootstrap", "value", "#cloud-config\n")
+        .await;
+    world.wait_for("booted", "Ready", is_ready).await;
+}
+
+#[tokio::test]
+async fn a_restart_after_a_lost_status_write_adopts_instead_of_duplicating() {
+    let mut world = World::start().await;
+    world.create(server_manifest("survivor")).await;
+    let first = world.wait_for("survivor", "Ready", is_ready).await;
+    let first = first.status.unwrap();
+    world.stop_manager().await;
+
+    // As if the controller died after its creates, before the status write: no status at all.
+    let lost = json!({"status": null});
+    world
+        .servers()
+        .patch_status("survivor", &PatchParams::default(), &Patch::Merge(&lost))
+        .await
+        .unwrap();
+    let counts = world.cloud.object_counts();
+    let creates = world.requests("compute server_create") + world.requests("network port_create");
+
+    world.start_manager(WatchScope::default());
+    let again = world
+        .wait_for("survivor", "Ready again", |o| {
+            is_ready(o) && o.status.as_ref().is_some_and(|s| s.resources.is_some())
+        })
+        .await;
+    let again = again.status.unwrap();
+    assert_eq!(
+        again.instance_id, first.instance_id,
+        "the same server, adopted by name"
+    );
+    assert_eq!(
+        again.resources, first.resources,
+        "the same ports, adopted by name"
+    );
+    assert_eq!(
+        world.cloud.object_counts(),
+        counts,
+        "nothing new in the cloud"
+    );
+    assert_eq!(
+        world.requests("compute server_create") + world.requests("network port_create"),
+        creates
+    );
+}
+
+#[tokio::test]
+async fn deletion_leaves_nothing_in_the_cloud_volumes_and_trunks_included() {
+    let world = World::start().await;
+    let before = world.cloud.object_counts();
+    let mut manifest = server_manifest("full");
+    manifest["spec"]["trunk"] = json!(true);
+    manifest["spec"]["ports"] = json!([
+        {"network": {"filter": {"name": "capo-net"}}},
+        {"network": {"filter": {"name": "capo-net"}}, "nameSuffix": "storage", "trunk": false},
+    ]);
+    manifest["spec"]["rootVolume"] = json!({"sizeGiB": 20});
+    manifest["spec"]["additionalBlockDevices"] = json!([
+        {"name": "etcd", "sizeGiB": 5, "storage": {"type": "Volume"}},
+        {"name": "scratch", "sizeGiB": 1, "storage": {"type": "Local"}},
+    ]);
+    world.create(manifest).await;
+    let ready = world.wait_for("full", "Ready", is_ready).await;
+    let during = world.cloud.object_counts();
+    assert_eq!(during["servers"], before["servers"] + 1);
+    assert_eq!(during["ports"], before["ports"] + 2);
+    assert_eq!(
+        during["trunks"],
+        before["trunks"] + 1,
+        "only the first port asked for a trunk"
+    );
+    assert_eq!(
+        during["volumes"],
+        before["volumes"] + 2,
+        "root and etcd; scratch is local"
+    );
+    let volumes = ready.status.unwrap().resources.unwrap().volumes;
+    let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["full-root", "full-etcd"]);
+    let requests_before_delete = world.request_total();
+
+    world
+        .servers()
+        .delete("full", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("full").await;
+    assert_eq!(
+        world.cloud.object_counts(),
+        before,
+        "nothing we created remains"
+    );
+    eprintln!(
+        "FIGURES delete: {} OpenStack requests",
+        world.request_total() - requests_before_delete
+    );
+}
+
+#[tokio::test]
+async fn a_server_deleted_out_of_band_is_reported_and_its_object_still_deletes() {
+    let world = World::start().await;
+    world.create(server_manifest("vanished")).await;
+    let ready = world.wait_for("vanished", "Ready", is_ready).await;
+    let id = ready.status.unwrap().instance_id.unwrap();
+    world.admin.nova().delete_server(&id).await.unwrap();
+    // The sync period is long: a spec-less change (a label) brings the next look.
+    let label = json!({"metadata": {"labels": {"poke": "1"}}});
+    eventually("the server to go", || async {
+        world.cloud.server(&id).is_none().then_some(())
+    })
+    .await;
+    world
+        .servers()
+        .patch("vanished", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let lost = world
+        .wait_for(
+            "vanished",
+            "InstanceNotFound",
+            has_reason(types::INSTANCE_READY, reasons::INSTANCE_NOT_FOUND),
+        )
+        .await;
+    assert!(
+        condition(&lost, types::INSTANCE_READY)
+            .unwrap()
+            .message
+            .contains(&id)
+    );
+    assert_eq!(
+        world.requests("compute server_create"),
+        1,
+        "not recreated behind the user's back"
+    );
+    let before_delete = world.cloud.object_counts();
+    world
+        .servers()
+        .delete("vanished", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("vanished").await;
+    let after = world.cloud.object_counts();
+    assert_eq!(
+        after["ports"],
+        before_delete["ports"] - 1,
+        "its port went with it"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_object_is_not_touched_until_its_cluster_is_unpaused() {
+    let world = World::start().await;
+    let clusters: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let cluster: capo_api::capi::Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": "c1", "namespace": NAMESPACE},
+        "spec": {"paused": true},
+    }))
+    .unwrap();
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    let mut manifest = server_manifest("held");
+    manifest["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": "c1"});
+    world.create(manifest).await;
+    let mut annotated = server_manifest("annotated");
+    annotated["metadata"]["annotations"] = json!({"cluster.x-k8s.io/paused": ""});
+    world.create(annotated).await;
+
+    for name in ["held", "annotated"] {
+        let paused = world
+            .wait_for(name, "Paused", has_reason(types::PAUSED, reasons::PAUSED))
+            .await;
+        assert!(
+            paused
+                .metadata
+                .finalizers
+                .clone()
+                .unwrap_or_default()
+                .is_empty(),
+            "no finalizer"
+        );
+        assert_eq!(
+            reason(&paused, types::INSTANCE_READY),
+            reasons::NOT_YET_RECONCILED
+        );
+    }
+    assert_eq!(world.request_total(), 0, "no OpenStack call at all");
+
+    let unpause = json!({"spec": {"paused": false}});
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&unpause))
+        .await
+        .unwrap();
+    let resumed = world.wait_for("held", "Ready", is_ready).await;
+    assert_eq!(reason(&resumed, types::PAUSED), reasons::NOT_PAUSED);
+    assert_eq!(
+        world.requests("compute server_create"),
+        1,
+        "the annotated one stays paused"
+    );
+}
+
+#[tokio::test]
+async fn a_floating_ip_pool_is_refused_with_a_clear_condition_and_nothing_created() {
+    let world = World::start().await;
+    let mut manifest = server_manifest("floating");
+    manifest["spec"]["floatingIPPoolRef"] = json!({
+        "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackFloatingIPPool", "name": "pool"});
+    world.create(manifest).await;
+    let refused = world
+        .wait_for(
+            "floating",
+            "FloatingIPPoolNotSupported",
+            has_reason(
+                types::INSTANCE_READY,
+                reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
+            ),
+        )
+        .await;
+    assert!(
+        condition(&refused, types::INSTANCE_READY)
+            .unwrap()
+            .message
+            .contains("OpenStackFloatingIPPool")
+    );
+    assert_eq!(world.request_total(), 0);
+}
+
+#[tokio::test]
+async fn a_malformed_object_is_reported_and_does_not_stop_the_others() {
+    let kube_sim_crd = {
+        // Our CRD with the spec left unchecked, so the API server stores what we cannot read.
+        let mut crd = serde_json::to_value(
+            capo_api::crds::all()
+                .into_iter()
+                .find(|c| c.spec.names.kind == "OpenStackServer")
+                .unwrap(),
+        )
+        .unwrap();
+        let schema = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        schema["properties"]["spec"] =
+            json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        schema
+            .as_object_mut()
+            .unwrap()
+            .remove("x-kubernetes-validations");
+        crd
+    };
+    let world = World::start().await;
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(world.client.clone());
+    let name = "openstackservers.infrastructure.cluster.x-k8s.io";
+    let mut current = serde_json::to_value(crds.get(name).await.unwrap()).unwrap();
+    current["spec"]["versions"] = kube_sim_crd["spec"]["versions"].clone();
+    let replaced = serde_json::from_value(current).unwrap();
+    crds.replace(name, &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+
+    let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        world.client.clone(),
+        NAMESPACE,
+        &kube::api::ApiResource::erase::<OpenStackServer>(&()),
+    );
+    let mut bad = server_manifest("unreadable");
+    bad["spec"]["ports"] = json!("not a list");
+    dynamic
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad).unwrap(),
+        )
+        .await
+        .unwrap();
+    world.create(server_manifest("readable")).await;
+    world.wait_for("readable", "Ready", is_ready).await;
+    let reported = eventually("the unreadable one's condition", || async {
+        let object = dynamic.get("unreadable").await.unwrap();
+        object.data["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+    })
+    .await;
+    assert_eq!(reported["reason"], reasons::INVALID_SPEC);
+    assert!(
+        reported["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read"),
+        "{reported}"
+    );
+    assert!(!world.warnings(reasons::INVALID_SPEC).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_watch_filter_and_namespace_leave_other_objects_alone() {
+    let scope = WatchScope {
+        namespace: Some(NAMESPACE.into()),
+        watch_filter: Some("mine".into()),
+    };
+    let world = World::start_with(Scenario::default(), scope).await;
+    let mut mine = server_manifest("mine");
+    mine["metadata"]["labels"] = json!({"cluster.x-k8s.io/watch-filter": "mine"});
+    world.create(mine).await;
+    world.create(server_manifest("theirs")).await;
+    world.wait_for("mine", "Ready", is_ready).await;
+    let theirs = world.servers().get("theirs").await.unwrap();
+    let status = theirs.status.unwrap_or_default();
+    assert!(status.conditions.is_empty(), "never reconciled");
+    assert_eq!(status.observed_generation, Some(-1), "the CRD's default");
+    assert!(theirs.metadata.finalizers.is_none());
+}
+
+#[tokio::test]
+async fn the_manager_waits_for_missing_crds_and_starts_once_they_are_installed() {
+    let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let registry = Registry::new();
+    let running = tokio::spawn({
+        let (client, registry, shutdown) =
+            (kube.client().unwrap(), registry.clone(), shutdown.clone());
+        async move {
+            manager::run(
+                client,
+                manager_config(WatchScope::default()),
+                &registry,
+                shutdown,
+            )
+            .await
+        }
+    });
+    let started = |registry: &Registry| {
+        registry
+            .gather()
+            .iter()
+            .any(|f| f.name() == "controller_runtime_max_concurrent_reconciles")
+    };
+    let to_json = |crd| {
+        serde_json::to_value::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(crd).unwrap()
+    };
+    kube.install(
+        &capo_api::crds::all()
+            .into_iter()
+            .map(to_json)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    // Cluster API's Cluster CRD is still missing: the manager keeps waiting (checked every
+    // 100 ms here).
+    let waiting = tokio::time::timeout(Duration::from_millis(500), async {
+        while !started(&registry) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waiting.is_err(), "started without Cluster API's CRDs");
+    kube.install(
+        &capo_api::capi::crds()
+            .into_iter()
+            .map(to_json)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    eventually("the controllers to start", || async {
+        started(&registry).then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    within("the manager to stop", running)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_manager_told_to_stop_while_waiting_for_crds_stops() {
+    let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
+    let shutdown = CancellationToken::new();
+    shutdown.cancel();
+    let config = manager_config(WatchScope::default());
+    within(
+        "the manager to stop",
+        manager::run(kube.client().unwrap(), config, &Registry::new(), shutdown),
+    )
+    .await
+    .unwrap();
+}
