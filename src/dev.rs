@@ -43,6 +43,10 @@ pub enum SimCommand {
         /// Timings and faults to start with (YAML or JSON; see the README).
         #[arg(long)]
         scenario: Option<PathBuf>,
+        /// Also create a project network, `private` (subnet `private-subnet`, 10.0.0.0/24), as
+        /// DevStack does.
+        #[arg(long)]
+        tenant_network: bool,
     },
 }
 
@@ -125,6 +129,23 @@ pub enum BenchCommand {
         /// Status-tree GETs to time.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
         gets: u32,
+    },
+    /// The OpenStackServer controller end to end (real time, simulated Kubernetes and
+    /// OpenStack): reconciles and OpenStack requests per server created and deleted.
+    Servers {
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        servers: u32,
+        /// Ports per server.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        ports: u32,
+        /// Boot each server from a Cinder root volume.
+        #[arg(long)]
+        root_volume: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        openstack: OpenStackArgs,
     },
     /// Paces concurrent calls through one endpoint's limiter (real time) and reports the
     /// achieved rate and the largest burst seen.
@@ -243,6 +264,27 @@ pub fn bench(
         } => {
             capo_bench::sim_status_tree::run(load_balancers, members, gets)?.print();
         }
+        BenchCommand::Servers {
+            servers,
+            ports,
+            root_volume,
+            json,
+            openstack,
+        } => {
+            let config = capo_bench::servers::ServersConfig {
+                servers,
+                ports,
+                root_volume,
+                timeout: Duration::from_secs(600),
+                cloud: openstack.options(),
+            };
+            let report = runtime()?.block_on(capo_bench::servers::run(config))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report.print();
+            }
+        }
         BenchCommand::RateLimit {
             requests,
             openstack,
@@ -270,7 +312,8 @@ pub async fn sim(command: SimCommand) -> anyhow::Result<ExitCode> {
             listen,
             clouds_yaml_out,
             scenario,
-        } => run_openstack_sim(listen, clouds_yaml_out, scenario).await?,
+            tenant_network,
+        } => run_openstack_sim(listen, clouds_yaml_out, scenario, tenant_network).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -309,6 +352,7 @@ async fn run_openstack_sim(
     listen: SocketAddr,
     clouds_yaml_out: Option<PathBuf>,
     scenario: Option<PathBuf>,
+    tenant_network: bool,
 ) -> anyhow::Result<()> {
     let scenario = match scenario {
         Some(path) => {
@@ -321,7 +365,10 @@ async fn run_openstack_sim(
     let config = OpenStackSimConfig {
         listen,
         scenario,
-        ..OpenStackSimConfig::default()
+        settings: capo_sim::openstack::CloudSettings {
+            tenant_network,
+            ..Default::default()
+        },
     };
     let sim = OpenStackSim::start(config).await?;
     if let Some(path) = clouds_yaml_out {

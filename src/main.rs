@@ -12,9 +12,10 @@ mod watch_lb;
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            // The SDK logs every request at INFO: keep it to warnings unless asked.
+            // The SDK logs every request at INFO, and kube-runtime opens an INFO span per
+            // reconcile beside our own: keep them to warnings unless asked.
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                "info,openstack_sdk=warn,openstack_sdk_core=warn,openstack_sdk_auth_core=warn"
+                "info,openstack_sdk=warn,openstack_sdk_core=warn,openstack_sdk_auth_core=warn,kube_runtime=warn"
                     .into()
             }),
         )

@@ -3,6 +3,7 @@
 
 pub mod membership;
 pub mod request_path;
+pub mod servers;
 pub mod sim_status_tree;
 pub mod strategies;
 

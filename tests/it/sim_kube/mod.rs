@@ -1745,3 +1745,35 @@ async fn fifty_writers_never_lose_an_update_and_twenty_watchers_agree() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_secrets_string_data_is_folded_into_data_and_never_stored() {
+    let (_sim, client) = start().await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
+    let secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cloud-config"},
+        "data": {"cacert": "UEVN", "clouds.yaml": "b2xk"},
+        "stringData": {"clouds.yaml": "clouds: {}"},
+    }))
+    .unwrap();
+    let created = secrets.create(&pp(), &secret).await.unwrap();
+    let data = created.data.unwrap_or_default();
+    assert_eq!(
+        data["clouds.yaml"].0, b"clouds: {}",
+        "stringData wins over data"
+    );
+    assert_eq!(data["cacert"].0, b"PEM");
+    assert!(created.string_data.is_none());
+    let patch = json!({"stringData": {"extra": "x"}});
+    let patched = secrets
+        .patch(
+            "cloud-config",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap_or_default()["extra"].0, b"x");
+    assert!(patched.string_data.is_none());
+}

@@ -1010,6 +1010,7 @@ impl Store {
                 {
                     body["type"] = "Opaque".into();
                 }
+                fold_string_data(body);
                 Ok(None)
             }
             (APIEXTENSIONS, "customresourcedefinitions") => {
@@ -1284,6 +1285,9 @@ impl Store {
         new: &mut Value,
         old: &Value,
     ) -> Result<Option<ResourceDef>, ApiError> {
+        if def.key.group.is_empty() && def.key.plural == "secrets" {
+            fold_string_data(new);
+        }
         if def.key.group == APIEXTENSIONS && def.key.plural == "customresourcedefinitions" {
             let resource = resources::check_crd(new, Some(old))?;
             new["status"] = crd_status(new, &resource, Some(old));
@@ -1637,6 +1641,23 @@ impl Store {
 
 /// `preconditions` of a delete: the object must still be the one the client saw. The API
 /// server checks them before the deletion itself and names the object by its kind there.
+/// A Secret's `stringData` is write-only: the API server folds it into `data` (base64, over
+/// any key of the same name) and never stores it.
+fn fold_string_data(secret: &mut Value) {
+    use base64::Engine as _;
+    let Some(Value::Object(strings)) = secret.as_object_mut().and_then(|o| o.remove("stringData"))
+    else {
+        return;
+    };
+    if !secret.get("data").is_some_and(Value::is_object) {
+        secret["data"] = json!({});
+    }
+    for (key, value) in strings {
+        let text = value.as_str().unwrap_or_default();
+        secret["data"][key] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
 fn check_preconditions(
     def: &ResourceDef,
     name: &str,

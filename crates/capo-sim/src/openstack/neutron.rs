@@ -100,6 +100,17 @@ pub fn seed(world: &mut World) {
     );
 }
 
+/// DevStack's project network: `private` and its subnet.
+pub fn seed_tenant_network(world: &mut World) {
+    let network = create_object(world, "networks", json!({"name": "private"}));
+    let network_id = network["id"].as_str().unwrap_or_default().to_owned();
+    create_object(
+        world,
+        "subnets",
+        json!({"name": "private-subnet", "network_id": network_id, "cidr": "10.0.0.0/24", "ip_version": 4}),
+    );
+}
+
 /// `/network/v2.0/...` requests.
 pub fn handle(
     world: &mut World,

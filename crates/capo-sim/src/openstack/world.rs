@@ -207,6 +207,10 @@ pub struct CloudSettings {
     /// Amphorae send heartbeats: LBs, listeners and pools read ONLINE when healthy, and members
     /// with a monitor go OFFLINE -> ONLINE. Off: what Octavia's no-op drivers show (OFFLINE).
     pub heartbeats: bool,
+    /// Also seed a project network, `private` with `private-subnet` (10.0.0.0/24), as DevStack
+    /// does: what a walkthrough's servers attach to. Off by default, so seeded scenarios draw
+    /// the same ids and delays as before.
+    pub tenant_network: bool,
 }
 
 impl Default for CloudSettings {
@@ -222,6 +226,7 @@ impl Default for CloudSettings {
             token_lifetime: Duration::from_secs(3600),
             require_auth: true,
             heartbeats: true,
+            tenant_network: false,
         }
     }
 }
@@ -266,6 +271,9 @@ impl World {
             cinder: cinder::Cinder::default(),
         };
         neutron::seed(&mut world);
+        if world.settings.tenant_network {
+            neutron::seed_tenant_network(&mut world);
+        }
         nova::seed(&mut world);
         glance::seed(&mut world);
         cinder::seed(&mut world);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use capo_api::OpenStackServer;
 use capo_api::common::{
-    InstanceStatus, MachineResources, PortStatus, ResolvedServerSpec, VolumeStatus,
+    Initialization, InstanceStatus, MachineResources, PortStatus, ResolvedServerSpec, VolumeStatus,
 };
 use capo_api::conditions::{self, Desired, Status, finalizers, reasons, types};
 use k8s_openapi::api::core::v1::Secret;
@@ -453,11 +453,12 @@ impl Pass<'_> {
         status.addresses = plan::addresses(server);
         let age = plan::age(server.created.as_deref(), chrono::Utc::now());
         let view = plan::instance_view(server, age, |waited| self.ctx.config.poll_after(waited));
-        if view.provisioned {
-            status
-                .initialization
-                .get_or_insert_with(Default::default)
-                .provisioned = Some(true);
+        let was_provisioned = Initialization::is_provisioned(status.initialization.as_ref());
+        if view.provisioned && !was_provisioned {
+            status.initialization = Some(Initialization {
+                provisioned: Some(true),
+            });
+            tracing::info!(server = %server.id, "server ACTIVE: provisioned");
         }
         let changed = set_instance_condition(status, self.object, &view.condition);
         if view.needs_attention && changed {

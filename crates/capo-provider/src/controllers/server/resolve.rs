@@ -64,8 +64,9 @@ pub async fn resolve(
     };
     let default_groups = security_groups(cloud_client, &spec.security_groups).await?;
     let mut ports = Vec::with_capacity(spec.ports.len());
+    let mut networks = NetworkMemo::default();
     for (index, port) in spec.ports.iter().enumerate() {
-        let refs = port_refs(cloud_client, index, port, &default_groups).await?;
+        let refs = port_refs(cloud_client, index, port, &default_groups, &mut networks).await?;
         ports.push(resolved_port(server, index, port, spec, cluster, refs));
     }
     Ok(ResolvedServerSpec {
@@ -172,6 +173,10 @@ async fn security_groups(
     Ok(ids)
 }
 
+/// Networks already resolved in this pass, by filter: ports on one network ask once.
+#[derive(Default)]
+struct NetworkMemo(std::collections::HashMap<String, String>);
+
 /// A port's network, fixed IPs' subnets and security groups (the server's when the port
 /// names none).
 async fn port_refs(
@@ -179,18 +184,27 @@ async fn port_refs(
     index: usize,
     port: &PortOpts,
     default_groups: &[String],
+    networks: &mut NetworkMemo,
 ) -> Result<ResolvedRefs, ResolveError> {
     let mut network_id = match &port.network {
         Some(IdOrFilter { id: Some(id), .. }) => Some(id.clone()),
         Some(IdOrFilter { filter, .. }) => {
             let filter = neutron_filter(filter.as_ref());
-            let networks = cloud_client
-                .neutron()
-                .list_networks(&filter)
-                .await
-                .map_err(cloud(format!("the network of port {index}")))?;
-            let what = format!("network for port {index}");
-            Some(exactly_one(&what, networks, |n| &n.id)?.id)
+            let key = format!("{filter:?}");
+            match networks.0.get(&key) {
+                Some(id) => Some(id.clone()),
+                None => {
+                    let found = cloud_client
+                        .neutron()
+                        .list_networks(&filter)
+                        .await
+                        .map_err(cloud(format!("the network of port {index}")))?;
+                    let what = format!("network for port {index}");
+                    let id = exactly_one(&what, found, |n| &n.id)?.id;
+                    networks.0.insert(key, id.clone());
+                    Some(id)
+                }
+            }
         }
         None => None,
     };
