@@ -1011,3 +1011,54 @@ async fn a_manager_told_to_stop_while_waiting_for_crds_stops() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects() {
+    let world = World::start().await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
+    let system = serde_json::from_value(json!({"metadata": {"name": "capo-system"}})).unwrap();
+    namespaces.create(&PostParams::default(), &system).await.unwrap();
+    let label = json!({"metadata": {"labels": {"team": "a"}}});
+    namespaces
+        .patch(NAMESPACE, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), "capo-system");
+    let secret = serde_json::from_value(json!({
+        "metadata": {"name": "shared-cloud"},
+        "stringData": {"clouds.yaml": world.cloud.clouds_yaml()},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let identities: Api<capo_api::OpenStackClusterIdentity> = Api::all(world.client.clone());
+    for (name, team) in [("team-a", "a"), ("team-b", "b")] {
+        let identity = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "OpenStackClusterIdentity",
+            "metadata": {"name": name},
+            "spec": {
+                "secretRef": {"name": "shared-cloud", "namespace": "capo-system"},
+                "namespaceSelector": {"matchLabels": {"team": team}},
+            },
+        }))
+        .unwrap();
+        identities.create(&PostParams::default(), &identity).await.unwrap();
+        let mut manifest = server_manifest(name);
+        manifest["spec"]["identityRef"] =
+            json!({"type": "ClusterIdentity", "name": name, "cloudName": "sim"});
+        world.create(manifest).await;
+    }
+    world.wait_for("team-a", "Ready", is_ready).await;
+    let refused = world
+        .wait_for(
+            "team-b",
+            "InvalidCredentials",
+            has_reason(types::INSTANCE_READY, reasons::INVALID_CREDENTIALS),
+        )
+        .await;
+    let message = &condition(&refused, types::INSTANCE_READY).unwrap().message;
+    assert!(
+        message.contains("team-b does not allow namespace default"),
+        "{message}"
+    );
+}
