@@ -1017,7 +1017,10 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
     let world = World::start().await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
     let system = serde_json::from_value(json!({"metadata": {"name": "capo-system"}})).unwrap();
-    namespaces.create(&PostParams::default(), &system).await.unwrap();
+    namespaces
+        .create(&PostParams::default(), &system)
+        .await
+        .unwrap();
     let label = json!({"metadata": {"labels": {"team": "a"}}});
     namespaces
         .patch(NAMESPACE, &PatchParams::default(), &Patch::Merge(&label))
@@ -1029,7 +1032,10 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
         "stringData": {"clouds.yaml": world.cloud.clouds_yaml()},
     }))
     .unwrap();
-    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let identities: Api<capo_api::OpenStackClusterIdentity> = Api::all(world.client.clone());
     for (name, team) in [("team-a", "a"), ("team-b", "b")] {
         let identity = serde_json::from_value(json!({
@@ -1042,7 +1048,10 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
             },
         }))
         .unwrap();
-        identities.create(&PostParams::default(), &identity).await.unwrap();
+        identities
+            .create(&PostParams::default(), &identity)
+            .await
+            .unwrap();
         let mut manifest = server_manifest(name);
         manifest["spec"]["identityRef"] =
             json!({"type": "ClusterIdentity", "name": name, "cloudName": "sim"});

@@ -275,7 +275,7 @@ pub fn subnet_filter(filter: Option<&SubnetFilter>) -> Filter {
     let Some(f) = filter else {
         return Filter::default();
     };
-    let mut out = Filter {
+    let common = NeutronFilter {
         name: f.name.clone(),
         description: f.description.clone(),
         project_id: f.project_id.clone(),
@@ -283,8 +283,8 @@ pub fn subnet_filter(filter: Option<&SubnetFilter>) -> Filter {
         tags_any: f.tags_any.clone(),
         not_tags: f.not_tags.clone(),
         not_tags_any: f.not_tags_any.clone(),
-        ..Filter::default()
     };
+    let mut out = neutron_filter(Some(&common));
     let extras = [
         ("ip_version", f.ip_version.map(|v| v.to_string())),
         ("gateway_ip", f.gateway_ip.clone()),
