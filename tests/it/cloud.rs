@@ -1028,7 +1028,7 @@ async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
     );
     let found = client
         .nova()
-        .list_servers_by_name("m1.example")
+        .list_servers_by_name("m1.example", &[])
         .await
         .unwrap();
     assert_eq!(

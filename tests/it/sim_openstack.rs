@@ -1721,3 +1721,33 @@ async fn cinder_over_http_with_the_project_in_the_path() {
     assert_eq!(raw.get("/block-storage/v3/volumes").await.0, 503);
     assert_eq!(raw.get("/compute/v2.1/flavors").await.0, 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_force_delete_removes_a_server_and_a_missing_one_is_not_found() {
+    use capo_provider::cloud::nova::{ServerNetwork, ServerSpec};
+    let (sim, client) = in_process(quick()).await;
+    let (image, flavor, network) = server_inputs(&client).await;
+    let server = client
+        .nova()
+        .create_server(&ServerSpec {
+            name: "soft".into(),
+            flavor_ref: flavor,
+            image_ref: image,
+            networks: vec![ServerNetwork {
+                port: None,
+                uuid: Some(network),
+            }],
+            ..ServerSpec::default()
+        })
+        .await
+        .unwrap();
+    client.nova().force_delete_server(&server.id).await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(sim.server(&server.id).is_none(), "gone");
+    let missing = client
+        .nova()
+        .force_delete_server(&server.id)
+        .await
+        .unwrap_err();
+    assert!(missing.is_not_found(), "{missing:?}");
+}

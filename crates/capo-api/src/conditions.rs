@@ -93,6 +93,8 @@ pub mod reasons {
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     /// The server exists but is not running (SHUTOFF, SUSPENDED, ...).
     pub const INSTANCE_NOT_ACTIVE: &str = "InstanceNotActive";
+    /// The cloud refused for lack of quota.
+    pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// A volume the server needs is in ERROR.
     pub const VOLUME_ERROR: &str = "VolumeError";
     /// The spec names a floating IP pool kind capo-rs does not serve.

@@ -171,13 +171,34 @@ impl<'a> Nova<'a> {
         self.path.fetch(call.key("server")).await
     }
 
-    /// Servers whose name matches exactly. Nova's `name` filter is a regular expression, so the
-    /// name is anchored and escaped, and the answer filtered again.
-    pub async fn list_servers_by_name(&self, name: &str) -> Result<Vec<Server>, CloudError> {
+    /// Servers whose name matches exactly and that carry all of `tags`. Nova's `name` filter
+    /// is a regular expression, so the name is anchored and escaped, and the answer filtered
+    /// again.
+    pub async fn list_servers_by_name(
+        &self,
+        name: &str,
+        tags: &[String],
+    ) -> Result<Vec<Server>, CloudError> {
         let pattern = format!("^{}$", regex::escape(name));
-        let call = versioned(Call::get(op("server_list"), "servers/detail").query("name", pattern));
-        let servers: Vec<Server> = self.path.fetch_all(call.key("servers")).await?;
-        Ok(servers.into_iter().filter(|s| s.name == name).collect())
+        let mut call = Call::get(op("server_list"), "servers/detail").query("name", pattern);
+        if !tags.is_empty() {
+            call = call.query("tags", tags.join(","));
+        }
+        let servers: Vec<Server> = self.path.fetch_all(versioned(call).key("servers")).await?;
+        Ok(servers
+            .into_iter()
+            .filter(|s| s.name == name && tags.iter().all(|t| s.tags.contains(t)))
+            .collect())
+    }
+
+    /// Deletes a SOFT_DELETED server now rather than when the cloud reclaims it.
+    pub async fn force_delete_server(&self, id: &str) -> Result<(), CloudError> {
+        let call = versioned(Call::post(
+            op("server_action"),
+            format!("servers/{}/action", seg(id)),
+            json!({ "forceDelete": null }),
+        ));
+        self.path.run(call).await
     }
 
     pub async fn delete_server(&self, id: &str) -> Result<(), CloudError> {

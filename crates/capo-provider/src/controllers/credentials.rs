@@ -127,6 +127,24 @@ impl ClientCache {
         Ok(client)
     }
 
+    /// A client already made for the Secret `secret` (`namespace/name`), cloud and region,
+    /// whatever the Secret's version: what cleanup falls back to once the Secret is gone.
+    pub fn cached(
+        &self,
+        secret: &str,
+        cloud_name: &str,
+        region: Option<&str>,
+    ) -> Option<CloudClient> {
+        self.lock()
+            .iter()
+            .find(|(key, _)| {
+                key.secret == secret
+                    && key.cloud_name == cloud_name
+                    && key.region.as_deref() == region
+            })
+            .map(|(_, client)| client.clone())
+    }
+
     /// Clients cached.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -85,6 +85,34 @@ pub async fn cloud_client(
     Ok(ctx.clouds.client(&key, &data).await?)
 }
 
+/// The client for cleaning up: as [`cloud_client`], but once the Secret is gone (deleted
+/// before the objects that use it, as a namespace deletion does), the client this process
+/// already made from it, so what was created can still be deleted.
+pub async fn cleanup_client(
+    ctx: &Context,
+    namespace: &str,
+    identity: &IdentityRef,
+) -> Result<CloudClient, IdentityError> {
+    match cloud_client(ctx, namespace, identity).await {
+        Err(IdentityError::Credentials(CredentialsError::SecretMissing { secret })) => {
+            let cached =
+                ctx.clouds
+                    .cached(&secret, &identity.cloud_name, identity.region.as_deref());
+            match cached {
+                Some(client) => {
+                    tracing::warn!(
+                        secret,
+                        "credentials Secret gone; cleaning up with the client made from it"
+                    );
+                    Ok(client)
+                }
+                None => Err(CredentialsError::SecretMissing { secret }.into()),
+            }
+        }
+        other => other,
+    }
+}
+
 /// The Secret an OpenStackClusterIdentity names, if `namespace` may use it.
 async fn cluster_identity_secret(
     ctx: &Context,

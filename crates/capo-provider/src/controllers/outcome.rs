@@ -17,6 +17,8 @@ pub enum Outcome {
     Paused,
     /// Deleted, finalizer removed.
     Deleted,
+    /// The object does not decode: reported; nothing until it changes.
+    Unreadable,
 }
 
 impl Outcome {
@@ -24,7 +26,7 @@ impl Outcome {
         match self {
             Outcome::Settled => Action::requeue(config.sync_period),
             Outcome::Poll(after) => Action::requeue(after),
-            Outcome::Paused | Outcome::Deleted => Action::await_change(),
+            Outcome::Paused | Outcome::Deleted | Outcome::Unreadable => Action::await_change(),
         }
     }
 

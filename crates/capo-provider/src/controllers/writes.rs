@@ -23,9 +23,9 @@ fn json_patch(operations: serde_json::Value) -> Result<json_patch::Patch, kube::
     serde_json::from_value(operations).map_err(kube::Error::SerdeError)
 }
 
-/// Adds `finalizer` unless the object has it. The patch is conditional on the finalizers the
-/// object has now (or, when it has none, on its resourceVersion), so a concurrent change is a
-/// conflict to retry, never a lost finalizer.
+/// Adds `finalizer` unless the object has it. The patch tests the finalizers the object has
+/// now (`null` when none: the API server's JSON patch takes a missing path as null there), so
+/// a concurrent change is a conflict to retry, never a lost finalizer.
 pub async fn add_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -40,7 +40,7 @@ where
     }
     let operations = if current.is_empty() {
         json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": object.resource_version()},
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
             {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]},
         ])
     } else {
@@ -81,12 +81,15 @@ where
 }
 
 /// Writes `status` with a merge patch on the status subresource, unless it equals `before`.
-/// Returns whether it wrote.
+/// `owned` lists the fields (`a`, or `a/b` inside `a`) this controller writes: those `status`
+/// leaves out (an empty list, a `None`) are sent as `null`, so the patch removes them rather
+/// than keeping what was there. Returns whether it wrote.
 pub async fn patch_status<K, S>(
     api: &Api<K>,
     name: &str,
     before: Option<&S>,
     status: &S,
+    owned: &[&str],
 ) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
@@ -95,7 +98,56 @@ where
     if before == Some(status) {
         return Ok(false);
     }
-    let patch = Patch::Merge(json!({ "status": status }));
+    let mut body = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    for field in owned {
+        let path: Vec<&str> = field.split('/').collect();
+        null_if_missing(&mut body, &path);
+    }
+    let patch = Patch::Merge(json!({ "status": body }));
     api.patch_status(name, &params(), &patch).await?;
     Ok(true)
+}
+
+/// Sets the field at `path` to `null` where its parent exists and it does not.
+fn null_if_missing(value: &mut serde_json::Value, path: &[&str]) {
+    let Some(object) = value.as_object_mut() else {
+        return;
+    };
+    match path {
+        [] => {}
+        [leaf] => {
+            object
+                .entry((*leaf).to_owned())
+                .or_insert(serde_json::Value::Null);
+        }
+        [head, rest @ ..] => {
+            if let Some(child) = object.get_mut(*head) {
+                null_if_missing(child, rest);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_fields_left_out_are_sent_as_null() {
+        let mut status = json!({"instanceID": "s1", "resources": {"ports": [{"id": "p"}]}});
+        for field in [
+            "addresses",
+            "instanceID",
+            "resources/volumes",
+            "resolved/ports",
+        ] {
+            let path: Vec<&str> = field.split('/').collect();
+            null_if_missing(&mut status, &path);
+        }
+        assert_eq!(
+            status,
+            json!({"instanceID": "s1", "addresses": null,
+                   "resources": {"ports": [{"id": "p"}], "volumes": null}})
+        );
+    }
 }

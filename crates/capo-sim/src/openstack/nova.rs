@@ -119,6 +119,13 @@ pub fn handle(
             None => Reply::nova(404, format!("Instance {id} could not be found.")),
         },
         ("DELETE", ["servers", id]) => delete_server(world, id),
+        // Servers are never soft-deleted here, so a force delete is a delete (answered 202).
+        ("POST", ["servers", id, "action"]) if body.get("forceDelete").is_some() => {
+            match delete_server(world, id) {
+                reply if reply.status.is_success() => Reply::empty(202),
+                refused => refused,
+            }
+        }
         ("GET", ["flavors"]) => {
             let flavors: Vec<Value> = world
                 .nova

@@ -42,8 +42,7 @@ pub(super) async fn run(
         Timestamp::now(),
     );
     let namespace = object.namespace().unwrap_or_default();
-    let cloud = identity::cloud_client(ctx, &namespace, &object.spec.identity_ref).await?;
-    let name = object.name_any();
+    let cloud = identity::cleanup_client(ctx, &namespace, &object.spec.identity_ref).await?;
     let waited = object
         .meta()
         .deletion_timestamp
@@ -52,9 +51,9 @@ pub(super) async fn run(
         .unwrap_or_default();
     let poll = Outcome::Poll(ctx.config.poll_after(waited));
 
-    let servers = find_servers(&cloud, &name, status.instance_id.as_deref()).await?;
+    let servers = find_servers(&cloud, object, status.instance_id.as_deref()).await?;
     if !servers.is_empty() {
-        for server in servers.iter().filter(|s| !s.is_deleting()) {
+        for server in &servers {
             delete_server(ctx, object, &cloud, server).await?;
         }
         status.instance_state = Some("DELETING".into());
@@ -74,24 +73,24 @@ pub(super) async fn run(
     Ok(Outcome::Deleted)
 }
 
-/// The server by recorded ID, else every server with its name.
+/// The recorded server while it exists; then every server with the object's name and tags,
+/// so that one a lost status write forgot is found too.
 async fn find_servers(
     cloud: &CloudClient,
-    name: &str,
+    object: &OpenStackServer,
     recorded: Option<&str>,
 ) -> Result<Vec<Server>, ServerError> {
     let nova = cloud.nova();
-    match recorded {
-        Some(id) => match nova.get_server(id).await {
-            Ok(server) => Ok(vec![server]),
-            Err(CloudError::NotFound(_)) => Ok(Vec::new()),
-            Err(error) => Err(ServerError::cloud(format!("reading server {id}"))(error)),
-        },
-        None => nova
-            .list_servers_by_name(name)
-            .await
-            .map_err(ServerError::cloud("looking up the server by name")),
+    if let Some(id) = recorded {
+        match nova.get_server(id).await {
+            Ok(server) => return Ok(vec![server]),
+            Err(CloudError::NotFound(_)) => {}
+            Err(error) => return Err(ServerError::cloud(format!("reading server {id}"))(error)),
+        }
     }
+    nova.list_servers_by_name(&object.name_any(), &object.spec.tags)
+        .await
+        .map_err(ServerError::cloud("looking up the server by name"))
 }
 
 async fn delete_server(
@@ -132,9 +131,24 @@ async fn delete_ports(
         .as_ref()
         .map(|r| r.ports.iter().map(|p| p.id.clone()).collect())
         .unwrap_or_default();
-    for port_name in plan::port_names(&object.name_any(), &object.spec) {
+    let resolved = status
+        .resolved
+        .as_ref()
+        .map(|r| r.ports.as_slice())
+        .unwrap_or(&[]);
+    for (index, port_name) in plan::port_names(&object.name_any(), &object.spec)
+        .iter()
+        .enumerate()
+    {
+        let mut filter = Filter {
+            tags: plan::port_tags(&object.spec, index),
+            ..Filter::by_name(port_name)
+        };
+        if let Some(port) = resolved.get(index) {
+            filter = filter.with("network_id", port.network_id.clone());
+        }
         let found = neutron
-            .list_ports(&Filter::by_name(&port_name))
+            .list_ports(&filter)
             .await
             .map_err(ServerError::cloud(format!("looking up port {port_name}")))?;
         ids.extend(found.into_iter().map(|p| p.id));

@@ -38,6 +38,20 @@ pub const CONTROLLER: &str = "openstackserver";
 /// What the watch hands us: the object, or why it could not be read.
 pub type Watched = DeserializeGuard<OpenStackServer>;
 
+/// The status fields this controller writes (and so removes when it no longer has them).
+const STATUS_FIELDS: &[&str] = &[
+    "initialization",
+    "instanceID",
+    "instanceState",
+    "addresses",
+    "resolved",
+    "resources",
+    "resources/ports",
+    "resources/volumes",
+    "conditions",
+    "observedGeneration",
+];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("{what}: {source}")]
@@ -82,6 +96,12 @@ impl Categorized for ServerError {
             | ServerError::VolumeFailed(_)
             | ServerError::Duplicates(_)
             | ServerError::Resolve(ResolveError::Spec(_)) => ErrorCategory::InvalidSpec,
+            // Every lookup handles its own 404; one that reaches here came from a create
+            // naming something that does not exist (a network ID, a flavor ID).
+            ServerError::Cloud {
+                source: CloudError::NotFound(_),
+                ..
+            } => ErrorCategory::InvalidSpec,
             ServerError::Resolve(ResolveError::Cloud { source, .. })
             | ServerError::Cloud { source, .. } => source.category(),
             ServerError::UserData(_) => ErrorCategory::Dependency,
@@ -95,6 +115,10 @@ impl ServerError {
         match self {
             ServerError::FloatingIpPool(_) => reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
             ServerError::VolumeFailed(_) => reasons::VOLUME_ERROR,
+            ServerError::Cloud {
+                source: CloudError::Forbidden(ctx),
+                ..
+            } if ctx.message.contains("uota") => reasons::QUOTA_EXCEEDED,
             _ => self.category().reason(),
         }
     }
@@ -216,15 +240,15 @@ async fn write_status(
     before: Option<&InstanceStatus>,
     status: &InstanceStatus,
 ) -> Result<(), ServerError> {
-    writes::patch_status(api, &server.name_any(), before, status)
+    writes::patch_status(api, &server.name_any(), before, status, STATUS_FIELDS)
         .await
         .map(|_| ())
         .map_err(ServerError::kube("writing status"))
 }
 
-/// The condition says what went wrong. A transient failure does not take back an
-/// InstanceReady that was True (a drift check that met a 503 says nothing about the server);
-/// a terminal one also gets a Warning event.
+/// The condition says what went wrong, unless InstanceReady is True: a failure while looking
+/// again at a running server (a 503, a Secret being replaced) says nothing about the server,
+/// so it stays True and the failure shows in the log and, when terminal, in a Warning event.
 async fn report_error(
     server: &OpenStackServer,
     ctx: &Context,
@@ -237,7 +261,7 @@ async fn report_error(
     let message = error.to_string();
     let was_ready =
         conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
-    if category.is_terminal() || !was_ready {
+    if !was_ready {
         let condition = Desired::new(
             types::INSTANCE_READY,
             Status::False,
@@ -290,8 +314,8 @@ async fn report_invalid(
         Timestamp::now(),
     );
     let status = serde_json::json!({ "conditions": conditions });
-    writes::patch_status(&api, &object.name_any(), None, &status)
+    writes::patch_status(&api, &object.name_any(), None, &status, &[])
         .await
         .map_err(ServerError::kube("writing status"))?;
-    Ok(Outcome::Settled)
+    Ok(Outcome::Unreadable)
 }

@@ -85,12 +85,6 @@ pub fn resolved_port(
     cluster: Option<&str>,
     refs: ResolvedRefs,
 ) -> ResolvedPortSpec {
-    let mut tags = spec.tags.clone();
-    for tag in &port.tags {
-        if !tags.contains(tag) {
-            tags.push(tag.clone());
-        }
-    }
     ResolvedPortSpec {
         name: port_name(server, index, port),
         description: Some(
@@ -105,7 +99,7 @@ pub fn resolved_port(
             .map(|(subnet, ip_address)| capo_api::common::ResolvedFixedIp { subnet, ip_address })
             .collect(),
         security_groups: refs.security_groups,
-        tags,
+        tags: port_tags(spec, index),
         trunk: port.trunk.or(spec.trunk),
         allowed_address_pairs: port.allowed_address_pairs.clone(),
         host_id: port.host_id.clone(),
@@ -117,6 +111,22 @@ pub fn resolved_port(
         enable_port_security: port.enable_port_security,
         value_specs: port.value_specs.clone(),
     }
+}
+
+/// Port `index`'s tags: the server's, then the port's own.
+pub fn port_tags(spec: &OpenStackServerSpec, index: usize) -> Vec<String> {
+    let mut tags = spec.tags.clone();
+    for tag in spec
+        .ports
+        .get(index)
+        .map(|p| p.tags.as_slice())
+        .unwrap_or(&[])
+    {
+        if !tags.contains(tag) {
+            tags.push(tag.clone());
+        }
+    }
+    tags
 }
 
 /// The Neutron request for a resolved port.

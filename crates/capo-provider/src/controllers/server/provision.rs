@@ -128,8 +128,8 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// By recorded ID; else by name (exactly ours: Nova's name filter is a regex, the client
-    /// anchors and escapes it).
+    /// By recorded ID; else by name and the spec's tags (Nova's name filter is a regex, the
+    /// client anchors and escapes it).
     async fn find_server(&self, recorded: Option<&str>) -> Result<ServerState, ServerError> {
         let nova = self.cloud.nova();
         if let Some(id) = recorded {
@@ -140,7 +140,7 @@ impl Pass<'_> {
             };
         }
         let mut servers = nova
-            .list_servers_by_name(&self.name)
+            .list_servers_by_name(&self.name, &self.object.spec.tags)
             .await
             .map_err(ServerError::cloud("looking up the server by name"))?;
         match servers.len() {
@@ -177,11 +177,15 @@ impl Pass<'_> {
         Ok(ports)
     }
 
-    /// Ports by name on their network.
+    /// Ports by name and tags on their network.
     async fn find_ports(&self) -> Result<Vec<Option<String>>, ServerError> {
         let mut ports = Vec::with_capacity(self.resolved.ports.len());
         for port in &self.resolved.ports {
-            let filter = Filter::by_name(&port.name).with("network_id", port.network_id.clone());
+            let filter = Filter {
+                tags: port.tags.clone(),
+                ..Filter::by_name(&port.name)
+            }
+            .with("network_id", port.network_id.clone());
             let found = self
                 .cloud
                 .neutron()
