@@ -122,10 +122,13 @@ pub async fn run_servers(
     .default_backoff()
     .touched_objects()
     .predicate_filter(reconcile_worthy, Default::default());
+    // A relist (after a watch error) hands back every Secret unchanged: only a new
+    // resourceVersion wakes anything.
     let secrets = watch(
         scope.api::<PartialObjectMeta<Secret>>(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .predicate_filter(predicates::resource_version, Default::default());
     let clusters = watch(scope.api::<Cluster>(client), scope.watcher_config())
         .predicate_filter(paused_changes, Default::default());
     let by_secret = reader.clone();
