@@ -2,7 +2,6 @@
 //! the spec, what it resolved to and what the cloud shows. No I/O here; the tests below need
 //! no server.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use capo_api::OpenStackServerSpec;
@@ -569,14 +568,6 @@ pub fn is_complete(spec: &OpenStackServerSpec, resolved: &ResolvedServerSpec) ->
         && resolved.flavor_id.is_some()
         && resolved.ports.len() == spec.ports.len()
         && (spec.server_group.is_none() || resolved.server_group_id.is_some())
-}
-
-/// Maps recorded volumes (name -> id) for the wanted ones.
-pub fn recorded_volume_ids(recorded: &[capo_api::common::VolumeStatus]) -> BTreeMap<&str, &str> {
-    recorded
-        .iter()
-        .map(|v| (v.name.as_str(), v.id.as_str()))
-        .collect()
 }
 
 #[cfg(test)]
