@@ -75,13 +75,22 @@ impl World {
         Self::start_with(Scenario::default(), WatchScope::default()).await
     }
 
-    async fn start_with(mut scenario: Scenario, scope: WatchScope) -> Self {
+    async fn start_with(scenario: Scenario, scope: WatchScope) -> Self {
+        let minimal = capo_api::capi::crds()
+            .iter()
+            .map(|crd| serde_json::to_value(crd).unwrap())
+            .collect();
+        Self::start_with_capi(scenario, scope, minimal).await
+    }
+
+    /// With these Cluster API CRDs (ours, minimal, or Cluster API's real ones).
+    async fn start_with_capi(mut scenario: Scenario, scope: WatchScope, capi: Vec<Value>) -> Self {
         scenario.timings = timings();
         let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
         let crds: Vec<Value> = capo_api::crds::all()
             .iter()
-            .chain(capo_api::capi::crds().iter())
             .map(|crd| serde_json::to_value(crd).unwrap())
+            .chain(capi)
             .collect();
         kube.install(&crds).unwrap();
         let cloud = OpenStackSim::start(OpenStackSimConfig {
@@ -807,7 +816,30 @@ async fn a_server_deleted_out_of_band_is_reported_and_its_object_still_deletes()
 
 #[tokio::test]
 async fn a_paused_object_is_not_touched_until_its_cluster_is_unpaused() {
-    let world = World::start().await;
+    paused_until_unpaused(World::start().await).await;
+}
+
+#[tokio::test]
+async fn a_cluster_served_by_cluster_apis_real_crd_pauses_and_unpauses_too() {
+    let Some(dir) =
+        crate::common::shared_reference("capi/crds", "the real Cluster API CRD pause check")
+    else {
+        return;
+    };
+    let real = [
+        "cluster.x-k8s.io_clusters.yaml",
+        "cluster.x-k8s.io_machines.yaml",
+    ]
+    .iter()
+    .map(|file| serde_yaml::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap())
+    .collect();
+    paused_until_unpaused(
+        World::start_with_capi(Scenario::default(), WatchScope::default(), real).await,
+    )
+    .await;
+}
+
+async fn paused_until_unpaused(world: World) {
     let clusters: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
     let cluster: capo_api::capi::Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
