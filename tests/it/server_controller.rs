@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use capo_api::OpenStackServer;
 use capo_api::conditions::{self, reasons, types};
+use capo_provider::cloud::neutron::{NetworkSpec, SubnetSpec};
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds};
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
 use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
@@ -108,12 +109,22 @@ impl World {
         let admin = clouds.client(cloud.session());
         let network = admin
             .neutron()
-            .create_network("capo-net", None)
+            .create_network(&NetworkSpec {
+                name: "capo-net".into(),
+                admin_state_up: true,
+                ..NetworkSpec::default()
+            })
             .await
             .unwrap();
         admin
             .neutron()
-            .create_subnet("capo-subnet", &network.id, "10.6.0.0/24", &[])
+            .create_subnet(&SubnetSpec {
+                name: "capo-subnet".into(),
+                network_id: network.id.clone(),
+                cidr: "10.6.0.0/24".into(),
+                ip_version: 4,
+                ..SubnetSpec::default()
+            })
             .await
             .unwrap();
         let client = kube.client().unwrap();

@@ -543,10 +543,34 @@ pub struct LoadBalancerStatus {
     /// The VIP network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer_network: Option<NetworkStatusWithSubnets>,
+    /// A listener and pool per forwarded port (capo-rs records them; CAPO does not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["port"]))]
+    pub pools: Vec<LoadBalancerPoolStatus>,
     /// Every pool member, desired or observed, with its Octavia state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["pool", "name"]))]
     pub members: Vec<LoadBalancerMemberStatus>,
+}
+
+/// The listener, pool and health monitor that forward one port of the API load balancer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerPoolStatus {
+    /// The forwarded port (listener and member port).
+    #[schemars(schema_with = "schema::port_number")]
+    pub port: i32,
+    /// Listener UUID.
+    #[serde(rename = "listenerID")]
+    #[schemars(length(min = 1))]
+    pub listener_id: String,
+    /// Pool UUID.
+    #[serde(rename = "poolID")]
+    #[schemars(length(min = 1))]
+    pub pool_id: String,
+    /// Health monitor UUID.
+    #[serde(default, rename = "monitorID", skip_serializing_if = "Option::is_none")]
+    pub monitor_id: Option<String>,
 }
 
 /// Octavia provisioning status of a load balancer object.

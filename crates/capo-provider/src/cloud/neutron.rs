@@ -91,6 +91,8 @@ pub struct Subnet {
     #[serde(default)]
     pub gateway_ip: Option<String>,
     #[serde(default)]
+    pub dns_nameservers: Vec<String>,
+    #[serde(default)]
     pub tags: Vec<String>,
 }
 
@@ -236,6 +238,76 @@ pub struct PortSpec {
     pub tags: Vec<String>,
 }
 
+/// A network to create.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NetworkSpec {
+    pub name: String,
+    pub admin_state_up: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_security_enabled: Option<bool>,
+    #[serde(skip)]
+    pub tags: Vec<String>,
+}
+
+/// A DHCP allocation range.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AllocationPool {
+    pub start: String,
+    pub end: String,
+}
+
+/// A subnet to create.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SubnetSpec {
+    pub name: String,
+    pub network_id: String,
+    pub cidr: String,
+    pub ip_version: u8,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns_nameservers: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allocation_pools: Vec<AllocationPool>,
+    #[serde(skip)]
+    pub tags: Vec<String>,
+}
+
+/// A router's external gateway.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GatewayInfo {
+    pub network_id: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub external_fixed_ips: Vec<FixedIp>,
+}
+
+/// A router to create.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RouterSpec {
+    pub name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_gateway_info: Option<GatewayInfo>,
+    #[serde(skip)]
+    pub tags: Vec<String>,
+}
+
+impl Router {
+    /// The router's addresses on the external network.
+    pub fn external_ips(&self) -> Vec<String> {
+        self.external_gateway_info
+            .as_ref()
+            .and_then(|g| g["external_fixed_ips"].as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["ip_address"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
 const fn op(name: &'static str) -> Operation {
     Operation::new(Service::Network, name)
 }
@@ -303,17 +375,12 @@ impl<'a> Neutron<'a> {
         self.get(op("network_get"), "networks", "network", id).await
     }
 
-    pub async fn create_network(
-        &self,
-        name: &str,
-        mtu: Option<u32>,
-    ) -> Result<Network, CloudError> {
-        let mut body = json!({ "name": name, "admin_state_up": true });
-        if let Some(mtu) = mtu {
-            body["mtu"] = json!(mtu);
-        }
-        self.create(op("network_create"), "networks", "network", body)
-            .await
+    pub async fn create_network(&self, spec: &NetworkSpec) -> Result<Network, CloudError> {
+        let op = op("network_create");
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
+        let network: Network = self.create(op, "networks", "network", body).await?;
+        self.tag("networks", &network.id, &spec.tags).await?;
+        Ok(network)
     }
 
     pub async fn delete_network(&self, id: &str) -> Result<(), CloudError> {
@@ -328,19 +395,23 @@ impl<'a> Neutron<'a> {
         self.get(op("subnet_get"), "subnets", "subnet", id).await
     }
 
-    pub async fn create_subnet(
+    pub async fn create_subnet(&self, spec: &SubnetSpec) -> Result<Subnet, CloudError> {
+        let op = op("subnet_create");
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
+        let subnet: Subnet = self.create(op, "subnets", "subnet", body).await?;
+        self.tag("subnets", &subnet.id, &spec.tags).await?;
+        Ok(subnet)
+    }
+
+    /// Replaces a subnet's DNS nameservers.
+    pub async fn update_subnet_dns(
         &self,
-        name: &str,
-        network_id: &str,
-        cidr: &str,
+        id: &str,
         dns_nameservers: &[String],
     ) -> Result<Subnet, CloudError> {
-        let body = json!({
-            "name": name, "network_id": network_id, "cidr": cidr, "ip_version": 4,
-            "dns_nameservers": dns_nameservers,
-        });
-        self.create(op("subnet_create"), "subnets", "subnet", body)
-            .await
+        let body = json!({ "subnet": { "dns_nameservers": dns_nameservers } });
+        let call = Call::put(op("subnet_update"), format!("subnets/{}", seg(id)), body);
+        self.path.fetch(call.key("subnet")).await
     }
 
     pub async fn delete_subnet(&self, id: &str) -> Result<(), CloudError> {
@@ -351,17 +422,23 @@ impl<'a> Neutron<'a> {
         self.list(op("router_list"), "routers", filter).await
     }
 
-    pub async fn create_router(
+    pub async fn create_router(&self, spec: &RouterSpec) -> Result<Router, CloudError> {
+        let op = op("router_create");
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
+        let router: Router = self.create(op, "routers", "router", body).await?;
+        self.tag("routers", &router.id, &spec.tags).await?;
+        Ok(router)
+    }
+
+    /// Sets a router's external gateway.
+    pub async fn set_router_gateway(
         &self,
-        name: &str,
-        external_network_id: Option<&str>,
+        id: &str,
+        gateway: &GatewayInfo,
     ) -> Result<Router, CloudError> {
-        let mut body = json!({ "name": name });
-        if let Some(network) = external_network_id {
-            body["external_gateway_info"] = json!({ "network_id": network });
-        }
-        self.create(op("router_create"), "routers", "router", body)
-            .await
+        let body = json!({ "router": { "external_gateway_info": gateway } });
+        let call = Call::put(op("router_update"), format!("routers/{}", seg(id)), body);
+        self.path.fetch(call.key("router")).await
     }
 
     pub async fn delete_router(&self, id: &str) -> Result<(), CloudError> {
@@ -431,6 +508,19 @@ impl<'a> Neutron<'a> {
         self.path.run(call).await
     }
 
+    /// Tags a resource just created, when there are tags to set.
+    async fn tag(
+        &self,
+        collection: &'static str,
+        id: &str,
+        tags: &[String],
+    ) -> Result<(), CloudError> {
+        if tags.is_empty() {
+            return Ok(());
+        }
+        self.set_tags(collection, id, tags).await
+    }
+
     pub async fn list_security_groups(
         &self,
         filter: &Filter,
@@ -497,12 +587,27 @@ impl<'a> Neutron<'a> {
         address: Option<&str>,
         description: &str,
     ) -> Result<FloatingIp, CloudError> {
+        self.create_tagged_floating_ip(network_id, address, description, &[])
+            .await
+    }
+
+    /// A floating IP on `network_id` (at `address` when given), tagged.
+    pub async fn create_tagged_floating_ip(
+        &self,
+        network_id: &str,
+        address: Option<&str>,
+        description: &str,
+        tags: &[String],
+    ) -> Result<FloatingIp, CloudError> {
         let mut body = json!({ "floating_network_id": network_id, "description": description });
         if let Some(address) = address {
             body["floating_ip_address"] = json!(address);
         }
-        self.create(op("floating_ip_create"), "floatingips", "floatingip", body)
-            .await
+        let ip: FloatingIp = self
+            .create(op("floating_ip_create"), "floatingips", "floatingip", body)
+            .await?;
+        self.tag("floatingips", &ip.id, tags).await?;
+        Ok(ip)
     }
 
     /// Points a floating IP at a port, or detaches it with `None`.

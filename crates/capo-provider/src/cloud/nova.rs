@@ -224,6 +224,32 @@ impl<'a> Nova<'a> {
             .ok_or_else(|| not_found(op("flavor_list"), format!("no flavor named {name:?}")))
     }
 
+    /// The names of the availability zones that are available.
+    pub async fn list_availability_zones(&self) -> Result<Vec<String>, CloudError> {
+        #[derive(Deserialize)]
+        struct ZoneState {
+            #[serde(default)]
+            available: bool,
+        }
+        #[derive(Deserialize)]
+        struct Zone {
+            #[serde(rename = "zoneName")]
+            name: String,
+            #[serde(rename = "zoneState")]
+            state: ZoneState,
+        }
+        let call = versioned(Call::get(
+            op("availability_zone_list"),
+            "os-availability-zone",
+        ));
+        let zones: Vec<Zone> = self.path.fetch(call.key("availabilityZoneInfo")).await?;
+        Ok(zones
+            .into_iter()
+            .filter(|z| z.state.available)
+            .map(|z| z.name)
+            .collect())
+    }
+
     /// Server groups, optionally by exact name.
     pub async fn list_server_groups(
         &self,

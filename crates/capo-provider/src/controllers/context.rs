@@ -2,8 +2,9 @@
 //! membership engine, OpenStack clients per credentials, metrics, tunables, and the
 //! per-object backoff that turns a category of error into the next attempt's delay.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
@@ -66,6 +67,11 @@ pub struct Context {
     pub metrics: ReconcileMetrics,
     pub config: ControllerConfig,
     backoff: Mutex<Backoff<String>>,
+    /// Engine observations not yet written, by object key: when each was observed.
+    wakes: Mutex<HashMap<String, Instant>>,
+    /// When each object last had a complete pass over its cloud resources, at which
+    /// generation: between those, a wake-up from the engine only refreshes the gate.
+    full_passes: Mutex<HashMap<String, (Option<i64>, Instant)>>,
 }
 
 impl Context {
@@ -87,6 +93,8 @@ impl Context {
             clouds: ClientCache::new(clouds),
             metrics,
             backoff: Mutex::new(Backoff::new(config.backoff)),
+            wakes: Mutex::default(),
+            full_passes: Mutex::default(),
             config,
         })
     }
@@ -136,11 +144,47 @@ impl Context {
     /// `key` is gone.
     pub fn forget(&self, key: &str) {
         self.lock_backoff().forget(&key.to_owned());
+        lock(&self.wakes).remove(key);
+        lock(&self.full_passes).remove(key);
     }
 
-    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff<String>> {
-        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    /// The engine observed something about `key` at `observed`; the earliest unwritten
+    /// observation counts.
+    pub fn note_wake(&self, key: String, observed: Instant) {
+        lock(&self.wakes).entry(key).or_insert(observed);
     }
+
+    /// The observation a reconcile of `key` is about to write, if any.
+    pub fn take_wake(&self, key: &str) -> Option<Instant> {
+        lock(&self.wakes).remove(key)
+    }
+
+    /// Whether `key` at `generation` needs a complete pass over its cloud resources: never
+    /// had one, its spec changed since, or the sync period has passed.
+    pub fn full_pass_due(&self, key: &str, generation: Option<i64>) -> bool {
+        match lock(&self.full_passes).get(key) {
+            Some((seen, at)) => *seen != generation || at.elapsed() >= self.config.sync_period,
+            None => true,
+        }
+    }
+
+    /// A complete pass of `key` at `generation` found everything in place.
+    pub fn full_pass_done(&self, key: &str, generation: Option<i64>) {
+        lock(&self.full_passes).insert(key.to_owned(), (generation, Instant::now()));
+    }
+
+    /// The next pass of `key` is a complete one.
+    pub fn full_pass_needed(&self, key: &str) {
+        lock(&self.full_passes).remove(key);
+    }
+
+    fn lock_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.backoff)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

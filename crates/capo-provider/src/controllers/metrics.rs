@@ -37,6 +37,7 @@ pub struct ReconcileMetrics {
     time: HistogramVec,
     active_workers: IntGaugeVec,
     max_concurrent: IntGaugeVec,
+    gate_latency: prometheus::Histogram,
 }
 
 impl ReconcileMetrics {
@@ -87,7 +88,19 @@ impl ReconcileMetrics {
                 ),
                 &["controller"],
             )?,
+            gate_latency: prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "capo_lb_gate_condition_latency_seconds",
+                    "From the membership engine's observation of a verdict change to the \
+                     OpenStackCluster's APIServerLoadBalancerReady condition written",
+                )
+                .buckets(vec![
+                    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+            )?,
         };
+        registry.register(Box::new(metrics.gate_latency.clone()))?;
         registry.register(Box::new(metrics.total.clone()))?;
         registry.register(Box::new(metrics.errors.clone()))?;
         registry.register(Box::new(metrics.terminal_errors.clone()))?;
@@ -95,6 +108,11 @@ impl ReconcileMetrics {
         registry.register(Box::new(metrics.active_workers.clone()))?;
         registry.register(Box::new(metrics.max_concurrent.clone()))?;
         Ok(metrics)
+    }
+
+    /// A verdict the engine observed at `observed` is now written on its cluster.
+    pub fn gate_written(&self, observed: std::time::Instant) {
+        self.gate_latency.observe(observed.elapsed().as_secs_f64());
     }
 
     /// A controller starts with this many workers.

@@ -7,9 +7,11 @@
 //! apply (OpenStack changes, never waiting) -> status (one patch). [`server`] is the first.
 
 pub mod backoff;
+pub mod cluster;
 pub mod context;
 pub mod credentials;
 pub mod error;
+pub mod gate;
 pub mod identity;
 pub mod metrics;
 pub mod outcome;

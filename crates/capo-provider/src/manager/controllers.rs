@@ -12,8 +12,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use capo_api::OpenStackServer;
 use capo_api::capi::{self, Cluster};
+use capo_api::{OpenStackMachine, OpenStackServer};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::{Context, server};
+use crate::controllers::{Context, cluster, server};
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -161,6 +161,114 @@ pub async fn run_servers(
             }
         });
     until_stopped(controller, listed, shutdown).await;
+}
+
+/// What wakes an OpenStackCluster besides its own changes: the engine's wake-ups (through
+/// `reconcile_on`) and re-syncs.
+pub struct ClusterWakeups {
+    pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<cluster::Watched>>,
+    pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
+/// The OpenStackCluster controller, until `shutdown`; reconciles in flight finish first.
+pub async fn run_clusters(
+    ctx: Arc<Context>,
+    scope: &WatchScope,
+    concurrency: u16,
+    wakeups: ClusterWakeups,
+    shutdown: CancellationToken,
+) {
+    type Watched = cluster::Watched;
+    let client = ctx.client.clone();
+    let (reader, writer) = reflector::store::<Watched>();
+    let clusters = reflector(
+        writer,
+        watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(reconcile_worthy, Default::default());
+    let secrets = watch(
+        scope.api::<PartialObjectMeta<Secret>>(client.clone()),
+        watcher::Config::default(),
+    )
+    .predicate_filter(predicates::resource_version, Default::default());
+    let capi_clusters = watch(scope.api::<Cluster>(client.clone()), scope.watcher_config())
+        .predicate_filter(paused_changes, Default::default());
+    // Control-plane machines change the desired members: their address, their deletion.
+    let machines = watch(
+        scope.api::<OpenStackMachine>(client.clone()),
+        scope.watcher_config(),
+    )
+    .predicate_filter(member_changes, Default::default());
+    // The bastion's server, as it builds.
+    let bastions = watch(scope.api::<OpenStackServer>(client), scope.watcher_config())
+        .predicate_filter(predicates::resource_version, Default::default());
+    let by_secret = reader.clone();
+    let by_cluster = reader.clone();
+    let by_machine = reader.clone();
+    let listed = reader.clone();
+    ctx.metrics
+        .controller_started(cluster::CONTROLLER, usize::from(concurrency));
+    let controller = Controller::for_stream(clusters, reader)
+        .watches_stream(secrets, move |secret| {
+            let name = secret.name_any();
+            pick(&by_secret, secret.namespace(), |object: &Watched| {
+                object.0.as_ref().is_ok_and(|c| {
+                    c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
+                        && c.spec.identity_ref.name == name
+                })
+            })
+        })
+        .watches_stream(capi_clusters, move |owner| {
+            let name = owner.name_any();
+            pick(&by_cluster, owner.namespace(), |object: &Watched| {
+                capi::cluster_name(object.labels()) == Some(name.as_str())
+            })
+        })
+        .watches_stream(machines, move |machine| {
+            let name = capi::cluster_name(machine.labels()).map(str::to_owned);
+            pick(&by_machine, machine.namespace(), |object: &Watched| {
+                name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
+            })
+        })
+        .watches_stream(bastions, |server| {
+            let namespace = server.namespace();
+            server
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "OpenStackCluster")
+                .map(|o| {
+                    let mut object = ObjectRef::<Watched>::new(&o.name);
+                    object.namespace.clone_from(&namespace);
+                    object
+                })
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(wakeups.changed)
+        .reconcile_all_on(wakeups.resync)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(cluster::reconcile, cluster::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                log_controller_error(cluster::CONTROLLER, &error);
+            }
+        });
+    until_stopped(controller, listed, shutdown).await;
+}
+
+/// What about a machine changes its cluster's desired members.
+fn member_changes(machine: &OpenStackMachine) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    (
+        capi::is_control_plane(machine.labels()),
+        crate::controllers::gate::member_address(machine),
+        machine.meta().deletion_timestamp.is_some(),
+        &machine.spec.provider_id,
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// Runs a controller until its graceful shutdown ends. kube-runtime holds reconciles until

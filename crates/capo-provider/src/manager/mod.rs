@@ -8,6 +8,7 @@
 
 pub mod controllers;
 pub mod crds;
+pub mod wakeups;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -30,6 +31,8 @@ pub struct ManagerConfig {
     pub scope: WatchScope,
     /// Reconciles of OpenStackServers at once (CAPO's default is 10).
     pub server_concurrency: u16,
+    /// Reconciles of OpenStackClusters at once (CAPO's default is 10).
+    pub cluster_concurrency: u16,
     pub controllers: ControllerConfig,
     pub engine: EngineConfig,
     pub cloud: CloudOptions,
@@ -42,6 +45,7 @@ impl Default for ManagerConfig {
         ManagerConfig {
             scope: WatchScope::default(),
             server_concurrency: 10,
+            cluster_concurrency: 10,
             controllers: ControllerConfig::default(),
             engine: EngineConfig::default(),
             cloud: CloudOptions::default(),
@@ -82,7 +86,8 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ManagerE
     kube::Client::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))
 }
 
-/// The CRDs the controllers watch: ours, and Cluster API's Cluster (for `spec.paused`).
+/// The CRDs the controllers watch: ours, and Cluster API's Cluster (for `spec.paused` and
+/// ownership).
 pub fn required_crds() -> Vec<String> {
     let mut names: Vec<String> = capo_api::crds::all()
         .iter()
@@ -166,8 +171,32 @@ pub async fn run(
         watch_filter = config.scope.watch_filter.as_deref().unwrap_or("(none)"),
         "controllers starting"
     );
-    controllers::run_servers(ctx, &config.scope, config.server_concurrency, shutdown).await;
+    let (senders, cluster_wakeups) = wakeups::channels();
+    let bridge = tokio::spawn(wakeups::forward(
+        engine.subscribe(),
+        senders,
+        ctx.clone(),
+        shutdown.clone(),
+    ));
+    tokio::join!(
+        controllers::run_servers(
+            ctx.clone(),
+            &config.scope,
+            config.server_concurrency,
+            shutdown.clone()
+        ),
+        controllers::run_clusters(
+            ctx,
+            &config.scope,
+            config.cluster_concurrency,
+            cluster_wakeups,
+            shutdown.clone()
+        ),
+    );
     engine.shutdown().await;
+    if let Err(error) = bridge.await {
+        tracing::warn!(%error, "the engine wake-up bridge ended abnormally");
+    }
     cloud_stop.cancel();
     tracing::info!("controllers stopped");
     Ok(())

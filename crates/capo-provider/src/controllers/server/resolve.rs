@@ -31,7 +31,7 @@ fn cloud(what: impl Into<String>) -> impl FnOnce(CloudError) -> ResolveError {
 }
 
 /// Exactly one match, or a spec problem naming `what`.
-fn exactly_one<T>(
+pub(crate) fn exactly_one<T>(
     what: &str,
     mut found: Vec<T>,
     id: impl Fn(&T) -> &str,

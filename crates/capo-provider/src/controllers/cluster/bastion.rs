@@ -1,0 +1,317 @@
+//! The bastion: an OpenStackServer owned by the cluster (the server controller builds it),
+//! and its floating IP. The bastion spec may change; a server cannot, so a change deletes
+//! the server and a later pass creates the new one.
+
+use capo_api::capi;
+use capo_api::cluster::{BastionStatus, OpenStackClusterStatus};
+use capo_api::common::{IdOrFilter, PortOpts};
+use capo_api::conditions::{self, types};
+use capo_api::{OpenStackClusterSpec, OpenStackServer, OpenStackServerSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Resource, ResourceExt};
+
+use super::load_balancer::find_floating_ip;
+use super::plan;
+use super::{ClusterError, Pass};
+use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::outcome::Outcome;
+
+/// Whether the spec asks for a bastion.
+pub fn enabled(spec: &OpenStackClusterSpec) -> bool {
+    spec.bastion
+        .as_ref()
+        .is_some_and(|b| b.enabled != Some(false) && b.spec.is_some())
+}
+
+/// The bastion's OpenStackServer spec: the bastion's machine spec on the cluster network,
+/// in the bastion security group, with the cluster's credentials and tags.
+pub fn server_spec(
+    spec: &OpenStackClusterSpec,
+    status: &OpenStackClusterStatus,
+) -> Option<OpenStackServerSpec> {
+    let bastion = spec.bastion.as_ref()?;
+    let machine = bastion.spec.as_ref()?;
+    let network = status.network.as_ref().map(|n| n.id.clone());
+    let mut ports = machine.ports.clone();
+    if ports.is_empty() {
+        ports.push(PortOpts::default());
+    }
+    for port in &mut ports {
+        if port.network.is_none() {
+            port.network = network.clone().map(|id| IdOrFilter {
+                id: Some(id),
+                filter: None,
+            });
+        }
+    }
+    let mut security_groups = machine.security_groups.clone();
+    if let Some(group) = &status.bastion_security_group {
+        let own = IdOrFilter {
+            id: Some(group.id.clone()),
+            filter: None,
+        };
+        if !security_groups.contains(&own) {
+            security_groups.push(own);
+        }
+    }
+    let mut tags = machine.tags.clone();
+    tags.extend(spec.tags.iter().cloned());
+    tags.sort();
+    tags.dedup();
+    Some(OpenStackServerSpec {
+        flavor: machine.flavor.filter.as_ref().and_then(|f| f.name.clone()),
+        flavor_id: machine.flavor.id.clone(),
+        image: machine.image.clone(),
+        ssh_key_name: machine.ssh_key_name.clone().unwrap_or_default(),
+        ports,
+        security_groups,
+        trunk: machine.trunk,
+        tags,
+        server_metadata: machine.server_metadata.clone(),
+        config_drive: machine.config_drive,
+        root_volume: machine.root_volume.clone(),
+        additional_block_devices: machine.additional_block_devices.clone(),
+        server_group: machine.server_group.clone(),
+        identity_ref: machine
+            .identity_ref
+            .clone()
+            .unwrap_or_else(|| spec.identity_ref.clone()),
+        floating_ip_pool_ref: None,
+        availability_zone: bastion.availability_zone.clone(),
+        scheduler_hint_additional_properties: machine.scheduler_hint_additional_properties.clone(),
+        user_data_ref: None,
+    })
+}
+
+/// Brings the bastion to the spec: created, replaced, or removed.
+pub async fn reconcile(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<Outcome, ClusterError> {
+    let spec = &pass.cluster.spec;
+    let namespace = pass.cluster.namespace().unwrap_or_default();
+    let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &namespace);
+    let existing = servers
+        .get_opt(&pass.names.bastion)
+        .await
+        .map_err(ClusterError::kube("reading the bastion OpenStackServer"))?;
+    let waiting = Outcome::Poll(pass.ctx.config.poll_max);
+    let wanted = server_spec(spec, status).filter(|_| enabled(spec));
+    let Some(wanted) = wanted else {
+        return match existing {
+            Some(server) => {
+                remove(pass, cloud, &servers, &server, status).await?;
+                Ok(waiting)
+            }
+            None => {
+                status.bastion = None;
+                Ok(Outcome::Settled)
+            }
+        };
+    };
+    let Some(server) = existing else {
+        create(pass, &servers, wanted).await?;
+        return Ok(waiting);
+    };
+    if server.meta().deletion_timestamp.is_some() {
+        return Ok(waiting);
+    }
+    if server.spec != wanted {
+        tracing::info!(bastion = %pass.names.bastion, "the bastion spec changed: replacing its server");
+        remove(pass, cloud, &servers, &server, status).await?;
+        return Ok(waiting);
+    }
+    record(pass, cloud, &server, status).await
+}
+
+async fn create(
+    pass: &Pass<'_>,
+    servers: &Api<OpenStackServer>,
+    spec: OpenStackServerSpec,
+) -> Result<(), ClusterError> {
+    let cluster = pass.cluster;
+    let mut server = OpenStackServer::new(&pass.names.bastion, spec);
+    server.metadata.namespace = cluster.namespace();
+    server.metadata.labels = Some(
+        [(
+            capi::labels::CLUSTER_NAME.to_owned(),
+            pass.capi_name.clone(),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    server.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: capo_api::OpenStackCluster::api_version(&()).into_owned(),
+        kind: "OpenStackCluster".into(),
+        name: cluster.name_any(),
+        uid: cluster.uid().unwrap_or_default(),
+        block_owner_deletion: Some(true),
+        controller: Some(false),
+    }]);
+    match servers.create(&PostParams::default(), &server).await {
+        Ok(_) => {
+            tracing::info!(bastion = %pass.names.bastion, "created the bastion OpenStackServer");
+            Ok(())
+        }
+        // Made by an earlier pass a moment ago: the next pass looks at it.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(ClusterError::kube("creating the bastion OpenStackServer")(
+            e,
+        )),
+    }
+}
+
+/// Records the bastion in status and gives it its floating IP once it is running.
+async fn record(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    server: &OpenStackServer,
+    status: &mut OpenStackClusterStatus,
+) -> Result<Outcome, ClusterError> {
+    let server_status = server.status.clone().unwrap_or_default();
+    let ip = server_status
+        .addresses
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone());
+    let mut bastion = BastionStatus {
+        id: server_status.instance_id.clone(),
+        name: Some(server.name_any()),
+        ssh_key_name: Some(server.spec.ssh_key_name.clone()).filter(|k| !k.is_empty()),
+        state: server_status.instance_state.clone(),
+        ip,
+        floating_ip: status.bastion.as_ref().and_then(|b| b.floating_ip.clone()),
+        resolved: server_status.resolved.clone(),
+        resources: server_status.resources.clone(),
+    };
+    let running = conditions::status_of(&server_status.conditions, types::INSTANCE_READY)
+        == conditions::Status::True;
+    let port = server_status
+        .resources
+        .as_ref()
+        .and_then(|r| r.ports.first())
+        .map(|p| p.id.clone());
+    let external = status.external_network.as_ref().map(|n| n.id.clone());
+    let outcome = match (running, port, external) {
+        (true, Some(port), Some(external)) => {
+            let address = attach_floating_ip(pass, cloud, &bastion, &port, &external).await?;
+            bastion.floating_ip = Some(address);
+            Outcome::Settled
+        }
+        (true, _, _) => Outcome::Settled,
+        (false, _, _) => Outcome::Poll(pass.ctx.config.poll_max),
+    };
+    status.bastion = Some(bastion);
+    Ok(outcome)
+}
+
+/// The bastion's floating IP: the recorded one, the spec's, or a new one; on its port.
+async fn attach_floating_ip(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    bastion: &BastionStatus,
+    port: &str,
+    external: &str,
+) -> Result<String, ClusterError> {
+    let on_port = cloud
+        .neutron()
+        .list_floating_ips(&crate::cloud::neutron::Filter::default().with("port_id", port))
+        .await
+        .map_err(ClusterError::cloud("reading the bastion's floating IP"))?;
+    if let Some(ip) = on_port.into_iter().next() {
+        return Ok(ip.floating_ip_address);
+    }
+    let spec = &pass.cluster.spec;
+    let wanted = bastion
+        .floating_ip
+        .clone()
+        .or_else(|| spec.bastion.as_ref().and_then(|b| b.floating_ip.clone()));
+    let existing = match &wanted {
+        Some(address) => find_floating_ip(cloud, address).await?,
+        None => None,
+    };
+    let ip = match existing {
+        Some(ip) => ip,
+        None => cloud
+            .neutron()
+            .create_tagged_floating_ip(
+                external,
+                wanted.as_deref(),
+                &pass.names.description(),
+                &plan::tags(spec),
+            )
+            .await
+            .map_err(ClusterError::cloud("allocating the bastion floating IP"))?,
+    };
+    cloud
+        .neutron()
+        .associate_floating_ip(&ip.id, Some(port))
+        .await
+        .map_err(ClusterError::cloud("attaching the bastion floating IP"))?;
+    tracing::info!(address = %ip.floating_ip_address, "bastion floating IP attached");
+    Ok(ip.floating_ip_address)
+}
+
+/// Deletes the bastion's floating IP (unless the spec named it: the user's own) and its
+/// OpenStackServer.
+pub async fn remove(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    servers: &Api<OpenStackServer>,
+    server: &OpenStackServer,
+    status: &mut OpenStackClusterStatus,
+) -> Result<(), ClusterError> {
+    release_floating_ip(pass, cloud, status).await?;
+    if server.meta().deletion_timestamp.is_none() {
+        match servers
+            .delete(&server.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                return Err(ClusterError::kube("deleting the bastion OpenStackServer")(
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn release_floating_ip(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<(), ClusterError> {
+    let Some(address) = status.bastion.as_ref().and_then(|b| b.floating_ip.clone()) else {
+        return Ok(());
+    };
+    let given = pass
+        .cluster
+        .spec
+        .bastion
+        .as_ref()
+        .and_then(|b| b.floating_ip.as_deref());
+    if let Some(ip) = find_floating_ip(cloud, &address).await? {
+        let result = if given == Some(address.as_str()) {
+            cloud
+                .neutron()
+                .associate_floating_ip(&ip.id, None)
+                .await
+                .map(|_| ())
+        } else {
+            cloud.neutron().delete_floating_ip(&ip.id).await
+        };
+        match result {
+            Ok(()) | Err(CloudError::NotFound(_)) => {}
+            Err(e) => return Err(ClusterError::cloud("releasing the bastion floating IP")(e)),
+        }
+    }
+    if let Some(bastion) = status.bastion.as_mut() {
+        bastion.floating_ip = None;
+    }
+    Ok(())
+}

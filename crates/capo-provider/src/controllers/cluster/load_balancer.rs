@@ -1,0 +1,468 @@
+//! The API server load balancer: the LB, a listener, pool and health monitor per port, the
+//! allowed CIDRs, and the floating IP of the endpoint. One change per LB per pass: a change
+//! locks the LB (PENDING_UPDATE), and the engine's observation of it unlocking wakes the
+//! cluster for the next one. Nothing here waits.
+
+use capo_api::OpenStackClusterSpec;
+use capo_api::cluster::{
+    LoadBalancerPoolStatus, LoadBalancerStatus, ManagedLoadBalancer, OpenStackClusterStatus,
+};
+use capo_api::common::{IdOrFilter, NetworkStatusWithSubnets, Subnet};
+
+use super::ClusterError;
+use super::plan::{self, Names};
+use crate::cloud::neutron::{Filter, FloatingIp};
+use crate::cloud::octavia::{
+    HealthMonitorSpec, Listener, ListenerSpec, LoadBalancer, LoadBalancerFilter, LoadBalancerSpec,
+    Pool, PoolSpec, ProvisioningStatus,
+};
+use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::server::resolve::{exactly_one, neutron_filter, subnet_filter};
+
+/// Where the load balancer stands after a pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LbProgress {
+    /// ACTIVE, with every listener, pool and monitor.
+    Ready,
+    /// Being created or changed (by us or anyone): look again when it unlocks.
+    Pending(ProvisioningStatus),
+    /// In ERROR: a person must look; the gate says so.
+    Failed,
+}
+
+/// Health monitor defaults, as CAPO's.
+const MONITOR_DELAY: u32 = 10;
+const MONITOR_TIMEOUT: u32 = 5;
+const MONITOR_MAX_RETRIES: u32 = 5;
+const MONITOR_MAX_RETRIES_DOWN: u32 = 3;
+
+/// Brings the API load balancer toward the spec, recording it in `status`.
+pub async fn reconcile(
+    spec: &OpenStackClusterSpec,
+    lb_spec: &ManagedLoadBalancer,
+    names: &Names,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<LbProgress, ClusterError> {
+    let vip_network = vip_network(lb_spec, cloud, status).await?;
+    let lb = match find(names, cloud, status).await? {
+        Some(lb) => lb,
+        None => create(spec, lb_spec, names, cloud, &vip_network).await?,
+    };
+    let recorded = LoadBalancerStatus {
+        name: lb.name.clone(),
+        id: lb.id.clone(),
+        internal_ip: lb.vip_address.clone().unwrap_or_default(),
+        ip: lb.vip_address.clone().unwrap_or_default(),
+        tags: lb.tags.clone(),
+        load_balancer_network: vip_network.clone(),
+        ..status
+            .api_server_managed_load_balancer
+            .clone()
+            .unwrap_or_default()
+    };
+    status.api_server_managed_load_balancer = Some(recorded);
+    match lb.provisioning_status {
+        ProvisioningStatus::Active => {}
+        ProvisioningStatus::Error => return Ok(LbProgress::Failed),
+        other => return Ok(LbProgress::Pending(other)),
+    }
+    let listeners = cloud
+        .octavia()
+        .list_listeners(&lb.id, None)
+        .await
+        .map_err(ClusterError::cloud("listing the load balancer's listeners"))?;
+    let pools = cloud
+        .octavia()
+        .list_pools(&lb.id, None)
+        .await
+        .map_err(ClusterError::cloud("listing the load balancer's pools"))?;
+    let allowed = plan::allowed_cidrs(
+        lb_spec,
+        &subnet_cidrs(status),
+        &status
+            .router
+            .as_ref()
+            .map(|r| r.ips.clone())
+            .unwrap_or_default(),
+        &bastion_ips(status),
+    );
+    let mut recorded_pools = Vec::new();
+    for port in plan::lb_ports(spec, lb_spec) {
+        let step = ensure_port(
+            names, lb_spec, cloud, &lb, port, &listeners, &pools, &allowed,
+        )
+        .await?;
+        match step {
+            PortStep::Done(pool) => recorded_pools.push(pool),
+            PortStep::Changed => {
+                record_pools(status, recorded_pools);
+                return Ok(LbProgress::Pending(ProvisioningStatus::PendingUpdate));
+            }
+        }
+    }
+    record_pools(status, recorded_pools);
+    if let Some(lb_status) = status.api_server_managed_load_balancer.as_mut() {
+        lb_status.allowed_cidrs = allowed.unwrap_or_default();
+    }
+    Ok(LbProgress::Ready)
+}
+
+fn record_pools(status: &mut OpenStackClusterStatus, pools: Vec<LoadBalancerPoolStatus>) {
+    if let Some(lb) = status.api_server_managed_load_balancer.as_mut() {
+        // Pools found so far replace what was known of them; the rest stay until seen.
+        let mut merged = pools;
+        for known in &lb.pools {
+            if !merged.iter().any(|p| p.port == known.port) {
+                merged.push(known.clone());
+            }
+        }
+        merged.sort_by_key(|p| p.port);
+        lb.pools = merged;
+    }
+}
+
+fn subnet_cidrs(status: &OpenStackClusterStatus) -> Vec<String> {
+    status
+        .network
+        .iter()
+        .flat_map(|n| &n.subnets)
+        .map(|s| s.cidr.clone())
+        .collect()
+}
+
+fn bastion_ips(status: &OpenStackClusterStatus) -> Vec<String> {
+    status
+        .bastion
+        .iter()
+        .flat_map(|b| [b.floating_ip.clone(), b.ip.clone()])
+        .flatten()
+        .collect()
+}
+
+enum PortStep {
+    Done(LoadBalancerPoolStatus),
+    /// One change made: the LB is locked until it settles.
+    Changed,
+}
+
+/// The listener, pool and monitor of one port, and the listener's allowed CIDRs.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one port's whole state, read once per pass"
+)]
+async fn ensure_port(
+    names: &Names,
+    lb_spec: &ManagedLoadBalancer,
+    cloud: &CloudClient,
+    lb: &LoadBalancer,
+    port: u16,
+    listeners: &[Listener],
+    pools: &[Pool],
+    allowed: &Option<Vec<String>>,
+) -> Result<PortStep, ClusterError> {
+    let name = names.lb_child(port);
+    let tags = lb.tags.clone();
+    let Some(listener) = listeners.iter().find(|l| l.name == name) else {
+        let listener = ListenerSpec {
+            name: name.clone(),
+            loadbalancer_id: lb.id.clone(),
+            protocol: "TCP".into(),
+            protocol_port: port,
+            allowed_cidrs: allowed.clone(),
+            tags,
+        };
+        cloud
+            .octavia()
+            .create_listener(&listener)
+            .await
+            .map_err(ClusterError::cloud(format!(
+                "creating the listener for port {port}"
+            )))?;
+        tracing::info!(port, "created a listener");
+        return Ok(PortStep::Changed);
+    };
+    if let Some(wanted) = allowed {
+        let mut have = listener.allowed_cidrs.clone().unwrap_or_default();
+        have.sort();
+        if &have != wanted {
+            cloud
+                .octavia()
+                .update_listener_allowed_cidrs(&listener.id, wanted)
+                .await
+                .map_err(ClusterError::cloud("updating the listener's allowed CIDRs"))?;
+            return Ok(PortStep::Changed);
+        }
+    }
+    let Some(pool) = pools.iter().find(|p| p.name == name) else {
+        let algorithm = if lb_spec.provider.as_deref() == Some("ovn") {
+            "SOURCE_IP_PORT"
+        } else {
+            "ROUND_ROBIN"
+        };
+        let pool = PoolSpec {
+            name: name.clone(),
+            protocol: "TCP".into(),
+            lb_algorithm: algorithm.into(),
+            listener_id: Some(listener.id.clone()),
+            loadbalancer_id: None,
+            tags,
+        };
+        cloud
+            .octavia()
+            .create_pool(&pool)
+            .await
+            .map_err(ClusterError::cloud(format!(
+                "creating the pool for port {port}"
+            )))?;
+        tracing::info!(port, "created a pool");
+        return Ok(PortStep::Changed);
+    };
+    let monitor_id = match &pool.healthmonitor_id {
+        Some(id) => id.clone(),
+        None => {
+            let settings = lb_spec.monitor.clone().unwrap_or_default();
+            let value = |v: Option<i32>, default: u32| {
+                v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default)
+            };
+            let monitor = HealthMonitorSpec {
+                name: name.clone(),
+                pool_id: pool.id.clone(),
+                kind: "TCP".into(),
+                delay: value(settings.delay, MONITOR_DELAY),
+                timeout: value(settings.timeout, MONITOR_TIMEOUT),
+                max_retries: value(settings.max_retries, MONITOR_MAX_RETRIES),
+                max_retries_down: Some(value(settings.max_retries_down, MONITOR_MAX_RETRIES_DOWN)),
+                tags: Vec::new(),
+            };
+            cloud
+                .octavia()
+                .create_health_monitor(&monitor)
+                .await
+                .map_err(ClusterError::cloud(format!(
+                    "creating the health monitor for port {port}"
+                )))?;
+            tracing::info!(port, "created a health monitor");
+            return Ok(PortStep::Changed);
+        }
+    };
+    Ok(PortStep::Done(LoadBalancerPoolStatus {
+        port: i32::from(port),
+        listener_id: listener.id.clone(),
+        pool_id: pool.id.clone(),
+        monitor_id: Some(monitor_id),
+    }))
+}
+
+/// The VIP's network and subnets: `managedLoadBalancer.network`/`subnets`, else the cluster's.
+async fn vip_network(
+    lb_spec: &ManagedLoadBalancer,
+    cloud: &CloudClient,
+    status: &OpenStackClusterStatus,
+) -> Result<Option<NetworkStatusWithSubnets>, ClusterError> {
+    let Some(given) = &lb_spec.network else {
+        return Ok(status.network.clone());
+    };
+    if let Some(known) = status
+        .api_server_managed_load_balancer
+        .as_ref()
+        .and_then(|lb| lb.load_balancer_network.clone())
+        .filter(|n| given.id.as_ref().is_none_or(|id| id == &n.id))
+    {
+        return Ok(Some(known));
+    }
+    let network = match given {
+        IdOrFilter { id: Some(id), .. } => cloud
+            .neutron()
+            .get_network(id)
+            .await
+            .map_err(ClusterError::missing_or_cloud("the load balancer network"))?,
+        IdOrFilter { filter, .. } => {
+            let found = cloud
+                .neutron()
+                .list_networks(&neutron_filter(filter.as_ref()))
+                .await
+                .map_err(ClusterError::cloud("finding the load balancer network"))?;
+            exactly_one("load balancer network", found, |n| &n.id)?
+        }
+    };
+    let mut subnets = Vec::new();
+    for given in &lb_spec.subnets {
+        let subnet = match given {
+            IdOrFilter { id: Some(id), .. } => cloud
+                .neutron()
+                .get_subnet(id)
+                .await
+                .map_err(ClusterError::missing_or_cloud("a load balancer subnet"))?,
+            IdOrFilter { filter, .. } => {
+                let filter = subnet_filter(filter.as_ref()).with("network_id", network.id.clone());
+                let found = cloud
+                    .neutron()
+                    .list_subnets(&filter)
+                    .await
+                    .map_err(ClusterError::cloud("finding a load balancer subnet"))?;
+                exactly_one("load balancer subnet", found, |s| &s.id)?
+            }
+        };
+        subnets.push(Subnet {
+            name: subnet.name,
+            id: subnet.id,
+            cidr: subnet.cidr,
+            tags: subnet.tags,
+        });
+    }
+    Ok(Some(NetworkStatusWithSubnets {
+        name: network.name,
+        id: network.id,
+        tags: network.tags,
+        subnets,
+    }))
+}
+
+/// The LB by its recorded ID, else by CAPO's name.
+pub async fn find(
+    names: &Names,
+    cloud: &CloudClient,
+    status: &OpenStackClusterStatus,
+) -> Result<Option<LoadBalancer>, ClusterError> {
+    if let Some(known) = &status.api_server_managed_load_balancer {
+        match cloud.octavia().get_load_balancer(&known.id).await {
+            Ok(lb) if lb.provisioning_status != ProvisioningStatus::Deleted => return Ok(Some(lb)),
+            Ok(_) | Err(CloudError::NotFound(_)) => {}
+            Err(e) => return Err(ClusterError::cloud("reading the load balancer")(e)),
+        }
+    }
+    let filter = LoadBalancerFilter {
+        name: Some(names.load_balancer.clone()),
+        ..LoadBalancerFilter::default()
+    };
+    let found: Vec<LoadBalancer> = cloud
+        .octavia()
+        .list_load_balancers(&filter)
+        .await
+        .map_err(ClusterError::cloud("finding the load balancer"))?
+        .into_iter()
+        .filter(|lb| lb.provisioning_status != ProvisioningStatus::Deleted)
+        .collect();
+    match found.len() {
+        0 => Ok(None),
+        _ => exactly_one(
+            &format!("load balancer named {}", names.load_balancer),
+            found,
+            |lb| &lb.id,
+        )
+        .map(Some)
+        .map_err(Into::into),
+    }
+}
+
+async fn create(
+    spec: &OpenStackClusterSpec,
+    lb_spec: &ManagedLoadBalancer,
+    names: &Names,
+    cloud: &CloudClient,
+    vip_network: &Option<NetworkStatusWithSubnets>,
+) -> Result<LoadBalancer, ClusterError> {
+    let Some(network) = vip_network else {
+        return Err(ClusterError::InvalidSpec(
+            "the load balancer needs a network: set managedSubnets, network, or managedLoadBalancer.network".into(),
+        ));
+    };
+    let flavor_id = match &lb_spec.flavor {
+        Some(name) => Some(flavor(cloud, name).await?),
+        None => None,
+    };
+    let request = LoadBalancerSpec {
+        name: names.load_balancer.clone(),
+        description: names.description(),
+        vip_network_id: Some(network.id.clone()),
+        vip_subnet_id: network.subnets.first().map(|s| s.id.clone()),
+        vip_address: spec.api_server.as_ref().and_then(|a| a.fixed_ip.clone()),
+        provider: lb_spec.provider.clone(),
+        flavor_id,
+        availability_zone: lb_spec.availability_zone.clone(),
+        tags: plan::tags(spec),
+    };
+    let lb = cloud
+        .octavia()
+        .create_load_balancer(&request)
+        .await
+        .map_err(ClusterError::cloud("creating the load balancer"))?;
+    tracing::info!(lb = %lb.id, "created the API load balancer");
+    Ok(lb)
+}
+
+async fn flavor(cloud: &CloudClient, name: &str) -> Result<String, ClusterError> {
+    let flavors = cloud
+        .octavia()
+        .list_flavors(Some(name))
+        .await
+        .map_err(ClusterError::cloud("finding the load balancer flavor"))?;
+    let enabled: Vec<_> = flavors.into_iter().filter(|f| f.enabled).collect();
+    exactly_one(
+        &format!("enabled Octavia flavor named {name:?}"),
+        enabled,
+        |f| &f.id,
+    )
+    .map(|f| f.id)
+    .map_err(Into::into)
+}
+
+/// The endpoint's floating IP: the one recorded or asked for, else a new one; attached to
+/// `port` (the VIP's port) when given.
+pub async fn floating_ip(
+    spec: &OpenStackClusterSpec,
+    names: &Names,
+    cloud: &CloudClient,
+    external_network: &str,
+    known: Option<&str>,
+    port: Option<&str>,
+) -> Result<FloatingIp, ClusterError> {
+    let wanted = known.or_else(|| {
+        spec.api_server
+            .as_ref()
+            .and_then(|a| a.floating_ip.as_deref())
+    });
+    let existing = match wanted {
+        Some(address) => find_floating_ip(cloud, address).await?,
+        None => None,
+    };
+    let ip = match existing {
+        Some(ip) => ip,
+        None => {
+            let ip = cloud
+                .neutron()
+                .create_tagged_floating_ip(
+                    external_network,
+                    wanted,
+                    &names.description(),
+                    &plan::tags(spec),
+                )
+                .await
+                .map_err(ClusterError::cloud("allocating the API floating IP"))?;
+            tracing::info!(address = %ip.floating_ip_address, "allocated the API floating IP");
+            ip
+        }
+    };
+    match port {
+        Some(port) if ip.port_id.as_deref() != Some(port) => cloud
+            .neutron()
+            .associate_floating_ip(&ip.id, Some(port))
+            .await
+            .map_err(ClusterError::cloud("attaching the API floating IP")),
+        _ => Ok(ip),
+    }
+}
+
+pub async fn find_floating_ip(
+    cloud: &CloudClient,
+    address: &str,
+) -> Result<Option<FloatingIp>, ClusterError> {
+    let filter = Filter::default().with("floating_ip_address", address);
+    let found = cloud
+        .neutron()
+        .list_floating_ips(&filter)
+        .await
+        .map_err(ClusterError::cloud("finding a floating IP"))?;
+    Ok(found.into_iter().next())
+}

@@ -1,0 +1,788 @@
+//! The OpenStackCluster reconciler: what a cluster needs before any machine exists (network,
+//! security groups, the API load balancer and endpoint, failure domains, the bastion), and
+//! the gate (`APIServerLoadBalancerReady`) from the membership engine's verdict.
+//!
+//! observe (Kubernetes, then the cloud) -> plan ([`plan`], [`rules`], `gate`: pure) ->
+//! apply (one change per load balancer per pass) -> status (one patch).
+//!
+//! Two kinds of pass: a *complete* one walks every cloud resource (on a spec change, until
+//! everything is in place, and once per sync period for drift); between those, a wake-up from
+//! the engine only refreshes the gate, with no OpenStack request at all.
+
+mod bastion;
+mod delete;
+mod load_balancer;
+mod network;
+pub mod plan;
+pub mod rules;
+mod security_groups;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use capo_api::capi::{self, Cluster};
+use capo_api::cluster::{ApiEndpoint, OpenStackClusterStatus};
+use capo_api::common::Initialization;
+use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
+use capo_api::{OpenStackCluster, OpenStackMachine};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::Instrument;
+
+use super::error::{Categorized, ErrorCategory};
+use super::identity::IdentityError;
+use super::metrics::ReconcileResult;
+use super::outcome::Outcome;
+use super::server::resolve::ResolveError;
+use super::{Context, gate, writes};
+use crate::cloud::{CloudClient, CloudError};
+use crate::membership::{DesiredLb, ObjectName};
+use load_balancer::LbProgress;
+use plan::Names;
+
+/// The `controller` label of metrics and the span name.
+pub const CONTROLLER: &str = "openstackcluster";
+
+/// What the watch hands us: the object, or why it could not be read.
+pub type Watched = DeserializeGuard<OpenStackCluster>;
+
+/// The status fields this controller writes (and so removes when it no longer has them).
+const STATUS_FIELDS: &[&str] = &[
+    "network",
+    "externalNetwork",
+    "router",
+    "apiServerManagedLoadBalancer",
+    "apiServerManagedLoadBalancer/members",
+    "apiServerManagedLoadBalancer/pools",
+    "apiServerManagedLoadBalancer/allowedCIDRs",
+    "failureDomains",
+    "controlPlaneSecurityGroup",
+    "workerSecurityGroup",
+    "bastionSecurityGroup",
+    "bastion",
+    "conditions",
+    "observedGeneration",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    #[error("{action}: {source}")]
+    Cloud {
+        action: String,
+        #[source]
+        source: CloudError,
+    },
+}
+
+impl Categorized for ClusterError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            ClusterError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            ClusterError::Identity(error) => error.category(),
+            ClusterError::InvalidSpec(_) | ClusterError::Resolve(ResolveError::Spec(_)) => {
+                ErrorCategory::InvalidSpec
+            }
+            ClusterError::Resolve(ResolveError::Cloud { source, .. })
+            | ClusterError::Cloud { source, .. } => source.category(),
+        }
+    }
+}
+
+impl ClusterError {
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+        let what = what.into();
+        move |source| ClusterError::Kubernetes { what, source }
+    }
+
+    pub(crate) fn cloud(action: impl Into<String>) -> impl FnOnce(CloudError) -> ClusterError {
+        let action = action.into();
+        move |source| ClusterError::Cloud { action, source }
+    }
+
+    /// A lookup by the ID the spec gives: a 404 means the spec names something missing.
+    pub(crate) fn missing_or_cloud(what: &'static str) -> impl FnOnce(CloudError) -> ClusterError {
+        move |source| match source {
+            CloudError::NotFound(_) => {
+                ClusterError::InvalidSpec(format!("{what} the spec names does not exist"))
+            }
+            source => ClusterError::Cloud {
+                action: format!("reading {what}"),
+                source,
+            },
+        }
+    }
+
+    /// The load balancer is locked (409): come back when it settles.
+    fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            ClusterError::Cloud {
+                source: CloudError::Busy(_),
+                ..
+            }
+        )
+    }
+}
+
+/// A failed step: the condition that reports it, and why.
+struct Failure {
+    condition: &'static str,
+    error: ClusterError,
+}
+
+fn at(condition: &'static str) -> impl FnOnce(ClusterError) -> Failure {
+    move |error| Failure { condition, error }
+}
+
+fn backoff_key(object: &Watched) -> String {
+    object_key(&object.namespace().unwrap_or_default(), &object.name_any())
+}
+
+/// The key of an OpenStackCluster in the context's per-object state.
+pub fn object_key(namespace: &str, name: &str) -> String {
+    format!("{CONTROLLER}/{namespace}/{name}")
+}
+
+/// One reconcile, as kube-runtime's `Controller` calls it.
+pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, ClusterError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        controller = CONTROLLER,
+        namespace = %object.namespace().unwrap_or_default(),
+        name = %object.name_any(),
+        generation = object.meta().generation.unwrap_or_default(),
+    );
+    let key = backoff_key(&object);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let result = async {
+        match &object.0 {
+            Ok(cluster) => reconcile_cluster(cluster, &ctx, &key).await,
+            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        }
+    }
+    .instrument(span)
+    .await;
+    match &result {
+        Ok(outcome) => {
+            reconciling.finish(outcome.result());
+            match outcome {
+                Outcome::Deleted => ctx.forget(&key),
+                _ => ctx.succeeded(&key),
+            }
+        }
+        Err(error) => reconciling.finish(ReconcileResult::Error(error.category())),
+    }
+    result.map(|outcome| outcome.action(&ctx.config))
+}
+
+/// After a failed reconcile: back off, or wait.
+pub fn error_policy(object: Arc<Watched>, error: &ClusterError, ctx: Arc<Context>) -> Action {
+    ctx.full_pass_needed(&backoff_key(&object));
+    ctx.after_error(&backoff_key(&object), error.category())
+}
+
+/// Everything one pass knows.
+struct Pass<'a> {
+    cluster: &'a OpenStackCluster,
+    ctx: &'a Context,
+    key: &'a str,
+    names: Names,
+    /// The Cluster API Cluster's name (machines carry it as their label).
+    capi_name: String,
+    generation: Option<i64>,
+    now: Timestamp,
+}
+
+async fn reconcile_cluster(
+    cluster: &OpenStackCluster,
+    ctx: &Context,
+    key: &str,
+) -> Result<Outcome, ClusterError> {
+    let namespace = cluster.namespace().unwrap_or_default();
+    let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let owner = owner_cluster(ctx, cluster, &namespace).await?;
+    let woke = ctx.take_wake(key);
+    let before = cluster.status.clone();
+    let mut status = before.clone().unwrap_or_default();
+    let generation = cluster.meta().generation;
+    let now = Timestamp::now();
+    conditions::initialize(&mut status.conditions, owned::CLUSTER, generation, now);
+    let paused = capi::is_paused(owner.as_ref(), cluster.annotations());
+    conditions::set(
+        &mut status.conditions,
+        &conditions::paused(paused),
+        generation,
+        now,
+    );
+    if paused {
+        write_status(&api, cluster, before.as_ref(), &status).await?;
+        return Ok(Outcome::Paused);
+    }
+    let capi_name = owner
+        .as_ref()
+        .map(ResourceExt::name_any)
+        .or_else(|| capi::cluster_name(cluster.labels()).map(str::to_owned));
+    let deleting = cluster.meta().deletion_timestamp.is_some();
+    let Some(capi_name) = capi_name.filter(|_| owner.is_some() || deleting) else {
+        // As CAPO: nothing is built before Cluster API owns the object.
+        let waiting = Desired::new(
+            types::READY,
+            Status::False,
+            reasons::DEPENDENCY_MISSING,
+            "waiting for Cluster API: no Cluster owns this OpenStackCluster yet (label cluster.x-k8s.io/cluster-name)",
+        );
+        conditions::set(&mut status.conditions, &waiting, generation, now);
+        write_status(&api, cluster, before.as_ref(), &status).await?;
+        return Ok(Outcome::Settled);
+    };
+    let pass = Pass {
+        cluster,
+        ctx,
+        key,
+        names: Names::new(&namespace, &cluster.name_any()),
+        capi_name,
+        generation,
+        now,
+    };
+    let result = if deleting {
+        delete::run(&pass, &api, &mut status).await
+    } else {
+        provision(&pass, &api, &mut status).await
+    };
+    let result = match result {
+        Ok(outcome) => Ok(outcome),
+        Err(failure) => {
+            report_error(&pass, &mut status, &failure).await;
+            Err(failure.error)
+        }
+    };
+    if matches!(result, Ok(Outcome::Deleted)) {
+        return result;
+    }
+    status.observed_generation = generation;
+    set_cluster_ready(&mut status, generation, now);
+    write_status(&api, cluster, before.as_ref(), &status).await?;
+    if let Some(observed) = woke {
+        ctx.metrics.gate_written(observed);
+    }
+    result
+}
+
+/// The Cluster API Cluster: by label, else by owner reference.
+async fn owner_cluster(
+    ctx: &Context,
+    cluster: &OpenStackCluster,
+    namespace: &str,
+) -> Result<Option<Cluster>, ClusterError> {
+    let by_label = super::owning_cluster(ctx, namespace, cluster.labels())
+        .await
+        .map_err(ClusterError::kube("reading the owning Cluster"))?;
+    if by_label.is_some() {
+        return Ok(by_label);
+    }
+    let Some(owner) = cluster
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Cluster" && o.api_version.starts_with(capi::GROUP))
+    else {
+        return Ok(None);
+    };
+    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
+    clusters
+        .get_opt(&owner.name)
+        .await
+        .map_err(ClusterError::kube("reading the owning Cluster"))
+}
+
+async fn provision(
+    pass: &Pass<'_>,
+    api: &Api<OpenStackCluster>,
+    status: &mut OpenStackClusterStatus,
+) -> Result<Outcome, Failure> {
+    let cluster = pass.cluster;
+    writes::add_finalizer(api, cluster, conditions::finalizers::CLUSTER)
+        .await
+        .map_err(ClusterError::kube("adding the finalizer"))
+        .map_err(at(types::READY))?;
+    let namespace = cluster.namespace().unwrap_or_default();
+    let cloud = super::identity::cloud_client(pass.ctx, &namespace, &cluster.spec.identity_ref)
+        .await
+        .map_err(ClusterError::from)
+        .map_err(at(types::NETWORK_READY))?;
+    let mut outcome = Outcome::Settled;
+    if pass.ctx.full_pass_due(pass.key, pass.generation) {
+        outcome = build(pass, api, &cloud, status).await?;
+        if outcome == Outcome::Settled {
+            pass.ctx.full_pass_done(pass.key, pass.generation);
+        }
+    }
+    publish_gate(pass, &cloud, status)
+        .await
+        .map_err(at(types::API_SERVER_LOAD_BALANCER_READY))?;
+    Ok(outcome)
+}
+
+/// A complete pass over the cloud: every step in order, each reporting its condition.
+async fn build(
+    pass: &Pass<'_>,
+    api: &Api<OpenStackCluster>,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<Outcome, Failure> {
+    let spec = &pass.cluster.spec;
+    let set = |status: &mut OpenStackClusterStatus, condition: Desired<'_>| {
+        conditions::set(
+            &mut status.conditions,
+            &condition,
+            pass.generation,
+            pass.now,
+        );
+    };
+    network::reconcile(spec, &pass.names, cloud, status)
+        .await
+        .map_err(at(types::NETWORK_READY))?;
+    set(status, network_condition(status));
+    let lb_spec = plan::load_balancer(spec);
+    let additional: Vec<u16> = lb_spec
+        .map(|lb| plan::lb_ports(spec, lb).into_iter().skip(1).collect())
+        .unwrap_or_default();
+    let bastion_enabled = bastion::enabled(spec);
+    security_groups::reconcile(
+        spec,
+        &pass.names,
+        cloud,
+        bastion_enabled,
+        &additional,
+        status,
+    )
+    .await
+    .map_err(at(types::SECURITY_GROUPS_READY))?;
+    set(status, security_groups_condition(spec));
+    let mut outcome = Outcome::Settled;
+    let endpoint = match lb_spec {
+        Some(lb_spec) => {
+            let progress =
+                match load_balancer::reconcile(spec, lb_spec, &pass.names, cloud, status).await {
+                    Err(e) if e.is_busy() => LbProgress::Pending(
+                        crate::cloud::octavia::ProvisioningStatus::PendingUpdate,
+                    ),
+                    other => other.map_err(at(types::API_ENDPOINT_READY))?,
+                };
+            match progress {
+                LbProgress::Ready => lb_endpoint(pass, cloud, status)
+                    .await
+                    .map_err(at(types::API_ENDPOINT_READY))?,
+                LbProgress::Pending(state) => {
+                    outcome = Outcome::Poll(pass.ctx.config.poll_max);
+                    set(
+                        status,
+                        Desired::new(
+                            types::API_ENDPOINT_READY,
+                            Status::False,
+                            reasons::LOAD_BALANCER_PENDING,
+                            format!("the API load balancer is {}", state.as_str()),
+                        ),
+                    );
+                    None
+                }
+                LbProgress::Failed => {
+                    set(
+                        status,
+                        Desired::new(
+                            types::API_ENDPOINT_READY,
+                            Status::False,
+                            reasons::LOAD_BALANCER_ERROR,
+                            "the API load balancer is in ERROR: delete it, and capo-rs creates it again",
+                        ),
+                    );
+                    None
+                }
+            }
+        }
+        None => Some(
+            direct_endpoint(pass, cloud, status)
+                .await
+                .map_err(at(types::API_ENDPOINT_READY))?,
+        ),
+    };
+    if let Some(endpoint) = endpoint {
+        set_endpoint(pass, api, &endpoint)
+            .await
+            .map_err(at(types::API_ENDPOINT_READY))?;
+        let host = endpoint.host.clone().unwrap_or_default();
+        let port = endpoint.port.unwrap_or_default();
+        set(
+            status,
+            Desired::new(
+                types::API_ENDPOINT_READY,
+                Status::True,
+                reasons::READY,
+                format!("{host}:{port}"),
+            ),
+        );
+    }
+    let zones = cloud
+        .nova()
+        .list_availability_zones()
+        .await
+        .map_err(ClusterError::cloud("listing availability zones"))
+        .map_err(at(types::READY))?;
+    status.failure_domains = plan::failure_domains(spec, &zones);
+    if is_provisioned(status, lb_spec.is_some()) {
+        status.initialization = Some(Initialization {
+            provisioned: Some(true),
+        });
+    }
+    // The bastion comes once the rest is in place, as in CAPO.
+    if Initialization::is_provisioned(status.initialization.as_ref()) {
+        let bastion = bastion::reconcile(pass, cloud, status)
+            .await
+            .map_err(at(types::READY))?;
+        if let Outcome::Poll(after) = bastion
+            && outcome == Outcome::Settled
+        {
+            outcome = Outcome::Poll(after);
+        }
+    }
+    Ok(outcome)
+}
+
+fn network_condition(status: &OpenStackClusterStatus) -> Desired<'static> {
+    let message = match &status.network {
+        Some(network) => {
+            let subnets: Vec<&str> = network.subnets.iter().map(|s| s.cidr.as_str()).collect();
+            format!("network {} ({})", network.name, subnets.join(", "))
+        }
+        None => "no cluster network: machines name their own".into(),
+    };
+    Desired::new(types::NETWORK_READY, Status::True, reasons::READY, message)
+}
+
+fn security_groups_condition(spec: &capo_api::OpenStackClusterSpec) -> Desired<'static> {
+    let message = if spec.managed_security_groups.is_some() {
+        "managed security groups and their rules in place"
+    } else {
+        "security groups are not managed"
+    };
+    Desired::new(
+        types::SECURITY_GROUPS_READY,
+        Status::True,
+        reasons::READY,
+        message,
+    )
+}
+
+fn is_provisioned(status: &OpenStackClusterStatus, with_lb: bool) -> bool {
+    let ready = |type_| conditions::status_of(&status.conditions, type_) == Status::True;
+    let lb_ready = !with_lb
+        || status
+            .api_server_managed_load_balancer
+            .as_ref()
+            .is_some_and(|lb| !lb.pools.is_empty());
+    ready(types::NETWORK_READY)
+        && ready(types::SECURITY_GROUPS_READY)
+        && ready(types::API_ENDPOINT_READY)
+        && lb_ready
+}
+
+/// The endpoint of a cluster with a load balancer: its floating IP, else its VIP.
+async fn lb_endpoint(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<Option<ApiEndpoint>, ClusterError> {
+    let spec = &pass.cluster.spec;
+    let Some(lb) = status.api_server_managed_load_balancer.clone() else {
+        return Ok(None);
+    };
+    let external = status.external_network.as_ref().map(|n| n.id.clone());
+    let mut floating = None;
+    if let Some(external) = external.filter(|_| plan::api_floating_ip_wanted(spec, true)) {
+        let known = Some(lb.ip.as_str()).filter(|ip| !ip.is_empty() && *ip != lb.internal_ip);
+        let vip_port = cloud
+            .octavia()
+            .get_load_balancer(&lb.id)
+            .await
+            .map_err(ClusterError::cloud("reading the load balancer's VIP port"))?
+            .vip_port_id;
+        let ip = load_balancer::floating_ip(
+            spec,
+            &pass.names,
+            cloud,
+            &external,
+            known,
+            vip_port.as_deref(),
+        )
+        .await?;
+        floating = Some(ip.floating_ip_address);
+    }
+    if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
+        recorded.ip = floating.clone().unwrap_or_else(|| lb.internal_ip.clone());
+    }
+    Ok(plan::endpoint(
+        spec,
+        floating.as_deref(),
+        Some(lb.internal_ip.as_str()).filter(|ip| !ip.is_empty()),
+    ))
+}
+
+/// The endpoint of a cluster without a load balancer: the spec's, else a floating IP (the
+/// machine controller attaches it to a control-plane machine), else `apiServer.fixedIP`.
+async fn direct_endpoint(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &OpenStackClusterStatus,
+) -> Result<ApiEndpoint, ClusterError> {
+    let spec = &pass.cluster.spec;
+    if let Some(endpoint) =
+        plan::endpoint(spec, None, None).filter(|_| spec.control_plane_endpoint.is_some())
+    {
+        return Ok(endpoint);
+    }
+    let external = status.external_network.as_ref().map(|n| n.id.clone());
+    if let Some(external) = external.filter(|_| plan::api_floating_ip_wanted(spec, true)) {
+        let ip =
+            load_balancer::floating_ip(spec, &pass.names, cloud, &external, None, None).await?;
+        if let Some(endpoint) = plan::endpoint(spec, Some(&ip.floating_ip_address), None) {
+            return Ok(endpoint);
+        }
+    }
+    plan::endpoint(spec, None, None).ok_or_else(|| {
+        ClusterError::InvalidSpec(
+            "unable to determine the control plane endpoint: without a load balancer, set controlPlaneEndpoint, apiServer.floatingIP with an external network, or apiServer.fixedIP".into(),
+        )
+    })
+}
+
+/// Writes `spec.controlPlaneEndpoint` when it differs (a spec write: Cluster API reads it).
+async fn set_endpoint(
+    pass: &Pass<'_>,
+    api: &Api<OpenStackCluster>,
+    endpoint: &ApiEndpoint,
+) -> Result<(), ClusterError> {
+    if pass.cluster.spec.control_plane_endpoint.as_ref() == Some(endpoint) {
+        return Ok(());
+    }
+    let patch = Patch::Merge(json!({ "spec": { "controlPlaneEndpoint": endpoint } }));
+    api.patch(&pass.cluster.name_any(), &PatchParams::default(), &patch)
+        .await
+        .map_err(ClusterError::kube("setting spec.controlPlaneEndpoint"))?;
+    tracing::info!(host = ?endpoint.host, port = ?endpoint.port, "control plane endpoint set");
+    Ok(())
+}
+
+/// The pools of the recorded load balancer, by port.
+fn pools(status: &OpenStackClusterStatus) -> BTreeMap<u16, String> {
+    status
+        .api_server_managed_load_balancer
+        .iter()
+        .flat_map(|lb| &lb.pools)
+        .filter_map(|p| {
+            u16::try_from(p.port)
+                .ok()
+                .map(|port| (port, p.pool_id.clone()))
+        })
+        .collect()
+}
+
+/// The gate: the desired members to the engine, its verdict to the conditions and status.
+async fn publish_gate(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &mut OpenStackClusterStatus,
+) -> Result<(), ClusterError> {
+    let set = |status: &mut OpenStackClusterStatus, condition: Desired<'_>| {
+        conditions::set(
+            &mut status.conditions,
+            &condition,
+            pass.generation,
+            pass.now,
+        );
+    };
+    let lb_enabled = plan::load_balancer(&pass.cluster.spec).is_some();
+    let Some(lb) = status
+        .api_server_managed_load_balancer
+        .clone()
+        .filter(|_| lb_enabled)
+    else {
+        if !lb_enabled {
+            for type_ in [
+                types::API_SERVER_LOAD_BALANCER_READY,
+                types::API_SERVER_LOAD_BALANCER_HEALTHY,
+            ] {
+                set(
+                    status,
+                    Desired::new(
+                        type_,
+                        Status::True,
+                        reasons::LOAD_BALANCER_DISABLED,
+                        "no API load balancer",
+                    ),
+                );
+            }
+        }
+        return Ok(());
+    };
+    let pools = pools(status);
+    let machines = control_plane_machines(pass).await?;
+    let ports: Vec<u16> = pools.keys().copied().collect();
+    let now = tokio::time::Instant::now();
+    let members = gate::desired_members(&pass.capi_name, &machines, &ports, now);
+    let rollout_waiting = machines
+        .iter()
+        .filter(|m| gate::wants_member(m, &pass.capi_name))
+        .any(|m| m.spec.provider_id.is_none());
+    let namespace = pass.cluster.namespace().unwrap_or_default();
+    let desired = DesiredLb {
+        lb_id: lb.id.clone(),
+        cluster: ObjectName::new(namespace, pass.cluster.name_any()),
+        pools: pools.clone(),
+        members,
+        rollout_waiting,
+    };
+    pass.ctx.engine.ensure(desired, cloud);
+    let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
+        return Ok(());
+    };
+    set(status, gate::gate_condition(&snapshot.verdict, now));
+    set(status, gate::health_condition(&snapshot.health));
+    if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
+        recorded.members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
+    }
+    Ok(())
+}
+
+/// The cluster's control-plane OpenStackMachines.
+async fn control_plane_machines(pass: &Pass<'_>) -> Result<Vec<OpenStackMachine>, ClusterError> {
+    let namespace = pass.cluster.namespace().unwrap_or_default();
+    let machines: Api<OpenStackMachine> = Api::namespaced(pass.ctx.client.clone(), &namespace);
+    let selector = format!(
+        "{}={},{}",
+        capi::labels::CLUSTER_NAME,
+        pass.capi_name,
+        capi::labels::CONTROL_PLANE
+    );
+    let list = machines
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(ClusterError::kube(
+            "listing the control-plane OpenStackMachines",
+        ))?;
+    Ok(list.items)
+}
+
+/// `Ready` from the other conditions, except that routine gate progress (members on their
+/// way during a rollout) does not turn a provisioned cluster un-Ready: only what a person
+/// must look at does (LoadBalancerError, MemberError, MemberStuck).
+fn set_cluster_ready(status: &mut OpenStackClusterStatus, generation: Option<i64>, now: Timestamp) {
+    let provisioned = Initialization::is_provisioned(status.initialization.as_ref());
+    let mut view = status.conditions.clone();
+    if provisioned
+        && let Some(gate_condition) = view
+            .iter_mut()
+            .find(|c| c.type_ == types::API_SERVER_LOAD_BALANCER_READY)
+        && gate_condition.status != "True"
+        && crate::membership::Reason::ALL
+            .iter()
+            .any(|r| r.as_str() == gate_condition.reason && gate::is_routine(*r))
+    {
+        gate_condition.status = "True".into();
+    }
+    let summary = conditions::summarize_ready(&view, owned::CLUSTER_READY_FROM);
+    let (ready_status, reason, message) =
+        (summary.status, summary.reason.to_owned(), summary.message);
+    let ready = Desired::new(types::READY, ready_status, &reason, message);
+    conditions::set(&mut status.conditions, &ready, generation, now);
+}
+
+async fn write_status(
+    api: &Api<OpenStackCluster>,
+    cluster: &OpenStackCluster,
+    before: Option<&OpenStackClusterStatus>,
+    status: &OpenStackClusterStatus,
+) -> Result<(), ClusterError> {
+    writes::patch_status(api, &cluster.name_any(), before, status, STATUS_FIELDS)
+        .await
+        .map(|_| ())
+        .map_err(ClusterError::kube("writing status"))
+}
+
+/// The failed step's condition says what went wrong, unless it is True: a failure while
+/// looking again at something in place (a 503 during a drift check) says nothing about it,
+/// and shows in the log and, when terminal, in a Warning event.
+async fn report_error(pass: &Pass<'_>, status: &mut OpenStackClusterStatus, failure: &Failure) {
+    let error = &failure.error;
+    let category = error.category();
+    let message = error.to_string();
+    let reason = category.reason();
+    let was_true = conditions::status_of(&status.conditions, failure.condition) == Status::True;
+    if !was_true && failure.condition != types::READY {
+        let condition = Desired::new(failure.condition, Status::False, reason, message.clone());
+        conditions::set(
+            &mut status.conditions,
+            &condition,
+            pass.generation,
+            pass.now,
+        );
+    }
+    if category.is_terminal() {
+        tracing::warn!(reason, %message, "reconcile needs a change to go on");
+        let regarding = pass.cluster.object_ref(&());
+        pass.ctx
+            .event(&regarding, EventType::Warning, reason, "Reconcile", message)
+            .await;
+    } else {
+        tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
+    }
+}
+
+/// An object we cannot read: say so on it and in an event, and go on with the others.
+async fn report_invalid(
+    object: &Watched,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<Outcome, ClusterError> {
+    let message = format!("cannot read this OpenStackCluster: {}", invalid.error);
+    tracing::warn!(%message, "skipping an object that does not decode");
+    let regarding = object.object_ref(&());
+    ctx.event(
+        &regarding,
+        EventType::Warning,
+        reasons::INVALID_SPEC,
+        "Reconcile",
+        message.clone(),
+    )
+    .await;
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<Watched> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut conditions = Vec::new();
+    let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
+    conditions::set(
+        &mut conditions,
+        &ready,
+        object.meta().generation,
+        Timestamp::now(),
+    );
+    let status = json!({ "conditions": conditions });
+    writes::patch_status(&api, &object.name_any(), None, &status, &[])
+        .await
+        .map_err(ClusterError::kube("writing status"))?;
+    Ok(Outcome::Unreadable)
+}

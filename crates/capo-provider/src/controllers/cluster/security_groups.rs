@@ -1,0 +1,201 @@
+//! The managed security groups: created (or adopted by CAPO's names), tagged, and their rules
+//! reconciled both ways.
+
+use std::collections::BTreeMap;
+
+use capo_api::OpenStackClusterSpec;
+use capo_api::cluster::OpenStackClusterStatus;
+use capo_api::common::SecurityGroupStatus;
+
+use super::ClusterError;
+use super::plan::{Names, tags};
+use super::rules::{self, Role, RuleInputs};
+use crate::cloud::neutron::{Filter, SecurityGroup, SecurityGroupRule};
+use crate::cloud::{CloudClient, CloudError};
+
+/// The description CAPO gives its groups.
+const DESCRIPTION: &str = "Cluster API managed group";
+
+pub(super) fn group_name(names: &Names, role: Role) -> &str {
+    match role {
+        Role::ControlPlane => &names.control_plane_group,
+        Role::Worker => &names.worker_group,
+        Role::Bastion => &names.bastion_group,
+    }
+}
+
+fn slot(status: &mut OpenStackClusterStatus, role: Role) -> &mut Option<SecurityGroupStatus> {
+    match role {
+        Role::ControlPlane => &mut status.control_plane_security_group,
+        Role::Worker => &mut status.worker_security_group,
+        Role::Bastion => &mut status.bastion_security_group,
+    }
+}
+
+/// What changed, for the log and the request count.
+#[derive(Debug, Default)]
+pub struct RuleWork {
+    pub created: usize,
+    pub deleted: usize,
+}
+
+/// Brings the groups and their rules up to the spec, recording them in `status`.
+pub async fn reconcile(
+    spec: &OpenStackClusterSpec,
+    names: &Names,
+    cloud: &CloudClient,
+    bastion_enabled: bool,
+    lb_additional_ports: &[u16],
+    status: &mut OpenStackClusterStatus,
+) -> Result<RuleWork, ClusterError> {
+    if spec.managed_security_groups.is_none() {
+        for role in Role::ALL {
+            *slot(status, role) = None;
+        }
+        return Ok(RuleWork::default());
+    }
+    let mut groups: BTreeMap<Role, SecurityGroup> = BTreeMap::new();
+    for role in Role::ALL {
+        let wanted = role != Role::Bastion || bastion_enabled;
+        let name = group_name(names, role).to_owned();
+        let existing = find(cloud, &name).await?;
+        match (wanted, existing) {
+            (true, Some(group)) => {
+                keep_tags(spec, cloud, &group).await?;
+                groups.insert(role, group);
+            }
+            (true, None) => {
+                let group = create(spec, cloud, &name).await?;
+                groups.insert(role, group);
+            }
+            (false, Some(group)) => remove_unwanted(cloud, &group).await?,
+            (false, None) => {}
+        }
+    }
+    for role in Role::ALL {
+        *slot(status, role) = groups.get(&role).map(|g| SecurityGroupStatus {
+            name: g.name.clone(),
+            id: g.id.clone(),
+        });
+    }
+    let ids: BTreeMap<Role, String> = groups.iter().map(|(r, g)| (*r, g.id.clone())).collect();
+    let node_cidrs: Vec<String> = status
+        .network
+        .iter()
+        .flat_map(|n| &n.subnets)
+        .map(|s| s.cidr.clone())
+        .filter(|cidr| !cidr.contains(':'))
+        .collect();
+    let inputs = RuleInputs {
+        spec,
+        ids: &ids,
+        bastion_enabled,
+        node_cidrs: &node_cidrs,
+        lb_additional_ports,
+    };
+    let desired = rules::desired_rules(&inputs).map_err(ClusterError::InvalidSpec)?;
+    let mut work = RuleWork::default();
+    for (role, group) in &groups {
+        let wanted = desired.get(role).map(Vec::as_slice).unwrap_or_default();
+        let (create, delete) = rules::changes(&group.id, wanted, &group.security_group_rules);
+        for id in &delete {
+            match cloud.neutron().delete_security_group_rule(id).await {
+                Ok(()) | Err(CloudError::NotFound(_)) => work.deleted += 1,
+                Err(e) => return Err(ClusterError::cloud("deleting a security group rule")(e)),
+            }
+        }
+        for rule in create {
+            let rule = SecurityGroupRule {
+                security_group_id: group.id.clone(),
+                ..rule.clone()
+            };
+            match cloud.neutron().create_security_group_rule(&rule).await {
+                // Another pass made it meanwhile: what we wanted exists.
+                Ok(_) | Err(CloudError::Conflict(_)) => work.created += 1,
+                Err(e) => {
+                    return Err(ClusterError::cloud(format!(
+                        "adding a rule to the {} security group",
+                        role.as_str()
+                    ))(e));
+                }
+            }
+        }
+    }
+    if work.created + work.deleted > 0 {
+        tracing::info!(
+            created = work.created,
+            deleted = work.deleted,
+            "security group rules reconciled"
+        );
+    }
+    Ok(work)
+}
+
+async fn find(cloud: &CloudClient, name: &str) -> Result<Option<SecurityGroup>, ClusterError> {
+    let found = cloud
+        .neutron()
+        .list_security_groups(&Filter::by_name(name))
+        .await
+        .map_err(ClusterError::cloud("finding a security group"))?;
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.into_iter().next()),
+        n => Err(ClusterError::InvalidSpec(format!(
+            "{n} security groups are named {name}: delete the extra ones"
+        ))),
+    }
+}
+
+async fn create(
+    spec: &OpenStackClusterSpec,
+    cloud: &CloudClient,
+    name: &str,
+) -> Result<SecurityGroup, ClusterError> {
+    let group = cloud
+        .neutron()
+        .create_security_group(name, DESCRIPTION)
+        .await
+        .map_err(ClusterError::cloud("creating a security group"))?;
+    let wanted = tags(spec);
+    if !wanted.is_empty() {
+        cloud
+            .neutron()
+            .set_tags("security-groups", &group.id, &wanted)
+            .await
+            .map_err(ClusterError::cloud("tagging a security group"))?;
+    }
+    tracing::info!(group = %group.id, name, "created a security group");
+    Ok(group)
+}
+
+/// Tags follow the spec on every pass, as CAPO does for groups.
+async fn keep_tags(
+    spec: &OpenStackClusterSpec,
+    cloud: &CloudClient,
+    group: &SecurityGroup,
+) -> Result<(), ClusterError> {
+    let wanted = tags(spec);
+    let mut have = group.tags.clone();
+    have.sort();
+    have.dedup();
+    if have == wanted {
+        return Ok(());
+    }
+    cloud
+        .neutron()
+        .set_tags("security-groups", &group.id, &wanted)
+        .await
+        .map_err(ClusterError::cloud("tagging a security group"))
+}
+
+/// The bastion group once the bastion is gone: deleted when nothing uses it any more.
+async fn remove_unwanted(cloud: &CloudClient, group: &SecurityGroup) -> Result<(), ClusterError> {
+    match cloud.neutron().delete_security_group(&group.id).await {
+        Ok(()) | Err(CloudError::NotFound(_)) => Ok(()),
+        // Still on the bastion's port: the bastion is on its way out; try next pass.
+        Err(CloudError::Conflict(_)) => Ok(()),
+        Err(e) => Err(ClusterError::cloud("deleting the bastion security group")(
+            e,
+        )),
+    }
+}

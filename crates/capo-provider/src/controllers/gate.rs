@@ -1,0 +1,288 @@
+//! The API load balancer gate, as the controllers see it. Pure.
+//!
+//! - [`desired_members`] is the one place the desired member set of a cluster's API load
+//!   balancer is computed: from the OpenStackCluster's pools and its control-plane
+//!   OpenStackMachines. The cluster controller hands it to the engine; the machine
+//!   controller creates (and removes) the Octavia members it names.
+//! - The conditions the engine's verdict turns into, and what counts against `Ready`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use capo_api::OpenStackMachine;
+use capo_api::capi;
+use capo_api::cluster::{
+    LoadBalancerMemberStatus, OperatingStatus as ApiOperating,
+    ProvisioningStatus as ApiProvisioning,
+};
+use capo_api::conditions::{Desired, Status, reasons, types};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use tokio::time::Instant;
+
+use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
+use crate::membership::{
+    DesiredMember, Health, LbVerdict, MemberTrack, ObjectName, Presence, Reason,
+};
+
+/// The address a machine's member points at: its first internal address.
+pub fn member_address(machine: &OpenStackMachine) -> Option<&str> {
+    let addresses = &machine.status.as_ref()?.addresses;
+    addresses
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.as_str())
+}
+
+/// Whether the machine belongs in the cluster's API pools: a control-plane machine of the
+/// cluster (by Cluster API's labels), not being deleted, whose server has an address.
+pub fn wants_member(machine: &OpenStackMachine, cluster_name: &str) -> bool {
+    capi::cluster_name(machine.labels()) == Some(cluster_name)
+        && capi::is_control_plane(machine.labels())
+        && machine.metadata.deletion_timestamp.is_none()
+        && member_address(machine).is_some()
+}
+
+/// Every member the cluster's API load balancer should have: each wanted machine in the pool
+/// of each port. `now` is when they count as requested (the engine keeps the earliest).
+pub fn desired_members(
+    cluster_name: &str,
+    machines: &[OpenStackMachine],
+    ports: &[u16],
+    now: Instant,
+) -> Vec<DesiredMember> {
+    let mut wanted: Vec<&OpenStackMachine> = machines
+        .iter()
+        .filter(|m| wants_member(m, cluster_name))
+        .collect();
+    wanted.sort_by_key(|m| m.name_any());
+    let mut members = Vec::with_capacity(wanted.len() * ports.len());
+    for machine in wanted {
+        let Some(address) = member_address(machine) else {
+            continue;
+        };
+        let owner = ObjectName::new(machine.namespace().unwrap_or_default(), machine.name_any());
+        for port in ports {
+            members.push(DesiredMember {
+                owner: owner.clone(),
+                name: machine.name_any(),
+                address: address.to_owned(),
+                port: *port,
+                requested_at: now,
+                member_id: None,
+            });
+        }
+    }
+    members
+}
+
+/// Routine progress: a rollout in motion, not something a person must look at.
+pub fn is_routine(reason: Reason) -> bool {
+    matches!(
+        reason,
+        Reason::NotObserved
+            | Reason::LoadBalancerPending
+            | Reason::MembersPending
+            | Reason::MembersMissing
+    )
+}
+
+/// `APIServerLoadBalancerReady` from the engine's verdict.
+pub fn gate_condition(verdict: &LbVerdict, now: Instant) -> Desired<'static> {
+    let status = if verdict.is_ready() {
+        Status::True
+    } else if verdict.reason == Reason::NotObserved {
+        Status::Unknown
+    } else {
+        Status::False
+    };
+    Desired::new(
+        types::API_SERVER_LOAD_BALANCER_READY,
+        status,
+        verdict.reason.as_str(),
+        verdict.message(now),
+    )
+}
+
+/// `APIServerLoadBalancerHealthy` from the members' operating status: informational only.
+pub fn health_condition(health: &Health) -> Desired<'static> {
+    let type_ = types::API_SERVER_LOAD_BALANCER_HEALTHY;
+    match health {
+        Health::Healthy => Desired::new(type_, Status::True, reasons::HEALTHY, ""),
+        Health::Unknown => Desired::new(
+            type_,
+            Status::Unknown,
+            reasons::LOAD_BALANCER_NOT_OBSERVED,
+            "load balancer not observed yet",
+        ),
+        Health::Degraded { members } => {
+            let named: Vec<String> = members
+                .iter()
+                .map(|(name, status)| format!("{name} {}", status.as_str()))
+                .collect();
+            Desired::new(
+                type_,
+                Status::False,
+                reasons::DEGRADED,
+                format!("members not ONLINE: {}", named.join(", ")),
+            )
+        }
+    }
+}
+
+/// The members as `status.apiServerManagedLoadBalancer.members` shows them, with wall-clock
+/// times for the engine's instants.
+pub fn member_statuses(
+    members: &[MemberTrack],
+    pools: &BTreeMap<u16, String>,
+    now: Instant,
+    wall_now: Timestamp,
+) -> Vec<LoadBalancerMemberStatus> {
+    let wall = |at: Instant| -> Time {
+        let ago = now.saturating_duration_since(at);
+        let ago = k8s_openapi::jiff::SignedDuration::try_from(ago).unwrap_or_default();
+        Time(wall_now.checked_sub(ago).unwrap_or(wall_now))
+    };
+    members
+        .iter()
+        .map(|m| {
+            let pool = m
+                .pool_id
+                .clone()
+                .or_else(|| pools.get(&m.desired.port).cloned())
+                .unwrap_or_default();
+            let provisioning = match m.presence {
+                Presence::Seen(status) => api_provisioning(status),
+                Presence::Absent => None,
+            };
+            LoadBalancerMemberStatus {
+                name: m.desired.name.clone(),
+                pool,
+                address: Some(m.desired.address.clone()),
+                port: Some(i32::from(m.desired.port)),
+                provisioning_status: provisioning,
+                operating_status: m.operating.and_then(api_operating),
+                since: Some(wall(m.since)),
+            }
+        })
+        .collect()
+}
+
+fn api_provisioning(status: ProvisioningStatus) -> Option<ApiProvisioning> {
+    Some(match status {
+        ProvisioningStatus::Active => ApiProvisioning::Active,
+        ProvisioningStatus::PendingCreate => ApiProvisioning::PendingCreate,
+        ProvisioningStatus::PendingUpdate => ApiProvisioning::PendingUpdate,
+        ProvisioningStatus::PendingDelete => ApiProvisioning::PendingDelete,
+        ProvisioningStatus::Deleted => ApiProvisioning::Deleted,
+        ProvisioningStatus::Error => ApiProvisioning::Error,
+        ProvisioningStatus::Unknown => return None,
+    })
+}
+
+fn api_operating(status: OperatingStatus) -> Option<ApiOperating> {
+    Some(match status {
+        OperatingStatus::Online => ApiOperating::Online,
+        OperatingStatus::Draining => ApiOperating::Draining,
+        OperatingStatus::Offline => ApiOperating::Offline,
+        OperatingStatus::Degraded => ApiOperating::Degraded,
+        OperatingStatus::Error => ApiOperating::Error,
+        OperatingStatus::NoMonitor => ApiOperating::NoMonitor,
+        OperatingStatus::Unknown => return None,
+    })
+}
+
+/// How long ago `since` was, for messages.
+pub fn waited(since: Instant, now: Instant) -> Duration {
+    now.saturating_duration_since(since)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capo_api::common::{InstanceStatus, MachineAddress};
+    use capo_api::machine::OpenStackMachineSpec;
+
+    fn machine(name: &str, control_plane: bool, address: Option<&str>) -> OpenStackMachine {
+        let mut labels = BTreeMap::from([(capi::labels::CLUSTER_NAME.to_owned(), "c1".to_owned())]);
+        if control_plane {
+            labels.insert(capi::labels::CONTROL_PLANE.into(), String::new());
+        }
+        let mut machine = OpenStackMachine::new(name, OpenStackMachineSpec::default());
+        machine.metadata.namespace = Some("ns".into());
+        machine.metadata.labels = Some(labels);
+        machine.status = address.map(|a| InstanceStatus {
+            addresses: vec![
+                MachineAddress {
+                    type_: "Hostname".into(),
+                    address: name.into(),
+                },
+                MachineAddress {
+                    type_: "InternalIP".into(),
+                    address: a.into(),
+                },
+            ],
+            ..InstanceStatus::default()
+        });
+        machine
+    }
+
+    #[test]
+    fn the_desired_members_are_the_addressed_control_plane_machines_in_every_pool() {
+        let now = Instant::now();
+        let mut leaving = machine("cp-0", true, Some("10.0.0.9"));
+        leaving.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        let mut other_cluster = machine("cp-x", true, Some("10.0.0.8"));
+        other_cluster
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(capi::labels::CLUSTER_NAME.into(), "c2".into());
+        let machines = vec![
+            machine("cp-2", true, Some("10.0.0.2")),
+            machine("cp-1", true, Some("10.0.0.1")),
+            machine("cp-3", true, None),
+            machine("worker", false, Some("10.0.0.5")),
+            leaving,
+            other_cluster,
+        ];
+        let members = desired_members("c1", &machines, &[6443, 8443], now);
+        let got: Vec<(String, String, u16)> = members
+            .iter()
+            .map(|m| (m.name.clone(), m.address.clone(), m.port))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("cp-1".into(), "10.0.0.1".into(), 6443),
+                ("cp-1".into(), "10.0.0.1".into(), 8443),
+                ("cp-2".into(), "10.0.0.2".into(), 6443),
+                ("cp-2".into(), "10.0.0.2".into(), 8443),
+            ]
+        );
+        assert_eq!(members[0].owner, ObjectName::new("ns", "cp-1"));
+    }
+
+    #[test]
+    fn routine_progress_is_told_apart_from_what_needs_a_person() {
+        assert!(is_routine(Reason::MembersPending));
+        assert!(is_routine(Reason::LoadBalancerPending));
+        assert!(!is_routine(Reason::MemberStuck));
+        assert!(!is_routine(Reason::MemberError));
+        assert!(!is_routine(Reason::LoadBalancerError));
+        assert!(!is_routine(Reason::Ready));
+    }
+
+    #[test]
+    fn health_names_the_members_that_are_not_online() {
+        let degraded = Health::Degraded {
+            members: vec![("cp-1".into(), OperatingStatus::Offline)],
+        };
+        let condition = health_condition(&degraded);
+        assert_eq!(condition.status, Status::False);
+        assert_eq!(condition.message, "members not ONLINE: cp-1 OFFLINE");
+        assert_eq!(health_condition(&Health::Healthy).status, Status::True);
+    }
+}
