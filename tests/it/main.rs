@@ -6,6 +6,7 @@
 
 mod capo_compat;
 mod cloud;
+mod cluster_controller;
 mod common;
 mod controllers;
 mod crds;

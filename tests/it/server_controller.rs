@@ -26,10 +26,10 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const NAMESPACE: &str = "default";
-const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const NAMESPACE: &str = "default";
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
-fn timings() -> Timings {
+pub(crate) fn timings() -> Timings {
     Timings {
         server_build: Delay::Fixed(0.3),
         server_delete: Delay::Fixed(0.2),
@@ -39,7 +39,7 @@ fn timings() -> Timings {
     }
 }
 
-fn manager_config(scope: WatchScope) -> ManagerConfig {
+pub(crate) fn manager_config(scope: WatchScope) -> ManagerConfig {
     ManagerConfig {
         scope,
         controllers: ControllerConfig {
@@ -58,25 +58,25 @@ fn manager_config(scope: WatchScope) -> ManagerConfig {
 }
 
 /// Both simulators, a cloud-config Secret, a tenant network, and the manager running.
-struct World {
-    _kube: KubeSim,
-    cloud: OpenStackSim,
-    client: kube::Client,
-    registry: Registry,
-    shutdown: CancellationToken,
-    manager: Option<JoinHandle<Result<(), ManagerError>>>,
+pub(crate) struct World {
+    pub(crate) _kube: KubeSim,
+    pub(crate) cloud: OpenStackSim,
+    pub(crate) client: kube::Client,
+    pub(crate) registry: Registry,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) manager: Option<JoinHandle<Result<(), ManagerError>>>,
     /// A client of our own, to set up and inspect the cloud.
-    admin: CloudClient,
+    pub(crate) admin: CloudClient,
     /// Requests the set-up made, before any controller did.
-    baseline: u64,
+    pub(crate) baseline: u64,
 }
 
 impl World {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_with(Scenario::default(), WatchScope::default()).await
     }
 
-    async fn start_with(scenario: Scenario, scope: WatchScope) -> Self {
+    pub(crate) async fn start_with(scenario: Scenario, scope: WatchScope) -> Self {
         let minimal = capo_api::capi::crds()
             .iter()
             .map(|crd| serde_json::to_value(crd).unwrap())
@@ -85,7 +85,11 @@ impl World {
     }
 
     /// With these Cluster API CRDs (ours, minimal, or Cluster API's real ones).
-    async fn start_with_capi(mut scenario: Scenario, scope: WatchScope, capi: Vec<Value>) -> Self {
+    pub(crate) async fn start_with_capi(
+        mut scenario: Scenario,
+        scope: WatchScope,
+        capi: Vec<Value>,
+    ) -> Self {
         scenario.timings = timings();
         let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
         let crds: Vec<Value> = capo_api::crds::all()
@@ -145,7 +149,11 @@ impl World {
         world
     }
 
-    fn start_manager(&mut self, scope: WatchScope) {
+    pub(crate) fn start_manager(&mut self, scope: WatchScope) {
+        self.start_manager_with(manager_config(scope));
+    }
+
+    pub(crate) fn start_manager_with(&mut self, config: ManagerConfig) {
         self.registry = Registry::new();
         self.shutdown = CancellationToken::new();
         let (client, registry, shutdown) = (
@@ -154,12 +162,12 @@ impl World {
             self.shutdown.clone(),
         );
         self.manager = Some(tokio::spawn(async move {
-            manager::run(client, manager_config(scope), &registry, shutdown).await
+            manager::run(client, config, &registry, shutdown).await
         }));
     }
 
     /// Graceful shutdown: returns once reconciles in flight have finished.
-    async fn stop_manager(&mut self) {
+    pub(crate) async fn stop_manager(&mut self) {
         self.shutdown.cancel();
         if let Some(manager) = self.manager.take() {
             tokio::time::timeout(WAIT, manager)
@@ -170,11 +178,11 @@ impl World {
         }
     }
 
-    fn servers(&self) -> Api<OpenStackServer> {
+    pub(crate) fn servers(&self) -> Api<OpenStackServer> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
-    async fn put_secret(&self, name: &str, key: &str, value: &str) {
+    pub(crate) async fn put_secret(&self, name: &str, key: &str, value: &str) {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
@@ -189,7 +197,7 @@ impl World {
             .unwrap();
     }
 
-    async fn create(&self, manifest: Value) -> OpenStackServer {
+    pub(crate) async fn create(&self, manifest: Value) -> OpenStackServer {
         let object: OpenStackServer = serde_json::from_value(manifest).unwrap();
         self.servers()
             .create(&PostParams::default(), &object)
@@ -198,7 +206,7 @@ impl World {
     }
 
     /// Waits until `name` satisfies `done`.
-    async fn wait_for(
+    pub(crate) async fn wait_for(
         &self,
         name: &str,
         what: &str,
@@ -218,7 +226,7 @@ impl World {
         }
     }
 
-    async fn wait_gone(&self, name: &str) {
+    pub(crate) async fn wait_gone(&self, name: &str) {
         let waited = await_condition(self.servers(), name, |object: Option<&OpenStackServer>| {
             object.is_none()
         });
@@ -226,11 +234,11 @@ impl World {
     }
 
     /// Reconciles the OpenStackServer controller has run (any result).
-    fn reconciles(&self) -> f64 {
+    pub(crate) fn reconciles(&self) -> f64 {
         metric_sum(&self.registry, "controller_runtime_reconcile_total")
     }
 
-    async fn warnings(&self, reason: &str) -> Vec<String> {
+    pub(crate) async fn warnings(&self, reason: &str) -> Vec<String> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NAMESPACE);
         events
             .list(&ListParams::default())
@@ -245,17 +253,17 @@ impl World {
             .collect()
     }
 
-    fn requests(&self, service_operation: &str) -> u64 {
+    pub(crate) fn requests(&self, service_operation: &str) -> u64 {
         self.cloud.request_count(service_operation)
     }
 
     /// OpenStack requests since the set-up.
-    fn request_total(&self) -> u64 {
+    pub(crate) fn request_total(&self) -> u64 {
         self.cloud.request_log()["total"].as_u64().unwrap_or(0) - self.baseline
     }
 }
 
-fn base64(text: &str) -> String {
+pub(crate) fn base64(text: &str) -> String {
     use std::fmt::Write;
     // A tiny encoder keeps this test free of another dependency.
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -279,7 +287,7 @@ fn base64(text: &str) -> String {
     out
 }
 
-fn metric_sum(registry: &Registry, name: &str) -> f64 {
+pub(crate) fn metric_sum(registry: &Registry, name: &str) -> f64 {
     registry
         .gather()
         .iter()
@@ -327,7 +335,10 @@ fn has_reason(type_: &'static str, wanted: &'static str) -> impl Fn(&OpenStackSe
 }
 
 /// Polls `probe` every 20 ms until it yields something, for at most [`WAIT`].
-async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, probe: impl Fn() -> F) -> T {
+pub(crate) async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    probe: impl Fn() -> F,
+) -> T {
     within(what, async {
         loop {
             if let Some(found) = probe().await {
@@ -339,7 +350,7 @@ async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, probe: impl Fn
     .await
 }
 
-async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+pub(crate) async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
     tokio::time::timeout(WAIT, future)
         .await
         .unwrap_or_else(|_| panic!("timed out: {what}"))

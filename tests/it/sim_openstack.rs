@@ -1751,3 +1751,794 @@ async fn a_force_delete_removes_a_server_and_a_missing_one_is_not_found() {
         .unwrap_err();
     assert!(missing.is_not_found(), "{missing:?}");
 }
+
+// ---------------------------------------------------------------- Neutron in-use rules, Nova zones
+
+/// One Neutron request in-process: status and JSON.
+async fn net(
+    sim: &OpenStackSim,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    sim_call(
+        sim,
+        capo_provider::cloud::Service::Network,
+        method,
+        path,
+        body,
+    )
+    .await
+}
+
+/// The id of the one object a Neutron list returns.
+async fn only_id(sim: &OpenStackSim, path: &str, key: &str) -> String {
+    let (status, listed) = net(sim, http::Method::GET, path, None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(
+        listed[key].as_array().map(Vec::len),
+        Some(1),
+        "{path}: {listed}"
+    );
+    listed[key][0]["id"].as_str().unwrap().to_owned()
+}
+
+/// A project network with a /24 subnet: (network, subnet).
+async fn project_network(sim: &OpenStackSim, name: &str, cidr: &str) -> (String, String) {
+    let (status, network) = net(
+        sim,
+        http::Method::POST,
+        "networks",
+        Some(json!({"network": {"name": name}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{network}");
+    let network = network["network"]["id"].as_str().unwrap().to_owned();
+    let (status, subnet) = net(
+        sim,
+        http::Method::POST,
+        "subnets",
+        Some(json!({"subnet": {"name": format!("{name}-subnet"), "network_id": network, "cidr": cidr, "ip_version": 4}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{subnet}");
+    (network, subnet["subnet"]["id"].as_str().unwrap().to_owned())
+}
+
+fn neutron_error(kind: &str, message: &str) -> Value {
+    json!({"NeutronError": {"type": kind, "message": message, "detail": ""}})
+}
+
+#[tokio::test(start_paused = true)]
+async fn routers_own_their_gateway_port_and_are_in_use_only_through_interfaces() {
+    use http::Method;
+    let (sim, _client) = in_process(quick()).await;
+    let before = sim.object_counts();
+    let public = only_id(&sim, "networks?name=public", "networks").await;
+    let public_subnet = only_id(&sim, "subnets?name=public-subnet", "subnets").await;
+
+    let (status, created) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(json!({"router": {"name": "r1", "external_gateway_info": {"network_id": public}}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let r1 = created["router"]["id"].as_str().unwrap().to_owned();
+    let gateway = &created["router"]["external_gateway_info"];
+    assert_eq!(gateway["network_id"], public.as_str());
+    assert_eq!(gateway["enable_snat"], true);
+    assert_eq!(
+        gateway["external_fixed_ips"][0]["subnet_id"],
+        public_subnet.as_str()
+    );
+    let gateway_ip = gateway["external_fixed_ips"][0]["ip_address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(gateway_ip.starts_with("172.24.4."), "{gateway_ip}");
+    let (_, ports) = net(
+        &sim,
+        Method::GET,
+        &format!("ports?device_id={r1}&device_owner=network:router_gateway"),
+        None,
+    )
+    .await;
+    let port = &ports["ports"][0];
+    assert_eq!(port["network_id"], public.as_str());
+    assert_eq!(
+        port["fixed_ips"],
+        json!([{"subnet_id": public_subnet, "ip_address": gateway_ip}])
+    );
+    assert_eq!(ports["ports"].as_array().unwrap().len(), 1);
+
+    // A chosen address, SNAT off; the same address again is taken; only external networks.
+    let (status, r2) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(
+            json!({"router": {"name": "r2", "external_gateway_info": {"network_id": public,
+            "enable_snat": false, "external_fixed_ips": [{"ip_address": "172.24.4.100"}]}}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201, "{r2}");
+    assert_eq!(
+        r2["router"]["external_gateway_info"],
+        json!({"network_id": public, "enable_snat": false,
+               "external_fixed_ips": [{"subnet_id": public_subnet, "ip_address": "172.24.4.100"}]})
+    );
+    let r2 = r2["router"]["id"].as_str().unwrap().to_owned();
+    let (status, taken) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(
+            json!({"router": {"name": "r3", "external_gateway_info": {"network_id": public,
+            "external_fixed_ips": [{"subnet_id": public_subnet, "ip_address": "172.24.4.100"}]}}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        taken,
+        neutron_error(
+            "IpAddressAlreadyAllocated",
+            &format!("IP address 172.24.4.100 already allocated in subnet {public_subnet}")
+        )
+    );
+    let (private, private_subnet) = project_network(&sim, "private", "10.0.0.0/24").await;
+    let (status, internal) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(json!({"router": {"name": "r4", "external_gateway_info": {"network_id": private}}})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        internal,
+        neutron_error(
+            "BadRequest",
+            &format!("Bad router request: Network {private} is not an external network.")
+        )
+    );
+
+    // Interfaces hold a router; its gateway does not.
+    let (status, _) = net(
+        &sim,
+        Method::PUT,
+        &format!("routers/{r1}/add_router_interface"),
+        Some(json!({"subnet_id": private_subnet})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, refused) = net(&sim, Method::DELETE, &format!("routers/{r1}"), None).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        refused,
+        neutron_error("RouterInUse", &format!("Router {r1} still has ports"))
+    );
+    let (status, _) = net(
+        &sim,
+        Method::PUT,
+        &format!("routers/{r1}/remove_router_interface"),
+        Some(json!({"subnet_id": private_subnet})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("routers/{r1}"), None)
+            .await
+            .0,
+        204
+    );
+    let (_, left) = net(&sim, Method::GET, &format!("ports?device_id={r1}"), None).await;
+    assert_eq!(left["ports"], json!([]));
+
+    // PUT clears and sets the gateway, the port going and coming with it.
+    let (status, cleared) = net(
+        &sim,
+        Method::PUT,
+        &format!("routers/{r2}"),
+        Some(json!({"router": {"external_gateway_info": {}}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{cleared}");
+    assert_eq!(cleared["router"]["external_gateway_info"], Value::Null);
+    let (_, left) = net(&sim, Method::GET, &format!("ports?device_id={r2}"), None).await;
+    assert_eq!(left["ports"], json!([]));
+    let (status, set) = net(
+        &sim,
+        Method::PUT,
+        &format!("routers/{r2}"),
+        Some(json!({"router": {"external_gateway_info": {"network_id": public}}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(set["router"]["external_gateway_info"]["enable_snat"], true);
+    let (_, gateway_ports) = net(&sim, Method::GET, &format!("ports?device_id={r2}"), None).await;
+    assert_eq!(
+        gateway_ports["ports"][0]["fixed_ips"][0]["ip_address"],
+        set["router"]["external_gateway_info"]["external_fixed_ips"][0]["ip_address"]
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("routers/{r2}"), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("networks/{private}"), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(sim.object_counts(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn security_groups_get_default_rules_refuse_duplicates_and_are_held_by_ports() {
+    use http::Method;
+    let (sim, client) = in_process(quick()).await;
+    let before = sim.object_counts();
+    let created = client
+        .neutron()
+        .create_security_group("web", "")
+        .await
+        .unwrap();
+    let web = created.id.clone();
+    let rules: Vec<(String, Option<String>)> = created
+        .security_group_rules
+        .iter()
+        .map(|r| (r.direction.clone(), r.ethertype.clone()))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            ("egress".into(), Some("IPv4".into())),
+            ("egress".into(), Some("IPv6".into()))
+        ]
+    );
+    let (_, listed) = net(
+        &sim,
+        Method::GET,
+        &format!("security-group-rules?security_group_id={web}"),
+        None,
+    )
+    .await;
+    for rule in listed["security_group_rules"].as_array().unwrap() {
+        for field in [
+            "protocol",
+            "port_range_min",
+            "port_range_max",
+            "remote_ip_prefix",
+            "remote_group_id",
+        ] {
+            assert_eq!(rule[field], Value::Null, "{field} of {rule}");
+        }
+    }
+    let egress_v4 = created.security_group_rules[0].id.clone();
+    let default = only_id(&sim, "security-groups?name=default", "security_groups").await;
+    let (_, shown) = net(
+        &sim,
+        Method::GET,
+        &format!("security-groups/{default}"),
+        None,
+    )
+    .await;
+    let shape: Vec<(Value, Value, Value)> = shown["security_group"]["security_group_rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["direction"].clone(),
+                r["ethertype"].clone(),
+                r["remote_group_id"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (json!("ingress"), json!("IPv4"), json!(default)),
+            (json!("egress"), json!("IPv4"), Value::Null),
+            (json!("ingress"), json!("IPv6"), json!(default)),
+            (json!("egress"), json!("IPv6"), Value::Null),
+        ]
+    );
+    let (status, reserved) = net(
+        &sim,
+        Method::POST,
+        "security-groups",
+        Some(json!({"security_group": {"name": "default"}})),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        reserved["NeutronError"]["type"],
+        "SecurityGroupDefaultAlreadyExists"
+    );
+
+    // A rule from another group; the same rule spelled differently is a duplicate.
+    let rule = |protocol: &str| {
+        json!({"security_group_rule": {"security_group_id": web, "direction": "ingress",
+            "protocol": protocol, "port_range_min": 6443, "port_range_max": 6443, "remote_group_id": default}})
+    };
+    let (status, from_group) = net(
+        &sim,
+        Method::POST,
+        "security-group-rules",
+        Some(rule("tcp")),
+    )
+    .await;
+    assert_eq!(status, 201, "{from_group}");
+    assert_eq!(
+        from_group["security_group_rule"]["remote_group_id"],
+        default.as_str()
+    );
+    assert_eq!(from_group["security_group_rule"]["ethertype"], "IPv4");
+    let first = from_group["security_group_rule"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, duplicate) =
+        net(&sim, Method::POST, "security-group-rules", Some(rule("6"))).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        duplicate,
+        neutron_error(
+            "SecurityGroupRuleExists",
+            &format!("Security group rule already exists. Rule id is {first}.")
+        )
+    );
+    let (status, duplicate) = net(
+        &sim,
+        Method::POST,
+        "security-group-rules",
+        Some(
+            json!({"security_group_rule": {"security_group_id": web, "direction": "egress",
+            "ethertype": "IPv4", "remote_ip_prefix": "0.0.0.0/0"}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        duplicate["NeutronError"]["message"],
+        format!("Security group rule already exists. Rule id is {egress_v4}.")
+    );
+    let (status, other) = net(
+        &sim,
+        Method::POST,
+        "security-group-rules",
+        Some(json!({"security_group_rule": {"security_group_id": web, "direction": "ingress",
+            "protocol": "tcp", "port_range_min": 6443, "port_range_max": 6443, "remote_ip_prefix": "10.0.0.7/24"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{other}");
+    assert_eq!(
+        other["security_group_rule"]["normalized_cidr"],
+        "10.0.0.0/24"
+    );
+
+    // A port holds its groups.
+    let public = only_id(&sim, "networks?name=public", "networks").await;
+    let (_, port) = net(
+        &sim,
+        Method::POST,
+        "ports",
+        Some(json!({"port": {"network_id": public, "security_groups": [web]}})),
+    )
+    .await;
+    let port = port["port"]["id"].as_str().unwrap().to_owned();
+    let (status, refused) = net(
+        &sim,
+        Method::DELETE,
+        &format!("security-groups/{web}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        refused,
+        neutron_error(
+            "SecurityGroupInUse",
+            &format!("Security Group {web} in use.")
+        )
+    );
+    client.neutron().delete_port(&port).await.unwrap();
+    client.neutron().delete_security_group(&web).await.unwrap();
+    let (_, left) = net(
+        &sim,
+        Method::GET,
+        &format!("security-group-rules?security_group_id={web}"),
+        None,
+    )
+    .await;
+    assert_eq!(left["security_group_rules"], json!([]));
+    assert_eq!(sim.object_counts(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn networks_and_subnets_in_use_are_refused_but_dhcp_ports_do_not_count() {
+    use http::Method;
+    let (sim, _client) = in_process(quick()).await;
+    let before = sim.object_counts();
+    let (network, subnet) = project_network(&sim, "n", "10.1.0.0/24").await;
+    let (_, port) = net(
+        &sim,
+        Method::POST,
+        "ports",
+        Some(json!({"port": {"network_id": network}})),
+    )
+    .await;
+    let port = port["port"]["id"].as_str().unwrap().to_owned();
+    let (status, refused) = net(&sim, Method::DELETE, &format!("networks/{network}"), None).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        refused,
+        neutron_error(
+            "NetworkInUse",
+            &format!(
+                "Unable to complete operation on network {network}. \
+                 There are one or more ports still in use on the network."
+            )
+        )
+    );
+    let (status, refused) = net(&sim, Method::DELETE, &format!("subnets/{subnet}"), None).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        refused,
+        neutron_error(
+            "SubnetInUse",
+            &format!(
+                "Unable to complete operation on subnet {subnet}: \
+                 One or more ports have an IP allocation from this subnet."
+            )
+        )
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("ports/{port}"), None)
+            .await
+            .0,
+        204
+    );
+
+    // A router interface holds the subnet.
+    let (_, router) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(json!({"router": {"name": "r"}})),
+    )
+    .await;
+    let router = router["router"]["id"].as_str().unwrap().to_owned();
+    let path = format!("routers/{router}/add_router_interface");
+    assert_eq!(
+        net(&sim, Method::PUT, &path, Some(json!({"subnet_id": subnet})))
+            .await
+            .0,
+        200
+    );
+    let (status, refused) = net(&sim, Method::DELETE, &format!("subnets/{subnet}"), None).await;
+    assert_eq!(status, 409);
+    assert_eq!(refused["NeutronError"]["type"], "SubnetInUse");
+    let path = format!("routers/{router}/remove_router_interface");
+    assert_eq!(
+        net(&sim, Method::PUT, &path, Some(json!({"subnet_id": subnet})))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("routers/{router}"), None)
+            .await
+            .0,
+        204
+    );
+
+    // Neutron's own DHCP port goes with the network, and so do the subnets.
+    let (status, _) = net(
+        &sim,
+        Method::POST,
+        "ports",
+        Some(json!({"port": {"network_id": network, "device_owner": "network:dhcp", "device_id": "dhcp1"}})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("networks/{network}"), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(sim.object_counts(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn floating_ips_associate_through_a_router_and_taken_addresses_conflict() {
+    use http::Method;
+    let (sim, client) = in_process(quick()).await;
+    let neutron = client.neutron();
+    let before = sim.object_counts();
+    let public = only_id(&sim, "networks?name=public", "networks").await;
+    let public_subnet = only_id(&sim, "subnets?name=public-subnet", "subnets").await;
+    let (network, subnet) = project_network(&sim, "n", "10.2.0.0/24").await;
+    let (_, router) = net(
+        &sim,
+        Method::POST,
+        "routers",
+        Some(json!({"router": {"name": "r", "external_gateway_info": {"network_id": public}}})),
+    )
+    .await;
+    let router = router["router"]["id"].as_str().unwrap().to_owned();
+    let path = format!("routers/{router}/add_router_interface");
+    assert_eq!(
+        net(&sim, Method::PUT, &path, Some(json!({"subnet_id": subnet})))
+            .await
+            .0,
+        200
+    );
+    let (_, port) = net(
+        &sim,
+        Method::POST,
+        "ports",
+        Some(json!({"port": {"network_id": network}})),
+    )
+    .await;
+    let fixed = port["port"]["fixed_ips"][0]["ip_address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let port = port["port"]["id"].as_str().unwrap().to_owned();
+
+    let fip = neutron.create_floating_ip(&public, None, "").await.unwrap();
+    assert_eq!(
+        (fip.status.as_str(), fip.port_id.as_deref()),
+        ("DOWN", None)
+    );
+    let associated = neutron
+        .associate_floating_ip(&fip.id, Some(&port))
+        .await
+        .unwrap();
+    assert_eq!(associated.status, "ACTIVE");
+    assert_eq!(associated.fixed_ip_address.as_deref(), Some(fixed.as_str()));
+    let (_, shown) = net(&sim, Method::GET, &format!("floatingips/{}", fip.id), None).await;
+    assert_eq!(shown["floatingip"]["router_id"], router.as_str());
+    assert_eq!(shown["floatingip"]["port_id"], port.as_str());
+
+    // The router's gateway is pinned while the floating IP goes through it.
+    let (status, pinned) = net(
+        &sim,
+        Method::PUT,
+        &format!("routers/{router}"),
+        Some(json!({"router": {"external_gateway_info": {}}})),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        pinned["NeutronError"]["type"],
+        "RouterExternalGatewayInUseByFloatingIp"
+    );
+
+    let released = neutron.associate_floating_ip(&fip.id, None).await.unwrap();
+    assert_eq!(released.status, "DOWN");
+    assert_eq!((released.port_id, released.fixed_ip_address), (None, None));
+    let (_, shown) = net(&sim, Method::GET, &format!("floatingips/{}", fip.id), None).await;
+    assert_eq!(shown["floatingip"]["router_id"], Value::Null);
+
+    // A chosen address: once; not one that is out of the network's subnets.
+    let chosen = neutron
+        .create_floating_ip(&public, Some("172.24.4.50"), "")
+        .await
+        .unwrap();
+    assert_eq!(chosen.floating_ip_address, "172.24.4.50");
+    let (status, taken) = net(
+        &sim,
+        Method::POST,
+        "floatingips",
+        Some(json!({"floatingip": {"floating_network_id": public, "floating_ip_address": "172.24.4.50"}})),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        taken,
+        neutron_error(
+            "IpAddressAlreadyAllocated",
+            &format!("IP address 172.24.4.50 already allocated in subnet {public_subnet}")
+        )
+    );
+    let taken = neutron
+        .create_floating_ip(&public, Some(&fip.floating_ip_address), "")
+        .await
+        .unwrap_err();
+    assert!(matches!(taken, CloudError::Conflict(_)), "{taken:?}");
+    let (status, outside) = net(
+        &sim,
+        Method::POST,
+        "floatingips",
+        Some(json!({"floatingip": {"floating_network_id": public, "floating_ip_address": "192.0.2.9"}})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(outside["NeutronError"]["type"], "InvalidIpForNetwork");
+
+    // Deleting the port frees the floating IP.
+    neutron
+        .associate_floating_ip(&chosen.id, Some(&port))
+        .await
+        .unwrap();
+    neutron.delete_port(&port).await.unwrap();
+    let (_, shown) = net(
+        &sim,
+        Method::GET,
+        &format!("floatingips/{}", chosen.id),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (
+            &shown["floatingip"]["port_id"],
+            &shown["floatingip"]["fixed_ip_address"]
+        ),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(shown["floatingip"]["status"], "DOWN");
+    assert_eq!(shown["floatingip"]["router_id"], Value::Null);
+
+    for id in [&fip.id, &chosen.id] {
+        neutron.delete_floating_ip(id).await.unwrap();
+    }
+    let path = format!("routers/{router}/remove_router_interface");
+    assert_eq!(
+        net(&sim, Method::PUT, &path, Some(json!({"subnet_id": subnet})))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("routers/{router}"), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        net(&sim, Method::DELETE, &format!("networks/{network}"), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(sim.object_counts(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nova_lists_the_configured_availability_zones_and_boots_only_into_them() {
+    use capo_provider::cloud::Service;
+    use capo_provider::cloud::nova::{ServerNetwork, ServerSpec};
+    let (plain, _) = in_process(quick()).await;
+    let (_, zones) = sim_call(
+        &plain,
+        Service::Compute,
+        http::Method::GET,
+        "os-availability-zone",
+        None,
+    )
+    .await;
+    assert_eq!(
+        zones,
+        json!({"availabilityZoneInfo": [{"zoneName": "nova", "zoneState": {"available": true}, "hosts": null}]})
+    );
+
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        settings: CloudSettings {
+            availability_zones: vec!["az1".into(), "az2".into()],
+            ..CloudSettings::default()
+        },
+        scenario: quick(),
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let (_, zones) = sim_call(
+        &sim,
+        Service::Compute,
+        http::Method::GET,
+        "os-availability-zone",
+        None,
+    )
+    .await;
+    assert_eq!(
+        zones,
+        json!({"availabilityZoneInfo": [
+            {"zoneName": "az1", "zoneState": {"available": true}, "hosts": null},
+            {"zoneName": "az2", "zoneState": {"available": true}, "hosts": null}]})
+    );
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let (image, flavor, network) = server_inputs(&client).await;
+    let spec = |zone: &str| ServerSpec {
+        name: format!("in-{zone}"),
+        flavor_ref: flavor.clone(),
+        image_ref: image.clone(),
+        availability_zone: Some(zone.into()),
+        networks: vec![ServerNetwork {
+            port: None,
+            uuid: Some(network.clone()),
+        }],
+        ..ServerSpec::default()
+    };
+    let server = client.nova().create_server(&spec("az2")).await.unwrap();
+    assert_eq!(
+        sim.server(&server.id).unwrap()["OS-EXT-AZ:availability_zone"],
+        "az2"
+    );
+    let refused = client
+        .nova()
+        .create_server(&spec("nova"))
+        .await
+        .unwrap_err();
+    bad_request_saying(&refused, "The requested availability zone is not available");
+}
+
+/// The VIP port Octavia made in Neutron goes with its load balancer, whether the delete takes
+/// a while or no time.
+#[tokio::test(start_paused = true)]
+async fn a_cascade_delete_releases_the_vip_port() {
+    for delete_delay in [0.0, 0.05] {
+        let mut scenario = quick();
+        scenario.timings.lb_delete = Delay::Fixed(delete_delay);
+        let (sim, client) = in_process(scenario).await;
+        let before = sim.object_counts();
+        let public = only_id(&sim, "networks?name=public", "networks").await;
+        let lb = client
+            .octavia()
+            .create_load_balancer(&LoadBalancerSpec {
+                name: "vip".into(),
+                vip_network_id: Some(public),
+                ..LoadBalancerSpec::default()
+            })
+            .await
+            .unwrap();
+        let vip_port = format!("ports/{}", lb.vip_port_id.clone().unwrap());
+        let (_, vip) = net(&sim, http::Method::GET, &vip_port, None).await;
+        assert_eq!(vip["port"]["name"], "octavia-lb-vip");
+        assert_eq!(vip["port"]["device_owner"], "Octavia");
+        assert_eq!(
+            vip["port"]["fixed_ips"][0]["ip_address"],
+            json!(lb.vip_address)
+        );
+        wait_lb_active(&client, &lb.id).await;
+        client
+            .octavia()
+            .create_listener(&ListenerSpec {
+                name: "l".into(),
+                loadbalancer_id: lb.id.clone(),
+                protocol: "TCP".into(),
+                protocol_port: 6443,
+                ..ListenerSpec::default()
+            })
+            .await
+            .unwrap();
+        wait_lb_active(&client, &lb.id).await;
+        client
+            .octavia()
+            .delete_load_balancer(&lb.id, true)
+            .await
+            .unwrap();
+        if delete_delay > 0.0 {
+            let (status, _) = net(&sim, http::Method::GET, &vip_port, None).await;
+            assert_eq!(status, 200, "the VIP port stays while the delete runs");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let (status, _) = net(&sim, http::Method::GET, &vip_port, None).await;
+        assert_eq!(
+            status, 404,
+            "VIP port released (delete delay {delete_delay})"
+        );
+        assert_eq!(sim.object_counts(), before);
+    }
+}

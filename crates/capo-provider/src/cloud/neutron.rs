@@ -328,7 +328,13 @@ impl<'a> Neutron<'a> {
         collection: &'static str,
         filter: &Filter,
     ) -> Result<Vec<T>, CloudError> {
-        let call = filter.apply(Call::get(op, collection)).key(collection);
+        // Paths have dashes; the body's keys underscores (`security_groups`).
+        let key = match collection {
+            "security-groups" => "security_groups",
+            "security-group-rules" => "security_group_rules",
+            other => other,
+        };
+        let call = filter.apply(Call::get(op, collection)).key(key);
         self.path.fetch_all(call).await
     }
 

@@ -1,10 +1,12 @@
-//! Neutron v2.0: networks, subnets, routers and interfaces, ports with fixed IPs allocated from
-//! their subnet, security groups and rules, floating IPs, trunks (a port parents at most one and
-//! cannot be deleted while it does), tags, filters. Objects are
+//! Neutron v2.0: networks, subnets, routers with an external gateway (a `network:router_gateway`
+//! port) and interfaces, ports with fixed IPs allocated from their subnet, security groups (with
+//! Neutron's default rules) and rules, floating IPs, trunks (a port parents at most one and
+//! cannot be deleted while it does), tags, filters. Deletes are refused while Neutron would
+//! refuse them (`NetworkInUse`, `SubnetInUse`, `RouterInUse`, `SecurityGroupInUse`). Objects are
 //! kept as JSON, the way the API shows them; per-collection hooks add what Neutron computes.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use axum::http::Method;
 use serde_json::{Map, Value, json};
@@ -27,6 +29,23 @@ const COLLECTIONS: &[(&str, &str, &str)] = &[
     ("floatingips", "floatingip", "FloatingIP"),
     ("trunks", "trunk", "Trunk"),
 ];
+
+/// `device_owner` of a router's gateway port.
+const ROUTER_GATEWAY: &str = "network:router_gateway";
+
+/// A router's interface ports (`network:router_interface`, `..._distributed`).
+fn is_router_interface(port: &Value) -> bool {
+    port["device_owner"]
+        .as_str()
+        .is_some_and(|o| o.starts_with("network:router_interface"))
+}
+
+/// Ports Neutron makes and removes itself (DHCP), which do not hold a network or subnet.
+fn is_auto_deleted(port: &Value) -> bool {
+    port["device_owner"]
+        .as_str()
+        .is_some_and(|o| o.starts_with("network:dhcp"))
+}
 
 #[derive(Debug, Default)]
 pub struct Neutron {
@@ -93,6 +112,7 @@ pub fn seed(world: &mut World) {
         "subnets",
         json!({"name": "public-subnet", "network_id": network_id, "cidr": "172.24.4.0/24", "ip_version": 4}),
     );
+    // Named `default`, it gets the default group's rules too (see `default_rules`).
     create_object(
         world,
         "security-groups",
@@ -240,31 +260,293 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
         "floatingips" => {
             network_exists("floating_network_id")?;
             let id = object["floating_network_id"].as_str().unwrap_or_default();
-            if world
+            if !world
                 .neutron
                 .find("networks", id)
                 .is_some_and(|n| n["router:external"] == true)
             {
-                Ok(())
-            } else {
-                Err(Reply::neutron(
+                return Err(Reply::neutron(
                     400,
                     "BadRequest",
                     format!(
                         "Bad floatingip request: Network {id} is not a valid external network."
                     ),
-                ))
+                ));
+            }
+            match object["floating_ip_address"].as_str() {
+                Some(ip) => {
+                    let Some(subnet) = subnet_for_ip(world, id, ip) else {
+                        return Err(invalid_ip_for_network(ip));
+                    };
+                    free_ip(world, &subnet, ip, None)
+                }
+                None => Ok(()),
             }
         }
-        "security-group-rules" => {
-            let id = object["security_group_id"].as_str().unwrap_or_default();
-            match world.neutron.find("security-groups", id) {
-                Some(_) => Ok(()),
-                None => Err(not_found("SecurityGroup", id)),
-            }
-        }
+        "routers" => match &object["external_gateway_info"] {
+            info if has_gateway(info) => check_gateway(world, info, None),
+            _ => Ok(()),
+        },
+        "security-groups" => check_group_name(object),
+        "security-group-rules" => check_rule(world, object),
         _ => Ok(()),
     }
+}
+
+/// Neutron reserves `default` for the group it makes itself.
+fn check_group_name(object: &Value) -> Result<(), Reply> {
+    if object["name"]
+        .as_str()
+        .is_some_and(|n| n.eq_ignore_ascii_case("default"))
+    {
+        Err(Reply::neutron(
+            409,
+            "SecurityGroupDefaultAlreadyExists",
+            "Default security group already exists.",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A rule's group and remote group exist, it names one remote at most, and its group has no
+/// rule like it yet.
+fn check_rule(world: &World, object: &Value) -> Result<(), Reply> {
+    let id = object["security_group_id"].as_str().unwrap_or_default();
+    if world.neutron.find("security-groups", id).is_none() {
+        return Err(not_found("SecurityGroup", id));
+    }
+    if let Some(remote) = object["remote_group_id"].as_str() {
+        if world.neutron.find("security-groups", remote).is_none() {
+            return Err(not_found("SecurityGroup", remote));
+        }
+        if !object["remote_ip_prefix"].is_null() {
+            return Err(Reply::neutron(
+                400,
+                "SecurityGroupRemoteGroupAndRemoteIpPrefix",
+                "Only remote_ip_prefix or remote_group_id may be provided.",
+            ));
+        }
+    }
+    let key = rule_key(object);
+    match world
+        .neutron
+        .all("security-group-rules")
+        .iter()
+        .find(|r| r["security_group_id"] == id && rule_key(r) == key)
+    {
+        Some(existing) => Err(Reply::neutron(
+            409,
+            "SecurityGroupRuleExists",
+            format!(
+                "Security group rule already exists. Rule id is {}.",
+                existing["id"].as_str().unwrap_or_default()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What Neutron compares to find a duplicate rule: direction, ethertype, protocol (names and
+/// numbers alike), port range, remote CIDR (normalised; "everything" is no prefix) and remote
+/// groups; `None` where unset.
+fn rule_key(rule: &Value) -> Vec<Option<String>> {
+    let text = |value: &Value| match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let ethertype = text(&rule["ethertype"]).unwrap_or_else(|| "IPv4".into());
+    let protocol = text(&rule["protocol"]).and_then(|p| protocol_number(&p, ethertype == "IPv6"));
+    let cidr = rule["remote_ip_prefix"].as_str().and_then(normalized_cidr);
+    vec![
+        text(&rule["direction"]),
+        Some(ethertype),
+        protocol,
+        text(&rule["port_range_min"]),
+        text(&rule["port_range_max"]),
+        cidr,
+        text(&rule["remote_group_id"]),
+        text(&rule["remote_address_group_id"]),
+    ]
+}
+
+/// A protocol as its IANA number (`any`: none); unknown names stay as they are.
+fn protocol_number(protocol: &str, ipv6: bool) -> Option<String> {
+    let protocol = protocol.to_ascii_lowercase();
+    let number = match protocol.as_str() {
+        "any" => return None,
+        "icmp" | "1" if ipv6 => "58",
+        "icmp" => "1",
+        "igmp" => "2",
+        "ipip" => "4",
+        "tcp" => "6",
+        "egp" => "8",
+        "udp" => "17",
+        "ipv6-encap" => "41",
+        "gre" => "47",
+        "esp" => "50",
+        "ah" => "51",
+        "icmpv6" | "ipv6-icmp" => "58",
+        "ospf" => "89",
+        "pgm" => "113",
+        "vrrp" => "112",
+        "sctp" => "132",
+        "udplite" => "136",
+        other => other,
+    };
+    Some(number.to_owned())
+}
+
+/// `10.0.0.5/24` -> `10.0.0.0/24`; a bare address is a host route; `0.0.0.0/0` and `::/0`
+/// (everything) are none, as Neutron compares them.
+fn normalized_cidr(prefix: &str) -> Option<String> {
+    let (address, length) = match prefix.split_once('/') {
+        Some((address, length)) => (address, Some(length)),
+        None => (prefix, None),
+    };
+    let address: IpAddr = address.parse().ok()?;
+    let normalized = match address {
+        IpAddr::V4(v4) => {
+            let length: u32 = length.map_or(Some(32), |l| l.parse().ok())?.min(32);
+            let mask = u32::MAX.checked_shl(32 - length).unwrap_or(0);
+            format!("{}/{length}", Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) => {
+            let length: u32 = length.map_or(Some(128), |l| l.parse().ok())?.min(128);
+            let mask = u128::MAX.checked_shl(128 - length).unwrap_or(0);
+            format!(
+                "{}/{length}",
+                std::net::Ipv6Addr::from(u128::from(v6) & mask)
+            )
+        }
+    };
+    (normalized != "0.0.0.0/0" && normalized != "::/0").then_some(normalized)
+}
+
+/// A gateway request names a network (`{}` or null clears the gateway).
+fn has_gateway(info: &Value) -> bool {
+    info.get("network_id").is_some_and(|n| !n.is_null())
+}
+
+/// Checks `external_gateway_info` as Neutron does before it makes the gateway port: an
+/// external network, and fixed IPs on its subnets that are free (`router`'s own gateway port
+/// aside).
+fn check_gateway(world: &World, info: &Value, router: Option<&str>) -> Result<(), Reply> {
+    let network = info["network_id"].as_str().unwrap_or_default();
+    let Some(found) = world.neutron.find("networks", network) else {
+        return Err(not_found("Network", network));
+    };
+    if found["router:external"] != true {
+        return Err(Reply::neutron(
+            400,
+            "BadRequest",
+            format!("Bad router request: Network {network} is not an external network."),
+        ));
+    }
+    for want in info["external_fixed_ips"].as_array().into_iter().flatten() {
+        let ip = want["ip_address"].as_str();
+        let subnet = match want["subnet_id"].as_str() {
+            Some(subnet) => {
+                let Some(found) = world.neutron.find("subnets", subnet) else {
+                    return Err(not_found("Subnet", subnet));
+                };
+                if found["network_id"] != network {
+                    return Err(Reply::neutron(
+                        400,
+                        "InvalidInput",
+                        format!(
+                            "Invalid input for operation: Failed to create port on network \
+                             {network}, because fixed_ips included invalid subnet {subnet}."
+                        ),
+                    ));
+                }
+                if let Some(ip) = ip
+                    && !subnet_contains(world, subnet, ip)
+                {
+                    return Err(Reply::neutron(
+                        400,
+                        "InvalidIpForSubnet",
+                        format!("IP address {ip} is not a valid IP for the specified subnet."),
+                    ));
+                }
+                subnet.to_owned()
+            }
+            None => match ip.and_then(|ip| subnet_for_ip(world, network, ip)) {
+                Some(subnet) => subnet,
+                None if ip.is_some() => {
+                    return Err(invalid_ip_for_network(ip.unwrap_or_default()));
+                }
+                None => continue,
+            },
+        };
+        if let Some(ip) = ip {
+            free_ip(world, &subnet, ip, router)?;
+        }
+    }
+    Ok(())
+}
+
+fn invalid_ip_for_network(ip: &str) -> Reply {
+    Reply::neutron(
+        400,
+        "InvalidIpForNetwork",
+        format!(
+            "IP address {ip} is not a valid IP for any of the subnets on the specified network."
+        ),
+    )
+}
+
+/// `ip` on `subnet` is no port's and no floating IP's (the gateway port of `except`, a
+/// router, aside): else Neutron's 409.
+fn free_ip(world: &World, subnet: &str, ip: &str, except: Option<&str>) -> Result<(), Reply> {
+    let network = world
+        .neutron
+        .find("subnets", subnet)
+        .map(|s| s["network_id"].clone())
+        .unwrap_or_default();
+    let by_port = world.neutron.all("ports").iter().any(|p| {
+        !(except.is_some_and(|r| p["device_id"] == r) && p["device_owner"] == ROUTER_GATEWAY)
+            && p["fixed_ips"].as_array().is_some_and(|ips| {
+                ips.iter()
+                    .any(|f| f["subnet_id"] == subnet && f["ip_address"] == ip)
+            })
+    });
+    let by_floating_ip = world
+        .neutron
+        .all("floatingips")
+        .iter()
+        .any(|f| f["floating_network_id"] == network && f["floating_ip_address"] == ip);
+    if by_port || by_floating_ip {
+        Err(Reply::neutron(
+            409,
+            "IpAddressAlreadyAllocated",
+            format!("IP address {ip} already allocated in subnet {subnet}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn subnet_contains(world: &World, subnet: &str, ip: &str) -> bool {
+    let Ok(ip) = ip.parse::<Ipv4Addr>() else {
+        return false;
+    };
+    world
+        .neutron
+        .find("subnets", subnet)
+        .and_then(|s| parse_cidr(s["cidr"].as_str()?))
+        .is_some_and(|(base, prefix)| u32::from(ip) & (u32::MAX << (32 - prefix)) == base)
+}
+
+/// The subnet of `network` whose range holds `ip`.
+fn subnet_for_ip(world: &World, network: &str, ip: &str) -> Option<String> {
+    world.neutron.find("networks", network)?["subnets"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|s| subnet_contains(world, s, ip))
+        .map(str::to_owned)
 }
 
 /// Creates an object with Neutron's computed fields, through the same hooks as the API.
@@ -306,12 +588,19 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
         "routers" => {
             object.entry("status").or_insert(json!("ACTIVE"));
             object.entry("admin_state_up").or_insert(json!(true));
-            object.entry("external_gateway_info").or_insert(Value::Null);
+            let info = object
+                .remove("external_gateway_info")
+                .unwrap_or(Value::Null);
+            let gateway = attach_gateway(world, &id, &info);
+            object.insert("external_gateway_info".into(), gateway);
         }
         "security-groups" => {
             object.insert("security_group_rules".into(), json!([]));
         }
         "security-group-rules" => {
+            // Rules have no name and take no tags.
+            object.remove("name");
+            object.remove("tags");
             for (key, value) in [
                 ("ethertype", json!("IPv4")),
                 ("protocol", Value::Null),
@@ -319,9 +608,15 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
                 ("port_range_max", Value::Null),
                 ("remote_ip_prefix", Value::Null),
                 ("remote_group_id", Value::Null),
+                ("remote_address_group_id", Value::Null),
             ] {
                 object.entry(key).or_insert(value);
             }
+            let normalized = object
+                .get("remote_ip_prefix")
+                .and_then(Value::as_str)
+                .and_then(|p| normalized_cidr(p).or_else(|| Some(p.to_owned())));
+            object.insert("normalized_cidr".into(), json!(normalized));
         }
         "floatingips" => floating_ip_defaults(world, &mut object),
         "trunks" => {
@@ -351,7 +646,68 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
             object["security_group_id"].as_str().unwrap_or_default(),
         );
     }
+    if path == "security-groups" {
+        return default_rules(world, &id, object["name"] == "default");
+    }
     object
+}
+
+/// Neutron's rules for a new group, per ethertype: egress to anywhere, and for the project's
+/// `default` group also ingress from its own members. Returns the group with them inline.
+fn default_rules(world: &mut World, group: &str, default: bool) -> Value {
+    for ethertype in ["IPv4", "IPv6"] {
+        if default {
+            create_object(
+                world,
+                "security-group-rules",
+                json!({"security_group_id": group, "direction": "ingress", "ethertype": ethertype,
+                       "remote_group_id": group}),
+            );
+        }
+        create_object(
+            world,
+            "security-group-rules",
+            json!({"security_group_id": group, "direction": "egress", "ethertype": ethertype}),
+        );
+    }
+    world
+        .neutron
+        .find("security-groups", group)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Makes the gateway port `info` asks for (none when it names no network) and returns the
+/// router's `external_gateway_info`.
+fn attach_gateway(world: &mut World, router: &str, info: &Value) -> Value {
+    if !has_gateway(info) {
+        return Value::Null;
+    }
+    let network = info["network_id"].clone();
+    let mut request = json!({"network_id": network, "device_id": router, "device_owner": ROUTER_GATEWAY,
+                             "name": "", "project_id": "", "tenant_id": ""});
+    if let Some(ips) = info["external_fixed_ips"]
+        .as_array()
+        .filter(|ips| !ips.is_empty())
+    {
+        request["fixed_ips"] = json!(ips);
+    }
+    let port = create_object(world, "ports", request);
+    let ips: Vec<Value> = port["fixed_ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|ip| json!({"subnet_id": ip["subnet_id"], "ip_address": ip["ip_address"]}))
+        .collect();
+    json!({"network_id": network, "enable_snat": info["enable_snat"].as_bool().unwrap_or(true),
+           "external_fixed_ips": ips})
+}
+
+/// Removes `router`'s gateway port.
+fn detach_gateway(world: &mut World, router: &str) {
+    if let Some(ports) = world.neutron.objects.get_mut("ports") {
+        ports.retain(|p| !(p["device_id"] == router && p["device_owner"] == ROUTER_GATEWAY));
+    }
 }
 
 fn subnet_defaults(world: &mut World, object: &mut Map<String, Value>) {
@@ -409,6 +765,11 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
             let subnet = want["subnet_id"]
                 .as_str()
                 .map(str::to_owned)
+                .or_else(|| {
+                    want["ip_address"]
+                        .as_str()
+                        .and_then(|ip| subnet_for_ip(world, &network, ip))
+                })
                 .or_else(|| subnets.first().cloned())
                 .unwrap_or_default();
             let ip = want["ip_address"]
@@ -464,18 +825,41 @@ fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
         .and_then(Value::as_str)
         .map(str::to_owned);
     let fixed = port.as_deref().and_then(|p| first_ip(world, p));
+    let router = port.as_deref().and_then(|p| router_for(world, &network, p));
     object.insert("fixed_ip_address".into(), json!(fixed));
     object.entry("port_id").or_insert(Value::Null);
     object.insert(
         "status".into(),
         json!(if port.is_some() { "ACTIVE" } else { "DOWN" }),
     );
-    object.entry("router_id").or_insert(Value::Null);
+    object.insert("router_id".into(), json!(router));
 }
 
 fn first_ip(world: &World, port: &str) -> Option<String> {
     world.neutron.find("ports", port)?["fixed_ips"][0]["ip_address"]
         .as_str()
+        .map(str::to_owned)
+}
+
+/// The router that joins `port`'s subnet to the external `network`: a gateway there and an
+/// interface on the subnet. A floating IP pointing at the port goes through it.
+fn router_for(world: &World, network: &str, port: &str) -> Option<String> {
+    let subnet = world.neutron.find("ports", port)?["fixed_ips"][0]["subnet_id"].clone();
+    world
+        .neutron
+        .all("routers")
+        .iter()
+        .filter(|r| r["external_gateway_info"]["network_id"] == network)
+        .find(|r| {
+            world.neutron.all("ports").iter().any(|p| {
+                is_router_interface(p)
+                    && p["device_id"] == r["id"]
+                    && p["fixed_ips"]
+                        .as_array()
+                        .is_some_and(|ips| ips.iter().any(|ip| ip["subnet_id"] == subnet))
+            })
+        })
+        .and_then(|r| r["id"].as_str())
         .map(str::to_owned)
 }
 
@@ -550,7 +934,26 @@ pub fn vip_port(
 
 /// Deletes a port if it exists (a VIP or a server's port going away with its owner).
 pub fn release_port(world: &mut World, port_id: &str) {
-    world.neutron.remove("ports", port_id);
+    if world.neutron.remove("ports", port_id).is_some() {
+        forget_port(world, port_id);
+    }
+}
+
+/// A port is gone: floating IPs that pointed at it are free again (DOWN).
+fn forget_port(world: &mut World, port_id: &str) {
+    for fip in world
+        .neutron
+        .objects
+        .get_mut("floatingips")
+        .into_iter()
+        .flatten()
+        .filter(|f| f["port_id"] == port_id)
+    {
+        fip["port_id"] = Value::Null;
+        fip["fixed_ip_address"] = Value::Null;
+        fip["router_id"] = Value::Null;
+        fip["status"] = json!("DOWN");
+    }
 }
 
 /// Points a port at a server (or frees it with an empty device id).
@@ -573,16 +976,56 @@ fn update(
     id: &str,
     changes: &Value,
 ) -> Reply {
-    let Some(changes) = changes.as_object().cloned() else {
+    let Some(mut changes) = changes.as_object().cloned() else {
         return Reply::neutron(400, "BadRequest", format!("Resource body required: {key}"));
     };
-    let fixed = match (path, changes.get("port_id")) {
-        ("floatingips", Some(Value::String(port))) => match first_ip(world, port) {
-            Some(ip) => Some(json!(ip)),
-            None => return not_found("Port", port),
-        },
-        ("floatingips", Some(Value::Null)) => Some(Value::Null),
+    let Some(current) = world.neutron.find(path, id).cloned() else {
+        return not_found(kind, id);
+    };
+    if path == "security-groups"
+        && let Err(refused) = check_group_name(&Value::Object(changes.clone()))
+    {
+        return refused;
+    }
+    // A floating IP's (fixed IP, router) once it points at `port_id`, or (null, null).
+    let association = match (path, changes.get("port_id")) {
+        ("floatingips", Some(Value::String(port))) => {
+            let Some(port_object) = world.neutron.find("ports", port) else {
+                return not_found("Port", port);
+            };
+            let fixed = match changes.get("fixed_ip_address").and_then(Value::as_str) {
+                Some(ip)
+                    if port_object["fixed_ips"]
+                        .as_array()
+                        .is_some_and(|ips| ips.iter().any(|f| f["ip_address"] == ip)) =>
+                {
+                    ip.to_owned()
+                }
+                Some(ip) => {
+                    return Reply::neutron(
+                        400,
+                        "BadRequest",
+                        format!("Bad floatingip request: Port {port} does not have fixed ip {ip}."),
+                    );
+                }
+                None => first_ip(world, port).unwrap_or_default(),
+            };
+            let network = current["floating_network_id"].as_str().unwrap_or_default();
+            Some((json!(fixed), json!(router_for(world, network, port))))
+        }
+        ("floatingips", Some(Value::Null)) => Some((Value::Null, Value::Null)),
         _ => None,
+    };
+    let gateway = match changes.remove("external_gateway_info") {
+        Some(info) if path == "routers" => match change_gateway(world, id, &current, &info) {
+            Ok(gateway) => Some(gateway),
+            Err(refused) => return refused,
+        },
+        Some(info) => {
+            changes.insert("external_gateway_info".into(), info);
+            None
+        }
+        None => None,
     };
     let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let Some(object) = world.neutron.find_mut(path, id) else {
@@ -593,14 +1036,62 @@ fn update(
             object[field.as_str()] = value;
         }
     }
-    if let Some(fixed) = fixed {
+    if let Some((fixed, router)) = association {
         object["status"] = json!(if fixed.is_null() { "DOWN" } else { "ACTIVE" });
         object["fixed_ip_address"] = fixed;
+        object["router_id"] = router;
+    }
+    if let Some(gateway) = gateway {
+        object["external_gateway_info"] = gateway;
     }
     object["updated_at"] = json!(now);
     let revision = object["revision_number"].as_u64().unwrap_or(0) + 1;
     object["revision_number"] = json!(revision);
     Reply::ok(json!({ key: object.clone() }))
+}
+
+/// A router's `external_gateway_info` after a PUT: set, moved or cleared, as Neutron does it
+/// (the same network without new fixed IPs keeps the port; floating IPs through the router
+/// pin its gateway).
+fn change_gateway(
+    world: &mut World,
+    router: &str,
+    current: &Value,
+    info: &Value,
+) -> Result<Value, Reply> {
+    let old = &current["external_gateway_info"];
+    let same_network = has_gateway(info) && old["network_id"] == info["network_id"];
+    if has_gateway(old)
+        && !same_network
+        && world
+            .neutron
+            .all("floatingips")
+            .iter()
+            .any(|f| f["router_id"] == router)
+    {
+        return Err(Reply::neutron(
+            409,
+            "RouterExternalGatewayInUseByFloatingIp",
+            format!(
+                "Gateway cannot be updated for router {router}, since a gateway to external \
+                 network {} is required by one or more floating IPs.",
+                old["network_id"].as_str().unwrap_or_default()
+            ),
+        ));
+    }
+    if has_gateway(info) {
+        check_gateway(world, info, Some(router))?;
+    }
+    let new_ips = info["external_fixed_ips"]
+        .as_array()
+        .is_some_and(|ips| !ips.is_empty());
+    if same_network && !new_ips {
+        let mut kept = old.clone();
+        kept["enable_snat"] = json!(info["enable_snat"].as_bool().unwrap_or(true));
+        return Ok(kept);
+    }
+    detach_gateway(world, router);
+    Ok(attach_gateway(world, router, info))
 }
 
 fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
@@ -616,34 +1107,34 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
             format!("Port {id} is currently a parent port for trunk {trunk}."),
         );
     }
-    let in_use = match path {
-        "networks" => world
-            .neutron
-            .all("ports")
-            .iter()
-            .any(|p| p["network_id"] == id),
-        "subnets" => world.neutron.all("ports").iter().any(|p| {
-            p["fixed_ips"]
-                .as_array()
-                .is_some_and(|ips| ips.iter().any(|ip| ip["subnet_id"] == id))
-        }),
-        "routers" => world
-            .neutron
-            .all("ports")
-            .iter()
-            .any(|p| p["device_id"] == id),
-        _ => false,
-    };
-    if in_use {
-        let message = format!(
-            "Unable to complete operation on {} {id}. There are one or more ports still in use.",
-            kind.to_lowercase()
-        );
-        return Reply::neutron(409, &format!("{kind}InUse"), message);
+    if let Some(refused) = in_use(world, path, id) {
+        return refused;
     }
     let removed = world.neutron.remove(path, id);
+    let ports = world.neutron.objects.entry("ports").or_default();
     match path {
+        "ports" => forget_port(world, id),
+        "networks" => {
+            // Neutron's own ports go, and so do the subnets.
+            ports.retain(|p| !(p["network_id"] == id && is_auto_deleted(p)));
+            let subnets: Vec<String> = world
+                .neutron
+                .all("subnets")
+                .iter()
+                .filter(|s| s["network_id"] == id)
+                .filter_map(|s| s["id"].as_str().map(str::to_owned))
+                .collect();
+            for subnet in subnets {
+                world.neutron.remove("subnets", &subnet);
+            }
+        }
+        "routers" => detach_gateway(world, id),
         "subnets" => {
+            for port in ports.iter_mut().filter(|p| is_auto_deleted(p)) {
+                if let Some(ips) = port["fixed_ips"].as_array_mut() {
+                    ips.retain(|ip| ip["subnet_id"] != id);
+                }
+            }
             if let Some(network) = removed
                 .as_ref()
                 .and_then(|s| s["network_id"].as_str())
@@ -665,8 +1156,19 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
             }
         }
         "security-groups" => {
+            // Rules of other groups naming this one as their remote go too.
+            let mut touched = Vec::new();
             if let Some(rules) = world.neutron.objects.get_mut("security-group-rules") {
-                rules.retain(|r| r["security_group_id"] != id);
+                rules.retain(|r| {
+                    let remote = r["remote_group_id"] == id;
+                    if remote && let Some(group) = r["security_group_id"].as_str() {
+                        touched.push(group.to_owned());
+                    }
+                    r["security_group_id"] != id && !remote
+                });
+            }
+            for group in touched {
+                sync_rules(world, &group);
             }
         }
         "security-group-rules" => {
@@ -681,6 +1183,53 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
         _ => {}
     }
     Reply::empty(204)
+}
+
+/// Neutron's 409 for deleting what is still used: a network with ports (its DHCP ports
+/// aside), a subnet with IPs on it, a router with interfaces, a security group on a port.
+fn in_use(world: &World, path: &str, id: &str) -> Option<Reply> {
+    let held_by = |holds: &dyn Fn(&Value) -> bool| {
+        world
+            .neutron
+            .all("ports")
+            .iter()
+            .any(|p| !is_auto_deleted(p) && holds(p))
+    };
+    let on_subnet = |p: &Value| {
+        p["fixed_ips"]
+            .as_array()
+            .is_some_and(|ips| ips.iter().any(|ip| ip["subnet_id"] == id))
+    };
+    let (kind, message) = match path {
+        "networks" if held_by(&|p| p["network_id"] == id) => (
+            "NetworkInUse",
+            format!(
+                "Unable to complete operation on network {id}. \
+                 There are one or more ports still in use on the network."
+            ),
+        ),
+        "subnets" if held_by(&on_subnet) => (
+            "SubnetInUse",
+            format!(
+                "Unable to complete operation on subnet {id}: \
+                 One or more ports have an IP allocation from this subnet."
+            ),
+        ),
+        "routers" if held_by(&|p| p["device_id"] == id && is_router_interface(p)) => {
+            ("RouterInUse", format!("Router {id} still has ports"))
+        }
+        "security-groups"
+            if held_by(&|p| {
+                p["security_groups"]
+                    .as_array()
+                    .is_some_and(|groups| groups.iter().any(|g| g == id))
+            }) =>
+        {
+            ("SecurityGroupInUse", format!("Security Group {id} in use."))
+        }
+        _ => return None,
+    };
+    Some(Reply::neutron(409, kind, message))
 }
 
 /// A security group shows its rules inline.
@@ -747,6 +1296,7 @@ fn remove_interface(world: &mut World, router: &str, body: &Value) -> Reply {
     let subnet_id = body["subnet_id"].as_str().unwrap_or_default();
     let port = world.neutron.all("ports").iter().find(|p| {
         p["device_id"] == router
+            && is_router_interface(p)
             && p["fixed_ips"]
                 .as_array()
                 .is_some_and(|ips| ips.iter().any(|ip| ip["subnet_id"] == subnet_id))

@@ -154,8 +154,15 @@ pub fn handle(
             world.nova.groups.push(created.clone());
             Reply::ok(json!({"server_group": created}))
         }
-        ("GET", ["os-availability-zone"]) => Reply::ok(json!({"availabilityZoneInfo": [
-            {"zoneName": "nova", "zoneState": {"available": true}, "hosts": null}]})),
+        ("GET", ["os-availability-zone"]) => {
+            let zones: Vec<Value> = world
+                .settings
+                .availability_zones
+                .iter()
+                .map(|z| json!({"zoneName": z, "zoneState": {"available": true}, "hosts": null}))
+                .collect();
+            Reply::ok(json!({"availabilityZoneInfo": zones}))
+        }
         _ => Reply::nova(404, "The resource could not be found."),
     }
 }
@@ -185,6 +192,16 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     }
     if !image_ref.is_empty() && !world.glance.exists(image_ref) {
         return Reply::nova(400, format!("Image {image_ref} could not be found."));
+    }
+    // `zone:host` forces a host; the zone part is what Nova checks.
+    let zone = request["availability_zone"]
+        .as_str()
+        .map(|z| z.split(':').next().unwrap_or_default())
+        .filter(|z| !z.is_empty());
+    if let Some(zone) = zone
+        && !world.settings.availability_zones.iter().any(|z| z == zone)
+    {
+        return Reply::nova(400, "The requested availability zone is not available");
     }
     let devices = match block_devices(world, request, image_ref) {
         Ok(devices) => devices,
@@ -244,7 +261,8 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         "image": if image.is_empty() { json!("") } else { json!({"id": image}) },
         "addresses": addresses, "key_name": request["key_name"], "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
         "tags": request.get("tags").cloned().unwrap_or(json!([])),
-        "OS-EXT-AZ:availability_zone": request["availability_zone"].as_str().unwrap_or("nova"),
+        "OS-EXT-AZ:availability_zone": zone.map(str::to_owned).or_else(|| world.settings.availability_zones.first().cloned())
+            .unwrap_or_else(|| "nova".into()),
         "user_id": format!("{}-id", world.settings.username), "tenant_id": world.settings.project_id,
         "created": now, "updated": now, "hostId": "", "progress": 0, "config_drive": "",
         "security_groups": [{"name": "default"}],

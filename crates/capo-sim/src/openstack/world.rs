@@ -211,6 +211,9 @@ pub struct CloudSettings {
     /// does: what a walkthrough's servers attach to. Off by default, so seeded scenarios draw
     /// the same ids and delays as before.
     pub tenant_network: bool,
+    /// Nova's availability zones, as `os-availability-zone` lists them and a server create
+    /// accepts them.
+    pub availability_zones: Vec<String>,
 }
 
 impl Default for CloudSettings {
@@ -227,6 +230,7 @@ impl Default for CloudSettings {
             require_auth: true,
             heartbeats: true,
             tenant_network: false,
+            availability_zones: vec!["nova".into()],
         }
     }
 }

@@ -1,0 +1,733 @@
+//! The OpenStackCluster controller in the simulated world (the simulated Kubernetes API with
+//! our CRDs and minimal Cluster API CRDs, and the simulated OpenStack), with the manager and
+//! the membership engine running. Members are created the way the machine controller will:
+//! an OpenStackMachine with an address, and its Octavia member in each pool.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use capo_api::conditions::{self, reasons, types};
+use capo_api::{OpenStackCluster, OpenStackMachine};
+use capo_provider::cloud::neutron::{Filter, NetworkSpec};
+use capo_provider::cloud::octavia::{LoadBalancerSpec, MemberSpec};
+use capo_provider::manager::{ManagerConfig, WatchScope};
+use capo_sim::openstack::{Delay, Effect, ObjectKind, Outage, RateLimitFault, Rule, Scenario};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use serde_json::{Value, json};
+
+use crate::common;
+use crate::server_controller::{NAMESPACE, WAIT, World, eventually, manager_config};
+
+fn clusters(world: &World) -> Api<OpenStackCluster> {
+    Api::namespaced(world.client.clone(), NAMESPACE)
+}
+
+fn machines(world: &World) -> Api<OpenStackMachine> {
+    Api::namespaced(world.client.clone(), NAMESPACE)
+}
+
+/// CAPO's cluster-template.yaml OpenStackCluster, filled in for the simulator.
+fn cluster_spec() -> Value {
+    json!({
+        "apiServer": {"managedLoadBalancer": {"enabled": true}},
+        "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+        "managedSecurityGroups": {
+            "allowAllInClusterTraffic": false,
+            "clusterNodesSecurityGroupRules": [{
+                "name": "BGP (Calico)", "description": "BGP (calico)", "direction": "ingress",
+                "etherType": "IPv4", "portRangeMin": 179, "portRangeMax": 179, "protocol": "tcp",
+                "remoteManagedGroups": ["controlplane", "worker"]
+            }]
+        },
+        "managedSubnets": [{"cidr": "10.6.0.0/24", "dnsNameservers": ["192.0.2.53"]}],
+        "tags": ["capo-rs-test"],
+    })
+}
+
+/// A Cluster API Cluster and its OpenStackCluster, labelled as Cluster API labels them.
+async fn create_cluster(world: &World, name: &str, spec: Value) -> OpenStackCluster {
+    let capi: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                        "kind": "OpenStackCluster", "name": name}}
+    }))
+    .unwrap();
+    capi.create(&PostParams::default(), &owner).await.unwrap();
+    let cluster: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": name}},
+        "spec": spec,
+    }))
+    .unwrap();
+    clusters(world)
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap()
+}
+
+async fn wait_cluster(
+    world: &World,
+    name: &str,
+    what: &str,
+    done: impl Fn(&OpenStackCluster) -> bool,
+) -> OpenStackCluster {
+    let condition = move |object: Option<&OpenStackCluster>| object.is_some_and(&done);
+    let waited = await_condition(clusters(world), name, condition);
+    match tokio::time::timeout(WAIT, waited).await {
+        Ok(Ok(Some(object))) => object,
+        other => {
+            let now = clusters(world).get_opt(name).await.ok().flatten();
+            panic!(
+                "{name}: never {what}: {other:?}\nlast seen: {:#?}",
+                now.map(|o| o.status)
+            );
+        }
+    }
+}
+
+async fn wait_cluster_gone(world: &World, name: &str) {
+    let waited = await_condition(clusters(world), name, |o: Option<&OpenStackCluster>| {
+        o.is_none()
+    });
+    if tokio::time::timeout(WAIT, waited).await.is_err() {
+        let now = clusters(world).get_opt(name).await.ok().flatten();
+        panic!(
+            "{name} never deleted; last seen: {:#?}",
+            now.map(|o| o.status)
+        );
+    }
+}
+
+fn condition(cluster: &OpenStackCluster, type_: &str) -> (String, String, String) {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, type_))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
+fn has(
+    type_: &'static str,
+    status: &'static str,
+    reason: &'static str,
+) -> impl Fn(&OpenStackCluster) -> bool {
+    move |c| {
+        let (s, r, _) = condition(c, type_);
+        s == status && r == reason
+    }
+}
+
+fn provisioned(cluster: &OpenStackCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned)
+        == Some(true)
+}
+
+fn ready(cluster: &OpenStackCluster) -> bool {
+    condition(cluster, types::READY).0 == "True"
+}
+
+/// Ready, and for the latest generation (setting the endpoint changes the spec).
+fn settled(cluster: &OpenStackCluster) -> bool {
+    provisioned(cluster)
+        && ready(cluster)
+        && cluster.status.as_ref().and_then(|s| s.observed_generation)
+            == cluster.metadata.generation
+}
+
+/// The API pool's ID, by port.
+fn pool(cluster: &OpenStackCluster, port: i32) -> String {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+        .and_then(|lb| lb.pools.iter().find(|p| p.port == port))
+        .map(|p| p.pool_id.clone())
+        .expect("the pool is recorded")
+}
+
+/// A control-plane OpenStackMachine of `cluster` whose server has `address`.
+async fn control_plane_machine(world: &World, cluster: &str, name: &str, address: &str) {
+    let machine: OpenStackMachine = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster,
+                                "cluster.x-k8s.io/control-plane": ""}},
+        "spec": {"flavor": {"filter": {"name": "m1.small"}},
+                 "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}}},
+    }))
+    .unwrap();
+    machines(world)
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": address}]}});
+    machines(world)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// What the simulated cloud holds, by kind, without the objects it was seeded with.
+fn objects(world: &World) -> BTreeMap<String, usize> {
+    world.cloud.object_counts()
+}
+
+async fn delete_cluster(world: &World, name: &str) {
+    clusters(world)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_cluster_gone(world, name).await;
+}
+
+#[tokio::test]
+async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
+    let world = World::start().await;
+    let before = objects(&world);
+    let requests_before = world.request_total();
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned and Ready", settled).await;
+    let create_requests = world.request_total() - requests_before;
+    let create_reconciles = reconciles(&world);
+    let status = cluster.status.clone().unwrap();
+    // The network, with CAPO's names.
+    let network = status.network.as_ref().unwrap();
+    assert_eq!(network.name, "k8s-clusterapi-cluster-default-c1");
+    assert_eq!(network.subnets[0].cidr, "10.6.0.0/24");
+    assert_eq!(status.external_network.as_ref().unwrap().name, "public");
+    let router = status.router.as_ref().unwrap();
+    assert_eq!(
+        router.ips.len(),
+        1,
+        "the router has its gateway: {router:?}"
+    );
+    // The security groups, with Calico's rule on both node groups.
+    let groups = world
+        .admin
+        .neutron()
+        .list_security_groups(&Filter::by_name(
+            "k8s-cluster-default-c1-secgroup-controlplane",
+        ))
+        .await
+        .unwrap();
+    let rules = &groups[0].security_group_rules;
+    assert!(rules.iter().any(|r| r.port_range_min == Some(179)));
+    assert!(rules.iter().any(|r| r.port_range_min == Some(6443)));
+    assert!(
+        status.bastion_security_group.is_none(),
+        "no bastion, no bastion group"
+    );
+    // The load balancer, its listener, pool and monitor, and the floating IP.
+    let lb = status.api_server_managed_load_balancer.as_ref().unwrap();
+    assert_eq!(lb.name, "k8s-clusterapi-cluster-default-c1-kubeapi");
+    assert_eq!(lb.pools.len(), 1);
+    assert!(lb.pools[0].monitor_id.is_some());
+    assert_ne!(lb.ip, lb.internal_ip, "the endpoint is the floating IP");
+    let endpoint = cluster.spec.control_plane_endpoint.clone().unwrap();
+    assert_eq!(endpoint.host.as_deref(), Some(lb.ip.as_str()));
+    assert_eq!(endpoint.port, Some(6443));
+    // Failure domains from Nova, conditions all True.
+    assert_eq!(status.failure_domains[0].name, "nova");
+    for type_ in [
+        types::NETWORK_READY,
+        types::SECURITY_GROUPS_READY,
+        types::API_ENDPOINT_READY,
+        types::API_SERVER_LOAD_BALANCER_READY,
+        types::API_SERVER_LOAD_BALANCER_HEALTHY,
+    ] {
+        assert_eq!(
+            condition(&cluster, type_).0,
+            "True",
+            "{type_}: {:?}",
+            condition(&cluster, type_)
+        );
+    }
+    assert_eq!(status.observed_generation, cluster.metadata.generation);
+
+    let requests_before = world.request_total();
+    delete_cluster(&world, "c1").await;
+    let delete_requests = world.request_total() - requests_before;
+    assert_eq!(
+        objects(&world),
+        before,
+        "every object the cluster made is gone"
+    );
+    eprintln!(
+        "cluster create: {create_requests} OpenStack requests, {create_reconciles} reconciles; delete: {delete_requests} requests"
+    );
+}
+
+fn reconciles(world: &World) -> f64 {
+    world
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "controller_runtime_reconcile_total")
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "controller" && l.value() == "openstackcluster")
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+/// The gate, with a member created the way the machine controller will create it.
+#[tokio::test]
+async fn the_gate_holds_while_a_member_is_pending_under_an_active_lb_and_opens_when_it_is_active() {
+    let mut world = World::start().await;
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let pool = pool(&cluster, 6443);
+    // AmphoraV2's race: the LB unlocks long before the member is ACTIVE.
+    world.cloud.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "cp-1".into(),
+        effect: Effect::Delay(Delay::Fixed(3.0)),
+        times: None,
+    });
+    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
+    let missing = wait_cluster(
+        &world,
+        "c1",
+        "MembersMissing",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::MEMBERS_MISSING,
+        ),
+    )
+    .await;
+    assert!(
+        condition(&missing, types::API_SERVER_LOAD_BALANCER_READY)
+            .2
+            .contains("cp-1:6443")
+    );
+    world
+        .admin
+        .octavia()
+        .create_member(&pool, &MemberSpec::new("cp-1", "10.6.0.11", 6443))
+        .await
+        .unwrap();
+    let pending = wait_cluster(
+        &world,
+        "c1",
+        "MembersPending under an ACTIVE LB",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::MEMBERS_PENDING,
+        ),
+    )
+    .await;
+    let (_, _, message) = condition(&pending, types::API_SERVER_LOAD_BALANCER_READY);
+    assert!(message.contains("cp-1:6443 for"), "{message}");
+    assert!(ready(&pending), "routine progress keeps the cluster Ready");
+    let member = &pending
+        .status
+        .as_ref()
+        .unwrap()
+        .api_server_managed_load_balancer
+        .as_ref()
+        .unwrap()
+        .members[0];
+    assert_eq!(member.name, "cp-1");
+    assert!(member.since.is_some());
+    let open = wait_cluster(
+        &world,
+        "c1",
+        "Ready gate",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "True",
+            reasons::READY,
+        ),
+    )
+    .await;
+    let member = &open
+        .status
+        .as_ref()
+        .unwrap()
+        .api_server_managed_load_balancer
+        .as_ref()
+        .unwrap()
+        .members[0];
+    assert_eq!(
+        member.provisioning_status,
+        Some(capo_api::cluster::ProvisioningStatus::Active)
+    );
+    // The wake-up latency: engine observation to condition written.
+    let latency = histogram(&world, "capo_lb_gate_condition_latency_seconds");
+    assert!(latency.0 > 0, "woken by the engine, not by polling");
+    eprintln!(
+        "gate latency: {} writes, p50 <= {:.3} s, max <= {:.3} s, mean {:.4} s",
+        latency.0, latency.1, latency.2, latency.3
+    );
+    world.stop_manager().await;
+}
+
+/// (count, p50 upper bound, max upper bound, mean) of a histogram.
+fn histogram(world: &World, name: &str) -> (u64, f64, f64, f64) {
+    let families = world.registry.gather();
+    let Some(h) = families
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric())
+        .map(|m| m.get_histogram().clone())
+        .next()
+    else {
+        return (0, 0.0, 0.0, 0.0);
+    };
+    let count = h.get_sample_count();
+    let bound = |fraction: f64| {
+        h.get_bucket()
+            .iter()
+            .find(|b| b.cumulative_count() as f64 >= fraction * count as f64)
+            .map(|b| b.upper_bound())
+            .unwrap_or(f64::INFINITY)
+    };
+    let mean = if count == 0 {
+        0.0
+    } else {
+        h.get_sample_sum() / count as f64
+    };
+    (count, bound(0.5), bound(1.0), mean)
+}
+
+fn stuck_after(seconds: u64) -> ManagerConfig {
+    let mut config = manager_config(WatchScope::default());
+    config.engine.stuck_after = Duration::from_secs(seconds);
+    config
+}
+
+#[tokio::test]
+async fn a_stuck_member_turns_the_gate_and_ready_false_and_an_error_member_too() {
+    let mut world = World::start().await;
+    world.stop_manager().await;
+    world.start_manager_with(stuck_after(2));
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let pool = pool(&cluster, 6443);
+    world.cloud.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "cp-1".into(),
+        effect: Effect::Stuck,
+        times: None,
+    });
+    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
+    world
+        .admin
+        .octavia()
+        .create_member(&pool, &MemberSpec::new("cp-1", "10.6.0.11", 6443))
+        .await
+        .unwrap();
+    let stuck = wait_cluster(
+        &world,
+        "c1",
+        "MemberStuck",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::MEMBER_STUCK,
+        ),
+    )
+    .await;
+    assert!(
+        condition(&stuck, types::API_SERVER_LOAD_BALANCER_READY)
+            .2
+            .contains("cp-1:6443")
+    );
+    let not_ready = wait_cluster(&world, "c1", "Ready False", |c| {
+        condition(c, types::READY).0 == "False"
+    })
+    .await;
+    assert_eq!(condition(&not_ready, types::READY).1, reasons::MEMBER_STUCK);
+
+    // A second machine whose member goes ERROR outranks the stuck one.
+    world.cloud.clear_rules();
+    world.cloud.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "cp-2".into(),
+        effect: Effect::Error,
+        times: None,
+    });
+    control_plane_machine(&world, "c1", "cp-2", "10.6.0.12").await;
+    let member = eventually("the LB accepts a change", || async {
+        world
+            .admin
+            .octavia()
+            .create_member(&pool, &MemberSpec::new("cp-2", "10.6.0.12", 6443))
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(member.name, "cp-2");
+    let error = wait_cluster(
+        &world,
+        "c1",
+        "MemberError",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::MEMBER_ERROR,
+        ),
+    )
+    .await;
+    assert!(
+        condition(&error, types::API_SERVER_LOAD_BALANCER_READY)
+            .2
+            .contains("cp-2:6443")
+    );
+    assert_eq!(condition(&error, types::READY).0, "False");
+    world.stop_manager().await;
+}
+
+#[tokio::test]
+async fn an_lb_in_error_is_reported_and_the_cluster_is_not_ready() {
+    let world = World::start_with(
+        Scenario {
+            rules: vec![Rule {
+                kind: ObjectKind::Loadbalancer,
+                name: "*kubeapi".into(),
+                effect: Effect::Error,
+                times: None,
+            }],
+            ..Scenario::default()
+        },
+        WatchScope::default(),
+    )
+    .await;
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let failed = wait_cluster(
+        &world,
+        "c1",
+        "LoadBalancerError",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::LOAD_BALANCER_ERROR,
+        ),
+    )
+    .await;
+    assert!(!provisioned(&failed));
+    let failed = wait_cluster(
+        &world,
+        "c1",
+        "endpoint says so",
+        has(
+            types::API_ENDPOINT_READY,
+            "False",
+            reasons::LOAD_BALANCER_ERROR,
+        ),
+    )
+    .await;
+    assert_eq!(condition(&failed, types::READY).0, "False");
+}
+
+#[tokio::test]
+async fn a_rate_limit_storm_and_a_keystone_outage_say_so_and_the_cluster_converges_afterwards() {
+    let world = World::start_with(
+        Scenario {
+            rate_limits: vec![RateLimitFault {
+                service: Some("network".into()),
+                above_per_second: Some(2),
+                probability: None,
+                retry_after: 1,
+            }],
+            keystone_outages: vec![Outage {
+                from: 0.0,
+                until: 3.0,
+            }],
+            ..Scenario::default()
+        },
+        WatchScope::default(),
+    )
+    .await;
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let troubled = wait_cluster(&world, "c1", "OpenStackUnavailable", |c| {
+        condition(c, types::NETWORK_READY).1 == reasons::OPENSTACK_UNAVAILABLE
+    })
+    .await;
+    assert_eq!(condition(&troubled, types::NETWORK_READY).0, "False");
+    wait_cluster(&world, "c1", "provisioned despite 429s", |c| {
+        provisioned(c) && ready(c)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn what_capo_created_is_adopted_not_duplicated() {
+    let world = World::start().await;
+    let neutron = world.admin.neutron();
+    let network = neutron
+        .create_network(&NetworkSpec {
+            name: "k8s-clusterapi-cluster-default-c1".into(),
+            admin_state_up: true,
+            ..NetworkSpec::default()
+        })
+        .await
+        .unwrap();
+    neutron
+        .create_security_group(
+            "k8s-cluster-default-c1-secgroup-controlplane",
+            "Cluster API managed group",
+        )
+        .await
+        .unwrap();
+    let lb = world
+        .admin
+        .octavia()
+        .create_load_balancer(&LoadBalancerSpec {
+            name: "k8s-clusterapi-cluster-default-c1-kubeapi".into(),
+            vip_network_id: Some(network.id.clone()),
+            ..LoadBalancerSpec::default()
+        })
+        .await
+        .unwrap();
+    let before = objects(&world);
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let status = cluster.status.unwrap();
+    assert_eq!(status.network.unwrap().id, network.id);
+    assert_eq!(status.api_server_managed_load_balancer.unwrap().id, lb.id);
+    let after = objects(&world);
+    for kind in ["networks", "loadbalancers", "security-groups"] {
+        let made = after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
+        let expected = if kind == "security-groups" { 1 } else { 0 };
+        assert_eq!(made, expected, "{kind}: {before:?} -> {after:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_bastion_is_created_with_a_floating_ip_replaced_on_a_spec_change_and_removed() {
+    let world = World::start().await;
+    let mut spec = cluster_spec();
+    spec["bastion"] = json!({
+        "enabled": true,
+        "spec": {"flavor": {"filter": {"name": "m1.small"}},
+                 "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
+                 "sshKeyName": "capo"},
+    });
+    create_cluster(&world, "c1", spec).await;
+    let with_bastion = wait_cluster(&world, "c1", "a bastion with a floating IP", |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.bastion.as_ref())
+            .is_some_and(|b| b.floating_ip.is_some() && b.state.as_deref() == Some("ACTIVE"))
+    })
+    .await;
+    let first = with_bastion.status.unwrap().bastion.unwrap();
+    // A new flavor: the server cannot change, so it is replaced.
+    let patch =
+        json!({"spec": {"bastion": {"spec": {"flavor": {"filter": {"name": "m1.medium"}}}}}});
+    clusters(&world)
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let replaced = wait_cluster(&world, "c1", "a new bastion server", |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.bastion.as_ref())
+            .is_some_and(|b| b.id.is_some() && b.id != first.id && b.floating_ip.is_some())
+    })
+    .await;
+    assert!(
+        replaced
+            .status
+            .unwrap()
+            .bastion
+            .unwrap()
+            .floating_ip
+            .is_some()
+    );
+    let patch = json!({"spec": {"bastion": {"enabled": false}}});
+    clusters(&world)
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_cluster(&world, "c1", "no bastion", |c| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| s.bastion.is_none() && s.bastion_security_group.is_none())
+    })
+    .await;
+    let before_delete = world.cloud.object_counts();
+    assert_eq!(
+        before_delete.get("servers").copied().unwrap_or(0),
+        0,
+        "{before_delete:?}"
+    );
+    delete_cluster(&world, "c1").await;
+}
+
+#[tokio::test]
+async fn a_cluster_without_a_load_balancer_gets_its_endpoint_from_a_floating_ip() {
+    let world = World::start().await;
+    let before = objects(&world);
+    let mut spec = cluster_spec();
+    spec["apiServer"] = json!({});
+    create_cluster(&world, "c1", spec).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let host = cluster
+        .spec
+        .control_plane_endpoint
+        .clone()
+        .unwrap()
+        .host
+        .unwrap();
+    assert!(host.starts_with("172.24.4."), "a floating IP: {host}");
+    assert_eq!(
+        condition(&cluster, types::API_SERVER_LOAD_BALANCER_READY).1,
+        reasons::LOAD_BALANCER_DISABLED
+    );
+    delete_cluster(&world, "c1").await;
+    assert_eq!(objects(&world), before);
+}
+
+/// Every OpenStackCluster (and cluster template) in CAPO's samples reconciles to provisioned.
+#[tokio::test]
+async fn every_capo_template_cluster_is_provisioned() {
+    let Some(docs) = common::sample_documents() else {
+        return;
+    };
+    let world = World::start().await;
+    let public = world
+        .admin
+        .neutron()
+        .list_networks(&Filter::by_name("public"))
+        .await
+        .unwrap()[0]
+        .id
+        .clone();
+    let mut names = Vec::new();
+    for (index, (file, doc)) in docs.iter().enumerate() {
+        let spec = match doc["kind"].as_str() {
+            Some("OpenStackCluster") => doc["spec"].clone(),
+            Some("OpenStackClusterTemplate") => doc["spec"]["template"]["spec"].clone(),
+            _ => continue,
+        };
+        let mut spec = spec;
+        spec["identityRef"] = json!({"name": "cloud-config", "cloudName": "sim"});
+        if spec["externalNetwork"].is_object() {
+            spec["externalNetwork"] = json!({"id": public});
+        }
+        let name = format!("t{index}");
+        eprintln!("{file}: {} as {name}", doc["kind"]);
+        create_cluster(&world, &name, spec).await;
+        names.push(name);
+    }
+    assert!(!names.is_empty());
+    for name in &names {
+        wait_cluster(&world, name, "provisioned", provisioned).await;
+    }
+}
