@@ -49,17 +49,23 @@ pub async fn reconcile(
         Some(lb) => lb,
         None => create(spec, lb_spec, names, cloud, &vip_network).await?,
     };
+    let known = status
+        .api_server_managed_load_balancer
+        .clone()
+        .filter(|known| known.id == lb.id)
+        .unwrap_or_default();
+    let vip = lb.vip_address.clone().unwrap_or_default();
     let recorded = LoadBalancerStatus {
         name: lb.name.clone(),
         id: lb.id.clone(),
-        internal_ip: lb.vip_address.clone().unwrap_or_default(),
-        ip: lb.vip_address.clone().unwrap_or_default(),
+        // The floating IP, once known, stays the public address.
+        ip: Some(known.ip.clone())
+            .filter(|ip| !ip.is_empty())
+            .unwrap_or_else(|| vip.clone()),
+        internal_ip: vip,
         tags: lb.tags.clone(),
         load_balancer_network: vip_network.clone(),
-        ..status
-            .api_server_managed_load_balancer
-            .clone()
-            .unwrap_or_default()
+        ..known
     };
     status.api_server_managed_load_balancer = Some(recorded);
     match lb.provisioning_status {
@@ -423,10 +429,23 @@ pub async fn floating_ip(
             .as_ref()
             .and_then(|a| a.floating_ip.as_deref())
     });
-    let existing = match wanted {
+    let mut existing = match wanted {
         Some(address) => find_floating_ip(cloud, address).await?,
         None => None,
     };
+    // One already on the port (CAPO's, or ours before a lost status write) is adopted.
+    if existing.is_none()
+        && let Some(port) = port
+    {
+        let filter = Filter::default().with("port_id", port);
+        existing = cloud
+            .neutron()
+            .list_floating_ips(&filter)
+            .await
+            .map_err(ClusterError::cloud("finding the API floating IP"))?
+            .into_iter()
+            .next();
+    }
     let ip = match existing {
         Some(ip) => ip,
         None => {
