@@ -554,10 +554,10 @@ async fn a_keystone_outage_and_a_rate_limit_storm_say_so_and_the_cluster_converg
     })
     .await;
     assert_eq!(condition(&troubled, types::NETWORK_READY).0, "False");
-    // Keystone back, but Neutron and Octavia answer 429 beyond two requests a second.
+    // Keystone back, but Neutron and Octavia answer 429 beyond five requests a second.
     let storm = |service: &str| RateLimitFault {
         service: Some(service.into()),
-        above_per_second: Some(2),
+        above_per_second: Some(5),
         probability: None,
         retry_after: 1,
     };

@@ -83,6 +83,9 @@ struct LbEntry {
     member_labels: Vec<MemberStateLabels>,
     /// The reason the gate metrics show.
     reason_label: Option<Reason>,
+    /// Someone changed the LB: publish a change when it is next seen ACTIVE, even if the
+    /// verdict reads the same (a short PENDING_UPDATE may fall between two polls).
+    wake_when_settled: bool,
 }
 
 struct Endpoint {
@@ -217,6 +220,7 @@ impl Engine {
                             client: client.clone(),
                             member_labels: Vec::new(),
                             reason_label: None,
+                            wake_when_settled: false,
                         },
                     );
                     1
@@ -240,6 +244,31 @@ impl Engine {
             supervise_endpoint(inner, key, endpoint),
             &self.inner.runtime,
         );
+    }
+
+    /// A reconciler just changed something under this LB (a listener, a pool): poll it soon,
+    /// and publish a change once it is seen ACTIVE again, whatever the verdict, so the
+    /// reconciler is woken for its next step instead of polling.
+    pub fn changed_under(&self, lb_id: &str) {
+        let now = Instant::now();
+        let endpoint = {
+            let mut state = self.inner.lock();
+            let Some(entry) = state.lbs.get_mut(lb_id) else {
+                return;
+            };
+            entry.wake_when_settled = true;
+            let rollout_waiting = entry.track.desired.rollout_waiting;
+            let key = entry.endpoint.clone();
+            state
+                .endpoints
+                .get(&key)
+                .cloned()
+                .map(|e| (e, rollout_waiting))
+        };
+        if let Some((endpoint, rollout_waiting)) = endpoint {
+            lock(&endpoint.scheduler).wake(lb_id, rollout_waiting, now);
+            endpoint.notify.notify_one();
+        }
     }
 
     /// Stops tracking a load balancer. Forgetting an endpoint's last one ends its loop.
@@ -504,9 +533,14 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         let generation = generation.min(entry.generation);
         let verdict_changed =
             !verdict.same_gate(&entry.verdict) || generation != entry.verdict_generation;
+        let settled_after_change =
+            entry.wake_when_settled && verdict.lb_status == Some(ProvisioningStatus::Active);
+        if settled_after_change {
+            entry.wake_when_settled = false;
+        }
         entry.verdict = verdict;
         entry.verdict_generation = generation;
-        if verdict_changed {
+        if verdict_changed || settled_after_change {
             publish(&inner, entry, observed);
         }
         let deadline = [

@@ -390,6 +390,10 @@ async fn build(
                     .await
                     .map_err(at(types::API_ENDPOINT_READY))?,
                 LbProgress::Pending(state) => {
+                    // The engine wakes us when the LB settles; this is the safety net.
+                    if let Some(lb) = &status.api_server_managed_load_balancer {
+                        pass.ctx.engine.changed_under(&lb.id);
+                    }
                     outcome = Outcome::Poll(pass.ctx.config.poll_max);
                     set(
                         status,
