@@ -746,3 +746,89 @@ async fn every_capo_template_cluster_is_provisioned() {
         wait_cluster(&world, name, "provisioned", provisioned).await;
     }
 }
+
+/// A load balancer locked by a member change (Octavia's own order: the LB stays
+/// PENDING_UPDATE until its member settles) while the spec restricts the allowed CIDRs: the
+/// cluster waits without an error storm, stays Ready, and updates the listener once it
+/// unlocks, adding what the cluster itself needs (its subnet, the router).
+#[tokio::test]
+async fn a_locked_load_balancer_is_waited_for_without_errors_and_the_cluster_stays_ready() {
+    let world = World::start().await;
+    let mut locking = timings();
+    locking.lb_waits_for_members = true;
+    world.cloud.set_scenario(Scenario {
+        timings: locking.clone(),
+        rules: vec![Rule {
+            kind: ObjectKind::Member,
+            name: "cp-1".into(),
+            effect: Effect::Delay(Delay::Fixed(4.0)),
+            times: None,
+        }],
+        ..Scenario::default()
+    });
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
+    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
+    world
+        .admin
+        .octavia()
+        .create_member(
+            &pool(&cluster, 6443),
+            &MemberSpec::new("cp-1", "10.6.0.11", 6443),
+        )
+        .await
+        .unwrap();
+    let patch =
+        json!({"spec": {"apiServer": {"managedLoadBalancer": {"allowedCIDRs": ["192.0.2.0/24"]}}}});
+    clusters(&world)
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let held = wait_cluster(
+        &world,
+        "c1",
+        "the LB pending",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "False",
+            reasons::LOAD_BALANCER_PENDING,
+        ),
+    )
+    .await;
+    assert!(
+        ready(&held),
+        "a busy LB is routine: {:?}",
+        condition(&held, types::READY)
+    );
+    let applied = wait_cluster(
+        &world,
+        "c1",
+        "the CIDRs applied and the member ACTIVE",
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+                .is_some_and(|lb| lb.allowed_cidrs.len() == 3)
+                && condition(c, types::API_SERVER_LOAD_BALANCER_READY).0 == "True"
+        },
+    )
+    .await;
+    let lb = applied
+        .status
+        .unwrap()
+        .api_server_managed_load_balancer
+        .unwrap();
+    assert_eq!(lb.allowed_cidrs[0], "10.6.0.0/24", "{:?}", lb.allowed_cidrs);
+    let listeners = world
+        .admin
+        .octavia()
+        .list_listeners(&lb.id, None)
+        .await
+        .unwrap();
+    assert_eq!(listeners[0].allowed_cidrs.as_ref(), Some(&lb.allowed_cidrs));
+    let errors = crate::server_controller::metric_sum(
+        &world.registry,
+        "controller_runtime_reconcile_errors_total",
+    );
+    assert_eq!(errors, 0.0, "waiting on a busy LB is not an error");
+}

@@ -395,15 +395,22 @@ async fn build(
                         pass.ctx.engine.changed_under(&lb.id);
                     }
                     outcome = Outcome::Poll(pass.ctx.config.poll_max);
-                    set(
-                        status,
-                        Desired::new(
-                            types::API_ENDPOINT_READY,
-                            Status::False,
-                            reasons::LOAD_BALANCER_PENDING,
-                            format!("the API load balancer is {}", state.as_str()),
-                        ),
-                    );
+                    // A working endpoint stays Ready while the LB is busy (a member being
+                    // added during a rollout locks it for a moment).
+                    let endpoint_ready =
+                        conditions::status_of(&status.conditions, types::API_ENDPOINT_READY)
+                            == Status::True;
+                    if !endpoint_ready {
+                        set(
+                            status,
+                            Desired::new(
+                                types::API_ENDPOINT_READY,
+                                Status::False,
+                                reasons::LOAD_BALANCER_PENDING,
+                                format!("the API load balancer is {}", state.as_str()),
+                            ),
+                        );
+                    }
                     None
                 }
                 LbProgress::Failed => {
@@ -789,4 +796,76 @@ async fn report_invalid(
         .await
         .map_err(ClusterError::kube("writing status"))?;
     Ok(Outcome::Unreadable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_with_gate(provisioned: bool, gate: (&str, &str)) -> OpenStackClusterStatus {
+        let mut status = OpenStackClusterStatus {
+            initialization: provisioned.then_some(Initialization {
+                provisioned: Some(true),
+            }),
+            ..OpenStackClusterStatus::default()
+        };
+        let now = Timestamp::now();
+        for type_ in [
+            types::NETWORK_READY,
+            types::SECURITY_GROUPS_READY,
+            types::API_ENDPOINT_READY,
+        ] {
+            let ok = Desired::new(type_, Status::True, reasons::READY, "");
+            conditions::set(&mut status.conditions, &ok, Some(1), now);
+        }
+        let (state, reason) = gate;
+        let gate = Desired::new(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            Status::parse(state),
+            reason,
+            "cp-1:6443 for 5s",
+        );
+        conditions::set(&mut status.conditions, &gate, Some(1), now);
+        set_cluster_ready(&mut status, Some(1), now);
+        status
+    }
+
+    fn ready_of(status: &OpenStackClusterStatus) -> (String, String) {
+        let ready = conditions::find(&status.conditions, types::READY).unwrap();
+        (ready.status.clone(), ready.reason.clone())
+    }
+
+    #[test]
+    fn routine_rollout_progress_keeps_a_provisioned_cluster_ready() {
+        for routine in [
+            reasons::MEMBERS_PENDING,
+            reasons::MEMBERS_MISSING,
+            reasons::LOAD_BALANCER_PENDING,
+        ] {
+            let status = status_with_gate(true, ("False", routine));
+            assert_eq!(
+                ready_of(&status),
+                ("True".into(), reasons::READY.into()),
+                "{routine}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_needs_a_person_turns_ready_false() {
+        for serious in [
+            reasons::MEMBER_STUCK,
+            reasons::MEMBER_ERROR,
+            reasons::LOAD_BALANCER_ERROR,
+        ] {
+            let status = status_with_gate(true, ("False", serious));
+            assert_eq!(ready_of(&status), ("False".into(), serious.into()));
+        }
+    }
+
+    #[test]
+    fn before_provisioning_a_pending_load_balancer_is_not_ready() {
+        let status = status_with_gate(false, ("False", reasons::LOAD_BALANCER_PENDING));
+        assert_eq!(ready_of(&status).0, "False");
+    }
 }

@@ -382,14 +382,14 @@ mod tests {
             remote_ip_prefix: Some("192.0.2.0/24".into()),
             ..calico.clone()
         };
-        let spec = spec(ManagedSecurityGroups {
+        let calico_spec = spec(ManagedSecurityGroups {
             cluster_nodes_security_group_rules: vec![calico.clone()],
             control_plane_nodes_security_group_rules: vec![only_cp],
             ..ManagedSecurityGroups::default()
         });
         let ids = ids(false);
         let inputs = RuleInputs {
-            spec: &spec,
+            spec: &calico_spec,
             ids: &ids,
             bastion_enabled: false,
             node_cidrs: &[],
