@@ -69,9 +69,10 @@ pub struct Context {
     backoff: Mutex<Backoff<String>>,
     /// Engine observations not yet written, by object key: when each was observed.
     wakes: Mutex<HashMap<String, Instant>>,
-    /// When each object last had a complete pass over its cloud resources, at which
-    /// generation: between those, a wake-up from the engine only refreshes the gate.
-    full_passes: Mutex<HashMap<String, (Option<i64>, Instant)>>,
+    /// Which steps of each object's complete pass over its cloud resources are fresh: done
+    /// at the current generation within the sync period. Between those, a pass skips them
+    /// (and a wake-up from the engine only refreshes the gate).
+    steps: Mutex<HashMap<String, Steps>>,
 }
 
 impl Context {
@@ -94,7 +95,7 @@ impl Context {
             metrics,
             backoff: Mutex::new(Backoff::new(config.backoff)),
             wakes: Mutex::default(),
-            full_passes: Mutex::default(),
+            steps: Mutex::default(),
             config,
         })
     }
@@ -145,7 +146,7 @@ impl Context {
     pub fn forget(&self, key: &str) {
         self.lock_backoff().forget(&key.to_owned());
         lock(&self.wakes).remove(key);
-        lock(&self.full_passes).remove(key);
+        lock(&self.steps).remove(key);
     }
 
     /// The engine observed something about `key` at `observed`; the earliest unwritten
@@ -159,27 +160,67 @@ impl Context {
         lock(&self.wakes).remove(key)
     }
 
-    /// Whether `key` at `generation` needs a complete pass over its cloud resources: never
-    /// had one, its spec changed since, or the sync period has passed.
-    pub fn full_pass_due(&self, key: &str, generation: Option<i64>) -> bool {
-        match lock(&self.full_passes).get(key) {
-            Some((seen, at)) => *seen != generation || at.elapsed() >= self.config.sync_period,
-            None => true,
+    /// Whether `step` of `key` at `generation` must run: never done, done for another
+    /// generation, or longer ago than the sync period.
+    pub fn step_due(&self, key: &str, step: &'static str, generation: Option<i64>) -> bool {
+        let steps = lock(&self.steps);
+        let Some(known) = steps.get(key).filter(|s| s.holds(generation)) else {
+            return true;
+        };
+        known
+            .done
+            .get(step)
+            .is_none_or(|at| at.elapsed() >= self.config.sync_period)
+    }
+
+    /// `step` of `key` at `generation` found everything in place.
+    pub fn step_done(&self, key: &str, step: &'static str, generation: Option<i64>) {
+        let mut steps = lock(&self.steps);
+        let known = steps.entry(key.to_owned()).or_insert_with(|| Steps {
+            generation,
+            carried_from: None,
+            done: HashMap::new(),
+        });
+        if !known.holds(generation) {
+            known.generation = generation;
+            known.carried_from = None;
+            known.done.clear();
+        }
+        known.done.insert(step, Instant::now());
+    }
+
+    /// Our own spec write moved `key` from `from` to `to`: what was fresh stays fresh.
+    pub fn steps_carried(&self, key: &str, from: Option<i64>, to: Option<i64>) {
+        if let Some(known) = lock(&self.steps).get_mut(key)
+            && known.generation == from
+        {
+            known.generation = to;
+            known.carried_from = from;
         }
     }
 
-    /// A complete pass of `key` at `generation` found everything in place.
-    pub fn full_pass_done(&self, key: &str, generation: Option<i64>) {
-        lock(&self.full_passes).insert(key.to_owned(), (generation, Instant::now()));
-    }
-
-    /// The next pass of `key` is a complete one.
-    pub fn full_pass_needed(&self, key: &str) {
-        lock(&self.full_passes).remove(key);
+    /// Every step of `key` runs on its next pass (after an error: something moved).
+    pub fn steps_needed(&self, key: &str) {
+        lock(&self.steps).remove(key);
     }
 
     fn lock_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
         lock(&self.backoff)
+    }
+}
+
+/// The fresh steps of one object.
+struct Steps {
+    generation: Option<i64>,
+    /// The generation before our own spec write, which the pass that wrote still has.
+    carried_from: Option<i64>,
+    done: HashMap<&'static str, Instant>,
+}
+
+impl Steps {
+    fn holds(&self, generation: Option<i64>) -> bool {
+        self.generation == generation
+            || (self.carried_from.is_some() && self.carried_from == generation)
     }
 }
 

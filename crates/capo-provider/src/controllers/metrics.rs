@@ -37,7 +37,7 @@ pub struct ReconcileMetrics {
     time: HistogramVec,
     active_workers: IntGaugeVec,
     max_concurrent: IntGaugeVec,
-    gate_latency: prometheus::Histogram,
+    gate_latency: HistogramVec,
 }
 
 impl ReconcileMetrics {
@@ -88,7 +88,7 @@ impl ReconcileMetrics {
                 ),
                 &["controller"],
             )?,
-            gate_latency: prometheus::Histogram::with_opts(
+            gate_latency: HistogramVec::new(
                 HistogramOpts::new(
                     "capo_lb_gate_condition_latency_seconds",
                     "From the membership engine's observation of a verdict change to the \
@@ -98,6 +98,7 @@ impl ReconcileMetrics {
                     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0,
                 ]),
+                &["pass"],
             )?,
         };
         registry.register(Box::new(metrics.gate_latency.clone()))?;
@@ -110,9 +111,12 @@ impl ReconcileMetrics {
         Ok(metrics)
     }
 
-    /// A verdict the engine observed at `observed` is now written on its cluster.
-    pub fn gate_written(&self, observed: std::time::Instant) {
-        self.gate_latency.observe(observed.elapsed().as_secs_f64());
+    /// A verdict the engine observed at `observed` is now written on its cluster, by a pass
+    /// of this kind (`gate`: the gate only; `complete`: over every cloud resource too).
+    pub fn gate_written(&self, observed: std::time::Instant, pass: &str) {
+        self.gate_latency
+            .with_label_values(&[pass])
+            .observe(observed.elapsed().as_secs_f64());
     }
 
     /// A controller starts with this many workers.

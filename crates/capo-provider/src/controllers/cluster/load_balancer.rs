@@ -22,8 +22,8 @@ use crate::controllers::server::resolve::{exactly_one, neutron_filter, subnet_fi
 /// Where the load balancer stands after a pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LbProgress {
-    /// ACTIVE, with every listener, pool and monitor.
-    Ready,
+    /// ACTIVE, with every listener, pool and monitor; the VIP's port.
+    Ready { vip_port: Option<String> },
     /// Being created or changed (by us or anyone): look again when it unlocks.
     Pending(ProvisioningStatus),
     /// In ERROR: a person must look; the gate says so.
@@ -111,7 +111,9 @@ pub async fn reconcile(
     if let Some(lb_status) = status.api_server_managed_load_balancer.as_mut() {
         lb_status.allowed_cidrs = allowed.unwrap_or_default();
     }
-    Ok(LbProgress::Ready)
+    Ok(LbProgress::Ready {
+        vip_port: lb.vip_port_id.clone(),
+    })
 }
 
 fn record_pools(status: &mut OpenStackClusterStatus, pools: Vec<LoadBalancerPoolStatus>) {

@@ -194,9 +194,15 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &ClusterError, ctx: Arc<Context>) -> Action {
-    ctx.full_pass_needed(&backoff_key(&object));
+    ctx.steps_needed(&backoff_key(&object));
     ctx.after_error(&backoff_key(&object), error.category())
 }
+
+/// The steps of a complete pass that are skipped while fresh (see `Context::step_due`).
+const COMPLETE: &str = "complete";
+const NETWORK: &str = "network";
+const SECURITY_GROUPS: &str = "security-groups";
+const FAILURE_DOMAINS: &str = "failure-domains";
 
 /// Everything one pass knows.
 struct Pass<'a> {
@@ -210,6 +216,16 @@ struct Pass<'a> {
     now: Timestamp,
 }
 
+impl Pass<'_> {
+    fn due(&self, step: &'static str) -> bool {
+        self.ctx.step_due(self.key, step, self.generation)
+    }
+
+    fn done(&self, step: &'static str) {
+        self.ctx.step_done(self.key, step, self.generation);
+    }
+}
+
 async fn reconcile_cluster(
     cluster: &OpenStackCluster,
     ctx: &Context,
@@ -219,6 +235,11 @@ async fn reconcile_cluster(
     let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let owner = owner_cluster(ctx, cluster, &namespace).await?;
     let woke = ctx.take_wake(key);
+    let kind = if ctx.step_due(key, COMPLETE, cluster.meta().generation) {
+        "complete"
+    } else {
+        "gate"
+    };
     let before = cluster.status.clone();
     let mut status = before.clone().unwrap_or_default();
     let generation = cluster.meta().generation;
@@ -280,7 +301,7 @@ async fn reconcile_cluster(
     set_cluster_ready(&mut status, generation, now);
     write_status(&api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
-        ctx.metrics.gate_written(observed);
+        ctx.metrics.gate_written(observed, kind);
     }
     result
 }
@@ -327,10 +348,10 @@ async fn provision(
         .map_err(ClusterError::from)
         .map_err(at(types::NETWORK_READY))?;
     let mut outcome = Outcome::Settled;
-    if pass.ctx.full_pass_due(pass.key, pass.generation) {
+    if pass.due(COMPLETE) {
         outcome = build(pass, api, &cloud, status).await?;
         if outcome == Outcome::Settled {
-            pass.ctx.full_pass_done(pass.key, pass.generation);
+            pass.done(COMPLETE);
         }
     }
     publish_gate(pass, &cloud, status)
@@ -355,26 +376,32 @@ async fn build(
             pass.now,
         );
     };
-    network::reconcile(spec, &pass.names, cloud, status)
-        .await
-        .map_err(at(types::NETWORK_READY))?;
-    set(status, network_condition(status));
+    if pass.due(NETWORK) {
+        network::reconcile(spec, &pass.names, cloud, status)
+            .await
+            .map_err(at(types::NETWORK_READY))?;
+        set(status, network_condition(status));
+        pass.done(NETWORK);
+    }
     let lb_spec = plan::load_balancer(spec);
     let additional: Vec<u16> = lb_spec
         .map(|lb| plan::lb_ports(spec, lb).into_iter().skip(1).collect())
         .unwrap_or_default();
     let bastion_enabled = bastion::enabled(spec);
-    security_groups::reconcile(
-        spec,
-        &pass.names,
-        cloud,
-        bastion_enabled,
-        &additional,
-        status,
-    )
-    .await
-    .map_err(at(types::SECURITY_GROUPS_READY))?;
-    set(status, security_groups_condition(spec));
+    if pass.due(SECURITY_GROUPS) {
+        security_groups::reconcile(
+            spec,
+            &pass.names,
+            cloud,
+            bastion_enabled,
+            &additional,
+            status,
+        )
+        .await
+        .map_err(at(types::SECURITY_GROUPS_READY))?;
+        set(status, security_groups_condition(spec));
+        pass.done(SECURITY_GROUPS);
+    }
     let mut outcome = Outcome::Settled;
     let endpoint = match lb_spec {
         Some(lb_spec) => {
@@ -386,7 +413,7 @@ async fn build(
                     other => other.map_err(at(types::API_ENDPOINT_READY))?,
                 };
             match progress {
-                LbProgress::Ready => lb_endpoint(pass, cloud, status)
+                LbProgress::Ready { vip_port } => lb_endpoint(pass, cloud, vip_port, status)
                     .await
                     .map_err(at(types::API_ENDPOINT_READY))?,
                 LbProgress::Pending(state) => {
@@ -449,13 +476,16 @@ async fn build(
             ),
         );
     }
-    let zones = cloud
-        .nova()
-        .list_availability_zones()
-        .await
-        .map_err(ClusterError::cloud("listing availability zones"))
-        .map_err(at(types::READY))?;
-    status.failure_domains = plan::failure_domains(spec, &zones);
+    if pass.due(FAILURE_DOMAINS) {
+        let zones = cloud
+            .nova()
+            .list_availability_zones()
+            .await
+            .map_err(ClusterError::cloud("listing availability zones"))
+            .map_err(at(types::READY))?;
+        status.failure_domains = plan::failure_domains(spec, &zones);
+        pass.done(FAILURE_DOMAINS);
+    }
     if is_provisioned(status, lb_spec.is_some()) {
         status.initialization = Some(Initialization {
             provisioned: Some(true),
@@ -517,6 +547,7 @@ fn is_provisioned(status: &OpenStackClusterStatus, with_lb: bool) -> bool {
 async fn lb_endpoint(
     pass: &Pass<'_>,
     cloud: &CloudClient,
+    vip_port: Option<String>,
     status: &mut OpenStackClusterStatus,
 ) -> Result<Option<ApiEndpoint>, ClusterError> {
     let spec = &pass.cluster.spec;
@@ -527,12 +558,7 @@ async fn lb_endpoint(
     let mut floating = None;
     if let Some(external) = external.filter(|_| plan::api_floating_ip_wanted(spec, true)) {
         let known = Some(lb.ip.as_str()).filter(|ip| !ip.is_empty() && *ip != lb.internal_ip);
-        let vip_port = cloud
-            .octavia()
-            .get_load_balancer(&lb.id)
-            .await
-            .map_err(ClusterError::cloud("reading the load balancer's VIP port"))?
-            .vip_port_id;
+
         let ip = load_balancer::floating_ip(
             spec,
             &pass.names,
@@ -592,9 +618,15 @@ async fn set_endpoint(
         return Ok(());
     }
     let patch = Patch::Merge(json!({ "spec": { "controlPlaneEndpoint": endpoint } }));
-    api.patch(&pass.cluster.name_any(), &PatchParams::default(), &patch)
+    let written = api
+        .patch(&pass.cluster.name_any(), &PatchParams::default(), &patch)
         .await
         .map_err(ClusterError::kube("setting spec.controlPlaneEndpoint"))?;
+    // Only our write moved the generation: the steps done stay done.
+    let next = pass.generation.map(|g| g + 1);
+    if written.metadata.generation == next {
+        pass.ctx.steps_carried(pass.key, pass.generation, next);
+    }
     tracing::info!(host = ?endpoint.host, port = ?endpoint.port, "control plane endpoint set");
     Ok(())
 }
