@@ -842,3 +842,42 @@ async fn a_locked_load_balancer_is_waited_for_without_errors_and_the_cluster_sta
     );
     assert_eq!(errors, 0.0, "waiting on a busy LB is not an error");
 }
+
+/// A given network (by filter) without external connectivity: no router, no floating IP, the
+/// endpoint is the VIP; deleting the cluster leaves the network it was given.
+#[tokio::test]
+async fn a_given_network_without_external_access_is_used_and_never_deleted() {
+    let world = World::start().await;
+    let spec = json!({
+        "apiServer": {"managedLoadBalancer": {"enabled": true}, "enableFloatingIP": false},
+        "enableExternalNetwork": false,
+        "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+        "network": {"filter": {"name": "capo-net"}},
+        "managedSecurityGroups": {},
+    });
+    let before = objects(&world);
+    create_cluster(&world, "c1", spec).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
+    let status = cluster.status.clone().unwrap();
+    let network = status.network.unwrap();
+    assert_eq!(network.name, "capo-net");
+    assert_eq!(network.subnets[0].name, "capo-subnet");
+    assert!(status.external_network.is_none());
+    assert!(status.router.is_none());
+    let lb = status.api_server_managed_load_balancer.unwrap();
+    assert_eq!(
+        lb.ip, lb.internal_ip,
+        "no floating IP: the endpoint is the VIP"
+    );
+    assert!(lb.internal_ip.starts_with("10.6.0."), "{}", lb.internal_ip);
+    assert_eq!(
+        cluster.spec.control_plane_endpoint.unwrap().host.as_deref(),
+        Some(lb.internal_ip.as_str())
+    );
+    delete_cluster(&world, "c1").await;
+    assert_eq!(
+        objects(&world),
+        before,
+        "the given network is still there, nothing else"
+    );
+}
