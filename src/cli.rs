@@ -105,6 +105,9 @@ pub struct RunArgs {
     /// OpenStackServers reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub openstackserver_concurrency: u16,
+    /// OpenStackClusters reconciled at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub openstackcluster_concurrency: u16,
     /// How often a settled object is looked at again for drift: 600, 600s, 10m or 1h.
     #[arg(long, default_value = "10m", value_parser = capo_provider::manager::parse_duration)]
     pub sync_period: Duration,
@@ -128,6 +131,7 @@ impl RunArgs {
                 watch_filter: self.watch_filter.clone(),
             },
             server_concurrency: self.openstackserver_concurrency,
+            cluster_concurrency: self.openstackcluster_concurrency,
             controllers: capo_provider::controllers::ControllerConfig {
                 sync_period: self.sync_period,
                 instance: self.instance.clone(),
