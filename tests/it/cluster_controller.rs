@@ -881,3 +881,42 @@ async fn a_given_network_without_external_access_is_used_and_never_deleted() {
         "the given network is still there, nothing else"
     );
 }
+
+/// The monitor settings may change: the health monitor follows, in place.
+#[tokio::test]
+async fn a_monitor_change_is_applied_in_place() {
+    let world = World::start().await;
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
+    let monitor = |c: &OpenStackCluster| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+            .and_then(|lb| lb.pools.first())
+            .and_then(|p| p.monitor_id.clone())
+    };
+    let id = monitor(&cluster).unwrap();
+    let defaults = world.admin.octavia().get_health_monitor(&id).await.unwrap();
+    assert_eq!(
+        (
+            defaults.delay,
+            defaults.timeout,
+            defaults.max_retries,
+            defaults.max_retries_down
+        ),
+        (10, 5, 5, Some(3)),
+        "CAPO's defaults"
+    );
+    let patch = json!({"spec": {"apiServer": {"managedLoadBalancer": {"monitor": {"delay": 20, "timeout": 7}}}}});
+    clusters(&world)
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let changed = eventually("the monitor updated", || async {
+        let now = world.admin.octavia().get_health_monitor(&id).await.ok()?;
+        (now.delay == 20 && now.timeout == 7).then_some(now)
+    })
+    .await;
+    assert_eq!(changed.id, id, "the same monitor, changed in place");
+    wait_cluster(&world, "c1", "settled again", settled).await;
+}

@@ -207,6 +207,8 @@ pub struct HealthMonitor {
     pub timeout: u32,
     pub max_retries: u32,
     #[serde(default)]
+    pub max_retries_down: Option<u32>,
+    #[serde(default)]
     pub pools: Vec<IdRef>,
 }
 
@@ -511,6 +513,24 @@ impl<'a> Octavia<'a> {
         let op = op("loadbalancer_healthmonitor_list");
         let call = Call::get(op, "lbaas/healthmonitors").query("pool_id", pool_id);
         self.path.fetch_all(call.key("healthmonitors")).await
+    }
+
+    /// Changes a health monitor's timings.
+    pub async fn update_health_monitor(
+        &self,
+        id: &str,
+        delay: u32,
+        timeout: u32,
+        max_retries: u32,
+        max_retries_down: u32,
+    ) -> Result<HealthMonitor, CloudError> {
+        let op = op("loadbalancer_healthmonitor_update");
+        let body = json!({ "healthmonitor": {
+            "delay": delay, "timeout": timeout,
+            "max_retries": max_retries, "max_retries_down": max_retries_down,
+        }});
+        let call = Call::put(op, format!("lbaas/healthmonitors/{}", seg(id)), body);
+        self.path.fetch(call.key("healthmonitor")).await
     }
 
     pub async fn delete_health_monitor(&self, id: &str) -> Result<(), CloudError> {

@@ -415,6 +415,7 @@ pub fn handle(
             "Health Monitor",
             id,
         ),
+        ("PUT", ["healthmonitors", id]) => update_monitor(world, id, &body["healthmonitor"]),
         ("DELETE", ["healthmonitors", id]) => delete_child(world, Child::Monitor, id),
         ("GET", ["pools", pool, "members"]) => list_members(world, pool, query, base),
         ("POST", ["pools", pool, "members"]) => create_member(world, pool, &body["member"]),
@@ -1064,6 +1065,46 @@ fn update_listener(world: &mut World, id: &str, body: &Value) -> Reply {
         .get(id)
         .map(|l| render_listener(world, l));
     Reply::ok(json!({"listener": rendered}))
+}
+
+/// Timings of a health monitor change in place; the LB is locked while it applies.
+fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
+    let Some(pool) = world.octavia.monitors.get(id).map(|m| m.pool.clone()) else {
+        return not_found("HealthMonitor", id);
+    };
+    let lb_id = match mutable_pool(world, &pool) {
+        Ok(lb_id) => lb_id,
+        Err(reply) => return reply,
+    };
+    let delay = world.scenario.timings.lb_update.clone();
+    lock_lb(world, &lb_id, Some(&pool), delay);
+    let now = world.timestamp();
+    let number = |key: &str| {
+        body.get(key)
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    if let Some(monitor) = world.octavia.monitors.get_mut(id) {
+        if let Some(v) = number("delay") {
+            monitor.delay = v;
+        }
+        if let Some(v) = number("timeout") {
+            monitor.timeout = v;
+        }
+        if let Some(v) = number("max_retries") {
+            monitor.max_retries = v;
+        }
+        if let Some(v) = number("max_retries_down") {
+            monitor.max_retries_down = v;
+        }
+        monitor.meta.updated_at = Some(now);
+    }
+    let rendered = world
+        .octavia
+        .monitors
+        .get(id)
+        .map(|m| render_monitor(world, m));
+    Reply::ok(json!({"healthmonitor": rendered}))
 }
 
 fn create_pool(world: &mut World, body: &Value) -> Reply {

@@ -226,34 +226,57 @@ async fn ensure_port(
         tracing::info!(port, "created a pool");
         return Ok(PortStep::Changed);
     };
-    let monitor_id = match &pool.healthmonitor_id {
-        Some(id) => id.clone(),
-        None => {
-            let settings = lb_spec.monitor.clone().unwrap_or_default();
-            let value = |v: Option<i32>, default: u32| {
-                v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default)
-            };
-            let monitor = HealthMonitorSpec {
-                name: name.clone(),
-                pool_id: pool.id.clone(),
-                kind: "TCP".into(),
-                delay: value(settings.delay, MONITOR_DELAY),
-                timeout: value(settings.timeout, MONITOR_TIMEOUT),
-                max_retries: value(settings.max_retries, MONITOR_MAX_RETRIES),
-                max_retries_down: Some(value(settings.max_retries_down, MONITOR_MAX_RETRIES_DOWN)),
-                tags: Vec::new(),
-            };
-            cloud
-                .octavia()
-                .create_health_monitor(&monitor)
-                .await
-                .map_err(ClusterError::cloud(format!(
-                    "creating the health monitor for port {port}"
-                )))?;
-            tracing::info!(port, "created a health monitor");
-            return Ok(PortStep::Changed);
-        }
+    let settings = lb_spec.monitor.clone().unwrap_or_default();
+    let value =
+        |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    let wanted = (
+        value(settings.delay, MONITOR_DELAY),
+        value(settings.timeout, MONITOR_TIMEOUT),
+        value(settings.max_retries, MONITOR_MAX_RETRIES),
+        value(settings.max_retries_down, MONITOR_MAX_RETRIES_DOWN),
+    );
+    let Some(monitor_id) = pool.healthmonitor_id.clone() else {
+        let monitor = HealthMonitorSpec {
+            name: name.clone(),
+            pool_id: pool.id.clone(),
+            kind: "TCP".into(),
+            delay: wanted.0,
+            timeout: wanted.1,
+            max_retries: wanted.2,
+            max_retries_down: Some(wanted.3),
+            tags: Vec::new(),
+        };
+        cloud
+            .octavia()
+            .create_health_monitor(&monitor)
+            .await
+            .map_err(ClusterError::cloud(format!(
+                "creating the health monitor for port {port}"
+            )))?;
+        tracing::info!(port, "created a health monitor");
+        return Ok(PortStep::Changed);
     };
+    // `monitor` may change (the only LB setting that may, with allowedCIDRs).
+    let monitor = cloud
+        .octavia()
+        .get_health_monitor(&monitor_id)
+        .await
+        .map_err(ClusterError::cloud("reading the health monitor"))?;
+    let have = (
+        monitor.delay,
+        monitor.timeout,
+        monitor.max_retries,
+        monitor.max_retries_down.unwrap_or(MONITOR_MAX_RETRIES_DOWN),
+    );
+    if have != wanted {
+        cloud
+            .octavia()
+            .update_health_monitor(&monitor_id, wanted.0, wanted.1, wanted.2, wanted.3)
+            .await
+            .map_err(ClusterError::cloud("updating the health monitor"))?;
+        tracing::info!(port, "updated the health monitor");
+        return Ok(PortStep::Changed);
+    }
     Ok(PortStep::Done(LoadBalancerPoolStatus {
         port: i32::from(port),
         listener_id: listener.id.clone(),
