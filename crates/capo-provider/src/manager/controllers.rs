@@ -196,14 +196,18 @@ pub async fn run_clusters(
     let capi_clusters = watch(scope.api::<Cluster>(client.clone()), scope.watcher_config())
         .predicate_filter(paused_changes, Default::default());
     // Control-plane machines change the desired members: their address, their deletion.
+    // (Through `DeserializeGuard`: one undecodable object must not stall the watch.)
     let machines = watch(
-        scope.api::<OpenStackMachine>(client.clone()),
+        scope.api::<DeserializeGuard<OpenStackMachine>>(client.clone()),
         scope.watcher_config(),
     )
     .predicate_filter(member_changes, Default::default());
     // The bastion's server, as it builds.
-    let bastions = watch(scope.api::<OpenStackServer>(client), scope.watcher_config())
-        .predicate_filter(predicates::resource_version, Default::default());
+    let bastions = watch(
+        scope.api::<DeserializeGuard<OpenStackServer>>(client),
+        scope.watcher_config(),
+    )
+    .predicate_filter(predicates::resource_version, Default::default());
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
     let by_machine = reader.clone();
@@ -259,7 +263,8 @@ pub async fn run_clusters(
 }
 
 /// What about a machine changes its cluster's desired members.
-fn member_changes(machine: &OpenStackMachine) -> Option<u64> {
+fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
+    let machine = machine.0.as_ref().ok()?;
     let mut hasher = DefaultHasher::new();
     (
         capi::is_control_plane(machine.labels()),

@@ -715,7 +715,9 @@ async fn publish_gate(
 /// The cluster's control-plane OpenStackMachines.
 async fn control_plane_machines(pass: &Pass<'_>) -> Result<Vec<OpenStackMachine>, ClusterError> {
     let namespace = pass.cluster.namespace().unwrap_or_default();
-    let machines: Api<OpenStackMachine> = Api::namespaced(pass.ctx.client.clone(), &namespace);
+    // Through `DeserializeGuard`: a machine that does not decode is skipped, not fatal.
+    let machines: Api<DeserializeGuard<OpenStackMachine>> =
+        Api::namespaced(pass.ctx.client.clone(), &namespace);
     let selector = format!(
         "{}={},{}",
         capi::labels::CLUSTER_NAME,
@@ -728,7 +730,7 @@ async fn control_plane_machines(pass: &Pass<'_>) -> Result<Vec<OpenStackMachine>
         .map_err(ClusterError::kube(
             "listing the control-plane OpenStackMachines",
         ))?;
-    Ok(list.items)
+    Ok(list.items.into_iter().filter_map(|m| m.0.ok()).collect())
 }
 
 /// `Ready` from the other conditions, except that routine gate progress (members on their
