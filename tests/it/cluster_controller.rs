@@ -920,3 +920,87 @@ async fn a_monitor_change_is_applied_in_place() {
     assert_eq!(changed.id, id, "the same monitor, changed in place");
     wait_cluster(&world, "c1", "settled again", settled).await;
 }
+
+/// Extra ports get their own listener and pool, each machine is wanted in every pool, and
+/// the VIP and floating IP the spec names are the ones used.
+#[tokio::test]
+async fn additional_ports_fixed_and_floating_ips_are_as_the_spec_says() {
+    let world = World::start().await;
+    let mut spec = cluster_spec();
+    spec["apiServer"] = json!({
+        "managedLoadBalancer": {"enabled": true, "additionalPorts": [8443]},
+        "fixedIP": "10.6.0.250",
+        "floatingIP": "172.24.4.100",
+    });
+    create_cluster(&world, "c1", spec).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
+    let lb = cluster
+        .status
+        .as_ref()
+        .unwrap()
+        .api_server_managed_load_balancer
+        .clone()
+        .unwrap();
+    assert_eq!(lb.internal_ip, "10.6.0.250");
+    assert_eq!(lb.ip, "172.24.4.100");
+    let ports: Vec<i32> = lb.pools.iter().map(|p| p.port).collect();
+    assert_eq!(ports, [6443, 8443]);
+    let groups = world
+        .admin
+        .neutron()
+        .list_security_groups(&Filter::by_name(
+            "k8s-cluster-default-c1-secgroup-controlplane",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        groups[0]
+            .security_group_rules
+            .iter()
+            .any(|r| r.port_range_min == Some(8443)),
+        "the additional port is open on the control plane"
+    );
+    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
+    let missing = wait_cluster(&world, "c1", "MembersMissing in both pools", |c| {
+        condition(c, types::API_SERVER_LOAD_BALANCER_READY)
+            .2
+            .contains("cp-1:8443")
+    })
+    .await;
+    let members = &missing
+        .status
+        .unwrap()
+        .api_server_managed_load_balancer
+        .unwrap()
+        .members;
+    assert_eq!(members.len(), 2, "{members:?}");
+    // The cluster waits for its machines before it deletes anything.
+    clusters(&world)
+        .delete("c1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let waiting = wait_cluster(&world, "c1", "waiting for its machines", |c| {
+        condition(c, types::READY).2.contains("OpenStackMachines")
+    })
+    .await;
+    assert!(
+        waiting.status.unwrap().network.is_some(),
+        "nothing deleted yet"
+    );
+    machines(&world)
+        .delete("cp-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_cluster_gone(&world, "c1").await;
+    let left = world
+        .admin
+        .neutron()
+        .list_floating_ips(&Filter::default())
+        .await
+        .unwrap();
+    assert!(
+        left.iter()
+            .any(|ip| ip.floating_ip_address == "172.24.4.100"),
+        "a floating IP the spec named is the user's: kept"
+    );
+}

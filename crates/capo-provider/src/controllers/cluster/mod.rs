@@ -298,7 +298,10 @@ async fn reconcile_cluster(
         return result;
     }
     status.observed_generation = generation;
-    set_cluster_ready(&mut status, generation, now);
+    // While deleting, Ready says what the deletion waits for.
+    if !deleting {
+        set_cluster_ready(&mut status, generation, now);
+    }
     write_status(&api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
@@ -778,7 +781,7 @@ async fn report_error(pass: &Pass<'_>, status: &mut OpenStackClusterStatus, fail
     let message = error.to_string();
     let reason = category.reason();
     let was_true = conditions::status_of(&status.conditions, failure.condition) == Status::True;
-    if !was_true && failure.condition != types::READY {
+    if !was_true {
         let condition = Desired::new(failure.condition, Status::False, reason, message.clone());
         conditions::set(
             &mut status.conditions,
