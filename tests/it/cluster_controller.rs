@@ -75,9 +75,19 @@ async fn wait_cluster(
     what: &str,
     done: impl Fn(&OpenStackCluster) -> bool,
 ) -> OpenStackCluster {
+    wait_cluster_within(world, name, what, WAIT, done).await
+}
+
+async fn wait_cluster_within(
+    world: &World,
+    name: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&OpenStackCluster) -> bool,
+) -> OpenStackCluster {
     let condition = move |object: Option<&OpenStackCluster>| object.is_some_and(&done);
     let waited = await_condition(clusters(world), name, condition);
-    match tokio::time::timeout(WAIT, waited).await {
+    match tokio::time::timeout(within, waited).await {
         Ok(Ok(Some(object))) => object,
         other => {
             let now = clusters(world).get_opt(name).await.ok().flatten();
@@ -575,7 +585,17 @@ async fn a_keystone_outage_and_a_rate_limit_storm_say_so_and_the_cluster_converg
         rate_limits: vec![storm("network"), storm("load-balancer")],
         ..Scenario::default()
     }));
-    wait_cluster(&world, "c1", "provisioned despite 429s", settled).await;
+    // About 60 requests at five a second per service, retried after each 429: slow by design,
+    // and slower still when the whole suite shares two cores.
+    let storm_wait = Duration::from_secs(120);
+    wait_cluster_within(
+        &world,
+        "c1",
+        "provisioned despite 429s",
+        storm_wait,
+        settled,
+    )
+    .await;
     assert!(
         world.cloud.request_log().to_string().contains("429"),
         "the storm was met"
