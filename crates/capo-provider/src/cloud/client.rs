@@ -264,10 +264,7 @@ fn connect_context(message: String) -> ErrorContext {
 /// Keystone's refusal is terminal until someone fixes the Secret; anything else may pass.
 fn connect_error(error: &openstack_sdk::OpenStackError) -> CloudError {
     let message = error.to_string();
-    let refused = ["401", "Unauthorized", "authentication", "403", "Forbidden"]
-        .iter()
-        .any(|needle| message.contains(needle));
-    if refused {
+    if super::session::is_refusal(&message) {
         CloudError::Unauthorized(connect_context(message))
     } else {
         CloudError::Transient(connect_context(message))

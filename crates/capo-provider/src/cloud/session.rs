@@ -142,9 +142,26 @@ fn sdk_send_error(error: openstack_sdk::api::ApiError<openstack_sdk::RestError>)
         } => reqwest_send_error(&source),
         openstack_sdk::api::ApiError::Client {
             source: RestError::AuthError { source },
-        } => SendError::Auth(source.to_string()),
+        } => {
+            // Renewing the token can fail because Keystone is down (a 503 during version
+            // discovery): that passes. Only a refusal waits for new credentials.
+            let message = source.to_string();
+            if is_refusal(&message) {
+                SendError::Auth(message)
+            } else {
+                SendError::Other(message)
+            }
+        }
         other => SendError::Other(other.to_string()),
     }
+}
+
+/// Whether an authentication failure is Keystone refusing the credentials (terminal until
+/// someone fixes them) rather than Keystone being unreachable or failing (which passes).
+pub(crate) fn is_refusal(message: &str) -> bool {
+    ["401", "Unauthorized", "authentication", "403", "Forbidden"]
+        .iter()
+        .any(|needle| message.contains(needle))
 }
 
 fn reqwest_send_error(error: &reqwest::Error) -> SendError {
@@ -262,5 +279,15 @@ mod tests {
             "http://h/compute/v2.1/abc123/"
         );
         assert_eq!(base("http://h/image", Service::Image), "http://h/image/v2/");
+    }
+
+    #[test]
+    fn keystone_down_during_renewal_passes_and_a_refusal_does_not() {
+        let down = "`identity` endpoint version discovery error:\n\tUrl: http://127.0.0.1/identity/v3/\n\tMessage: Service is not working.";
+        assert!(!is_refusal(down));
+        assert!(is_refusal(
+            "The request you have made requires authentication. (HTTP 401)"
+        ));
+        assert!(is_refusal("403 Forbidden"));
     }
 }
