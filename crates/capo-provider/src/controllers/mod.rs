@@ -21,10 +21,13 @@ pub mod writes;
 use std::collections::BTreeMap;
 
 use capo_api::capi::{self, Cluster};
-use capo_api::conditions::{self, Desired, types};
+use capo_api::conditions::{self, Desired, Status, reasons, types};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
+use kube::core::{DeserializeGuard, NamespaceResourceScope, error_boundary::InvalidObject};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 
 pub use backoff::{Backoff, BackoffPolicy};
 pub use context::{Context, ControllerConfig};
@@ -58,4 +61,44 @@ pub fn set_ready(
     let (status, reason, message) = (summary.status, summary.reason.to_owned(), summary.message);
     let ready = Desired::new(types::READY, status, &reason, message);
     conditions::set(conditions, &ready, generation, now);
+}
+
+/// An object that does not decode: say so on it (`Ready` False) and in a Warning event, and
+/// go on with the others. The caller returns [`Outcome::Unreadable`].
+pub async fn report_invalid<K>(
+    object: &DeserializeGuard<K>,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    DeserializeGuard<K>: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let message = format!("cannot read this {}: {}", K::kind(&()), invalid.error);
+    tracing::warn!(%message, "skipping an object that does not decode");
+    let regarding = object.object_ref(&());
+    ctx.event(
+        &regarding,
+        EventType::Warning,
+        reasons::INVALID_SPEC,
+        "Reconcile",
+        message.clone(),
+    )
+    .await;
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<DeserializeGuard<K>> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut conditions = Vec::new();
+    let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
+    conditions::set(
+        &mut conditions,
+        &ready,
+        object.meta().generation,
+        Timestamp::now(),
+    );
+    let status = serde_json::json!({ "conditions": conditions });
+    writes::patch_status(&api, &object.name_any(), None, &status, &[]).await?;
+    Ok(())
 }

@@ -801,35 +801,13 @@ async fn report_error(pass: &Pass<'_>, status: &mut OpenStackClusterStatus, fail
     }
 }
 
-/// An object we cannot read: say so on it and in an event, and go on with the others.
+/// An object we cannot read: reported, and the others go on.
 async fn report_invalid(
     object: &Watched,
     invalid: &InvalidObject,
     ctx: &Context,
 ) -> Result<Outcome, ClusterError> {
-    let message = format!("cannot read this OpenStackCluster: {}", invalid.error);
-    tracing::warn!(%message, "skipping an object that does not decode");
-    let regarding = object.object_ref(&());
-    ctx.event(
-        &regarding,
-        EventType::Warning,
-        reasons::INVALID_SPEC,
-        "Reconcile",
-        message.clone(),
-    )
-    .await;
-    let namespace = object.namespace().unwrap_or_default();
-    let api: Api<Watched> = Api::namespaced(ctx.client.clone(), &namespace);
-    let mut conditions = Vec::new();
-    let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
-    conditions::set(
-        &mut conditions,
-        &ready,
-        object.meta().generation,
-        Timestamp::now(),
-    );
-    let status = json!({ "conditions": conditions });
-    writes::patch_status(&api, &object.name_any(), None, &status, &[])
+    super::report_invalid(object, invalid, ctx)
         .await
         .map_err(ClusterError::kube("writing status"))?;
     Ok(Outcome::Unreadable)
