@@ -102,3 +102,24 @@ where
     writes::patch_status(&api, &object.name_any(), None, &status, &[]).await?;
     Ok(())
 }
+
+/// How a reconcile of `key` ended: the metrics, the per-object backoff (reset on success,
+/// forgotten once the object is deleted), and what kube-runtime does next.
+pub fn conclude<E: Categorized>(
+    ctx: &Context,
+    reconciling: metrics::Reconciling,
+    key: &str,
+    result: Result<Outcome, E>,
+) -> Result<kube::runtime::controller::Action, E> {
+    match &result {
+        Ok(outcome) => {
+            reconciling.finish(outcome.result());
+            match outcome {
+                Outcome::Deleted => ctx.forget(key),
+                _ => ctx.succeeded(key),
+            }
+        }
+        Err(error) => reconciling.finish(metrics::ReconcileResult::Error(error.category())),
+    }
+    result.map(|outcome| outcome.action(&ctx.config))
+}

@@ -105,6 +105,57 @@ where
     watcher(api, config).default_backoff().touched_objects()
 }
 
+/// A controller's own objects, mirrored in a store, waking it only for what
+/// [`reconcile_worthy`] sees change.
+fn own_objects<K>(
+    scope: &WatchScope,
+    client: kube::Client,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + use<K>,
+)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store::<K>();
+    let stream = reflector(
+        writer,
+        watcher(scope.api::<K>(client), scope.watcher_config()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .predicate_filter(reconcile_worthy, Default::default());
+    (reader, stream)
+}
+
+/// Secrets (metadata only). A relist (after a watch error) hands back every Secret
+/// unchanged: only a new resourceVersion wakes anything.
+fn secret_changes(
+    scope: &WatchScope,
+    client: kube::Client,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + use<> {
+    watch(
+        scope.api::<PartialObjectMeta<Secret>>(client),
+        watcher::Config::default(),
+    )
+    .predicate_filter(predicates::resource_version, Default::default())
+}
+
+/// Cluster API Clusters, when they appear or their `spec.paused` changes.
+fn capi_cluster_changes(
+    scope: &WatchScope,
+    client: kube::Client,
+) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + use<> {
+    watch(scope.api::<Cluster>(client), scope.watcher_config())
+        .predicate_filter(paused_changes, Default::default())
+}
+
 /// The OpenStackServer controller, until `shutdown`; reconciles in flight finish first.
 pub async fn run_servers(
     ctx: Arc<Context>,
@@ -114,23 +165,9 @@ pub async fn run_servers(
 ) {
     type Watched = DeserializeGuard<OpenStackServer>;
     let client = ctx.client.clone();
-    let (reader, writer) = reflector::store::<Watched>();
-    let servers = reflector(
-        writer,
-        watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(reconcile_worthy, Default::default());
-    // A relist (after a watch error) hands back every Secret unchanged: only a new
-    // resourceVersion wakes anything.
-    let secrets = watch(
-        scope.api::<PartialObjectMeta<Secret>>(client.clone()),
-        watcher::Config::default(),
-    )
-    .predicate_filter(predicates::resource_version, Default::default());
-    let clusters = watch(scope.api::<Cluster>(client), scope.watcher_config())
-        .predicate_filter(paused_changes, Default::default());
+    let (reader, servers) = own_objects::<Watched>(scope, client.clone());
+    let secrets = secret_changes(scope, client.clone());
+    let clusters = capi_cluster_changes(scope, client);
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
     let listed = reader.clone();
@@ -180,21 +217,9 @@ pub async fn run_clusters(
 ) {
     type Watched = cluster::Watched;
     let client = ctx.client.clone();
-    let (reader, writer) = reflector::store::<Watched>();
-    let clusters = reflector(
-        writer,
-        watcher(scope.api::<Watched>(client.clone()), scope.watcher_config()),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(reconcile_worthy, Default::default());
-    let secrets = watch(
-        scope.api::<PartialObjectMeta<Secret>>(client.clone()),
-        watcher::Config::default(),
-    )
-    .predicate_filter(predicates::resource_version, Default::default());
-    let capi_clusters = watch(scope.api::<Cluster>(client.clone()), scope.watcher_config())
-        .predicate_filter(paused_changes, Default::default());
+    let (reader, clusters) = own_objects::<Watched>(scope, client.clone());
+    let secrets = secret_changes(scope, client.clone());
+    let capi_clusters = capi_cluster_changes(scope, client.clone());
     // Control-plane machines change the desired members: their address, their deletion.
     // (Through `DeserializeGuard`: one undecodable object must not stall the watch.)
     let machines = watch(

@@ -36,7 +36,6 @@ use tracing::Instrument;
 
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
-use super::metrics::ReconcileResult;
 use super::outcome::Outcome;
 use super::server::resolve::ResolveError;
 use super::{Context, gate, writes};
@@ -179,17 +178,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
     }
     .instrument(span)
     .await;
-    match &result {
-        Ok(outcome) => {
-            reconciling.finish(outcome.result());
-            match outcome {
-                Outcome::Deleted => ctx.forget(&key),
-                _ => ctx.succeeded(&key),
-            }
-        }
-        Err(error) => reconciling.finish(ReconcileResult::Error(error.category())),
-    }
-    result.map(|outcome| outcome.action(&ctx.config))
+    super::conclude(&ctx, reconciling, &key, result)
 }
 
 /// After a failed reconcile: back off, or wait.
