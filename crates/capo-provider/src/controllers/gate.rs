@@ -7,7 +7,6 @@
 //! - The conditions the engine's verdict turns into, and what counts against `Ready`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use capo_api::OpenStackMachine;
 use capo_api::capi;
@@ -191,11 +190,6 @@ fn api_operating(status: OperatingStatus) -> Option<ApiOperating> {
         OperatingStatus::NoMonitor => ApiOperating::NoMonitor,
         OperatingStatus::Unknown => return None,
     })
-}
-
-/// How long ago `since` was, for messages.
-pub fn waited(since: Instant, now: Instant) -> Duration {
-    now.saturating_duration_since(since)
 }
 
 #[cfg(test)]

@@ -219,6 +219,10 @@ mod tests {
         assert_eq!(names.worker_group, "k8s-cluster-ns-c1-secgroup-worker");
         assert_eq!(names.bastion_group, "k8s-cluster-ns-c1-secgroup-bastion");
         assert_eq!(names.bastion, "c1-bastion");
+        assert_eq!(
+            names.member(6443, "cp-1"),
+            "k8s-clusterapi-cluster-ns-c1-kubeapi-6443-cp-1"
+        );
     }
 
     #[test]
