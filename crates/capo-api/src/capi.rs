@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -27,6 +28,20 @@ pub mod labels {
     /// Annotation prefix of a Machine's pre-terminate deletion hooks.
     pub const PRE_TERMINATE_HOOK_PREFIX: &str =
         "pre-terminate.delete.hook.machine.cluster.x-k8s.io/";
+    /// capo-rs's own pre-terminate hook on control-plane Machines: the Machine's API load
+    /// balancer member is removed (and seen gone) before the hook goes.
+    pub const LB_MEMBER_HOOK: &str =
+        "pre-terminate.delete.hook.machine.cluster.x-k8s.io/capo-rs-lb-member";
+    /// KubeadmControlPlane's hook: it removes the etcd member, after every other hook.
+    pub const KCP_HOOK: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/kcp-cleanup";
+}
+
+/// The Machine condition that tells why a deletion waits, and its reasons.
+pub mod deleting {
+    /// Condition type.
+    pub const CONDITION: &str = "Deleting";
+    /// The Machine waits for its pre-terminate hooks to be removed.
+    pub const WAITING_FOR_PRE_TERMINATE_HOOK: &str = "WaitingForPreTerminateHook";
 }
 
 /// A reference to a contract object (v1beta2's `ContractVersionedObjectReference`).
@@ -63,6 +78,19 @@ pub struct ClusterSpec {
     pub infrastructure_ref: Option<ContractReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_ref: Option<ContractReference>,
+    /// Copied from the infrastructure cluster once it is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<Endpoint>,
+}
+
+/// Where the cluster's API server answers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
 }
 
 /// The part of a Cluster's status capo-rs reads.
@@ -131,6 +159,30 @@ pub struct Bootstrap {
 pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// The Node this machine became, once it joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ref: Option<NodeReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<MachineInitialization>,
+    /// v1beta2 conditions; `Deleting` says what a deletion waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReference {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineInitialization {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_provisioned: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_data_secret_created: Option<bool>,
 }
 
 /// Whether an object is paused: its Cluster says so, or the object carries the annotation.
@@ -144,6 +196,27 @@ pub fn cluster_name(labels: &BTreeMap<String, String>) -> Option<&str> {
         .get(labels::CLUSTER_NAME)
         .map(String::as_str)
         .filter(|name| !name.is_empty())
+}
+
+/// The pre-terminate hooks a Machine still carries.
+pub fn pre_terminate_hooks(annotations: &BTreeMap<String, String>) -> Vec<&str> {
+    annotations
+        .keys()
+        .filter(|key| key.starts_with(labels::PRE_TERMINATE_HOOK_PREFIX))
+        .map(String::as_str)
+        .collect()
+}
+
+/// Whether a deleting Machine says it waits for its pre-terminate hooks (the Machine
+/// controller has drained it and will terminate the infrastructure once they are gone).
+pub fn waits_for_pre_terminate_hooks(machine: &Machine) -> bool {
+    machine.metadata.deletion_timestamp.is_some()
+        && machine.status.as_ref().is_some_and(|status| {
+            status.conditions.iter().any(|c| {
+                c.type_ == deleting::CONDITION
+                    && c.reason == deleting::WAITING_FOR_PRE_TERMINATE_HOOK
+            })
+        })
 }
 
 /// Whether a Machine is a control-plane machine.

@@ -716,6 +716,10 @@ pub struct InstanceStatus {
     /// Nova server state (BUILD, ACTIVE, ERROR, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_state: Option<String>,
+    /// The failure domain (availability zone) the machine was placed in (Cluster API's
+    /// InfraMachine contract; machines only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_domain: Option<String>,
     /// Addresses of the server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
