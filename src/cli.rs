@@ -108,6 +108,13 @@ pub struct RunArgs {
     /// OpenStackClusters reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub openstackcluster_concurrency: u16,
+    /// OpenStackMachines reconciled at once.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub openstackmachine_concurrency: u16,
+    /// Times a control-plane machine's load balancer member in ERROR is deleted and created
+    /// again before the machine reports MemberError for a person to look.
+    #[arg(long, default_value_t = 3)]
+    pub member_repairs: u32,
     /// How often a settled object is looked at again for drift: 600, 600s, 10m or 1h.
     #[arg(long, default_value = "10m", value_parser = capo_provider::manager::parse_duration)]
     pub sync_period: Duration,
@@ -132,9 +139,11 @@ impl RunArgs {
             },
             server_concurrency: self.openstackserver_concurrency,
             cluster_concurrency: self.openstackcluster_concurrency,
+            machine_concurrency: self.openstackmachine_concurrency,
             controllers: capo_provider::controllers::ControllerConfig {
                 sync_period: self.sync_period,
                 instance: self.instance.clone(),
+                member_repairs: self.member_repairs,
                 ..defaults.controllers.clone()
             },
             engine: capo_provider::membership::EngineConfig {

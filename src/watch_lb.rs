@@ -210,5 +210,6 @@ async fn desired_from_cloud(client: &CloudClient, wanted: &str) -> anyhow::Resul
         pools,
         members,
         rollout_waiting: false,
+        leaving: Vec::new(),
     })
 }

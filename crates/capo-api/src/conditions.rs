@@ -85,6 +85,14 @@ pub mod reasons {
     ];
     /// The load balancer is disabled in the spec, so there is nothing to wait for.
     pub const LOAD_BALANCER_DISABLED: &str = "LoadBalancerDisabled";
+    /// APIServerLoadBalancerMemberReady of a worker: only control-plane machines join.
+    pub const NOT_CONTROL_PLANE: &str = "NotControlPlane";
+    /// The machine is leaving, but its member is the last ACTIVE one of its pool: held.
+    pub const LAST_ACTIVE_MEMBER: &str = "LastActiveMember";
+    /// The machine's members are being removed from the API load balancer.
+    pub const MEMBER_REMOVING: &str = "MemberRemoving";
+    /// Its members are gone from every pool.
+    pub const MEMBER_REMOVED: &str = "MemberRemoved";
     /// The server is being built.
     pub const INSTANCE_BUILDING: &str = "InstanceBuilding";
     /// The server is in ERROR.

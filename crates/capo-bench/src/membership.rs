@@ -375,6 +375,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
                 pools: BTreeMap::from([(6443, pool.clone())]),
                 members,
                 rollout_waiting: false,
+                leaving: Vec::new(),
             },
             &engine_client,
         );
@@ -581,6 +582,7 @@ impl Rollout {
             pools: BTreeMap::from([(6443, self.pool.clone())]),
             members: members.to_vec(),
             rollout_waiting: true,
+            leaving: Vec::new(),
         }
     }
 
@@ -956,6 +958,7 @@ pub fn steady(
                     })
                     .collect(),
                 rollout_waiting: false,
+                leaving: Vec::new(),
             };
             engine.ensure(desired, &engine_client);
         }

@@ -37,6 +37,9 @@ pub struct ControllerConfig {
     pub backoff: BackoffPolicy,
     /// `reportingInstance` of events (the pod's name in a cluster).
     pub instance: Option<String>,
+    /// Times a control-plane machine's API load balancer member in ERROR is deleted and
+    /// created again before the machine reports MemberError for a person to look.
+    pub member_repairs: u32,
 }
 
 impl Default for ControllerConfig {
@@ -47,6 +50,7 @@ impl Default for ControllerConfig {
             poll_max: Duration::from_secs(30),
             backoff: BackoffPolicy::default(),
             instance: None,
+            member_repairs: 3,
         }
     }
 }
@@ -73,6 +77,9 @@ pub struct Context {
     /// at the current generation within the sync period. Between those, a pass skips them
     /// (and a wake-up from the engine only refreshes the gate).
     steps: Mutex<HashMap<String, Steps>>,
+    /// In-memory notes about objects (when a member was created, when a removal began), by
+    /// object key and what. Lost on a restart; every use of them is safe without.
+    notes: Mutex<HashMap<(String, String), tokio::time::Instant>>,
 }
 
 impl Context {
@@ -96,6 +103,7 @@ impl Context {
             backoff: Mutex::new(Backoff::new(config.backoff)),
             wakes: Mutex::default(),
             steps: Mutex::default(),
+            notes: Mutex::default(),
             config,
         })
     }
@@ -147,6 +155,26 @@ impl Context {
         self.lock_backoff().forget(&key.to_owned());
         lock(&self.wakes).remove(key);
         lock(&self.steps).remove(key);
+        lock(&self.notes).retain(|(object, _), _| object != key);
+    }
+
+    /// Notes that `what` happened to `key` at `at` (the first time counts).
+    pub fn note(&self, key: &str, what: &str, at: tokio::time::Instant) {
+        lock(&self.notes)
+            .entry((key.to_owned(), what.to_owned()))
+            .or_insert(at);
+    }
+
+    /// When `what` was noted for `key`.
+    pub fn noted(&self, key: &str, what: &str) -> Option<tokio::time::Instant> {
+        lock(&self.notes)
+            .get(&(key.to_owned(), what.to_owned()))
+            .copied()
+    }
+
+    /// Forgets one note.
+    pub fn unnote(&self, key: &str, what: &str) {
+        lock(&self.notes).remove(&(key.to_owned(), what.to_owned()));
     }
 
     /// The engine observed something about `key` at `observed`; the earliest unwritten

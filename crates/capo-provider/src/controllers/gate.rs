@@ -34,13 +34,39 @@ pub fn member_address(machine: &OpenStackMachine) -> Option<&str> {
         .map(|a| a.address.as_str())
 }
 
-/// Whether the machine belongs in the cluster's API pools: a control-plane machine of the
-/// cluster (by Cluster API's labels), not being deleted, whose server has an address.
-pub fn wants_member(machine: &OpenStackMachine, cluster_name: &str) -> bool {
+/// On an OpenStackMachine whose members are being removed (its Machine is deleting): the
+/// machine controller sets it before it deletes a member, so the desired set drops the
+/// machine first and nothing creates the member again. The value is when removal began.
+pub const LEAVING_ANNOTATION: &str =
+    "infrastructure.cluster.x-k8s.io/capo-rs-leaving-load-balancer";
+
+/// Whether the machine's members are on their way out.
+pub fn is_leaving(machine: &OpenStackMachine) -> bool {
+    machine.metadata.deletion_timestamp.is_some()
+        || machine.annotations().contains_key(LEAVING_ANNOTATION)
+}
+
+fn is_cluster_control_plane(machine: &OpenStackMachine, cluster_name: &str) -> bool {
     capi::cluster_name(machine.labels()) == Some(cluster_name)
         && capi::is_control_plane(machine.labels())
-        && machine.metadata.deletion_timestamp.is_none()
+}
+
+/// Whether the machine belongs in the cluster's API pools: a control-plane machine of the
+/// cluster (by Cluster API's labels), not leaving, whose server has an address.
+pub fn wants_member(machine: &OpenStackMachine, cluster_name: &str) -> bool {
+    is_cluster_control_plane(machine, cluster_name)
+        && !is_leaving(machine)
         && member_address(machine).is_some()
+}
+
+/// The control-plane machines whose members are on their way out: the engine wakes them as
+/// it sees their members go.
+pub fn leaving_machines(cluster_name: &str, machines: &[OpenStackMachine]) -> Vec<ObjectName> {
+    machines
+        .iter()
+        .filter(|m| is_cluster_control_plane(m, cluster_name) && is_leaving(m))
+        .map(|m| ObjectName::new(m.namespace().unwrap_or_default(), m.name_any()))
+        .collect()
 }
 
 /// Every member the cluster's API load balancer should have: each wanted machine in the pool

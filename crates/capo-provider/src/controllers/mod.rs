@@ -13,6 +13,7 @@ pub mod credentials;
 pub mod error;
 pub mod gate;
 pub mod identity;
+pub mod machine;
 pub mod metrics;
 pub mod outcome;
 pub mod server;

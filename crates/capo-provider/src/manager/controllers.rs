@@ -13,7 +13,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
-use capo_api::{OpenStackMachine, OpenStackServer};
+use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::{Context, cluster, server};
+use crate::controllers::{Context, cluster, machine, server};
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -287,6 +287,150 @@ pub async fn run_clusters(
     until_stopped(controller, listed, shutdown).await;
 }
 
+/// What wakes an OpenStackMachine besides its own changes: the engine's wake-ups and
+/// re-syncs.
+pub struct MachineWakeups {
+    pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<machine::Watched>>,
+    pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
+/// The OpenStackMachine controller, until `shutdown`; reconciles in flight finish first.
+pub async fn run_machines(
+    ctx: Arc<Context>,
+    scope: &WatchScope,
+    concurrency: u16,
+    wakeups: MachineWakeups,
+    shutdown: CancellationToken,
+) {
+    type Watched = machine::Watched;
+    let client = ctx.client.clone();
+    let (reader, machines) = own_objects::<Watched>(scope, client.clone());
+    let capi_clusters = capi_cluster_changes(scope, client.clone());
+    // The Machine: its bootstrap data, its deletion and hooks.
+    let capi_machines = watch(
+        scope.api::<DeserializeGuard<capi::Machine>>(client.clone()),
+        scope.watcher_config(),
+    )
+    .predicate_filter(capi_machine_changes, Default::default());
+    // The machine's server, as it builds.
+    let servers = watch(
+        scope.api::<DeserializeGuard<OpenStackServer>>(client.clone()),
+        scope.watcher_config(),
+    )
+    .predicate_filter(predicates::resource_version, Default::default());
+    // The cluster's infrastructure: provisioned, its load balancer's pools, its deletion.
+    let infra = watch(
+        scope.api::<DeserializeGuard<OpenStackCluster>>(client),
+        scope.watcher_config(),
+    )
+    .predicate_filter(infra_changes, Default::default());
+    let by_cluster = reader.clone();
+    let by_infra = reader.clone();
+    let listed = reader.clone();
+    ctx.metrics
+        .controller_started(machine::CONTROLLER, usize::from(concurrency));
+    let controller = Controller::for_stream(machines, reader)
+        .watches_stream(capi_clusters, move |owner| {
+            let name = owner.name_any();
+            pick(&by_cluster, owner.namespace(), |object: &Watched| {
+                capi::cluster_name(object.labels()) == Some(name.as_str())
+            })
+        })
+        .watches_stream(capi_machines, |owner| {
+            let infrastructure = owner
+                .0
+                .as_ref()
+                .ok()
+                .and_then(|m| m.spec.infrastructure_ref.clone())
+                .filter(|r| r.kind == "OpenStackMachine");
+            infrastructure.map(|r| {
+                let mut object = ObjectRef::<Watched>::new(&r.name);
+                object.namespace = owner.namespace();
+                object
+            })
+        })
+        .watches_stream(servers, |server| {
+            let namespace = server.namespace();
+            server
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "OpenStackMachine")
+                .map(|o| {
+                    let mut object = ObjectRef::<Watched>::new(&o.name);
+                    object.namespace.clone_from(&namespace);
+                    object
+                })
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(infra, move |osc| {
+            let name = capi::cluster_name(osc.labels())
+                .map(str::to_owned)
+                .unwrap_or_else(|| osc.name_any());
+            pick(&by_infra, osc.namespace(), |object: &Watched| {
+                capi::cluster_name(object.labels()) == Some(name.as_str())
+            })
+        })
+        .reconcile_on(wakeups.changed)
+        .reconcile_all_on(wakeups.resync)
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(machine::reconcile, machine::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                log_controller_error(machine::CONTROLLER, &error);
+            }
+        });
+    until_stopped(controller, listed, shutdown).await;
+}
+
+/// What about a Machine matters to its OpenStackMachine.
+fn capi_machine_changes(machine: &DeserializeGuard<capi::Machine>) -> Option<u64> {
+    let Ok(machine) = machine.0.as_ref() else {
+        return Some(0);
+    };
+    let mut hasher = DefaultHasher::new();
+    let deleting_reason = machine.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == capi::deleting::CONDITION)
+            .map(|c| c.reason.clone())
+    });
+    (
+        machine.meta().deletion_timestamp.is_some(),
+        &machine.spec.bootstrap.data_secret_name,
+        &machine.spec.failure_domain,
+        capi::pre_terminate_hooks(machine.annotations()),
+        deleting_reason,
+        machine.spec.infrastructure_ref.as_ref().map(|r| &r.name),
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// What about an OpenStackCluster matters to its machines.
+fn infra_changes(cluster: &DeserializeGuard<OpenStackCluster>) -> Option<u64> {
+    let Ok(cluster) = cluster.0.as_ref() else {
+        return Some(0);
+    };
+    let mut hasher = DefaultHasher::new();
+    let status = cluster.status.as_ref();
+    let provisioned = status
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.provisioned);
+    let lb = status
+        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+        .map(|lb| {
+            let pools: Vec<(i32, &str)> = lb
+                .pools
+                .iter()
+                .map(|p| (p.port, p.pool_id.as_str()))
+                .collect();
+            (lb.id.as_str(), format!("{pools:?}"))
+        });
+    (provisioned, lb, cluster.meta().deletion_timestamp.is_some()).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 /// What about a machine changes its cluster's desired members.
 fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
     let machine = machine.0.as_ref().ok()?;
@@ -294,7 +438,7 @@ fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
     (
         capi::is_control_plane(machine.labels()),
         crate::controllers::gate::member_address(machine),
-        machine.meta().deletion_timestamp.is_some(),
+        crate::controllers::gate::is_leaving(machine),
         &machine.spec.provider_id,
     )
         .hash(&mut hasher);

@@ -33,6 +33,8 @@ pub struct ManagerConfig {
     pub server_concurrency: u16,
     /// Reconciles of OpenStackClusters at once (CAPO's default is 10).
     pub cluster_concurrency: u16,
+    /// Reconciles of OpenStackMachines at once (CAPO's default is 10).
+    pub machine_concurrency: u16,
     pub controllers: ControllerConfig,
     pub engine: EngineConfig,
     pub cloud: CloudOptions,
@@ -46,6 +48,7 @@ impl Default for ManagerConfig {
             scope: WatchScope::default(),
             server_concurrency: 10,
             cluster_concurrency: 10,
+            machine_concurrency: 10,
             controllers: ControllerConfig::default(),
             engine: EngineConfig::default(),
             cloud: CloudOptions::default(),
@@ -86,14 +89,15 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ManagerE
     kube::Client::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))
 }
 
-/// The CRDs the controllers watch: ours, and Cluster API's Cluster (for `spec.paused` and
-/// ownership).
+/// The CRDs the controllers watch: ours, and Cluster API's Cluster (`spec.paused`,
+/// ownership) and Machine (a machine's owner, its bootstrap data and deletion hooks).
 pub fn required_crds() -> Vec<String> {
     let mut names: Vec<String> = capo_api::crds::all()
         .iter()
         .filter_map(|crd| crd.metadata.name.clone())
         .collect();
     names.push(format!("clusters.{}", capo_api::capi::GROUP));
+    names.push(format!("machines.{}", capo_api::capi::GROUP));
     names
 }
 
@@ -171,7 +175,7 @@ pub async fn run(
         watch_filter = config.scope.watch_filter.as_deref().unwrap_or("(none)"),
         "controllers starting"
     );
-    let (senders, cluster_wakeups) = wakeups::channels();
+    let (senders, cluster_wakeups, machine_wakeups) = wakeups::channels();
     let bridge = tokio::spawn(wakeups::forward(
         engine.subscribe(),
         senders,
@@ -186,10 +190,17 @@ pub async fn run(
             shutdown.clone()
         ),
         controllers::run_clusters(
-            ctx,
+            ctx.clone(),
             &config.scope,
             config.cluster_concurrency,
             cluster_wakeups,
+            shutdown.clone()
+        ),
+        controllers::run_machines(
+            ctx,
+            &config.scope,
+            config.machine_concurrency,
+            machine_wakeups,
             shutdown.clone()
         ),
     );

@@ -8,26 +8,39 @@ use futures::channel::mpsc;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
-use super::controllers::ClusterWakeups;
-use crate::controllers::{Context, cluster};
+use super::controllers::{ClusterWakeups, MachineWakeups};
+use crate::controllers::{Context, cluster, machine};
 use crate::membership::{Changes, Notice, OwnerKind};
 
 /// The sending half of every controller's wake-ups.
 pub struct WakeupSenders {
     clusters: mpsc::UnboundedSender<ObjectRef<cluster::Watched>>,
     cluster_resync: mpsc::UnboundedSender<()>,
+    machines: mpsc::UnboundedSender<ObjectRef<machine::Watched>>,
+    machine_resync: mpsc::UnboundedSender<()>,
 }
 
-/// Channels for the cluster controller's wake-ups.
-pub fn channels() -> (WakeupSenders, ClusterWakeups) {
-    let (clusters, changed) = mpsc::unbounded();
-    let (cluster_resync, resync) = mpsc::unbounded();
+/// Channels for the cluster and machine controllers' wake-ups.
+pub fn channels() -> (WakeupSenders, ClusterWakeups, MachineWakeups) {
+    let (clusters, cluster_changed) = mpsc::unbounded();
+    let (cluster_resync, cluster_resync_received) = mpsc::unbounded();
+    let (machines, machine_changed) = mpsc::unbounded();
+    let (machine_resync, machine_resync_received) = mpsc::unbounded();
     (
         WakeupSenders {
             clusters,
             cluster_resync,
+            machines,
+            machine_resync,
         },
-        ClusterWakeups { changed, resync },
+        ClusterWakeups {
+            changed: cluster_changed,
+            resync: cluster_resync_received,
+        },
+        MachineWakeups {
+            changed: machine_changed,
+            resync: machine_resync_received,
+        },
     )
 }
 
@@ -49,19 +62,24 @@ pub async fn forward(
             None => return,
             Some(Notice::Resync { .. }) => {
                 let _ = senders.cluster_resync.unbounded_send(());
+                let _ = senders.machine_resync.unbounded_send(());
             }
             Some(Notice::Changed(change)) => {
                 for (kind, object) in change.wakes() {
-                    // OpenStackMachines are woken by their own controller (a later part).
-                    if kind != OwnerKind::OpenStackCluster {
-                        continue;
+                    match kind {
+                        OwnerKind::OpenStackCluster => {
+                            ctx.note_wake(
+                                cluster::object_key(&object.namespace, &object.name),
+                                change.observed,
+                            );
+                            let target = ObjectRef::new(&object.name).within(&object.namespace);
+                            let _ = senders.clusters.unbounded_send(target);
+                        }
+                        OwnerKind::OpenStackMachine => {
+                            let target = ObjectRef::new(&object.name).within(&object.namespace);
+                            let _ = senders.machines.unbounded_send(target);
+                        }
                     }
-                    ctx.note_wake(
-                        cluster::object_key(&object.namespace, &object.name),
-                        change.observed,
-                    );
-                    let target = ObjectRef::new(&object.name).within(&object.namespace);
-                    let _ = senders.clusters.unbounded_send(target);
                 }
             }
         }

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use super::changes::{Change, Changes};
 use super::metrics::{EngineMetrics, EngineTask, MemberStateLabels, PollKind};
-use super::model::{DesiredLb, LbTrack, MemberTrack, Presence};
+use super::model::{DesiredLb, LbTrack, MemberTrack, Presence, SeenMember};
 use super::observe::{Observer, Seen, StatusTreeObserver};
 use super::schedule::{Finish, Pick, PollOutcome, ScheduleConfig, Scheduler};
 use super::verdict::{
@@ -67,6 +67,8 @@ pub struct Snapshot {
     pub verdict: LbVerdict,
     pub health: Health,
     pub members: Vec<MemberTrack>,
+    /// Members seen in the LB's pools that nobody wants (members on their way out).
+    pub stale: Vec<SeenMember>,
     pub last_poll: Option<Instant>,
 }
 
@@ -297,6 +299,7 @@ impl Engine {
             verdict: entry.verdict.clone(),
             health: health(&entry.track),
             members: entry.track.members.clone(),
+            stale: entry.track.stale.clone(),
             last_poll: entry.track.last_poll,
         })
     }

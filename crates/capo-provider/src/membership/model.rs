@@ -61,6 +61,9 @@ pub struct DesiredLb {
     /// A rollout waits on this LB: while something is on its way, its polls go before other
     /// urgent work (see the scheduler for the share the rest keeps).
     pub rollout_waiting: bool,
+    /// OpenStackMachines whose members are on their way out of the pools: not desired, but
+    /// woken by every change, so each sees its member go.
+    pub leaving: Vec<ObjectName>,
 }
 
 /// A member as one poll saw it.
@@ -267,12 +270,13 @@ impl LbTrack {
         changed
     }
 
-    /// The OpenStackMachines behind this LB's desired members, each once.
+    /// The OpenStackMachines behind this LB's desired members, and those leaving it, each once.
     pub fn machines(&self) -> Vec<ObjectName> {
         let mut machines: Vec<ObjectName> = self
             .members
             .iter()
             .map(|m| m.desired.owner.clone())
+            .chain(self.desired.leaving.iter().cloned())
             .collect();
         machines.sort();
         machines.dedup();
@@ -319,6 +323,7 @@ pub(crate) mod tests {
             pools: BTreeMap::from([(6443, "pool".to_owned())]),
             members,
             rollout_waiting: false,
+            leaving: Vec::new(),
         }
     }
 

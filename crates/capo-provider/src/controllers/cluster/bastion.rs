@@ -4,7 +4,6 @@
 
 use capo_api::capi;
 use capo_api::cluster::{BastionStatus, OpenStackClusterStatus};
-use capo_api::common::{IdOrFilter, PortOpts};
 use capo_api::conditions::{self, types};
 use capo_api::{OpenStackClusterSpec, OpenStackServer, OpenStackServerSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -15,6 +14,7 @@ use super::load_balancer::find_floating_ip;
 use super::plan;
 use super::{ClusterError, Pass};
 use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::machine::{self, plan::Placement};
 use crate::controllers::outcome::Outcome;
 
 /// Whether the spec asks for a bastion.
@@ -32,56 +32,17 @@ pub fn server_spec(
 ) -> Option<OpenStackServerSpec> {
     let bastion = spec.bastion.as_ref()?;
     let machine = bastion.spec.as_ref()?;
-    let network = status.network.as_ref().map(|n| n.id.clone());
-    let mut ports = machine.ports.clone();
-    if ports.is_empty() {
-        ports.push(PortOpts::default());
-    }
-    for port in &mut ports {
-        if port.network.is_none() {
-            port.network = network.clone().map(|id| IdOrFilter {
-                id: Some(id),
-                filter: None,
-            });
-        }
-    }
-    let mut security_groups = machine.security_groups.clone();
-    if let Some(group) = &status.bastion_security_group {
-        let own = IdOrFilter {
-            id: Some(group.id.clone()),
-            filter: None,
-        };
-        if !security_groups.contains(&own) {
-            security_groups.push(own);
-        }
-    }
-    let mut tags = machine.tags.clone();
-    tags.extend(spec.tags.iter().cloned());
-    tags.sort();
-    tags.dedup();
-    Some(OpenStackServerSpec {
-        flavor: machine.flavor.filter.as_ref().and_then(|f| f.name.clone()),
-        flavor_id: machine.flavor.id.clone(),
-        image: machine.image.clone(),
-        ssh_key_name: machine.ssh_key_name.clone().unwrap_or_default(),
-        ports,
-        security_groups,
-        trunk: machine.trunk,
-        tags,
-        server_metadata: machine.server_metadata.clone(),
-        config_drive: machine.config_drive,
-        root_volume: machine.root_volume.clone(),
-        additional_block_devices: machine.additional_block_devices.clone(),
-        server_group: machine.server_group.clone(),
-        identity_ref: machine
-            .identity_ref
-            .clone()
-            .unwrap_or_else(|| spec.identity_ref.clone()),
-        floating_ip_pool_ref: None,
+    let placement = Placement {
+        cluster: spec,
+        status,
+        role_security_group: status.bastion_security_group.as_ref().map(|g| g.id.clone()),
         availability_zone: bastion.availability_zone.clone(),
-        scheduler_hint_additional_properties: machine.scheduler_hint_additional_properties.clone(),
-        user_data_ref: None,
-    })
+        user_data: None,
+    };
+    let mut server = machine::plan::server_spec(machine, &placement);
+    // A bastion takes no floating IP from a pool: the cluster attaches its own.
+    server.floating_ip_pool_ref = None;
+    Some(server)
 }
 
 /// Brings the bastion to the spec: created, replaced, or removed.

@@ -691,6 +691,7 @@ async fn publish_gate(
         pools: pools.clone(),
         members,
         rollout_waiting,
+        leaving: gate::leaving_machines(&pass.capi_name, &machines),
     };
     pass.ctx.engine.ensure(desired, cloud);
     let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {

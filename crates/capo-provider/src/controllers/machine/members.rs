@@ -1,0 +1,568 @@
+//! A control-plane machine's members in its cluster's API load balancer: joining (create,
+//! repair, release once ACTIVE everywhere), and leaving (capo-rs's pre-terminate hook on the
+//! Machine, or the machine's own deletion), never taking the last ACTIVE member of a pool.
+//!
+//! The engine's snapshot is what the machine sees: no poll of our own. Each change here asks
+//! the engine to look soon (`changed_under`), and its change wakes the machine.
+
+use std::collections::BTreeMap;
+
+use capo_api::OpenStackCluster;
+use capo_api::capi::{self, Machine};
+use capo_api::common::{IdentityRef, InstanceStatus};
+use capo_api::conditions::{self, Desired, Status, reasons, types};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::plan::{self, JoinStep, LeaveStep, Leaving, Pool};
+use super::{MachineError, Owners, Pass};
+use crate::cloud::octavia::{MemberSpec, ProvisioningStatus};
+use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::cluster::plan::{Names, load_balancer as lb_spec};
+use crate::controllers::gate;
+use crate::controllers::outcome::Outcome;
+use crate::membership::{Presence, Snapshot};
+
+/// On an OpenStackMachine: how many times its members in ERROR were deleted to be created
+/// again. Kept on the object so that a restart does not reset the bound.
+pub const REPAIRS_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/capo-rs-lb-member-repairs";
+
+/// The cluster's API load balancer, as a control-plane machine needs it.
+pub struct LbRef {
+    pub id: String,
+    pub pools: Vec<Pool>,
+    pub names: Names,
+    pub identity: IdentityRef,
+    /// The cluster is going away: its load balancer goes with every member at once.
+    pub cluster_deleting: bool,
+}
+
+/// The load balancer a machine joins: only control-plane machines, only when the cluster
+/// has one and has recorded its pools.
+pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster) -> Option<LbRef> {
+    if !capi::is_control_plane(pass.osm.labels()) {
+        return None;
+    }
+    lb_spec(&infra.spec)?;
+    let recorded = infra
+        .status
+        .as_ref()?
+        .api_server_managed_load_balancer
+        .as_ref()?;
+    let pools: Vec<Pool> = recorded
+        .pools
+        .iter()
+        .filter_map(|p| {
+            Some(Pool {
+                port: u16::try_from(p.port).ok()?,
+                id: p.pool_id.clone(),
+            })
+        })
+        .collect();
+    if pools.is_empty() || recorded.id.is_empty() {
+        return None;
+    }
+    let cluster_deleting = infra.metadata.deletion_timestamp.is_some()
+        || owners
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+    Some(LbRef {
+        id: recorded.id.clone(),
+        pools,
+        names: Names::new(&infra.namespace().unwrap_or_default(), &infra.name_any()),
+        identity: infra.spec.identity_ref.clone(),
+        cluster_deleting,
+    })
+}
+
+/// The gate for a control-plane machine whose server runs: join, or leave when its Machine
+/// waits for capo-rs's pre-terminate hook.
+pub async fn reconcile(
+    pass: &Pass<'_>,
+    machine: &Machine,
+    lb: &LbRef,
+    status: &mut InstanceStatus,
+) -> Result<Outcome, MachineError> {
+    if machine.metadata.deletion_timestamp.is_some() {
+        let ours = machine
+            .annotations()
+            .contains_key(capi::labels::LB_MEMBER_HOOK);
+        if !(ours && capi::waits_for_pre_terminate_hooks(machine)) {
+            // Draining, or our hook is gone: the Machine's next change wakes us.
+            return Ok(Outcome::Settled);
+        }
+        return match leave(pass, lb, status).await? {
+            Left::Done => {
+                drop_hook(pass, machine).await?;
+                Ok(Outcome::Settled)
+            }
+            Left::Waiting(outcome) => Ok(outcome),
+        };
+    }
+    ensure_hook(pass, machine).await?;
+    join(pass, lb, status).await
+}
+
+async fn cloud(pass: &Pass<'_>, lb: &LbRef) -> Result<CloudClient, MachineError> {
+    Ok(crate::controllers::identity::cloud_client(pass.ctx, &pass.namespace, &lb.identity).await?)
+}
+
+fn set(pass: &Pass<'_>, status: &mut InstanceStatus, reason: &str, state: Status, message: String) {
+    let condition = Desired::new(
+        types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
+        state,
+        reason,
+        message,
+    );
+    pass.set(status, &condition);
+}
+
+fn created_note(port: u16) -> String {
+    format!("member-created/{port}")
+}
+
+const REMOVAL_NOTE: &str = "member-removal";
+
+async fn join(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    status: &mut InstanceStatus,
+) -> Result<Outcome, MachineError> {
+    let safety_net = Outcome::Poll(pass.ctx.config.poll_max);
+    let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
+        let message = "waiting for the membership engine's first look at the load balancer";
+        set(
+            pass,
+            status,
+            reasons::LOAD_BALANCER_NOT_OBSERVED,
+            Status::Unknown,
+            message.into(),
+        );
+        return Ok(safety_net);
+    };
+    let Some(views) = plan::member_views(&snapshot, &pass.name, &lb.pools) else {
+        let message = "waiting for the cluster to add this machine to its load balancer's members";
+        set(
+            pass,
+            status,
+            reasons::MEMBERS_MISSING,
+            Status::False,
+            message.into(),
+        );
+        return Ok(safety_net);
+    };
+    let repairs = repairs(pass);
+    let max_repairs = pass.ctx.config.member_repairs;
+    let created_unseen = |port: u16| {
+        pass.ctx
+            .noted(pass.key, &created_note(port))
+            .is_some_and(|at| {
+                snapshot.last_poll.is_none_or(|polled| polled <= at)
+                    && at.elapsed() < plan::CREATE_UNSEEN_FOR
+            })
+    };
+    let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
+    let step = plan::join_step(&views, lb_active, repairs, max_repairs, created_unseen);
+    let now = Instant::now();
+    pass.set(
+        status,
+        &plan::join_condition(&step, &views, repairs, max_repairs, now),
+    );
+    match step {
+        JoinStep::Released => {
+            if super::release(pass, status).await? {
+                let waited = requested_ago(&snapshot, &pass.name, now);
+                let note = format!(
+                    "member ACTIVE in every pool after {waited}s: machine released to Cluster API (providerID set)"
+                );
+                pass.event(EventType::Normal, "MemberActive", note).await;
+                if repairs > 0 {
+                    let note = format!("member ACTIVE again after {repairs} repairs");
+                    pass.event(EventType::Normal, "MemberRepaired", note).await;
+                }
+            }
+            Ok(Outcome::Settled)
+        }
+        JoinStep::Create { port } => {
+            create_member(pass, lb, status, port).await?;
+            Ok(safety_net)
+        }
+        JoinStep::Repair { port, member_id } => {
+            repair_member(pass, lb, port, &member_id, repairs).await?;
+            Ok(safety_net)
+        }
+        JoinStep::Failed { .. } => Ok(Outcome::Settled),
+        JoinStep::Stuck { .. } | JoinStep::Wait => Ok(safety_net),
+    }
+}
+
+/// How long ago the machine's first member was asked for, in whole seconds.
+fn requested_ago(snapshot: &Snapshot, machine: &str, now: Instant) -> u64 {
+    snapshot
+        .members
+        .iter()
+        .filter(|m| m.desired.name == machine)
+        .map(|m| {
+            now.saturating_duration_since(m.desired.requested_at)
+                .as_secs()
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+async fn create_member(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    status: &InstanceStatus,
+    port: u16,
+) -> Result<(), MachineError> {
+    let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
+        return Ok(());
+    };
+    let Some(address) = status
+        .addresses
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone())
+    else {
+        return Ok(());
+    };
+    let cloud = cloud(pass, lb).await?;
+    let name = lb.names.member(port, &pass.name);
+    let spec = MemberSpec::new(&name, &address, port);
+    let noted = || {
+        pass.ctx.unnote(pass.key, &created_note(port));
+        pass.ctx.note(pass.key, &created_note(port), Instant::now());
+    };
+    match cloud.octavia().create_member(&pool.id, &spec).await {
+        Ok(member) => {
+            noted();
+            tracing::info!(lb = %lb.id, member = %member.id, port, %address, "member created");
+            let note = format!(
+                "member {name} ({address}:{port}) created in pool {}",
+                pool.id
+            );
+            pass.event(EventType::Normal, "MemberCreated", note).await;
+        }
+        // Already there (a create whose answer was lost): the engine will show it.
+        Err(CloudError::Conflict(_)) => noted(),
+        // The load balancer is locked: its unlock wakes us.
+        Err(CloudError::Busy(_)) => {}
+        Err(error) => {
+            return Err(MachineError::cloud("creating the load balancer member")(
+                error,
+            ));
+        }
+    }
+    pass.ctx.engine.changed_under(&lb.id);
+    Ok(())
+}
+
+async fn repair_member(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    port: u16,
+    member_id: &str,
+    repairs: u32,
+) -> Result<(), MachineError> {
+    let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
+        return Ok(());
+    };
+    let cloud = cloud(pass, lb).await?;
+    match cloud.octavia().delete_member(&pool.id, member_id).await {
+        Ok(()) | Err(CloudError::NotFound(_)) => {
+            set_annotation(pass, REPAIRS_ANNOTATION, Some((repairs + 1).to_string())).await?;
+            let note = format!(
+                "member for port {port} in ERROR: deleted to create it again (repair {} of {})",
+                repairs + 1,
+                pass.ctx.config.member_repairs
+            );
+            tracing::warn!(lb = %lb.id, member = member_id, port, "repairing a member in ERROR");
+            pass.event(EventType::Warning, "MemberRepairing", note)
+                .await;
+        }
+        Err(CloudError::Busy(_)) => {}
+        Err(error) => return Err(MachineError::cloud("deleting the member in ERROR")(error)),
+    }
+    pass.ctx.engine.changed_under(&lb.id);
+    Ok(())
+}
+
+fn repairs(pass: &Pass<'_>) -> u32 {
+    pass.osm
+        .annotations()
+        .get(REPAIRS_ANNOTATION)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// How a removal pass ended.
+pub enum Left {
+    /// The members are gone (or there never were any): go on.
+    Done,
+    Waiting(Outcome),
+}
+
+/// Removes the machine's members from every pool and confirms they are gone, one change per
+/// pass; holds the last ACTIVE member of a pool while the cluster stays.
+pub async fn leave(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    status: &mut InstanceStatus,
+) -> Result<Left, MachineError> {
+    if lb.cluster_deleting {
+        // The load balancer goes with the cluster, every member with it.
+        return Ok(Left::Done);
+    }
+    let Some(address) = gate::member_address(pass.osm).map(str::to_owned) else {
+        return Ok(Left::Done);
+    };
+    let safety_net = Left::Waiting(Outcome::Poll(pass.ctx.config.poll_max));
+    let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
+        let message = "removing: waiting for the membership engine's first look".to_owned();
+        set(
+            pass,
+            status,
+            reasons::MEMBER_REMOVING,
+            Status::False,
+            message,
+        );
+        return Ok(safety_net);
+    };
+    let present = leaving_members(&snapshot, &pass.name, &address, &lb.pools);
+    let now = Instant::now();
+    pass.ctx.note(pass.key, REMOVAL_NOTE, now);
+    let started = pass.ctx.noted(pass.key, REMOVAL_NOTE).unwrap_or(now);
+    let fresh = snapshot.last_poll.is_some_and(|polled| polled > started);
+    let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
+    match plan::leave_step(&present, false, fresh, lb_active) {
+        LeaveStep::Hold { port } => {
+            let message = format!(
+                "removal held: this machine's member is the last ACTIVE one of the pool for port {port}; it goes once another member is ACTIVE"
+            );
+            set(
+                pass,
+                status,
+                reasons::LAST_ACTIVE_MEMBER,
+                Status::True,
+                message,
+            );
+            Ok(safety_net)
+        }
+        LeaveStep::Delete {
+            port,
+            pool_id,
+            member_id,
+        } => {
+            mark_leaving(pass).await?;
+            let cloud = cloud(pass, lb).await?;
+            match cloud.octavia().delete_member(&pool_id, &member_id).await {
+                Ok(()) | Err(CloudError::NotFound(_)) => {
+                    // Only a poll after this delete can confirm it.
+                    pass.ctx.unnote(pass.key, REMOVAL_NOTE);
+                    pass.ctx.note(pass.key, REMOVAL_NOTE, Instant::now());
+                    tracing::info!(lb = %lb.id, member = %member_id, port, "removing the member");
+                    let note = format!("removing the member for port {port} from pool {pool_id}");
+                    pass.event(EventType::Normal, "MemberRemoving", note).await;
+                }
+                Err(CloudError::Busy(_)) => {}
+                Err(error) => return Err(MachineError::cloud("deleting the member")(error)),
+            }
+            pass.ctx.engine.changed_under(&lb.id);
+            let message = format!("removing the member for port {port}");
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVING,
+                Status::False,
+                message,
+            );
+            Ok(safety_net)
+        }
+        LeaveStep::WaitGone => {
+            mark_leaving(pass).await?;
+            pass.ctx.engine.changed_under(&lb.id);
+            let message = "removing: waiting to see the members gone and the load balancer ACTIVE";
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVING,
+                Status::False,
+                message.into(),
+            );
+            Ok(safety_net)
+        }
+        LeaveStep::Confirmed => {
+            pass.ctx.unnote(pass.key, REMOVAL_NOTE);
+            let message = "removed from every pool; the load balancer is ACTIVE";
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVED,
+                Status::False,
+                message.into(),
+            );
+            pass.event(
+                EventType::Normal,
+                "MemberRemoved",
+                format!("removal confirmed: {address} is gone from every pool and the load balancer is ACTIVE"),
+            )
+            .await;
+            Ok(Left::Done)
+        }
+    }
+}
+
+/// The machine's members still in the pools, each with how many other members of its pool
+/// serve. Only desired members count as others: another machine's leaving member may be
+/// on its way out too.
+fn leaving_members(
+    snapshot: &Snapshot,
+    machine: &str,
+    address: &str,
+    pools: &[Pool],
+) -> Vec<Leaving> {
+    let mut present = Vec::new();
+    for pool in pools {
+        let tracked = snapshot.members.iter().find_map(|m| {
+            let mine = m.desired.name == machine && m.desired.port == pool.port;
+            match (mine, m.presence, &m.id) {
+                (true, Presence::Seen(status), Some(id)) => Some((id.clone(), status)),
+                _ => None,
+            }
+        });
+        let stale = snapshot
+            .stale
+            .iter()
+            .find(|m| m.pool_id == pool.id && m.address == address && m.port == pool.port)
+            .map(|m| (m.id.clone(), m.provisioning));
+        let Some((member_id, status)) = tracked.or(stale) else {
+            continue;
+        };
+        if status == ProvisioningStatus::Deleted {
+            continue;
+        }
+        let others_active = snapshot
+            .members
+            .iter()
+            .filter(|m| {
+                m.pool_id.as_deref() == Some(pool.id.as_str())
+                    && m.desired.name != machine
+                    && m.presence == Presence::Seen(ProvisioningStatus::Active)
+            })
+            .count();
+        present.push(Leaving {
+            port: pool.port,
+            pool_id: pool.id.clone(),
+            member_id,
+            status,
+            others_active,
+        });
+    }
+    present
+}
+
+/// Takes the machine out of the desired members before its member is deleted, so nothing
+/// creates it again.
+async fn mark_leaving(pass: &Pass<'_>) -> Result<(), MachineError> {
+    if pass
+        .osm
+        .annotations()
+        .contains_key(gate::LEAVING_ANNOTATION)
+    {
+        return Ok(());
+    }
+    set_annotation(pass, gate::LEAVING_ANNOTATION, Some(pass.now.to_string())).await
+}
+
+async fn set_annotation(
+    pass: &Pass<'_>,
+    key: &str,
+    value: Option<String>,
+) -> Result<(), MachineError> {
+    let api: Api<capo_api::OpenStackMachine> =
+        Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
+    let patch = Patch::Merge(json!({ "metadata": { "annotations": { key: value } } }));
+    api.patch(&pass.name, &PatchParams::default(), &patch)
+        .await
+        .map_err(MachineError::kube("annotating the OpenStackMachine"))?;
+    Ok(())
+}
+
+async fn patch_machine_hook(
+    pass: &Pass<'_>,
+    machine: &Machine,
+    value: Option<&str>,
+) -> Result<(), MachineError> {
+    let api: Api<Machine> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
+    let patch = Patch::Merge(json!({
+        "metadata": { "annotations": { capi::labels::LB_MEMBER_HOOK: value } }
+    }));
+    match api
+        .patch(&machine.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(MachineError::kube(
+            "writing the pre-terminate hook on the Machine",
+        )(e)),
+    }
+}
+
+/// Puts capo-rs's pre-terminate hook on the control-plane Machine, so that Cluster API waits
+/// for the member's removal before it terminates the machine.
+async fn ensure_hook(pass: &Pass<'_>, machine: &Machine) -> Result<(), MachineError> {
+    if machine
+        .annotations()
+        .contains_key(capi::labels::LB_MEMBER_HOOK)
+    {
+        return Ok(());
+    }
+    patch_machine_hook(pass, machine, Some("")).await
+}
+
+/// Removes capo-rs's pre-terminate hook: the member is gone.
+pub async fn drop_hook(pass: &Pass<'_>, machine: &Machine) -> Result<(), MachineError> {
+    if !machine
+        .annotations()
+        .contains_key(capi::labels::LB_MEMBER_HOOK)
+    {
+        return Ok(());
+    }
+    patch_machine_hook(pass, machine, None).await?;
+    tracing::info!(machine = %machine.name_any(), "pre-terminate hook removed");
+    Ok(())
+}
+
+/// Warning events for what needs a person, once per transition of the member condition.
+pub async fn announce(pass: &Pass<'_>, before: Option<&InstanceStatus>, after: &InstanceStatus) {
+    let type_ = types::API_SERVER_LOAD_BALANCER_MEMBER_READY;
+    let reason_of = |status: Option<&InstanceStatus>| {
+        status
+            .and_then(|s| conditions::find(&s.conditions, type_))
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((reason, message)) = reason_of(Some(after)) else {
+        return;
+    };
+    let was = reason_of(before).map(|(reason, _)| reason);
+    if was.as_deref() == Some(reason.as_str()) {
+        return;
+    }
+    let warnings: BTreeMap<&str, &str> = [
+        (reasons::MEMBER_STUCK, "MemberStuck"),
+        (reasons::MEMBER_ERROR, "MemberError"),
+        (reasons::LAST_ACTIVE_MEMBER, "MemberRemovalHeld"),
+    ]
+    .into_iter()
+    .collect();
+    if let Some(event_reason) = warnings.get(reason.as_str()) {
+        tracing::warn!(reason = %reason, %message, "load balancer member needs attention");
+        pass.event(EventType::Warning, event_reason, message).await;
+    }
+}

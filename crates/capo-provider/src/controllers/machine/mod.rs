@@ -1,0 +1,558 @@
+//! The OpenStackMachine reconciler: Cluster API's InfraMachine, and the rollout gate.
+//!
+//! observe (the Machine, the Cluster, the OpenStackCluster, the machine's OpenStackServer,
+//! the engine's snapshot) -> plan ([`plan`]: pure) -> apply (the server object; one member
+//! change per pass) -> status (one patch).
+//!
+//! A machine waits for its Machine owner, the cluster's infrastructure and its bootstrap
+//! data, then gets an OpenStackServer (the server controller builds it). A control-plane
+//! machine of a cluster with an API load balancer then joins every pool, and only once the
+//! engine sees its member ACTIVE in each is it released: `spec.providerID` and
+//! `status.initialization.provisioned`. That is what holds Cluster API's rollout back. On
+//! the way out (capo-rs's pre-terminate hook on the Machine, or the machine's own deletion)
+//! its members are removed and seen gone before anything else goes.
+
+mod members;
+pub mod plan;
+
+use std::sync::Arc;
+
+use capo_api::capi::{self, Cluster, Machine};
+use capo_api::common::{Initialization, InstanceStatus};
+use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
+use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::Instrument;
+
+use super::error::{Categorized, ErrorCategory};
+use super::identity::IdentityError;
+use super::outcome::Outcome;
+use super::{Context, writes};
+use crate::cloud::CloudError;
+
+/// The `controller` label of metrics and the span name.
+pub const CONTROLLER: &str = "openstackmachine";
+
+/// What the watch hands us: the object, or why it could not be read.
+pub type Watched = DeserializeGuard<OpenStackMachine>;
+
+/// The status fields this controller writes (and so removes when it no longer has them).
+const STATUS_FIELDS: &[&str] = &[
+    "initialization",
+    "instanceID",
+    "instanceState",
+    "failureDomain",
+    "addresses",
+    "resolved",
+    "resources",
+    "conditions",
+    "observedGeneration",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("{action}: {source}")]
+    Cloud {
+        action: String,
+        #[source]
+        source: CloudError,
+    },
+}
+
+impl Categorized for MachineError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            MachineError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            MachineError::Identity(error) => error.category(),
+            MachineError::InvalidSpec(_) => ErrorCategory::InvalidSpec,
+            MachineError::Cloud { source, .. } => source.category(),
+        }
+    }
+}
+
+impl MachineError {
+    pub(crate) fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> MachineError {
+        let what = what.into();
+        move |source| MachineError::Kubernetes { what, source }
+    }
+
+    pub(crate) fn cloud(action: impl Into<String>) -> impl FnOnce(CloudError) -> MachineError {
+        let action = action.into();
+        move |source| MachineError::Cloud { action, source }
+    }
+}
+
+/// The key of an OpenStackMachine in the context's per-object state.
+pub fn object_key(namespace: &str, name: &str) -> String {
+    format!("{CONTROLLER}/{namespace}/{name}")
+}
+
+fn backoff_key(object: &Watched) -> String {
+    object_key(&object.namespace().unwrap_or_default(), &object.name_any())
+}
+
+/// One reconcile, as kube-runtime's `Controller` calls it.
+pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, MachineError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        controller = CONTROLLER,
+        namespace = %object.namespace().unwrap_or_default(),
+        machine = %object.name_any(),
+        generation = object.meta().generation.unwrap_or_default(),
+    );
+    let key = backoff_key(&object);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let result = async {
+        match &object.0 {
+            Ok(machine) => reconcile_machine(machine, &ctx, &key).await,
+            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        }
+    }
+    .instrument(span)
+    .await;
+    super::conclude(&ctx, reconciling, &key, result)
+}
+
+/// After a failed reconcile: back off, or wait.
+pub fn error_policy(object: Arc<Watched>, error: &MachineError, ctx: Arc<Context>) -> Action {
+    ctx.after_error(&backoff_key(&object), error.category())
+}
+
+/// The objects a machine hangs from, as far as they exist.
+struct Owners {
+    machine: Option<Machine>,
+    cluster: Option<Cluster>,
+    infra: Option<OpenStackCluster>,
+}
+
+/// Everything one pass knows.
+struct Pass<'a> {
+    osm: &'a OpenStackMachine,
+    ctx: &'a Context,
+    key: &'a str,
+    namespace: String,
+    name: String,
+    generation: Option<i64>,
+    now: Timestamp,
+}
+
+impl Pass<'_> {
+    fn set(&self, status: &mut InstanceStatus, condition: &Desired<'_>) {
+        conditions::set(&mut status.conditions, condition, self.generation, self.now);
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let regarding = self.osm.object_ref(&());
+        self.ctx
+            .event(&regarding, type_, reason, "LoadBalancerMember", note)
+            .await;
+    }
+}
+
+async fn reconcile_machine(
+    osm: &OpenStackMachine,
+    ctx: &Context,
+    key: &str,
+) -> Result<Outcome, MachineError> {
+    let namespace = osm.namespace().unwrap_or_default();
+    let api: Api<OpenStackMachine> = Api::namespaced(ctx.client.clone(), &namespace);
+    let owners = observe(ctx, osm, &namespace).await?;
+    let before = osm.status.clone();
+    let mut status = before.clone().unwrap_or_default();
+    let generation = osm.meta().generation;
+    let now = Timestamp::now();
+    conditions::initialize(&mut status.conditions, owned::MACHINE, generation, now);
+    let paused = capi::is_paused(owners.cluster.as_ref(), osm.annotations());
+    conditions::set(
+        &mut status.conditions,
+        &conditions::paused(paused),
+        generation,
+        now,
+    );
+    if paused {
+        write_status(&api, osm, before.as_ref(), &status).await?;
+        return Ok(Outcome::Paused);
+    }
+    let pass = Pass {
+        osm,
+        ctx,
+        key,
+        name: osm.name_any(),
+        namespace,
+        generation,
+        now,
+    };
+    let deleting = osm.meta().deletion_timestamp.is_some();
+    let result = if deleting {
+        delete(&pass, &api, &owners, &mut status).await
+    } else {
+        provision(&pass, &api, &owners, &mut status).await
+    };
+    if let Err(error) = &result {
+        report_error(&pass, &mut status, error).await;
+    }
+    if matches!(result, Ok(Outcome::Deleted)) {
+        return result;
+    }
+    status.observed_generation = generation;
+    super::set_ready(
+        &mut status.conditions,
+        owned::MACHINE_READY_FROM,
+        generation,
+        now,
+    );
+    members::announce(&pass, before.as_ref(), &status).await;
+    write_status(&api, osm, before.as_ref(), &status).await?;
+    result
+}
+
+/// The Machine that owns the OpenStackMachine, its Cluster and the OpenStackCluster.
+async fn observe(
+    ctx: &Context,
+    osm: &OpenStackMachine,
+    namespace: &str,
+) -> Result<Owners, MachineError> {
+    let machine = match osm
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine" && o.api_version.starts_with(capi::GROUP))
+    {
+        Some(owner) => {
+            let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), namespace);
+            machines
+                .get_opt(&owner.name)
+                .await
+                .map_err(MachineError::kube("reading the owning Machine"))?
+        }
+        None => None,
+    };
+    let cluster = super::owning_cluster(ctx, namespace, osm.labels())
+        .await
+        .map_err(MachineError::kube("reading the owning Cluster"))?;
+    let infra_name = cluster
+        .as_ref()
+        .and_then(|c| c.spec.infrastructure_ref.as_ref())
+        .filter(|r| r.kind == "OpenStackCluster")
+        .map(|r| r.name.clone())
+        .or_else(|| cluster.as_ref().map(ResourceExt::name_any));
+    let infra = match infra_name {
+        Some(name) => {
+            let clusters: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), namespace);
+            clusters
+                .get_opt(&name)
+                .await
+                .map_err(MachineError::kube("reading the OpenStackCluster"))?
+        }
+        None => None,
+    };
+    Ok(Owners {
+        machine,
+        cluster,
+        infra,
+    })
+}
+
+/// Waiting for something Cluster API provides: said on InstanceReady, nothing touched.
+fn waiting(pass: &Pass<'_>, status: &mut InstanceStatus, message: &str) -> Outcome {
+    let condition = Desired::new(
+        types::INSTANCE_READY,
+        Status::False,
+        reasons::DEPENDENCY_MISSING,
+        message,
+    );
+    pass.set(status, &condition);
+    tracing::debug!(message, "waiting");
+    Outcome::Settled
+}
+
+async fn provision(
+    pass: &Pass<'_>,
+    api: &Api<OpenStackMachine>,
+    owners: &Owners,
+    status: &mut InstanceStatus,
+) -> Result<Outcome, MachineError> {
+    // As Cluster API's contract says: nothing before a Machine owns us.
+    let Some(machine) = &owners.machine else {
+        return Ok(waiting(
+            pass,
+            status,
+            "waiting for Cluster API: no Machine owns this OpenStackMachine yet",
+        ));
+    };
+    writes::add_finalizer(api, pass.osm, conditions::finalizers::MACHINE)
+        .await
+        .map_err(MachineError::kube("adding the finalizer"))?;
+    let Some(infra) = owners.infra.as_ref().filter(|c| {
+        Initialization::is_provisioned(c.status.as_ref().and_then(|s| s.initialization.as_ref()))
+    }) else {
+        return Ok(waiting(
+            pass,
+            status,
+            "waiting for the cluster's infrastructure to be provisioned",
+        ));
+    };
+    let Some(user_data) = machine.spec.bootstrap.data_secret_name.clone() else {
+        return Ok(waiting(
+            pass,
+            status,
+            "waiting for bootstrap data (Machine spec.bootstrap.dataSecretName)",
+        ));
+    };
+    status.failure_domain = machine.spec.failure_domain.clone();
+    let Some(server) = ensure_server(pass, machine, infra, user_data).await? else {
+        return Ok(Outcome::Poll(pass.ctx.config.poll_max));
+    };
+    copy_server_status(&server, status);
+    let instance_ready =
+        conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
+    if !instance_ready {
+        // The server controller writes its status as it builds: its watch wakes us.
+        return Ok(Outcome::Poll(pass.ctx.config.poll_max));
+    }
+    match members::load_balancer(pass, owners, infra) {
+        Some(lb) => members::reconcile(pass, machine, &lb, status).await,
+        None => {
+            let reason = if capi::is_control_plane(pass.osm.labels()) {
+                (
+                    reasons::LOAD_BALANCER_DISABLED,
+                    "the cluster has no API load balancer",
+                )
+            } else {
+                (
+                    reasons::NOT_CONTROL_PLANE,
+                    "a worker: only control-plane machines join the API load balancer",
+                )
+            };
+            let condition = Desired::new(
+                types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
+                Status::True,
+                reason.0,
+                reason.1,
+            );
+            pass.set(status, &condition);
+            release(pass, status).await?;
+            Ok(Outcome::Settled)
+        }
+    }
+}
+
+/// The machine's OpenStackServer: created (owned by the machine) when missing; `None` while
+/// it is being replaced.
+async fn ensure_server(
+    pass: &Pass<'_>,
+    machine: &Machine,
+    infra: &OpenStackCluster,
+    user_data: String,
+) -> Result<Option<OpenStackServer>, MachineError> {
+    let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
+    let existing = servers
+        .get_opt(&pass.name)
+        .await
+        .map_err(MachineError::kube("reading the OpenStackServer"))?;
+    if let Some(server) = existing {
+        return Ok(Some(server));
+    }
+    let infra_status = infra.status.clone().unwrap_or_default();
+    let control_plane = capi::is_control_plane(pass.osm.labels());
+    let placement = plan::Placement {
+        cluster: &infra.spec,
+        status: &infra_status,
+        role_security_group: plan::role_security_group(&infra.spec, &infra_status, control_plane),
+        availability_zone: machine.spec.failure_domain.clone(),
+        user_data: Some(user_data),
+    };
+    let mut server =
+        OpenStackServer::new(&pass.name, plan::server_spec(&pass.osm.spec, &placement));
+    server.metadata.namespace = Some(pass.namespace.clone());
+    server.metadata.labels = Some(pass.osm.labels().clone());
+    server.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: OpenStackMachine::api_version(&()).into_owned(),
+        kind: "OpenStackMachine".into(),
+        name: pass.name.clone(),
+        uid: pass.osm.uid().unwrap_or_default(),
+        block_owner_deletion: Some(true),
+        controller: Some(true),
+    }]);
+    match servers.create(&PostParams::default(), &server).await {
+        Ok(created) => {
+            tracing::info!("created the OpenStackServer");
+            Ok(Some(created))
+        }
+        // Made by an earlier pass a moment ago: the next pass reads it.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(MachineError::kube("creating the OpenStackServer")(e)),
+    }
+}
+
+/// What the server controller found out, as the machine's status.
+fn copy_server_status(server: &OpenStackServer, status: &mut InstanceStatus) {
+    let Some(server_status) = server.status.as_ref() else {
+        return;
+    };
+    status.instance_id.clone_from(&server_status.instance_id);
+    status
+        .instance_state
+        .clone_from(&server_status.instance_state);
+    status.addresses.clone_from(&server_status.addresses);
+    status.resolved.clone_from(&server_status.resolved);
+    status.resources.clone_from(&server_status.resources);
+    if let Some(ready) = conditions::find(&server_status.conditions, types::INSTANCE_READY) {
+        let condition = Desired::new(
+            types::INSTANCE_READY,
+            Status::parse(&ready.status),
+            &ready.reason,
+            ready.message.clone(),
+        );
+        conditions::set(&mut status.conditions, &condition, None, Timestamp::now());
+        if let Some(copied) = status
+            .conditions
+            .iter_mut()
+            .find(|c| c.type_ == types::INSTANCE_READY)
+        {
+            copied.last_transition_time = ready.last_transition_time.clone();
+        }
+    }
+}
+
+/// Tells Cluster API the machine is ready: `spec.providerID` and `provisioned` (write-once).
+async fn release(pass: &Pass<'_>, status: &mut InstanceStatus) -> Result<bool, MachineError> {
+    let Some(instance) = status.instance_id.clone() else {
+        return Ok(false);
+    };
+    status.initialization = Some(Initialization {
+        provisioned: Some(true),
+    });
+    let provider_id = format!("openstack:///{instance}");
+    if pass.osm.spec.provider_id.as_deref() == Some(provider_id.as_str()) {
+        return Ok(false);
+    }
+    let api: Api<OpenStackMachine> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
+    let patch = Patch::Merge(json!({ "spec": { "providerID": provider_id } }));
+    api.patch(&pass.name, &PatchParams::default(), &patch)
+        .await
+        .map_err(MachineError::kube("setting spec.providerID"))?;
+    tracing::info!(%provider_id, "machine released to Cluster API");
+    Ok(true)
+}
+
+async fn delete(
+    pass: &Pass<'_>,
+    api: &Api<OpenStackMachine>,
+    owners: &Owners,
+    status: &mut InstanceStatus,
+) -> Result<Outcome, MachineError> {
+    if !pass
+        .osm
+        .finalizers()
+        .iter()
+        .any(|f| f == conditions::finalizers::MACHINE)
+    {
+        return Ok(Outcome::Deleted);
+    }
+    let deleting = Desired::new(
+        types::READY,
+        Status::False,
+        reasons::DELETING,
+        "deleting: load balancer members, then the server",
+    );
+    pass.set(status, &deleting);
+    if let Some(lb) = owners
+        .infra
+        .as_ref()
+        .and_then(|infra| members::load_balancer(pass, owners, infra))
+    {
+        match members::leave(pass, &lb, status).await? {
+            members::Left::Done => {}
+            members::Left::Waiting(outcome) => return Ok(outcome),
+        }
+        if let Some(machine) = &owners.machine {
+            members::drop_hook(pass, machine).await?;
+        }
+    }
+    let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
+    let server = servers
+        .get_opt(&pass.name)
+        .await
+        .map_err(MachineError::kube("reading the OpenStackServer"))?;
+    if let Some(server) = server {
+        if server.meta().deletion_timestamp.is_none() {
+            match servers.delete(&pass.name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(MachineError::kube("deleting the OpenStackServer")(e)),
+            }
+        }
+        // The server's own deletion wakes us through its watch.
+        return Ok(Outcome::Poll(pass.ctx.config.poll_max));
+    }
+    writes::remove_finalizer(api, pass.osm, conditions::finalizers::MACHINE)
+        .await
+        .map_err(MachineError::kube("removing the finalizer"))?;
+    tracing::info!("deleted");
+    Ok(Outcome::Deleted)
+}
+
+async fn write_status(
+    api: &Api<OpenStackMachine>,
+    osm: &OpenStackMachine,
+    before: Option<&InstanceStatus>,
+    status: &InstanceStatus,
+) -> Result<(), MachineError> {
+    writes::patch_status(api, &osm.name_any(), before, status, STATUS_FIELDS)
+        .await
+        .map(|_| ())
+        .map_err(MachineError::kube("writing status"))
+}
+
+/// The condition of the failing part says what went wrong, unless it is True; terminal
+/// errors also get a Warning event.
+async fn report_error(pass: &Pass<'_>, status: &mut InstanceStatus, error: &MachineError) {
+    let category = error.category();
+    let message = error.to_string();
+    let reason = category.reason();
+    let condition_type = match error {
+        MachineError::Cloud { .. } => types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
+        _ => types::INSTANCE_READY,
+    };
+    if conditions::status_of(&status.conditions, condition_type) != Status::True {
+        pass.set(
+            status,
+            &Desired::new(condition_type, Status::False, reason, message.clone()),
+        );
+    }
+    if category.is_terminal() {
+        tracing::warn!(reason, %message, "reconcile needs a change to go on");
+        pass.event(EventType::Warning, reason, message).await;
+    } else {
+        tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
+    }
+}
+
+/// An object we cannot read: reported, and the others go on.
+async fn report_invalid(
+    object: &Watched,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<Outcome, MachineError> {
+    super::report_invalid(object, invalid, ctx)
+        .await
+        .map_err(MachineError::kube("writing status"))?;
+    Ok(Outcome::Unreadable)
+}

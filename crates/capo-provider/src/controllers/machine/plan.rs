@@ -1,0 +1,464 @@
+//! What a machine needs, decided without any I/O: its server's spec, the next step for its
+//! API load balancer members (joining or leaving), and the condition that says where they
+//! stand. Time is passed in.
+
+use std::time::Duration;
+
+use capo_api::OpenStackMachineSpec;
+use capo_api::cluster::OpenStackClusterStatus;
+use capo_api::common::{IdOrFilter, PortOpts};
+use capo_api::conditions::{Desired, Status, reasons, types};
+use capo_api::server::LocalObjectReference;
+use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
+use tokio::time::Instant;
+
+use crate::cloud::octavia::ProvisioningStatus;
+use crate::membership::{MemberVerdict, Snapshot};
+
+/// What the server of a machine (or of the bastion) is built from, besides its own spec.
+pub struct Placement<'a> {
+    pub cluster: &'a OpenStackClusterSpec,
+    pub status: &'a OpenStackClusterStatus,
+    /// The group of the machine's role (control plane, worker, bastion), when managed.
+    pub role_security_group: Option<String>,
+    pub availability_zone: Option<String>,
+    /// The Secret holding the user data.
+    pub user_data: Option<String>,
+}
+
+/// An OpenStackServer spec from a machine spec, as CAPO builds it: ports without a network
+/// go on the cluster network (one such port when none are given), the role's managed
+/// security group is added, tags are the machine's and the cluster's, the credentials are
+/// the machine's or else the cluster's.
+pub fn server_spec(
+    machine: &OpenStackMachineSpec,
+    placement: &Placement<'_>,
+) -> OpenStackServerSpec {
+    let network = placement.status.network.as_ref().map(|n| n.id.clone());
+    let mut ports = machine.ports.clone();
+    if ports.is_empty() {
+        ports.push(PortOpts::default());
+    }
+    for port in &mut ports {
+        if port.network.is_none() {
+            port.network = network.clone().map(|id| IdOrFilter {
+                id: Some(id),
+                filter: None,
+            });
+        }
+    }
+    let mut security_groups = machine.security_groups.clone();
+    if let Some(group) = &placement.role_security_group {
+        let own = IdOrFilter {
+            id: Some(group.clone()),
+            filter: None,
+        };
+        if !security_groups.contains(&own) {
+            security_groups.push(own);
+        }
+    }
+    let mut tags = machine.tags.clone();
+    tags.extend(placement.cluster.tags.iter().cloned());
+    tags.sort();
+    tags.dedup();
+    OpenStackServerSpec {
+        flavor: machine.flavor.filter.as_ref().and_then(|f| f.name.clone()),
+        flavor_id: machine.flavor.id.clone(),
+        image: machine.image.clone(),
+        ssh_key_name: machine.ssh_key_name.clone().unwrap_or_default(),
+        ports,
+        security_groups,
+        trunk: machine.trunk,
+        tags,
+        server_metadata: machine.server_metadata.clone(),
+        config_drive: machine.config_drive,
+        root_volume: machine.root_volume.clone(),
+        additional_block_devices: machine.additional_block_devices.clone(),
+        server_group: machine.server_group.clone(),
+        identity_ref: machine
+            .identity_ref
+            .clone()
+            .unwrap_or_else(|| placement.cluster.identity_ref.clone()),
+        floating_ip_pool_ref: machine.floating_ip_pool_ref.clone(),
+        availability_zone: placement.availability_zone.clone(),
+        scheduler_hint_additional_properties: machine.scheduler_hint_additional_properties.clone(),
+        user_data_ref: placement
+            .user_data
+            .clone()
+            .map(|name| LocalObjectReference { name: Some(name) }),
+    }
+}
+
+/// The managed security group of a machine's role, if the cluster manages them.
+pub fn role_security_group(
+    cluster: &OpenStackClusterSpec,
+    status: &OpenStackClusterStatus,
+    control_plane: bool,
+) -> Option<String> {
+    cluster.managed_security_groups.as_ref()?;
+    let group = if control_plane {
+        status.control_plane_security_group.as_ref()
+    } else {
+        status.worker_security_group.as_ref()
+    };
+    group.map(|g| g.id.clone())
+}
+
+/// One pool the machine's member belongs in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub port: u16,
+    pub id: String,
+}
+
+/// The machine's member in one pool, as the engine sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    pub port: u16,
+    pub verdict: MemberVerdict,
+    pub id: Option<String>,
+}
+
+/// The machine's members from the engine's snapshot: `None` while the engine does not (yet)
+/// track every one of them (the cluster has not handed the machine over yet).
+pub fn member_views(snapshot: &Snapshot, machine: &str, pools: &[Pool]) -> Option<Vec<MemberView>> {
+    pools
+        .iter()
+        .map(|pool| {
+            let track = snapshot
+                .members
+                .iter()
+                .find(|m| m.desired.name == machine && m.desired.port == pool.port)?;
+            let verdict = snapshot
+                .verdict
+                .members
+                .iter()
+                .find(|(name, port, _)| name == machine && *port == pool.port)
+                .map(|(_, _, verdict)| *verdict)?;
+            Some(MemberView {
+                port: pool.port,
+                verdict,
+                id: track.id.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The next thing to do for a joining machine's members; one change per pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinStep {
+    /// ACTIVE in every pool: the machine may be released to Cluster API.
+    Released,
+    /// Not in this pool: create it (the load balancer is ACTIVE).
+    Create { port: u16 },
+    /// In ERROR: delete it so that it is created again.
+    Repair { port: u16, member_id: String },
+    /// In ERROR with every repair spent: a person must look.
+    Failed { port: u16 },
+    /// PENDING past the stuck threshold: held, and said so.
+    Stuck { port: u16 },
+    /// On its way (pending, or waiting for the load balancer to unlock).
+    Wait,
+}
+
+/// Chooses the next step: what needs a person first, then repairs, then creations.
+pub fn join_step(
+    members: &[MemberView],
+    lb_active: bool,
+    repairs: u32,
+    max_repairs: u32,
+    created_unseen: impl Fn(u16) -> bool,
+) -> JoinStep {
+    let first = |wanted: fn(&MemberVerdict) -> bool| members.iter().find(|m| wanted(&m.verdict));
+    let is_error = |v: &MemberVerdict| matches!(v, MemberVerdict::Error { .. });
+    if let Some(member) = first(is_error) {
+        return match &member.id {
+            Some(id) if repairs < max_repairs => {
+                if lb_active {
+                    JoinStep::Repair {
+                        port: member.port,
+                        member_id: id.clone(),
+                    }
+                } else {
+                    JoinStep::Wait
+                }
+            }
+            Some(_) => JoinStep::Failed { port: member.port },
+            None => JoinStep::Wait,
+        };
+    }
+    if let Some(member) = first(|v| matches!(v, MemberVerdict::Stuck { .. })) {
+        return JoinStep::Stuck { port: member.port };
+    }
+    let missing = first(|v| matches!(v, MemberVerdict::Missing { .. }));
+    if let Some(member) = missing.filter(|m| !created_unseen(m.port)) {
+        return if lb_active {
+            JoinStep::Create { port: member.port }
+        } else {
+            JoinStep::Wait
+        };
+    }
+    if members
+        .iter()
+        .all(|m| matches!(m.verdict, MemberVerdict::Active))
+    {
+        JoinStep::Released
+    } else {
+        JoinStep::Wait
+    }
+}
+
+/// `APIServerLoadBalancerMemberReady` for a joining machine.
+pub fn join_condition(
+    step: &JoinStep,
+    members: &[MemberView],
+    repairs: u32,
+    max_repairs: u32,
+    now: Instant,
+) -> Desired<'static> {
+    let type_ = types::API_SERVER_LOAD_BALANCER_MEMBER_READY;
+    let ports: Vec<String> = members.iter().map(|m| m.port.to_string()).collect();
+    let describe = |m: &MemberView| -> String {
+        let ago = |since: Instant| now.saturating_duration_since(since).as_secs();
+        match m.verdict {
+            MemberVerdict::Active => format!("{} ACTIVE", m.port),
+            MemberVerdict::Pending { since } => format!("{} PENDING for {}s", m.port, ago(since)),
+            MemberVerdict::Stuck { since } => {
+                format!("{} stuck in PENDING for {}s", m.port, ago(since))
+            }
+            MemberVerdict::Error { since } => format!("{} in ERROR for {}s", m.port, ago(since)),
+            MemberVerdict::Missing { .. } => format!("{} not in its pool", m.port),
+            MemberVerdict::Deleting { .. } => format!("{} being deleted", m.port),
+            MemberVerdict::Gone => format!("{} pool unknown", m.port),
+        }
+    };
+    let state: Vec<String> = members.iter().map(describe).collect();
+    let state = state.join(", ");
+    match step {
+        JoinStep::Released => Desired::new(
+            type_,
+            Status::True,
+            reasons::READY,
+            format!("member ACTIVE in every pool (ports {})", ports.join(", ")),
+        ),
+        JoinStep::Failed { port } => Desired::new(
+            type_,
+            Status::False,
+            reasons::MEMBER_ERROR,
+            format!(
+                "member for port {port} in ERROR after {repairs} repairs: look at the load balancer, then delete the member to try again ({state})"
+            ),
+        ),
+        JoinStep::Repair { port, .. } => Desired::new(
+            type_,
+            Status::False,
+            reasons::MEMBER_ERROR,
+            format!(
+                "member for port {port} in ERROR: repairing it (attempt {} of {max_repairs}) ({state})",
+                repairs + 1
+            ),
+        ),
+        JoinStep::Stuck { .. } => Desired::new(
+            type_,
+            Status::False,
+            reasons::MEMBER_STUCK,
+            format!("the rollout is held: {state}"),
+        ),
+        JoinStep::Create { .. } | JoinStep::Wait => {
+            let missing = members
+                .iter()
+                .any(|m| matches!(m.verdict, MemberVerdict::Missing { .. }));
+            let error = members
+                .iter()
+                .any(|m| matches!(m.verdict, MemberVerdict::Error { .. }));
+            let reason = if error {
+                reasons::MEMBER_ERROR
+            } else if missing {
+                reasons::MEMBERS_MISSING
+            } else {
+                reasons::MEMBERS_PENDING
+            };
+            Desired::new(type_, Status::False, reason, state)
+        }
+    }
+}
+
+/// The machine's member in one pool while it leaves: what the engine last saw there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leaving {
+    pub port: u16,
+    pub pool_id: String,
+    pub member_id: String,
+    pub status: ProvisioningStatus,
+    /// Other members of the pool ACTIVE now.
+    pub others_active: usize,
+}
+
+/// The next thing to do for a leaving machine's members.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaveStep {
+    /// The member is the last ACTIVE one of its pool and the cluster stays: it stays too.
+    Hold { port: u16 },
+    Delete {
+        port: u16,
+        pool_id: String,
+        member_id: String,
+    },
+    /// Deleted; not yet seen gone, or the load balancer not yet ACTIVE again.
+    WaitGone,
+    /// Gone from every pool, seen by a poll after the removal began, the LB ACTIVE.
+    Confirmed,
+}
+
+/// Chooses the next removal step. `fresh` is whether the engine has polled since removal
+/// began; `lb_active` whether it last saw the load balancer ACTIVE.
+pub fn leave_step(
+    present: &[Leaving],
+    cluster_deleting: bool,
+    fresh: bool,
+    lb_active: bool,
+) -> LeaveStep {
+    let remaining: Vec<&Leaving> = present
+        .iter()
+        .filter(|m| m.status != ProvisioningStatus::PendingDelete)
+        .collect();
+    if let Some(last) = remaining.iter().find(|m| {
+        !cluster_deleting && m.status == ProvisioningStatus::Active && m.others_active == 0
+    }) {
+        return LeaveStep::Hold { port: last.port };
+    }
+    if let Some(member) = remaining.first() {
+        return if lb_active {
+            LeaveStep::Delete {
+                port: member.port,
+                pool_id: member.pool_id.clone(),
+                member_id: member.member_id.clone(),
+            }
+        } else {
+            LeaveStep::WaitGone
+        };
+    }
+    if present.is_empty() && fresh && lb_active {
+        LeaveStep::Confirmed
+    } else {
+        LeaveStep::WaitGone
+    }
+}
+
+/// How long a member creation counts as unseen: after this, a member the engine still
+/// does not show is created again (the create was lost).
+pub const CREATE_UNSEEN_FOR: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(port: u16, verdict: MemberVerdict) -> MemberView {
+        MemberView {
+            port,
+            verdict,
+            id: Some(format!("m-{port}")),
+        }
+    }
+
+    #[test]
+    fn a_machine_is_released_only_when_every_pool_has_its_member_active() {
+        let now = Instant::now();
+        let active = view(6443, MemberVerdict::Active);
+        let pending = view(8443, MemberVerdict::Pending { since: now });
+        let step = join_step(&[active.clone(), pending.clone()], true, 0, 3, |_| false);
+        assert_eq!(step, JoinStep::Wait);
+        let condition = join_condition(&step, &[active.clone(), pending], 0, 3, now);
+        assert_eq!(condition.reason, reasons::MEMBERS_PENDING);
+        assert_eq!(condition.status, Status::False);
+        let both = [active.clone(), view(8443, MemberVerdict::Active)];
+        assert_eq!(join_step(&both, true, 0, 3, |_| false), JoinStep::Released);
+        // An ACTIVE load balancer says nothing: a missing member is created, never passed.
+        let missing = [active, view(8443, MemberVerdict::Missing { since: now })];
+        assert_eq!(
+            join_step(&missing, true, 0, 3, |_| false),
+            JoinStep::Create { port: 8443 }
+        );
+        assert_eq!(join_step(&missing, false, 0, 3, |_| false), JoinStep::Wait);
+        assert_eq!(join_step(&missing, true, 0, 3, |_| true), JoinStep::Wait);
+    }
+
+    #[test]
+    fn an_error_member_is_repaired_a_bounded_number_of_times_then_fails() {
+        let now = Instant::now();
+        let error = [view(6443, MemberVerdict::Error { since: now })];
+        assert_eq!(
+            join_step(&error, true, 2, 3, |_| false),
+            JoinStep::Repair {
+                port: 6443,
+                member_id: "m-6443".into()
+            }
+        );
+        assert_eq!(join_step(&error, false, 2, 3, |_| false), JoinStep::Wait);
+        let failed = join_step(&error, true, 3, 3, |_| false);
+        assert_eq!(failed, JoinStep::Failed { port: 6443 });
+        let condition = join_condition(&failed, &error, 3, 3, now);
+        assert_eq!(condition.reason, reasons::MEMBER_ERROR);
+        assert!(
+            condition.message.contains("after 3 repairs"),
+            "{}",
+            condition.message
+        );
+    }
+
+    #[test]
+    fn a_stuck_member_holds_and_says_so() {
+        let now = Instant::now();
+        let stuck = [view(6443, MemberVerdict::Stuck { since: now })];
+        let step = join_step(&stuck, true, 0, 3, |_| false);
+        assert_eq!(step, JoinStep::Stuck { port: 6443 });
+        let condition = join_condition(&step, &stuck, 0, 3, now);
+        assert_eq!(condition.reason, reasons::MEMBER_STUCK);
+        assert!(condition.message.contains("held"));
+    }
+
+    fn leaving(port: u16, status: ProvisioningStatus, others_active: usize) -> Leaving {
+        Leaving {
+            port,
+            pool_id: format!("pool-{port}"),
+            member_id: format!("m-{port}"),
+            status,
+            others_active,
+        }
+    }
+
+    #[test]
+    fn the_last_active_member_of_a_pool_is_never_removed_while_the_cluster_stays() {
+        let last = [leaving(6443, ProvisioningStatus::Active, 0)];
+        assert_eq!(
+            leave_step(&last, false, true, true),
+            LeaveStep::Hold { port: 6443 }
+        );
+        assert!(matches!(
+            leave_step(&last, true, true, true),
+            LeaveStep::Delete { port: 6443, .. }
+        ));
+        let shared = [leaving(6443, ProvisioningStatus::Active, 2)];
+        assert!(matches!(
+            leave_step(&shared, false, true, true),
+            LeaveStep::Delete { .. }
+        ));
+        // A member that does not serve may always go.
+        let broken = [leaving(6443, ProvisioningStatus::Error, 0)];
+        assert!(matches!(
+            leave_step(&broken, false, true, true),
+            LeaveStep::Delete { .. }
+        ));
+    }
+
+    #[test]
+    fn removal_is_confirmed_only_by_a_fresh_poll_with_the_lb_active() {
+        let going = [leaving(6443, ProvisioningStatus::PendingDelete, 1)];
+        assert_eq!(leave_step(&going, false, true, true), LeaveStep::WaitGone);
+        assert_eq!(leave_step(&[], false, false, true), LeaveStep::WaitGone);
+        assert_eq!(leave_step(&[], false, true, false), LeaveStep::WaitGone);
+        assert_eq!(leave_step(&[], false, true, true), LeaveStep::Confirmed);
+        let locked = [leaving(6443, ProvisioningStatus::Active, 1)];
+        assert_eq!(leave_step(&locked, false, true, false), LeaveStep::WaitGone);
+    }
+}
