@@ -155,6 +155,7 @@ pub fn desired_lb(
             })
             .collect(),
         rollout_waiting: true,
+        leaving: Vec::new(),
     }
 }
 
