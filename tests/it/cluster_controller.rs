@@ -19,16 +19,16 @@ use serde_json::{Value, json};
 use crate::common;
 use crate::server_controller::{NAMESPACE, WAIT, World, eventually, manager_config, timings};
 
-fn clusters(world: &World) -> Api<OpenStackCluster> {
+pub(crate) fn clusters(world: &World) -> Api<OpenStackCluster> {
     Api::namespaced(world.client.clone(), NAMESPACE)
 }
 
-fn machines(world: &World) -> Api<OpenStackMachine> {
+pub(crate) fn machines(world: &World) -> Api<OpenStackMachine> {
     Api::namespaced(world.client.clone(), NAMESPACE)
 }
 
 /// CAPO's cluster-template.yaml OpenStackCluster, filled in for the simulator.
-fn cluster_spec() -> Value {
+pub(crate) fn cluster_spec() -> Value {
     json!({
         "apiServer": {"managedLoadBalancer": {"enabled": true}},
         "identityRef": {"name": "cloud-config", "cloudName": "sim"},
@@ -46,7 +46,7 @@ fn cluster_spec() -> Value {
 }
 
 /// A Cluster API Cluster and its OpenStackCluster, labelled as Cluster API labels them.
-async fn create_cluster(world: &World, name: &str, spec: Value) -> OpenStackCluster {
+pub(crate) async fn create_cluster(world: &World, name: &str, spec: Value) -> OpenStackCluster {
     let capi: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
     let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
@@ -69,7 +69,7 @@ async fn create_cluster(world: &World, name: &str, spec: Value) -> OpenStackClus
         .unwrap()
 }
 
-async fn wait_cluster(
+pub(crate) async fn wait_cluster(
     world: &World,
     name: &str,
     what: &str,
@@ -78,7 +78,7 @@ async fn wait_cluster(
     wait_cluster_within(world, name, what, WAIT, done).await
 }
 
-async fn wait_cluster_within(
+pub(crate) async fn wait_cluster_within(
     world: &World,
     name: &str,
     what: &str,
@@ -99,7 +99,7 @@ async fn wait_cluster_within(
     }
 }
 
-async fn wait_cluster_gone(world: &World, name: &str) {
+pub(crate) async fn wait_cluster_gone(world: &World, name: &str) {
     let waited = await_condition(clusters(world), name, |o: Option<&OpenStackCluster>| {
         o.is_none()
     });
@@ -112,7 +112,7 @@ async fn wait_cluster_gone(world: &World, name: &str) {
     }
 }
 
-fn condition(cluster: &OpenStackCluster, type_: &str) -> (String, String, String) {
+pub(crate) fn condition(cluster: &OpenStackCluster, type_: &str) -> (String, String, String) {
     cluster
         .status
         .as_ref()
@@ -121,7 +121,7 @@ fn condition(cluster: &OpenStackCluster, type_: &str) -> (String, String, String
         .unwrap_or_default()
 }
 
-fn has(
+pub(crate) fn has(
     type_: &'static str,
     status: &'static str,
     reason: &'static str,
@@ -132,7 +132,7 @@ fn has(
     }
 }
 
-fn provisioned(cluster: &OpenStackCluster) -> bool {
+pub(crate) fn provisioned(cluster: &OpenStackCluster) -> bool {
     cluster
         .status
         .as_ref()
@@ -141,12 +141,12 @@ fn provisioned(cluster: &OpenStackCluster) -> bool {
         == Some(true)
 }
 
-fn ready(cluster: &OpenStackCluster) -> bool {
+pub(crate) fn ready(cluster: &OpenStackCluster) -> bool {
     condition(cluster, types::READY).0 == "True"
 }
 
 /// Ready, and for the latest generation (setting the endpoint changes the spec).
-fn settled(cluster: &OpenStackCluster) -> bool {
+pub(crate) fn settled(cluster: &OpenStackCluster) -> bool {
     provisioned(cluster)
         && ready(cluster)
         && cluster.status.as_ref().and_then(|s| s.observed_generation)
@@ -187,11 +187,11 @@ async fn control_plane_machine(world: &World, cluster: &str, name: &str, address
 }
 
 /// What the simulated cloud holds, by kind, without the objects it was seeded with.
-fn objects(world: &World) -> BTreeMap<String, usize> {
+pub(crate) fn objects(world: &World) -> BTreeMap<String, usize> {
     world.cloud.object_counts()
 }
 
-async fn delete_cluster(world: &World, name: &str) {
+pub(crate) async fn delete_cluster(world: &World, name: &str) {
     clusters(world)
         .delete(name, &DeleteParams::default())
         .await

@@ -4,6 +4,7 @@
 //! Shared builders live in [`common`] and in `capo_sim::support`; nothing here reaches into
 //! production code that exists only for tests.
 
+mod capi_actor;
 mod capo_compat;
 mod cloud;
 mod cluster_controller;
@@ -12,6 +13,7 @@ mod controllers;
 mod crds;
 mod membership;
 mod real_octavia;
+mod rollout;
 mod server_controller;
 mod sim_kube;
 mod sim_kubectl;

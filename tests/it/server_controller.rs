@@ -60,7 +60,7 @@ pub(crate) fn manager_config(scope: WatchScope) -> ManagerConfig {
 /// Both simulators, a cloud-config Secret, a tenant network, and the manager running.
 pub(crate) struct World {
     pub(crate) _kube: KubeSim,
-    pub(crate) cloud: OpenStackSim,
+    pub(crate) cloud: std::sync::Arc<OpenStackSim>,
     pub(crate) client: kube::Client,
     pub(crate) registry: Registry,
     pub(crate) shutdown: CancellationToken,
@@ -140,7 +140,7 @@ impl World {
             manager: None,
             admin,
             baseline: cloud.request_log()["total"].as_u64().unwrap_or(0),
-            cloud,
+            cloud: std::sync::Arc::new(cloud),
         };
         world
             .put_secret("cloud-config", "clouds.yaml", &world.cloud.clouds_yaml())

@@ -187,34 +187,32 @@ fn assumed(
     }
 }
 
-/// A provider that trusts the LB: members are whatever the LB is. It GETs the LB after each
-/// change with CAPO's backoff until ACTIVE, and not again.
+/// A provider that trusts the LB: a member it created counts as whatever the LB is. It looks
+/// after each change with CAPO's backoff until the LB is ACTIVE, and not again. One status
+/// tree per look, as one LB GET would be: the tree tells which members exist (a provider
+/// knows which it created), never their own state.
 async fn observe_lb_only(
     client: &CloudClient,
     desired: &DesiredLb,
     mut waits: Waits,
 ) -> Result<(Seen, Option<Waits>), CloudError> {
-    let lb = match client.octavia().get_load_balancer(&desired.lb_id).await {
-        Ok(lb) => lb,
+    let tree = match client.octavia().status_tree(&desired.lb_id).await {
+        Ok(tree) => tree,
         Err(CloudError::NotFound(_)) => return Ok((Seen::Gone, None)),
         Err(error) => return Err(error),
     };
-    step(
-        &mut waits,
-        LB_WAIT,
-        Some(lb.provisioning_status),
-        Instant::now(),
-    );
-    let status = lb.provisioning_status;
+    let status = tree.provisioning_status;
+    step(&mut waits, LB_WAIT, Some(status), Instant::now());
     let as_lb = if status == ProvisioningStatus::Active {
         ProvisioningStatus::Active
     } else {
         ProvisioningStatus::PendingCreate
     };
-    Ok((
-        Seen::Observed(assumed(desired, |_| Some(as_lb), status)),
-        Some(waits),
-    ))
+    let mut seen = Observation::from_tree(&tree);
+    for member in &mut seen.members {
+        member.provisioning = as_lb;
+    }
+    Ok((Seen::Observed(seen), Some(waits)))
 }
 
 /// One backoff step of a wait for ACTIVE.

@@ -324,11 +324,11 @@ impl CapiActor {
             report.created.push(name.clone());
             self.wait_joined(&name).await?;
             progress(RolloutStep::Joined { name });
-            self.delete_machine(&old_name).await?;
+            self.delete_machine(old_name).await?;
             progress(RolloutStep::Deleting {
                 name: old_name.clone(),
             });
-            self.wait_gone(&old_name).await?;
+            self.wait_gone(old_name).await?;
             progress(RolloutStep::Deleted {
                 name: old_name.clone(),
             });

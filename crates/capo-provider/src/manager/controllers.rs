@@ -58,16 +58,24 @@ impl WatchScope {
     }
 }
 
-/// What in an object's metadata and spec calls for a reconcile: not its status, which we
-/// write ourselves.
+/// What in an object's metadata and spec calls for a reconcile (not its status, which we
+/// write ourselves).
 fn reconcile_worthy<K: Resource>(object: &K) -> Option<u64> {
     let meta = object.meta();
     let mut hasher = DefaultHasher::new();
+    // An owner appearing matters: an OpenStackMachine waits for its Machine.
+    let owners: Vec<(&str, &str)> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.kind.as_str(), o.uid.as_str()))
+        .collect();
     (
         meta.generation,
         &meta.labels,
         &meta.annotations,
         meta.deletion_timestamp.is_some(),
+        owners,
     )
         .hash(&mut hasher);
     Some(hasher.finish())

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cloud::{CloudError, CloudOptions, Clouds};
 use crate::controllers::{Context, ControllerConfig, ReconcileMetrics};
-use crate::membership::{Engine, EngineConfig, EngineError};
+use crate::membership::{Engine, EngineConfig, EngineError, Observer};
 
 pub use controllers::WatchScope;
 pub use crds::{CrdCheckError, check_crds};
@@ -40,6 +40,19 @@ pub struct ManagerConfig {
     pub cloud: CloudOptions,
     /// How often to look again for CRDs that are missing.
     pub crd_retry: Duration,
+    /// How the engine observes members; status trees when `None` (production). Benchmarks
+    /// and tests plug in the strategies they compare against.
+    pub observer: Option<SharedObserver>,
+}
+
+/// An engine observer, shared.
+#[derive(Clone)]
+pub struct SharedObserver(pub Arc<dyn Observer>);
+
+impl std::fmt::Debug for SharedObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.name())
+    }
 }
 
 impl Default for ManagerConfig {
@@ -53,6 +66,7 @@ impl Default for ManagerConfig {
             engine: EngineConfig::default(),
             cloud: CloudOptions::default(),
             crd_retry: Duration::from_secs(10),
+            observer: None,
         }
     }
 }
@@ -160,7 +174,15 @@ pub async fn run(
     // OpenStack calls, so nothing is left half-written.
     let cloud_stop = CancellationToken::new();
     let clouds: Arc<Clouds> = Clouds::new(config.cloud.clone(), registry, cloud_stop.clone())?;
-    let engine = Engine::new(config.engine.clone(), registry, cloud_stop.child_token())?;
+    let engine = match &config.observer {
+        Some(observer) => Engine::with_observer(
+            config.engine.clone(),
+            observer.0.clone(),
+            registry,
+            cloud_stop.child_token(),
+        )?,
+        None => Engine::new(config.engine.clone(), registry, cloud_stop.child_token())?,
+    };
     let metrics = ReconcileMetrics::register(registry)?;
     let ctx = Context::new(
         client,

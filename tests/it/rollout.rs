@@ -1,0 +1,553 @@
+//! Whole control-plane rollouts, end to end: the manager (cluster, machine and server
+//! controllers, the engine), the Cluster API actor (Cluster, Machine, a KCP-like rollout), the
+//! simulated Kubernetes API and the simulated OpenStack in AmphoraV2's race: the load balancer
+//! unlocks in a fraction of a second while each member takes longer. Members made while the
+//! cluster comes up take the simulator's 0.2–0.45 s; each member a rollout adds takes 30, 25
+//! and 20 s (the slow end of the 2–30 s AmphoraV2 shows), on the real clock, so that the same
+//! rollout trusting the LB can show what it does.
+//!
+//! A watcher samples the simulated cloud and the OpenStackMachines throughout and records:
+//! the fewest ACTIVE members the API pool had once it first had one, and every machine seen
+//! with a providerID while its member was not ACTIVE.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use capo_api::capi::{self, Cluster, Machine};
+use capo_api::conditions::{self, reasons, types};
+use capo_api::{OpenStackMachine, OpenStackMachineSpec};
+use capo_bench::Strategy;
+use capo_provider::controllers::gate;
+use capo_provider::manager::{ManagerConfig, SharedObserver, WatchScope};
+use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutReport, RolloutStep};
+use capo_sim::openstack::{Delay, Effect, ObjectKind, Rule};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster_controller::{
+    cluster_spec, create_cluster, delete_cluster, machines, provisioned, ready, wait_cluster,
+};
+use crate::server_controller::{NAMESPACE, World, eventually, manager_config};
+
+/// How long the member of each machine a rollout adds takes to be ACTIVE, in order.
+const ROLLOUT_MEMBER_SECONDS: [f64; 3] = [30.0, 25.0, 20.0];
+
+/// The `round`th new machine's member takes its time (its creation only).
+fn slow_member(machine: &str, round: usize) -> Rule {
+    let seconds = ROLLOUT_MEMBER_SECONDS[round.min(ROLLOUT_MEMBER_SECONDS.len() - 1)];
+    Rule {
+        kind: ObjectKind::Member,
+        name: format!("*-{machine}"),
+        effect: Effect::Delay(Delay::Fixed(seconds)),
+        times: Some(1),
+    }
+}
+
+fn config(strategy: Strategy, stuck_after: Duration) -> ManagerConfig {
+    let mut config = manager_config(WatchScope::default());
+    config.engine.stuck_after = stuck_after;
+    config.engine.schedule = strategy.schedule(config.engine.schedule.clone());
+    if strategy != Strategy::StatusTree {
+        config.observer = Some(SharedObserver(strategy.observer()));
+    }
+    config
+}
+
+fn template() -> OpenStackMachineSpec {
+    serde_json::from_value(json!({
+        "flavor": {"filter": {"name": "m1.small"}},
+        "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
+    }))
+    .unwrap()
+}
+
+fn plane(replicas: usize) -> ControlPlane {
+    ControlPlane {
+        cluster: "c1".into(),
+        replicas,
+        template: template(),
+        version: "v1.33.4".into(),
+        failure_domains: Vec::new(),
+    }
+}
+
+/// What the watcher saw.
+#[derive(Debug, Default)]
+struct Seen {
+    samples: u64,
+    /// ACTIVE members of the API pool: the fewest once it first had one.
+    min_active: Option<usize>,
+    /// Machines seen released while their member was not ACTIVE.
+    released_early: Vec<String>,
+}
+
+/// Samples the cloud and the machines until `stop`.
+fn watch(
+    world: &World,
+    stop: CancellationToken,
+) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let machines: Api<OpenStackMachine> = machines(world);
+    let cloud = world.cloud.clone();
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            // The machines first: a providerID seen now was set on an ACTIVE member, which
+            // the cloud, read after, must still show.
+            let Ok(list) = machines.list(&ListParams::default()).await else {
+                continue;
+            };
+            let members = cloud.member_truth();
+            let api_pool: Vec<_> = members.iter().filter(|m| m.port == 6443).collect();
+            let active = api_pool
+                .iter()
+                .filter(|m| m.provisioning_status == "ACTIVE")
+                .count();
+            let mut seen = record.lock().unwrap();
+            seen.samples += 1;
+            if active > 0 || seen.min_active.is_some() {
+                seen.min_active = Some(seen.min_active.map_or(active, |min| min.min(active)));
+            }
+            for machine in &list.items {
+                let joining =
+                    capi::is_control_plane(machine.labels_or_empty()) && !gate::is_leaving(machine);
+                let Some(address) = gate::member_address(machine) else {
+                    continue;
+                };
+                let member_active = api_pool
+                    .iter()
+                    .any(|m| m.address == address && m.provisioning_status == "ACTIVE");
+                if joining && machine.spec.provider_id.is_some() && !member_active {
+                    let name = kube::ResourceExt::name_any(machine);
+                    if !seen.released_early.contains(&name) {
+                        seen.released_early.push(name);
+                    }
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+trait Labels {
+    fn labels_or_empty(&self) -> &BTreeMap<String, String>;
+}
+
+impl Labels for OpenStackMachine {
+    fn labels_or_empty(&self) -> &BTreeMap<String, String> {
+        kube::ResourceExt::labels(self)
+    }
+}
+
+/// The world with a provisioned cluster `c1` and the actor playing Cluster API.
+async fn cluster_with_actor(strategy: Strategy, stuck_after: Duration) -> (World, CapiActor) {
+    let (world, actor, _) = cluster_with_actor_counted(strategy, stuck_after).await;
+    (world, actor)
+}
+
+/// The same, with what the cloud held before the cluster (the tenant's own network, ...).
+async fn cluster_with_actor_counted(
+    strategy: Strategy,
+    stuck_after: Duration,
+) -> (World, CapiActor, BTreeMap<String, usize>) {
+    // CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
+    if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+    let mut world = World::start().await;
+    world.stop_manager().await;
+    world.start_manager_with(config(strategy, stuck_after));
+    let baseline = world.cloud.object_counts();
+    create_cluster(&world, "c1", cluster_spec()).await;
+    // Cluster API's own finalizer: the Cluster stays, deleting, until its parts are gone.
+    let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let finalizer = json!({"metadata": {"finalizers": ["cluster.cluster.x-k8s.io"]}});
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&finalizer))
+        .await
+        .unwrap();
+    wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let actor = CapiActor::start(
+        world.client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_millis(50),
+            join_delay: Duration::from_millis(200),
+            wait_timeout: Duration::from_secs(60),
+        },
+        CancellationToken::new(),
+    );
+    (world, actor, baseline)
+}
+
+/// Requests the simulated cloud served so far.
+fn requests(world: &World) -> u64 {
+    world.request_total()
+}
+
+/// Deletes the cluster as Cluster API does: the Cluster first (it stays, deleting), then its
+/// machines, then the infrastructure cluster; then nothing may be left in the cloud.
+async fn delete_everything(world: &World, actor: &CapiActor, baseline: &BTreeMap<String, usize>) {
+    let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    clusters.delete("c1", &Default::default()).await.unwrap();
+    let all: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let names: Vec<String> = all
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect();
+    for name in &names {
+        actor.delete_machine(name).await.unwrap();
+    }
+    for name in &names {
+        actor.wait_gone(name).await.unwrap();
+    }
+    delete_cluster(world, "c1").await;
+    let release = json!({"metadata": {"finalizers": null}});
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
+    assert_eq!(
+        &world.cloud.object_counts(),
+        baseline,
+        "nothing left behind in the cloud"
+    );
+}
+
+struct Figures {
+    wall: Duration,
+    rollout: RolloutReport,
+    requests: u64,
+    min_active: Option<usize>,
+    samples: u64,
+}
+
+impl Figures {
+    fn print(&self, strategy: Strategy) {
+        let replaced = self.rollout.replaced.len().max(1) as f64;
+        eprintln!(
+            "rollout ({}): wall {:.1} s; rollout {:.1} s; {} machines replaced; {:.1} OpenStack requests per machine replaced; min ACTIVE members in the API pool {:?} over {} samples",
+            strategy.as_str(),
+            self.wall.as_secs_f64(),
+            self.rollout.elapsed.as_secs_f64(),
+            self.rollout.replaced.len(),
+            self.requests as f64 / replaced,
+            self.min_active,
+            self.samples,
+        );
+    }
+}
+
+/// Brings up 3 control-plane machines and a worker, rolls the control plane, and returns
+/// what the watcher saw.
+async fn rollout_of_three(
+    strategy: Strategy,
+) -> (World, CapiActor, Figures, Seen, BTreeMap<String, usize>) {
+    let started = Instant::now();
+    let (world, actor, baseline) =
+        cluster_with_actor_counted(strategy, Duration::from_secs(600)).await;
+    let stop = CancellationToken::new();
+    let (seen, watcher) = watch(&world, stop.clone());
+    let plane = plane(3);
+    actor.scale_control_plane(&plane).await.unwrap();
+    let workers = actor.create_workers("c1", 1, template()).await.unwrap();
+    for worker in &workers {
+        actor.wait_joined(worker).await.unwrap();
+    }
+    let before = requests(&world);
+    let cloud = world.cloud.clone();
+    let mut round = 0;
+    let report = actor
+        .rollout(&plane, |step| {
+            if let RolloutStep::Created { name } = step {
+                cloud.add_rule(slow_member(&name, round));
+                round += 1;
+            }
+        })
+        .await;
+    let requests = requests(&world) - before;
+    stop.cancel();
+    watcher.await.unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let report = report.unwrap_or_else(|e| panic!("the {} rollout: {e}", strategy.as_str()));
+    let figures = Figures {
+        wall: started.elapsed(),
+        rollout: report,
+        requests,
+        min_active: seen.min_active,
+        samples: seen.samples,
+    };
+    (world, actor, figures, seen, baseline)
+}
+
+#[tokio::test]
+async fn a_gated_rollout_never_empties_the_api_pool_and_deleting_the_cluster_leaves_nothing() {
+    let (mut world, actor, figures, seen, baseline) = rollout_of_three(Strategy::StatusTree).await;
+    figures.print(Strategy::StatusTree);
+    assert_eq!(figures.rollout.replaced.len(), 3, "every machine replaced");
+    assert!(seen.samples > 10, "the watcher sampled throughout");
+    assert!(
+        figures.min_active.is_some_and(|min| min >= 1),
+        "the API pool never had zero ACTIVE members: {:?}",
+        figures.min_active
+    );
+    assert_eq!(
+        seen.released_early,
+        Vec::<String>::new(),
+        "no machine released before its member was ACTIVE"
+    );
+    // Workers do no load balancer work: released at once, no member.
+    let all = machines(&world).list(&ListParams::default()).await.unwrap();
+    let worker = all
+        .items
+        .iter()
+        .find(|m| !capi::is_control_plane(kube::ResourceExt::labels(*m)))
+        .expect("a worker");
+    assert!(worker.spec.provider_id.is_some());
+    let address = gate::member_address(worker).unwrap().to_owned();
+    assert!(
+        !world
+            .cloud
+            .member_truth()
+            .iter()
+            .any(|m| m.address == address),
+        "a worker is no member"
+    );
+    let (status, reason) = member_condition(worker);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", reasons::NOT_CONTROL_PLANE)
+    );
+    // Each transition the gate acts on is an event.
+    for reason in [
+        "MemberCreated",
+        "MemberActive",
+        "MemberRemoving",
+        "MemberRemoved",
+    ] {
+        assert!(
+            !events(&world, reason).await.is_empty(),
+            "a {reason} event was published"
+        );
+    }
+    // The pool holds exactly the three new machines, each ACTIVE, and nothing else.
+    let pool: Vec<_> = world
+        .cloud
+        .member_truth()
+        .into_iter()
+        .filter(|m| m.port == 6443)
+        .collect();
+    assert_eq!(pool.len(), 3, "{pool:#?}");
+    assert!(pool.iter().all(|m| m.provisioning_status == "ACTIVE"));
+    for name in &figures.rollout.created {
+        assert!(
+            pool.iter().any(|m| m.name.ends_with(name.as_str())),
+            "{name}"
+        );
+    }
+    delete_everything(&world, &actor, &baseline).await;
+    actor.stop().await;
+    world.stop_manager().await;
+}
+
+#[tokio::test]
+async fn trusting_the_lb_instead_empties_the_api_pool_during_the_same_rollout() {
+    let (mut world, actor, figures, seen, _) = rollout_of_three(Strategy::LbOnly).await;
+    figures.print(Strategy::LbOnly);
+    assert_eq!(figures.rollout.replaced.len(), 3);
+    assert_eq!(
+        figures.min_active,
+        Some(0),
+        "trusting the LB, the pool reaches zero ACTIVE members"
+    );
+    assert!(
+        !seen.released_early.is_empty(),
+        "machines were released before their members were ACTIVE"
+    );
+    actor.stop().await;
+    world.stop_manager().await;
+}
+
+fn member_condition(machine: &OpenStackMachine) -> (String, String) {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default()
+}
+
+async fn events(world: &World, reason: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(world.client.clone(), NAMESPACE);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+/// Waits until the machine's member condition has `reason`.
+async fn wait_member_reason(world: &World, name: &str, reason: &str) -> OpenStackMachine {
+    let api = machines(world);
+    eventually(&format!("{name} with {reason}"), || async {
+        let machine = api.get_opt(name).await.ok().flatten()?;
+        (member_condition(&machine).1 == reason).then_some(machine)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_stuck_member_holds_the_rollout_until_released_and_an_error_member_is_repaired() {
+    let (mut world, actor) = cluster_with_actor(Strategy::StatusTree, Duration::from_secs(2)).await;
+    let plane = plane(3);
+    let old = actor.scale_control_plane(&plane).await.unwrap();
+    let created = Arc::new(Mutex::new(Vec::<String>::new()));
+    let cloud = world.cloud.clone();
+    let noted = created.clone();
+    let rollout = actor.rollout(&plane, move |step| {
+        let RolloutStep::Created { name } = step else {
+            return;
+        };
+        let mut created = noted.lock().unwrap();
+        created.push(name.clone());
+        // The first new member sticks in PENDING_CREATE; the second goes ERROR once.
+        let effect = match created.len() {
+            1 => Some((Effect::Stuck, None)),
+            2 => Some((Effect::Error, Some(1))),
+            _ => None,
+        };
+        let Some((effect, times)) = effect else {
+            return;
+        };
+        let rule = Rule {
+            kind: ObjectKind::Member,
+            name: format!("*-{name}"),
+            effect,
+            times,
+        };
+        cloud.add_rule(rule);
+    });
+    let check = async {
+        let first = eventually("the first new machine", || async {
+            created.lock().unwrap().first().cloned()
+        })
+        .await;
+        let stuck = wait_member_reason(&world, &first, reasons::MEMBER_STUCK).await;
+        assert!(stuck.spec.provider_id.is_none(), "a stuck machine is held");
+        // The rollout is held: every old machine is still there, none deleting.
+        let all: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+        for name in &old {
+            let machine = all.get(name).await.unwrap();
+            assert!(machine.metadata.deletion_timestamp.is_none(), "{name} kept");
+        }
+        assert!(!events(&world, "MemberStuck").await.is_empty());
+        // The stuck rule goes: the member finishes, and the rollout goes on.
+        world.cloud.clear_rules();
+        let second = eventually("the second new machine", || async {
+            created.lock().unwrap().get(1).cloned()
+        })
+        .await;
+        wait_member_reason(&world, &second, reasons::MEMBER_ERROR).await;
+    };
+    let (report, ()) = tokio::join!(rollout, check);
+    let report = report.unwrap();
+    assert_eq!(
+        report.replaced, old,
+        "every old machine replaced, oldest first"
+    );
+    assert!(
+        !events(&world, "MemberRepairing").await.is_empty(),
+        "ERROR repaired"
+    );
+    assert!(!events(&world, "MemberRepaired").await.is_empty());
+    let pool: Vec<_> = world
+        .cloud
+        .member_truth()
+        .into_iter()
+        .filter(|m| m.port == 6443)
+        .collect();
+    assert_eq!(pool.len(), 3, "{pool:#?}");
+    assert!(pool.iter().all(|m| m.provisioning_status == "ACTIVE"));
+    actor.stop().await;
+    world.stop_manager().await;
+}
+
+#[tokio::test]
+async fn the_last_active_member_of_a_pool_is_held_until_another_serves() {
+    let (mut world, actor) =
+        cluster_with_actor(Strategy::StatusTree, Duration::from_secs(600)).await;
+    let names = actor.scale_control_plane(&plane(1)).await.unwrap();
+    let only = names[0].clone();
+    // A second machine joins, but its member sticks in PENDING_CREATE: the first one's member
+    // stays the only ACTIVE one of the pool. Deleting the first machine must not empty it.
+    // Every member created from now on sticks (the first one's is ACTIVE already).
+    world.cloud.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "*".into(),
+        effect: Effect::Stuck,
+        times: None,
+    });
+    let two = plane(2);
+    let scaling = actor.scale_control_plane(&two);
+    let check = async {
+        let api = machines(&world);
+        let second = eventually("a second machine", || async {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .map(kube::ResourceExt::name_any)
+                .find(|name| *name != only)
+        })
+        .await;
+        wait_member_reason(&world, &second, reasons::MEMBERS_PENDING).await;
+        actor.delete_machine(&only).await.unwrap();
+        let held = wait_member_reason(&world, &only, reasons::LAST_ACTIVE_MEMBER).await;
+        assert!(!gate::is_leaving(&held), "a held machine stays a member");
+        assert!(!events(&world, "MemberRemovalHeld").await.is_empty());
+        let all: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+        let machine = all.get(&only).await.unwrap();
+        assert!(
+            kube::ResourceExt::annotations(&machine).contains_key(capi::labels::LB_MEMBER_HOOK),
+            "the hook stays while the member is held"
+        );
+        let active: Vec<_> = world
+            .cloud
+            .member_truth()
+            .into_iter()
+            .filter(|m| m.provisioning_status == "ACTIVE")
+            .collect();
+        assert_eq!(active.len(), 1, "{active:#?}");
+        // The second member finishes: the first may go now.
+        world.cloud.clear_rules();
+    };
+    let (scaled, ()) = tokio::join!(scaling, check);
+    scaled.unwrap();
+    actor.wait_gone(&only).await.unwrap();
+    let pool = world.cloud.member_truth();
+    assert!(
+        pool.iter().any(|m| m.provisioning_status == "ACTIVE"),
+        "a member serves after the hand-over: {pool:#?}"
+    );
+    assert!(!pool.iter().any(|m| m.name.ends_with(only.as_str())));
+    actor.stop().await;
+    world.stop_manager().await;
+}
