@@ -179,6 +179,17 @@ async fn control_plane_machine(world: &World, cluster: &str, name: &str, address
         .create(&PostParams::default(), &machine)
         .await
         .unwrap();
+    // No Machine owns it: the machine controller only says it waits. Its first status write
+    // comes before ours, which plays the server's address.
+    let api = machines(world);
+    eventually("the machine controller's first look", || async {
+        let machine = api.get(name).await.ok()?;
+        machine
+            .status
+            .is_some_and(|s| !s.conditions.is_empty())
+            .then_some(())
+    })
+    .await;
     let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": address}]}});
     machines(world)
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
