@@ -715,6 +715,7 @@ fn member_state_labels(
         cluster: cluster.name.clone(),
         pool: track.pool_id.clone().unwrap_or_default(),
         member: track.desired.name.clone(),
+        machine: track.desired.owner.name.clone(),
         provisioning,
         operating,
     }

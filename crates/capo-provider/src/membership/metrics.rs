@@ -54,6 +54,7 @@ impl EngineMetrics {
                     "cluster",
                     "pool",
                     "member",
+                    "machine",
                     "provisioning_status",
                     "operating_status",
                 ],
@@ -309,17 +310,20 @@ pub(crate) struct MemberStateLabels {
     pub cluster: String,
     pub pool: String,
     pub member: String,
+    /// The OpenStackMachine that wants the member.
+    pub machine: String,
     pub provisioning: &'static str,
     pub operating: &'static str,
 }
 
 impl MemberStateLabels {
-    fn values(&self) -> [&str; 6] {
+    fn values(&self) -> [&str; 7] {
         [
             &self.namespace,
             &self.cluster,
             &self.pool,
             &self.member,
+            &self.machine,
             self.provisioning,
             self.operating,
         ]
