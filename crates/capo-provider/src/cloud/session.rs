@@ -159,9 +159,14 @@ fn sdk_send_error(error: openstack_sdk::api::ApiError<openstack_sdk::RestError>)
 /// Whether an authentication failure is Keystone refusing the credentials (terminal until
 /// someone fixes them) rather than Keystone being unreachable or failing (which passes).
 pub(crate) fn is_refusal(message: &str) -> bool {
-    ["401", "Unauthorized", "authentication", "403", "Forbidden"]
-        .iter()
-        .any(|needle| message.contains(needle))
+    // Status codes as whole words only: a URL's port (`:40371`) is no 403.
+    let status = message
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word == "401" || word == "403");
+    status
+        || ["Unauthorized", "authentication", "Forbidden"]
+            .iter()
+            .any(|needle| message.contains(needle))
 }
 
 fn reqwest_send_error(error: &reqwest::Error) -> SendError {
@@ -289,5 +294,10 @@ mod tests {
             "The request you have made requires authentication. (HTTP 401)"
         ));
         assert!(is_refusal("403 Forbidden"));
+        assert!(is_refusal("Request failed with status 401"));
+        // A port that happens to hold 401 or 403 is no refusal.
+        let on_port = "`identity` endpoint version discovery error:\n\tUrl: http://127.0.0.1:40371/identity/v3/\n\tMessage: Service is not working.";
+        assert!(!is_refusal(on_port));
+        assert!(!is_refusal("Url: http://127.0.0.1:34019/"));
     }
 }
