@@ -117,8 +117,8 @@ fn watch(
                 seen.min_active = Some(seen.min_active.map_or(active, |min| min.min(active)));
             }
             for machine in &list.items {
-                let joining =
-                    capi::is_control_plane(machine.labels_or_empty()) && !gate::is_leaving(machine);
+                let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
+                    && !gate::is_leaving(machine);
                 let Some(address) = gate::member_address(machine) else {
                     continue;
                 };
@@ -135,16 +135,6 @@ fn watch(
         }
     });
     (seen, task)
-}
-
-trait Labels {
-    fn labels_or_empty(&self) -> &BTreeMap<String, String>;
-}
-
-impl Labels for OpenStackMachine {
-    fn labels_or_empty(&self) -> &BTreeMap<String, String> {
-        kube::ResourceExt::labels(self)
-    }
 }
 
 /// The world with a provisioned cluster `c1` and the actor playing Cluster API.
