@@ -20,6 +20,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Whether the command draws its own view (logs would tear it).
+    pub fn is_demo(&self) -> bool {
+        #[cfg(feature = "dev-tools")]
+        if matches!(self.command, Command::Demo(_)) {
+            return true;
+        }
+        false
+    }
+}
+
 /// Subcommands.
 // Parsed once per process: the size of its largest variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -51,6 +62,19 @@ pub enum Command {
     #[cfg(feature = "dev-tools")]
     #[command(subcommand)]
     Bench(crate::dev::BenchCommand),
+    /// capo-rs end to end, in one process, with no cloud: a cluster from a CAPO template
+    /// brought up and its control plane rolled on the simulators, with a live view.
+    ///
+    /// Exit codes: 0 the cluster's API stayed up and nothing leaked; 1 it went down (the API
+    /// pool reached zero ACTIVE members, as with --strategy lb-only) or something leaked.
+    #[cfg(feature = "dev-tools")]
+    Demo(crate::dev::DemoArgs),
+    /// Prove the dashboards and alerts on real data: a real Prometheus (Debian's
+    /// `prometheus` package) scrapes `capo-rs demo --hold`; every panel query must return
+    /// data, the stuck and ERROR alerts must fire, promtool must pass the rules and our
+    /// /metrics; the key panels are drawn as PNGs. Exit code 1 when anything fails.
+    #[cfg(feature = "dev-tools")]
+    ProveDashboards(crate::dev::ProveArgs),
     /// Watch load balancers' members through the membership engine, live.
     ///
     /// Exit codes: 0 every gate Ready (with --until-ready), 2 a member stuck, 3 a member in
@@ -255,6 +279,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(command) => crate::dev::bench(command, runtime),
         #[cfg(feature = "dev-tools")]
         Command::Sim(command) => runtime()?.block_on(crate::dev::sim(command)),
+        #[cfg(feature = "dev-tools")]
+        Command::Demo(args) => runtime()?.block_on(crate::dev::demo(args)),
+        #[cfg(feature = "dev-tools")]
+        Command::ProveDashboards(args) => runtime()?.block_on(crate::dev::prove_dashboards(args)),
         Command::WatchLb {
             clouds_yaml,
             cacert,

@@ -50,6 +50,125 @@ pub enum SimCommand {
     },
 }
 
+/// `capo-rs demo`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// `status-tree` (capo-rs: each member's own provisioning_status) or `lb-only` (trusting
+    /// the load balancer's status, as CAPO does).
+    #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
+    strategy: Strategy,
+    /// Divides every timing of the story (1: about a minute and a half).
+    #[arg(long, default_value_t = 1.0, value_parser = demo_speed)]
+    speed: f64,
+    /// Serve /metrics on 127.0.0.1 at this port (0 picks a free one).
+    #[arg(long, default_value_t = 9184)]
+    metrics_port: u16,
+    /// Keep running (and serving /metrics) after the story, until Ctrl-C, so that
+    /// Prometheus can scrape it.
+    #[arg(long)]
+    hold: bool,
+    /// Use this cluster's API instead of the embedded simulator (the cloud stays
+    /// simulated). The demo installs missing CRDs and works in namespace capo-rs-demo.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Plain log lines instead of the live view, even on a terminal.
+    #[arg(long)]
+    plain: bool,
+}
+
+fn demo_strategy(text: &str) -> Result<Strategy, String> {
+    match text.parse::<Strategy>()? {
+        Strategy::MemberGet => Err("the demo runs status-tree or lb-only".to_owned()),
+        strategy => Ok(strategy),
+    }
+}
+
+fn demo_speed(text: &str) -> Result<f64, String> {
+    let speed: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    capo_demo::Pace::new(speed).map(|pace| pace.speed())
+}
+
+/// Plays the demo; its exit code says whether the cluster's API stayed up.
+pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let config = capo_demo::DemoConfig {
+        strategy: args.strategy,
+        pace: capo_demo::Pace::new(args.speed).map_err(anyhow::Error::msg)?,
+        metrics_listen: SocketAddr::from(([127, 0, 0, 1], args.metrics_port)),
+        kubeconfig: args.kubeconfig,
+        plain: args.plain,
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let interrupted = shutdown.clone();
+    let signals = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupted.cancel();
+        }
+    });
+    let running = tokio::select! {
+        running = capo_demo::run(config, shutdown.clone()) => running?,
+        () = shutdown.cancelled() => anyhow::bail!("interrupted"),
+    };
+    println!("\n{}", running.summary.render());
+    if args.hold {
+        println!(
+            "{} (exit code {}); /metrics on http://{}/metrics until Ctrl-C",
+            capo_demo::prove::HOLDING,
+            running.summary.exit_code(),
+            running.metrics.addr
+        );
+        shutdown.cancelled().await;
+    }
+    signals.abort();
+    Ok(ExitCode::from(running.summary.exit_code()))
+}
+
+/// `capo-rs prove-dashboards`' flags.
+#[derive(Debug, clap::Args)]
+pub struct ProveArgs {
+    /// Where the pictures go.
+    #[arg(long, default_value = "docs/img")]
+    out: PathBuf,
+    /// The demo's speed (see `capo-rs demo --speed`).
+    #[arg(long, default_value_t = 1.0, value_parser = demo_speed)]
+    speed: f64,
+    #[arg(long, default_value = "prometheus")]
+    prometheus: PathBuf,
+    #[arg(long, default_value = "promtool")]
+    promtool: PathBuf,
+    /// A TrueType font for the pictures.
+    #[arg(
+        long,
+        default_value = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+    )]
+    font: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the proof; exit code 1 when any part of it fails.
+pub async fn prove_dashboards(args: ProveArgs) -> anyhow::Result<ExitCode> {
+    let config = capo_demo::prove::ProveConfig {
+        capo_rs: std::env::current_exe()?,
+        prometheus: args.prometheus,
+        promtool: args.promtool,
+        speed: args.speed,
+        pictures: args.out,
+        font: args.font,
+    };
+    let report = capo_demo::prove::prove(&config).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(if report.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {

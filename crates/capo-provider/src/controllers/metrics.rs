@@ -1,6 +1,8 @@
 //! Reconcile metrics under controller-runtime's names, so the CAPI dashboards people already
 //! have show capo-rs's controllers too.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -38,6 +40,12 @@ pub struct ReconcileMetrics {
     active_workers: IntGaugeVec,
     max_concurrent: IntGaugeVec,
     gate_latency: HistogramVec,
+    queue_depth: IntGaugeVec,
+    /// Objects waiting for a worker, by controller. kube-runtime's scheduler does not show its
+    /// queue, so it is counted at its edges: a trigger adds its object (repeats merge, as in
+    /// the scheduler), the start of the object's reconcile takes it out. Delayed requeues are
+    /// not waiting, as in controller-runtime's workqueue.
+    waiting: Arc<Mutex<HashMap<&'static str, HashSet<String>>>>,
 }
 
 impl ReconcileMetrics {
@@ -100,7 +108,16 @@ impl ReconcileMetrics {
                 ]),
                 &["pass"],
             )?,
+            queue_depth: IntGaugeVec::new(
+                Opts::new(
+                    "workqueue_depth",
+                    "Objects waiting for a worker per controller",
+                ),
+                &["controller", "name"],
+            )?,
+            waiting: Arc::default(),
         };
+        registry.register(Box::new(metrics.queue_depth.clone()))?;
         registry.register(Box::new(metrics.gate_latency.clone()))?;
         registry.register(Box::new(metrics.total.clone()))?;
         registry.register(Box::new(metrics.errors.clone()))?;
@@ -120,15 +137,48 @@ impl ReconcileMetrics {
     }
 
     /// A controller starts with this many workers.
-    pub fn controller_started(&self, controller: &str, concurrency: usize) {
+    pub fn controller_started(&self, controller: &'static str, concurrency: usize) {
         self.max_concurrent
             .with_label_values(&[controller])
             .set(i64::try_from(concurrency).unwrap_or(i64::MAX));
+        self.update_waiting(controller, |_| {});
+        // Every series from zero, as controller-runtime starts them: the first error is then
+        // an increase Prometheus sees, and dashboards show zero rather than nothing.
+        for result in ["success", "error", "requeue", "requeue_after"] {
+            self.total.with_label_values(&[controller, result]);
+        }
+        self.errors.with_label_values(&[controller]);
+        self.terminal_errors.with_label_values(&[controller]);
+        self.active_workers.with_label_values(&[controller]);
     }
 
-    /// A reconcile begins; finish it with [`Reconciling::finish`]. Dropped unfinished (a
-    /// cancelled or panicking reconcile), it still frees its worker.
-    pub fn reconciling(&self, controller: &'static str) -> Reconciling {
+    /// A trigger handed `controller` the object `key` (`<controller>/<namespace>/<name>`).
+    pub fn queued(&self, controller: &'static str, key: String) {
+        self.update_waiting(controller, |waiting| {
+            waiting.insert(key);
+        });
+    }
+
+    /// The object `key` left `controller`'s queue without a reconcile (it was gone).
+    pub fn unqueued(&self, controller: &'static str, key: &str) {
+        self.update_waiting(controller, |waiting| {
+            waiting.remove(key);
+        });
+    }
+
+    fn update_waiting(&self, controller: &'static str, change: impl FnOnce(&mut HashSet<String>)) {
+        let mut all = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let waiting = all.entry(controller).or_default();
+        change(waiting);
+        self.queue_depth
+            .with_label_values(&[controller, controller])
+            .set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
+    }
+
+    /// The reconcile of the object `key` begins; finish it with [`Reconciling::finish`].
+    /// Dropped unfinished (a cancelled or panicking reconcile), it still frees its worker.
+    pub fn reconciling(&self, controller: &'static str, key: &str) -> Reconciling {
+        self.unqueued(controller, key);
         self.active_workers.with_label_values(&[controller]).inc();
         Reconciling {
             metrics: self.clone(),
@@ -205,12 +255,42 @@ mod tests {
     }
 
     #[test]
+    fn queue_depth_counts_each_waiting_object_once_until_its_reconcile_starts() {
+        let registry = Registry::new();
+        let metrics = ReconcileMetrics::register(&registry).unwrap();
+        let depth = [
+            ("controller", "openstackmachine"),
+            ("name", "openstackmachine"),
+        ];
+        metrics.controller_started("openstackmachine", 10);
+        assert_eq!(value(&registry, "workqueue_depth", &depth), 0.0);
+        for key in ["m/ns/a", "m/ns/b", "m/ns/a"] {
+            metrics.queued("openstackmachine", key.to_owned());
+        }
+        assert_eq!(
+            value(&registry, "workqueue_depth", &depth),
+            2.0,
+            "two triggers of one object are one reconcile"
+        );
+        let started = metrics.reconciling("openstackmachine", "m/ns/a");
+        metrics.unqueued("openstackmachine", "m/ns/b");
+        assert_eq!(value(&registry, "workqueue_depth", &depth), 0.0);
+        metrics.queued("openstackmachine", "m/ns/a".to_owned());
+        assert_eq!(
+            value(&registry, "workqueue_depth", &depth),
+            1.0,
+            "a trigger during its reconcile waits for the next one"
+        );
+        started.finish(ReconcileResult::Success);
+    }
+
+    #[test]
     fn reconciles_are_counted_under_controller_runtimes_names() {
         let registry = Registry::new();
         let metrics = ReconcileMetrics::register(&registry).unwrap();
         metrics.controller_started("openstackserver", 10);
-        let first = metrics.reconciling("openstackserver");
-        let second = metrics.reconciling("openstackserver");
+        let first = metrics.reconciling("openstackserver", "openstackserver/ns/a");
+        let second = metrics.reconciling("openstackserver", "openstackserver/ns/b");
         let workers = [("controller", "openstackserver")];
         assert_eq!(
             value(&registry, "controller_runtime_active_workers", &workers),
@@ -218,7 +298,7 @@ mod tests {
         );
         first.finish(ReconcileResult::Success);
         second.finish(ReconcileResult::Error(ErrorCategory::InvalidSpec));
-        let cancelled = metrics.reconciling("openstackserver");
+        let cancelled = metrics.reconciling("openstackserver", "openstackserver/ns/c");
         drop(cancelled);
         assert_eq!(
             value(&registry, "controller_runtime_active_workers", &workers),

@@ -25,6 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::controllers::metrics::ReconcileMetrics;
 use crate::controllers::{Context, cluster, machine, server};
 
 /// Which objects this manager reconciles.
@@ -55,6 +56,91 @@ impl WatchScope {
                 .labels(&format!("{}={value}", capi::labels::WATCH_FILTER)),
             None => watcher::Config::default(),
         }
+    }
+}
+
+/// Notes, for the queue depth metric, every object a trigger hands a controller.
+#[derive(Clone)]
+struct Queue {
+    metrics: ReconcileMetrics,
+    controller: &'static str,
+}
+
+impl Queue {
+    fn new(ctx: &Context, controller: &'static str) -> Self {
+        Queue {
+            metrics: ctx.metrics.clone(),
+            controller,
+        }
+    }
+
+    fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        format!(
+            "{}/{}/{name}",
+            self.controller,
+            namespace.unwrap_or_default()
+        )
+    }
+
+    fn note<K: reflector::Lookup + ?Sized>(&self, object: &ObjectRef<K>) {
+        let key = self.key(object.namespace.as_deref(), &object.name);
+        self.metrics.queued(self.controller, key);
+    }
+
+    fn note_object<K: Resource>(&self, object: &K) {
+        let key = self.key(object.meta().namespace.as_deref(), &object.name_any());
+        self.metrics.queued(self.controller, key);
+    }
+
+    /// An object that was gone by the time its turn came.
+    fn dropped(&self, namespace: Option<&str>, name: &str) {
+        self.metrics
+            .unqueued(self.controller, &self.key(namespace, name));
+    }
+
+    /// `mapper`, noting what it picks.
+    fn mapping<T, K, I, F>(&self, mapper: F) -> impl Fn(T) -> Vec<ObjectRef<K>> + use<T, K, I, F>
+    where
+        K: reflector::Lookup,
+        I: IntoIterator<Item = ObjectRef<K>>,
+        F: Fn(T) -> I,
+    {
+        let queue = self.clone();
+        move |value| {
+            let picked: Vec<ObjectRef<K>> = mapper(value).into_iter().collect();
+            for object in &picked {
+                queue.note(object);
+            }
+            picked
+        }
+    }
+
+    /// Own objects' changes, noted.
+    fn own<K: Resource, E, S>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = Result<K, E>> + use<K, E, S>
+    where
+        S: futures::Stream<Item = Result<K, E>>,
+    {
+        let queue = self.clone();
+        stream.inspect(move |result| {
+            if let Ok(object) = result {
+                queue.note_object(object);
+            }
+        })
+    }
+
+    /// Wake-ups, noted.
+    fn wakeups<K: reflector::Lookup, S>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = ObjectRef<K>> + use<K, S>
+    where
+        S: futures::Stream<Item = ObjectRef<K>>,
+    {
+        let queue = self.clone();
+        stream.inspect(move |object| queue.note(object))
     }
 }
 
@@ -181,29 +267,37 @@ pub async fn run_servers(
     let listed = reader.clone();
     ctx.metrics
         .controller_started(server::CONTROLLER, usize::from(concurrency));
-    let controller = Controller::for_stream(servers, reader)
-        .watches_stream(secrets, move |secret| {
-            let name = secret.name_any();
-            pick(&by_secret, secret.namespace(), |object: &Watched| {
-                object
-                    .0
-                    .as_ref()
-                    .is_ok_and(|server| names_secret(server, &name))
-            })
-        })
-        .watches_stream(clusters, move |cluster| {
-            let name = cluster.name_any();
-            pick(&by_cluster, cluster.namespace(), |object: &Watched| {
-                capi::cluster_name(object.labels()) == Some(name.as_str())
-            })
-        })
+    let queue = Queue::new(&ctx, server::CONTROLLER);
+    let controller = Controller::for_stream(queue.own(servers), reader)
+        .watches_stream(
+            secrets,
+            queue.mapping(move |secret: PartialObjectMeta<Secret>| {
+                let name = secret.name_any();
+                pick(&by_secret, secret.namespace(), |object: &Watched| {
+                    object
+                        .0
+                        .as_ref()
+                        .is_ok_and(|server| names_secret(server, &name))
+                })
+            }),
+        )
+        .watches_stream(
+            clusters,
+            queue.mapping(move |cluster: Cluster| {
+                let name = cluster.name_any();
+                pick(&by_cluster, cluster.namespace(), |object: &Watched| {
+                    capi::cluster_name(object.labels()) == Some(name.as_str())
+                })
+            }),
+        )
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(server::reconcile, server::error_policy, ctx)
-        .for_each(|result| async move {
+        .for_each(move |result| {
             if let Err(error) = result {
-                log_controller_error(server::CONTROLLER, &error);
+                log_controller_error(&queue, &error);
             }
+            std::future::ready(())
         });
     until_stopped(controller, listed, shutdown).await;
 }
@@ -247,50 +341,54 @@ pub async fn run_clusters(
     let listed = reader.clone();
     ctx.metrics
         .controller_started(cluster::CONTROLLER, usize::from(concurrency));
-    let controller = Controller::for_stream(clusters, reader)
-        .watches_stream(secrets, move |secret| {
-            let name = secret.name_any();
-            pick(&by_secret, secret.namespace(), |object: &Watched| {
-                object.0.as_ref().is_ok_and(|c| {
-                    c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
-                        && c.spec.identity_ref.name == name
+    let queue = Queue::new(&ctx, cluster::CONTROLLER);
+    let controller = Controller::for_stream(queue.own(clusters), reader)
+        .watches_stream(
+            secrets,
+            queue.mapping(move |secret: PartialObjectMeta<Secret>| {
+                let name = secret.name_any();
+                pick(&by_secret, secret.namespace(), |object: &Watched| {
+                    object.0.as_ref().is_ok_and(|c| {
+                        c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
+                            && c.spec.identity_ref.name == name
+                    })
                 })
-            })
-        })
-        .watches_stream(capi_clusters, move |owner| {
-            let name = owner.name_any();
-            pick(&by_cluster, owner.namespace(), |object: &Watched| {
-                capi::cluster_name(object.labels()) == Some(name.as_str())
-            })
-        })
-        .watches_stream(machines, move |machine| {
-            let name = capi::cluster_name(machine.labels()).map(str::to_owned);
-            pick(&by_machine, machine.namespace(), |object: &Watched| {
-                name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
-            })
-        })
-        .watches_stream(bastions, |server| {
-            let namespace = server.namespace();
-            server
-                .owner_references()
-                .iter()
-                .filter(|o| o.kind == "OpenStackCluster")
-                .map(|o| {
-                    let mut object = ObjectRef::<Watched>::new(&o.name);
-                    object.namespace.clone_from(&namespace);
-                    object
+            }),
+        )
+        .watches_stream(
+            capi_clusters,
+            queue.mapping(move |owner: Cluster| {
+                let name = owner.name_any();
+                pick(&by_cluster, owner.namespace(), |object: &Watched| {
+                    capi::cluster_name(object.labels()) == Some(name.as_str())
                 })
-                .collect::<Vec<_>>()
-        })
-        .reconcile_on(wakeups.changed)
+            }),
+        )
+        .watches_stream(
+            machines,
+            queue.mapping(move |machine: DeserializeGuard<OpenStackMachine>| {
+                let name = capi::cluster_name(machine.labels()).map(str::to_owned);
+                pick(&by_machine, machine.namespace(), |object: &Watched| {
+                    name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
+                })
+            }),
+        )
+        .watches_stream(
+            bastions,
+            queue.mapping(|server: DeserializeGuard<OpenStackServer>| {
+                owned_by::<Watched>(&server, "OpenStackCluster")
+            }),
+        )
+        .reconcile_on(queue.wakeups(wakeups.changed))
         .reconcile_all_on(wakeups.resync)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(cluster::reconcile, cluster::error_policy, ctx)
-        .for_each(|result| async move {
+        .for_each(move |result| {
             if let Err(error) = result {
-                log_controller_error(cluster::CONTROLLER, &error);
+                log_controller_error(&queue, &error);
             }
+            std::future::ready(())
         });
     until_stopped(controller, listed, shutdown).await;
 }
@@ -337,56 +435,60 @@ pub async fn run_machines(
     let listed = reader.clone();
     ctx.metrics
         .controller_started(machine::CONTROLLER, usize::from(concurrency));
-    let controller = Controller::for_stream(machines, reader)
-        .watches_stream(capi_clusters, move |owner| {
-            let name = owner.name_any();
-            pick(&by_cluster, owner.namespace(), |object: &Watched| {
-                capi::cluster_name(object.labels()) == Some(name.as_str())
-            })
-        })
-        .watches_stream(capi_machines, |owner| {
-            let infrastructure = owner
-                .0
-                .as_ref()
-                .ok()
-                .and_then(|m| m.spec.infrastructure_ref.clone())
-                .filter(|r| r.kind == "OpenStackMachine");
-            infrastructure.map(|r| {
-                let mut object = ObjectRef::<Watched>::new(&r.name);
-                object.namespace = owner.namespace();
-                object
-            })
-        })
-        .watches_stream(servers, |server| {
-            let namespace = server.namespace();
-            server
-                .owner_references()
-                .iter()
-                .filter(|o| o.kind == "OpenStackMachine")
-                .map(|o| {
-                    let mut object = ObjectRef::<Watched>::new(&o.name);
-                    object.namespace.clone_from(&namespace);
+    let queue = Queue::new(&ctx, machine::CONTROLLER);
+    let controller = Controller::for_stream(queue.own(machines), reader)
+        .watches_stream(
+            capi_clusters,
+            queue.mapping(move |owner: Cluster| {
+                let name = owner.name_any();
+                pick(&by_cluster, owner.namespace(), |object: &Watched| {
+                    capi::cluster_name(object.labels()) == Some(name.as_str())
+                })
+            }),
+        )
+        .watches_stream(
+            capi_machines,
+            queue.mapping(|owner: DeserializeGuard<capi::Machine>| {
+                let infrastructure = owner
+                    .0
+                    .as_ref()
+                    .ok()
+                    .and_then(|m| m.spec.infrastructure_ref.clone())
+                    .filter(|r| r.kind == "OpenStackMachine");
+                infrastructure.map(|r| {
+                    let mut object = ObjectRef::<Watched>::new(&r.name);
+                    object.namespace = owner.namespace();
                     object
                 })
-                .collect::<Vec<_>>()
-        })
-        .watches_stream(infra, move |osc| {
-            let name = capi::cluster_name(osc.labels())
-                .map(str::to_owned)
-                .unwrap_or_else(|| osc.name_any());
-            pick(&by_infra, osc.namespace(), |object: &Watched| {
-                capi::cluster_name(object.labels()) == Some(name.as_str())
-            })
-        })
-        .reconcile_on(wakeups.changed)
+            }),
+        )
+        .watches_stream(
+            servers,
+            queue.mapping(|server: DeserializeGuard<OpenStackServer>| {
+                owned_by::<Watched>(&server, "OpenStackMachine")
+            }),
+        )
+        .watches_stream(
+            infra,
+            queue.mapping(move |osc: DeserializeGuard<OpenStackCluster>| {
+                let name = capi::cluster_name(osc.labels())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| osc.name_any());
+                pick(&by_infra, osc.namespace(), |object: &Watched| {
+                    capi::cluster_name(object.labels()) == Some(name.as_str())
+                })
+            }),
+        )
+        .reconcile_on(queue.wakeups(wakeups.changed))
         .reconcile_all_on(wakeups.resync)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(machine::reconcile, machine::error_policy, ctx)
-        .for_each(|result| async move {
+        .for_each(move |result| {
             if let Err(error) = result {
-                log_controller_error(machine::CONTROLLER, &error);
+                log_controller_error(&queue, &error);
             }
+            std::future::ready(())
         });
     until_stopped(controller, listed, shutdown).await;
 }
@@ -476,6 +578,24 @@ async fn until_stopped<K: Resource + Clone>(
     }
 }
 
+/// The objects of `K` (of kind `kind`) that own `object`, in its namespace.
+fn owned_by<K>(object: &impl Resource, kind: &str) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let namespace = object.meta().namespace.clone();
+    object
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == kind)
+        .map(|o| {
+            let mut owner = ObjectRef::<K>::new(&o.name);
+            owner.namespace.clone_from(&namespace);
+            owner
+        })
+        .collect()
+}
+
 /// Whether the server names this Secret, for credentials or user data.
 fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
     let identity = &server.spec.identity_ref;
@@ -492,12 +612,14 @@ fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
 
 /// Reconcile failures are logged where they happen, with their object; the rest here.
 fn log_controller_error<E: std::error::Error, Q: std::error::Error>(
-    controller: &str,
+    queue: &Queue,
     error: &controller::Error<E, Q>,
 ) {
+    let controller = queue.controller;
     match error {
         controller::Error::ReconcilerFailed(..) => {}
         controller::Error::ObjectNotFound(object) => {
+            queue.dropped(object.namespace.as_deref(), &object.name);
             tracing::debug!(controller, %object, "object gone before its reconcile");
         }
         other => tracing::warn!(controller, error = %other, "watch trouble; retrying"),

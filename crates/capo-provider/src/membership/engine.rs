@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::changes::{Change, Changes};
-use super::metrics::{EngineMetrics, EngineTask, MemberStateLabels, PollKind};
+use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
 use super::model::{DesiredLb, LbTrack, MemberTrack, Presence, SeenMember};
 use super::observe::{Observer, Seen, StatusTreeObserver};
 use super::schedule::{Finish, Pick, PollOutcome, ScheduleConfig, Scheduler};
@@ -85,6 +85,8 @@ struct LbEntry {
     member_labels: Vec<MemberStateLabels>,
     /// The reason the gate metrics show.
     reason_label: Option<Reason>,
+    /// How long the gate has held, for the hold metrics.
+    gate_clock: GateClock,
     /// Someone changed the LB: publish a change when it is next seen ACTIVE, even if the
     /// verdict reads the same (a short PENDING_UPDATE may fall between two polls).
     wake_when_settled: bool,
@@ -209,6 +211,7 @@ impl Engine {
                     entry.generation
                 }
                 None => {
+                    self.inner.metrics.track_cluster(&desired.cluster);
                     let track = LbTrack::new(desired, now);
                     let verdict = lb_verdict(&track, now, self.inner.config.stuck_after);
                     state.lbs.insert(
@@ -222,6 +225,7 @@ impl Engine {
                             client: client.clone(),
                             member_labels: Vec::new(),
                             reason_label: None,
+                            gate_clock: GateClock::default(),
                             wake_when_settled: false,
                         },
                     );
@@ -276,10 +280,10 @@ impl Engine {
     /// Stops tracking a load balancer. Forgetting an endpoint's last one ends its loop.
     pub fn forget(&self, lb_id: &str) {
         let mut state = self.inner.lock();
-        let Some(entry) = state.lbs.remove(lb_id) else {
+        let Some(mut entry) = state.lbs.remove(lb_id) else {
             return;
         };
-        self.inner.clear_metrics(&entry);
+        self.inner.clear_metrics(&mut entry);
         self.inner.observer.forget(lb_id);
         let still_used = state.lbs.values().any(|e| e.endpoint == entry.endpoint);
         if still_used {
@@ -344,7 +348,11 @@ impl Inner {
         lock(&self.state)
     }
 
-    fn clear_metrics(&self, entry: &LbEntry) {
+    fn clear_metrics(&self, entry: &mut LbEntry) {
+        let gate_time = entry.gate_clock.stop(Instant::now());
+        let cluster = &entry.track.desired.cluster;
+        self.metrics.gate_time(cluster, &gate_time);
+        self.metrics.forget_cluster(cluster);
         for labels in &entry.member_labels {
             self.metrics.clear_member_state(labels);
         }
@@ -543,6 +551,10 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         }
         entry.verdict = verdict;
         entry.verdict_generation = generation;
+        let gate_time = entry.gate_clock.advance(entry.verdict.reason, now);
+        inner
+            .metrics
+            .gate_time(&entry.track.desired.cluster, &gate_time);
         if verdict_changed || settled_after_change {
             publish(&inner, entry, observed);
         }

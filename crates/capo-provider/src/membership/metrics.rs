@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry,
 };
+use tokio::time::Instant;
 
 use super::model::ObjectName;
 use super::verdict::{MemberVerdictKind, Reason};
@@ -35,6 +37,12 @@ pub struct EngineMetrics {
     pub panics_total: IntCounterVec,
     /// Change subscribers that fell behind and were told to re-sync.
     pub change_resyncs_total: IntCounter,
+    /// Seconds gates held rollouts, by the reason that held them.
+    pub gate_held_seconds: CounterVec,
+    /// Holds begun, per cluster.
+    pub gate_holds_total: IntCounterVec,
+    /// How long each finished hold lasted.
+    pub gate_hold_duration: Histogram,
 }
 
 impl EngineMetrics {
@@ -137,7 +145,42 @@ impl EngineMetrics {
                 "capo_lb_change_resyncs_total",
                 "Times a change subscriber fell behind and was told to re-sync everything",
             )?,
+            gate_held_seconds: CounterVec::new(
+                Opts::new(
+                    "capo_lb_gate_held_seconds_total",
+                    "Seconds API load balancer gates held rollouts, by the reason that held them",
+                ),
+                &["reason"],
+            )?,
+            gate_holds_total: IntCounterVec::new(
+                Opts::new(
+                    "capo_lb_gate_holds_total",
+                    "Times a cluster's API load balancer gate closed and began to hold its rollout",
+                ),
+                &["namespace", "cluster"],
+            )?,
+            gate_hold_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "capo_lb_gate_hold_duration_seconds",
+                    "How long each finished hold of an API load balancer gate lasted",
+                )
+                .buckets(vec![
+                    1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
+                ]),
+            )?,
         };
+        for kind in MemberVerdictKind::ALL {
+            metrics
+                .members_by_verdict
+                .with_label_values(&[kind.as_str()]);
+        }
+        // Every reason that holds has a series from the start, so that `increase` sees its
+        // first seconds too.
+        for reason in Reason::ALL.into_iter().filter(|r| r.holds()) {
+            metrics
+                .gate_held_seconds
+                .with_label_values(&[reason.as_str()]);
+        }
         registry.register(Box::new(metrics.member_state.clone()))?;
         registry.register(Box::new(metrics.gate_ready.clone()))?;
         registry.register(Box::new(metrics.gate_reason.clone()))?;
@@ -152,6 +195,9 @@ impl EngineMetrics {
         registry.register(Box::new(metrics.learned_windows.clone()))?;
         registry.register(Box::new(metrics.panics_total.clone()))?;
         registry.register(Box::new(metrics.change_resyncs_total.clone()))?;
+        registry.register(Box::new(metrics.gate_held_seconds.clone()))?;
+        registry.register(Box::new(metrics.gate_holds_total.clone()))?;
+        registry.register(Box::new(metrics.gate_hold_duration.clone()))?;
         Ok(metrics)
     }
 
@@ -175,6 +221,40 @@ impl EngineMetrics {
         self.gate_reason
             .with_label_values(&[gate[0], gate[1], lb, reason.as_str()])
             .set(1);
+    }
+
+    /// A cluster's LB is tracked: its counters start at zero, so that the first stuck or
+    /// ERROR member is an increase Prometheus can see.
+    pub(crate) fn track_cluster(&self, cluster: &ObjectName) {
+        let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
+        self.stuck_total.with_label_values(&labels);
+        self.error_total.with_label_values(&labels);
+        self.gate_holds_total.with_label_values(&labels);
+    }
+
+    /// A cluster's LB is no longer tracked: its counters go with it.
+    pub(crate) fn forget_cluster(&self, cluster: &ObjectName) {
+        let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
+        let _ = self.stuck_total.remove_label_values(&labels);
+        let _ = self.error_total.remove_label_values(&labels);
+        let _ = self.gate_holds_total.remove_label_values(&labels);
+    }
+
+    /// Counts what a [`GateClock`] measured.
+    pub(crate) fn gate_time(&self, cluster: &ObjectName, time: &GateTime) {
+        if let Some((reason, held)) = time.held {
+            self.gate_held_seconds
+                .with_label_values(&[reason.as_str()])
+                .inc_by(held.as_secs_f64());
+        }
+        if time.hold_began {
+            self.gate_holds_total
+                .with_label_values(&[&cluster.namespace, &cluster.name])
+                .inc();
+        }
+        if let Some(lasted) = time.hold_ended {
+            self.gate_hold_duration.observe(lasted.as_secs_f64());
+        }
     }
 
     /// Removes an LB's gate series.
@@ -266,6 +346,60 @@ impl EngineMetrics {
     }
 }
 
+/// An LB's gate over time: how long each reason held it, and how long each hold lasted. A
+/// hold is any time the gate is closed on something known (not `Ready`, not
+/// `LoadBalancerNotObserved`).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct GateClock {
+    /// The reason last seen, and when time was last counted for it.
+    counted: Option<(Reason, Instant)>,
+    /// When the current hold began.
+    hold_began: Option<Instant>,
+}
+
+/// What a [`GateClock`] measured since its last reading.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct GateTime {
+    /// Time held since the last reading, with the reason that held it.
+    pub held: Option<(Reason, Duration)>,
+    pub hold_began: bool,
+    /// A hold ended after this long.
+    pub hold_ended: Option<Duration>,
+}
+
+impl GateClock {
+    /// The gate reads `reason` at `now`.
+    pub(crate) fn advance(&mut self, reason: Reason, now: Instant) -> GateTime {
+        let mut time = self.stop(now);
+        match (self.hold_began, reason.holds()) {
+            (None, true) => {
+                self.hold_began = Some(now);
+                time.hold_began = true;
+            }
+            (Some(began), false) => {
+                self.hold_began = None;
+                time.hold_ended = Some(now.saturating_duration_since(began));
+            }
+            _ => {}
+        }
+        self.counted = Some((reason, now));
+        time
+    }
+
+    /// The time held up to `now` (the LB going away ends no hold: nothing reopened it).
+    pub(crate) fn stop(&mut self, now: Instant) -> GateTime {
+        let held = self
+            .counted
+            .take()
+            .filter(|(reason, _)| reason.holds())
+            .map(|(reason, since)| (reason, now.saturating_duration_since(since)));
+        GateTime {
+            held,
+            ..GateTime::default()
+        }
+    }
+}
+
 /// Why a poll ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollKind {
@@ -327,5 +461,66 @@ impl MemberStateLabels {
             self.provisioning,
             self.operating,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, seconds: u64) -> Instant {
+        start + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_hold_counts_each_reason_and_its_whole_length() {
+        let start = Instant::now();
+        let mut clock = GateClock::default();
+        let first = clock.advance(Reason::Ready, start);
+        assert_eq!(first, GateTime::default(), "an open gate holds nothing");
+
+        let began = clock.advance(Reason::MembersPending, at(start, 10));
+        assert!(began.hold_began);
+        assert_eq!(began.held, None, "the time before was Ready");
+
+        let stuck = clock.advance(Reason::MemberStuck, at(start, 40));
+        assert_eq!(
+            stuck.held,
+            Some((Reason::MembersPending, Duration::from_secs(30)))
+        );
+        assert!(
+            !stuck.hold_began,
+            "the same hold goes on under another reason"
+        );
+
+        let polled = clock.advance(Reason::MemberStuck, at(start, 45));
+        assert_eq!(
+            polled.held,
+            Some((Reason::MemberStuck, Duration::from_secs(5)))
+        );
+
+        let open = clock.advance(Reason::Ready, at(start, 60));
+        assert_eq!(
+            open.held,
+            Some((Reason::MemberStuck, Duration::from_secs(15)))
+        );
+        assert_eq!(open.hold_ended, Some(Duration::from_secs(50)));
+    }
+
+    #[test]
+    fn not_observed_is_no_hold_and_a_forgotten_lb_ends_none() {
+        let start = Instant::now();
+        let mut clock = GateClock::default();
+        assert!(!clock.advance(Reason::NotObserved, start).hold_began);
+        assert_eq!(
+            clock.advance(Reason::MembersMissing, at(start, 3)).held,
+            None
+        );
+        let gone = clock.stop(at(start, 7));
+        assert_eq!(
+            gone.held,
+            Some((Reason::MembersMissing, Duration::from_secs(4)))
+        );
+        assert_eq!(gone.hold_ended, None);
     }
 }

@@ -138,6 +138,9 @@ pub struct MemberTrack {
     /// When it was first seen ACTIVE.
     pub active_at: Option<Instant>,
     pub id: Option<String>,
+    /// Seen under another id after it was first seen: it was deleted and created again (a
+    /// repair of an ERROR member), so its pending time counts from then, not from the request.
+    pub recreated: bool,
 }
 
 /// The engine's knowledge of one load balancer.
@@ -191,6 +194,7 @@ impl LbTrack {
                         first_seen: None,
                         active_at: None,
                         id: want.member_id.clone(),
+                        recreated: false,
                     },
                 }
             })
@@ -233,6 +237,15 @@ impl LbTrack {
                 changed = true;
             }
             if let Some(m) = found {
+                let another_object =
+                    track.first_seen.is_some() && track.id.as_deref().is_some_and(|id| id != m.id);
+                if another_object {
+                    track.id = Some(m.id.clone());
+                    track.active_at = None;
+                    track.recreated = true;
+                    track.since = now;
+                    changed = true;
+                }
                 track.first_seen.get_or_insert(now);
                 track.id.get_or_insert_with(|| m.id.clone());
                 if m.provisioning == ProvisioningStatus::Active {

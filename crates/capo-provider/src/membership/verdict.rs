@@ -110,11 +110,11 @@ pub fn member_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) 
             | ProvisioningStatus::PendingUpdate
             | ProvisioningStatus::Unknown => {
                 // A member never seen ACTIVE counts from its request, not from when we first
-                // saw it: a restarted engine must not reset the clock. One that was ACTIVE
-                // counts from when it went pending again.
-                let pending_since = match track.active_at {
-                    None => since.min(track.desired.requested_at),
-                    Some(_) => since,
+                // saw it: a restarted engine must not reset the clock. One that was ACTIVE,
+                // or was made again (a repair), counts from when it went pending again.
+                let pending_since = match (track.active_at, track.recreated) {
+                    (None, false) => since.min(track.desired.requested_at),
+                    _ => since,
                 };
                 if now.saturating_duration_since(pending_since) >= stuck_after {
                     MemberVerdict::Stuck {
@@ -156,6 +156,11 @@ impl Reason {
         Reason::MembersPending,
         Reason::Ready,
     ];
+
+    /// Whether the gate holds rollouts for a known cause (not ready, and observed).
+    pub fn holds(self) -> bool {
+        !matches!(self, Reason::Ready | Reason::NotObserved)
+    }
 
     /// The condition reason.
     pub fn as_str(self) -> &'static str {
@@ -373,6 +378,29 @@ mod tests {
         assert_eq!(ours, reasons::LOAD_BALANCER_GATE);
         // Most serious first: the derived order is the declared one.
         assert!(Reason::ALL.windows(2).all(|pair| pair[0] < pair[1]));
+    }
+
+    #[test]
+    fn a_repaired_member_counts_its_pending_time_from_its_new_creation() {
+        let t0 = Instant::now();
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        let t1 = t0 + Duration::from_secs(300);
+        track.observe(&seen(Active, &[("10.0.0.1", Error)]), t1);
+        // Deleted and created again: another member object at the same address.
+        let t2 = t1 + Duration::from_secs(400);
+        let mut again = seen(Active, &[("10.0.0.1", PendingCreate)]);
+        again.members[0].id = "id-new".into();
+        assert!(track.observe(&again, t2));
+        let soon = t2 + Duration::from_secs(10);
+        assert_eq!(
+            member_verdict(&track.members[0], soon, STUCK),
+            MemberVerdict::Pending { since: t2 },
+            "700 s after the first request, but 10 s after the repair: pending, not stuck"
+        );
+        assert!(matches!(
+            member_verdict(&track.members[0], t2 + STUCK, STUCK),
+            MemberVerdict::Stuck { .. }
+        ));
     }
 
     fn track_with(

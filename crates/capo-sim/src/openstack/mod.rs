@@ -157,6 +157,14 @@ impl OpenStackSim {
         world.release_stuck();
     }
 
+    /// Changes the scenario in place (timings, rules, faults); objects no rule holds stuck any
+    /// more move on.
+    pub fn update_scenario(&self, change: impl FnOnce(&mut Scenario)) {
+        let mut world = self.shared.world();
+        change(&mut world.scenario);
+        world.release_stuck();
+    }
+
     /// Adds one fault rule.
     pub fn add_rule(&self, rule: Rule) {
         self.shared.world().scenario.rules.push(rule);

@@ -169,7 +169,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
         generation = object.meta().generation.unwrap_or_default(),
     );
     let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
     let result = async {
         match &object.0 {
             Ok(cluster) => reconcile_cluster(cluster, &ctx, &key).await,
@@ -222,6 +222,18 @@ async fn reconcile_cluster(
 ) -> Result<Outcome, ClusterError> {
     let namespace = cluster.namespace().unwrap_or_default();
     let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    // The cache may not hold our own last status write yet (the watch lags behind it, most
+    // often right after we changed the spec). A pass that skips the steps done before would
+    // write that stale status back over the good one, so it starts from the object as the
+    // API server holds it.
+    let Some(fresh) = api
+        .get_opt(&cluster.name_any())
+        .await
+        .map_err(ClusterError::kube("reading the OpenStackCluster"))?
+    else {
+        return Ok(Outcome::Settled);
+    };
+    let cluster = &fresh;
     let owner = owner_cluster(ctx, cluster, &namespace).await?;
     let woke = ctx.take_wake(key);
     let kind = if ctx.step_due(key, COMPLETE, cluster.meta().generation) {

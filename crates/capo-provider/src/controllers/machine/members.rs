@@ -121,8 +121,15 @@ fn set(pass: &Pass<'_>, status: &mut InstanceStatus, reason: &str, state: Status
     pass.set(status, &condition);
 }
 
-fn created_note(port: u16) -> String {
-    format!("member-created/{port}")
+/// A create or a repair's delete of the member for `port`: none is repeated until a poll
+/// that started after it shows its effect.
+fn change_note(port: u16) -> String {
+    format!("member-changed/{port}")
+}
+
+fn note_change(pass: &Pass<'_>, port: u16) {
+    pass.ctx.unnote(pass.key, &change_note(port));
+    pass.ctx.note(pass.key, &change_note(port), Instant::now());
 }
 
 const REMOVAL_NOTE: &str = "member-removal";
@@ -157,16 +164,16 @@ async fn join(
     };
     let repairs = repairs(pass);
     let max_repairs = pass.ctx.config.member_repairs;
-    let created_unseen = |port: u16| {
+    let change_unseen = |port: u16| {
         pass.ctx
-            .noted(pass.key, &created_note(port))
+            .noted(pass.key, &change_note(port))
             .is_some_and(|at| {
                 snapshot.last_poll.is_none_or(|polled| polled <= at)
                     && at.elapsed() < plan::CREATE_UNSEEN_FOR
             })
     };
     let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
-    let step = plan::join_step(&views, lb_active, repairs, max_repairs, created_unseen);
+    let step = plan::join_step(&views, lb_active, repairs, max_repairs, change_unseen);
     let now = Instant::now();
     pass.set(
         status,
@@ -234,10 +241,7 @@ async fn create_member(
     let cloud = cloud(pass, lb).await?;
     let name = lb.names.member(port, &pass.name);
     let spec = MemberSpec::new(&name, &address, port);
-    let noted = || {
-        pass.ctx.unnote(pass.key, &created_note(port));
-        pass.ctx.note(pass.key, &created_note(port), Instant::now());
-    };
+    let noted = || note_change(pass, port);
     match cloud.octavia().create_member(&pool.id, &spec).await {
         Ok(member) => {
             noted();
@@ -274,7 +278,10 @@ async fn repair_member(
     };
     let cloud = cloud(pass, lb).await?;
     match cloud.octavia().delete_member(&pool.id, member_id).await {
-        Ok(()) | Err(CloudError::NotFound(_)) => {
+        // Gone already: an earlier delete of ours went through; not another repair.
+        Err(CloudError::NotFound(_)) => note_change(pass, port),
+        Ok(()) => {
+            note_change(pass, port);
             set_annotation(pass, REPAIRS_ANNOTATION, Some((repairs + 1).to_string())).await?;
             let note = format!(
                 "member for port {port} in ERROR: deleted to create it again (repair {} of {})",

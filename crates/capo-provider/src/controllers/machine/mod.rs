@@ -13,6 +13,8 @@
 //! its members are removed and seen gone before anything else goes.
 
 mod members;
+
+pub use members::REPAIRS_ANNOTATION;
 pub mod plan;
 
 use std::sync::Arc;
@@ -118,7 +120,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
         generation = object.meta().generation.unwrap_or_default(),
     );
     let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
     let result = async {
         match &object.0 {
             Ok(machine) => reconcile_machine(machine, &ctx, &key).await,

@@ -162,19 +162,21 @@ pub enum JoinStep {
 }
 
 /// Chooses the next step: what needs a person first, then repairs, then creations.
+/// `change_unseen(port)`: this machine created or repair-deleted that port's member and no
+/// poll since has shown it, so the snapshot is older than that change.
 pub fn join_step(
     members: &[MemberView],
     lb_active: bool,
     repairs: u32,
     max_repairs: u32,
-    created_unseen: impl Fn(u16) -> bool,
+    change_unseen: impl Fn(u16) -> bool,
 ) -> JoinStep {
     let first = |wanted: fn(&MemberVerdict) -> bool| members.iter().find(|m| wanted(&m.verdict));
     let is_error = |v: &MemberVerdict| matches!(v, MemberVerdict::Error { .. });
     if let Some(member) = first(is_error) {
         return match &member.id {
             Some(id) if repairs < max_repairs => {
-                if lb_active {
+                if lb_active && !change_unseen(member.port) {
                     JoinStep::Repair {
                         port: member.port,
                         member_id: id.clone(),
@@ -191,7 +193,7 @@ pub fn join_step(
         return JoinStep::Stuck { port: member.port };
     }
     let missing = first(|v| matches!(v, MemberVerdict::Missing { .. }));
-    if let Some(member) = missing.filter(|m| !created_unseen(m.port)) {
+    if let Some(member) = missing.filter(|m| !change_unseen(m.port)) {
         return if lb_active {
             JoinStep::Create { port: member.port }
         } else {
@@ -395,6 +397,11 @@ mod tests {
             }
         );
         assert_eq!(join_step(&error, false, 2, 3, |_| false), JoinStep::Wait);
+        assert_eq!(
+            join_step(&error, true, 2, 3, |_| true),
+            JoinStep::Wait,
+            "a repair no poll has seen yet is not repeated (nor counted twice)"
+        );
         let failed = join_step(&error, true, 3, 3, |_| false);
         assert_eq!(failed, JoinStep::Failed { port: 6443 });
         let condition = join_condition(&failed, &error, 3, 3, now);

@@ -151,7 +151,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
         generation = object.meta().generation.unwrap_or_default(),
     );
     let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
     let result = async {
         match &object.0 {
             Ok(server) => reconcile_server(server, &ctx).await,

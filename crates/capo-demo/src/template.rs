@@ -1,0 +1,122 @@
+//! The cluster template: CAPO's default template's shape, its `${VARIABLES}` filled in as
+//! clusterctl does (`${NAME:=default}` included), split into objects.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+pub const CLUSTER_TEMPLATE: &str = include_str!("cluster-template.yaml");
+
+/// `${NAME}` and `${NAME:=default}` replaced from `variables`; a variable with neither a
+/// value nor a default is an error naming it.
+pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed variable at {:?}", &rest[start..]))?;
+        let (name, default) = match after[..end].split_once(":=") {
+            Some((name, default)) => (name, Some(default)),
+            None => (&after[..end], None),
+        };
+        let value = variables
+            .get(name)
+            .map(String::as_str)
+            .or(default)
+            .ok_or_else(|| format!("the template needs ${{{name}}}"))?;
+        out.push_str(value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The objects of a multi-document YAML stream (empty documents skipped).
+pub fn objects(text: &str) -> Result<Vec<Value>, String> {
+    let mut objects = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+/// The demo cluster's objects.
+pub fn cluster_objects(
+    cluster: &str,
+    namespace: &str,
+    clouds_yaml: &str,
+) -> Result<Vec<Value>, String> {
+    let variables = BTreeMap::from([
+        ("CLUSTER_NAME", cluster.to_owned()),
+        ("NAMESPACE", namespace.to_owned()),
+        ("OPENSTACK_CLOUD", "sim".to_owned()),
+        // A JSON string is a YAML scalar: the file's lines stay inside it.
+        (
+            "OPENSTACK_CLOUD_YAML",
+            serde_json::to_string(clouds_yaml).map_err(|e| e.to_string())?,
+        ),
+        ("OPENSTACK_DNS_NAMESERVERS", "192.0.2.53".to_owned()),
+        (
+            "OPENSTACK_CONTROL_PLANE_MACHINE_FLAVOR",
+            "m1.small".to_owned(),
+        ),
+        ("OPENSTACK_NODE_MACHINE_FLAVOR", "m1.small".to_owned()),
+        (
+            "OPENSTACK_IMAGE_NAME",
+            "ubuntu-2404-kube-v1.33.4".to_owned(),
+        ),
+        ("OPENSTACK_SSH_KEY_NAME", "demo".to_owned()),
+        ("CONTROL_PLANE_MACHINE_COUNT", "3".to_owned()),
+        ("WORKER_MACHINE_COUNT", "2".to_owned()),
+    ]);
+    objects(&substitute(CLUSTER_TEMPLATE, &variables)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_and_defaults_are_filled_in_and_a_missing_one_is_named() {
+        let variables = BTreeMap::from([("A", "1".to_owned())]);
+        assert_eq!(substitute("x${A}y${B:=2}z", &variables).unwrap(), "x1y2z");
+        let missing = substitute("${C}", &variables).unwrap_err();
+        assert!(missing.contains("${C}"), "{missing}");
+    }
+
+    #[test]
+    fn the_template_makes_the_objects_capo_serves() {
+        let objects = cluster_objects("demo", "ns", "clouds:\n  sim: {}\n").unwrap();
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Secret",
+                "Cluster",
+                "OpenStackCluster",
+                "OpenStackMachineTemplate",
+                "OpenStackMachineTemplate"
+            ]
+        );
+        assert_eq!(
+            objects[0]["stringData"]["clouds.yaml"],
+            "clouds:\n  sim: {}\n"
+        );
+        // Every infrastructure object reads as our API types.
+        let cluster: capo_api::OpenStackCluster =
+            serde_json::from_value(objects[2].clone()).unwrap();
+        assert!(cluster.spec.api_server.is_some());
+        let template: capo_api::OpenStackMachineTemplate =
+            serde_json::from_value(objects[3].clone()).unwrap();
+        assert_eq!(
+            template.spec.template.spec.ssh_key_name.as_deref(),
+            Some("demo")
+        );
+    }
+}

@@ -1,0 +1,174 @@
+//! Where the story plays: a Kubernetes API (the embedded simulator, or a real cluster's with
+//! `--kubeconfig`), the simulated OpenStack, and the manager: the same `manager::run` that
+//! `capo-rs run` starts, so the demo shows the production controllers.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use capo_bench::Strategy;
+use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
+use capo_provider::manager::{self, ManagerConfig, ManagerError, SharedObserver, WatchScope};
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use prometheus::Registry;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{DemoConfig, NAMESPACE};
+
+pub struct DemoWorld {
+    pub client: kube::Client,
+    pub cloud: Arc<OpenStackSim>,
+    /// Which Kubernetes API, in words.
+    pub kubernetes: String,
+    _kube: Option<KubeSim>,
+    shutdown: CancellationToken,
+    manager: JoinHandle<Result<(), ManagerError>>,
+}
+
+impl DemoWorld {
+    pub async fn start(
+        config: &DemoConfig,
+        registry: &Registry,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let (kube, client, kubernetes) = match &config.kubeconfig {
+            Some(path) => {
+                let client = real_cluster(path).await?;
+                (None, client, format!("the cluster of {}", path.display()))
+            }
+            None => {
+                let kube = KubeSim::start(KubeSimConfig::default())
+                    .await
+                    .context("starting the simulated Kubernetes API")?;
+                let client = kube.client().context("a client of the simulated API")?;
+                let words = format!("embedded simulator at {}", kube.url());
+                (Some(kube), client, words)
+            }
+        };
+        install_missing_crds(&client).await?;
+        ensure_namespace(&client).await?;
+        let cloud = OpenStackSim::start(OpenStackSimConfig {
+            scenario: Scenario {
+                seed: Some(42),
+                timings: config.pace.timings(),
+                ..Scenario::default()
+            },
+            ..OpenStackSimConfig::default()
+        })
+        .await
+        .context("starting the simulated OpenStack")?;
+        let manager_config = manager_config(config);
+        let (manager_client, manager_registry, manager_shutdown) =
+            (client.clone(), registry.clone(), shutdown.clone());
+        let manager = tokio::spawn(async move {
+            manager::run(
+                manager_client,
+                manager_config,
+                &manager_registry,
+                manager_shutdown,
+            )
+            .await
+        });
+        Ok(DemoWorld {
+            client,
+            cloud: Arc::new(cloud),
+            kubernetes,
+            _kube: kube,
+            shutdown,
+            manager,
+        })
+    }
+
+    /// Stops the manager (reconciles in flight finish first).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        match self.manager.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "the manager failed"),
+            Err(error) => tracing::error!(%error, "the manager's task failed"),
+        }
+    }
+
+    /// Requests the simulated cloud has served.
+    pub fn requests(&self) -> u64 {
+        self.cloud.request_log()["total"].as_u64().unwrap_or(0)
+    }
+}
+
+/// The manager as `capo-rs run` would start it, told the story's pace, watching the demo's
+/// namespace only (on a real cluster, nothing else is touched).
+fn manager_config(config: &DemoConfig) -> ManagerConfig {
+    let mut manager = ManagerConfig {
+        scope: WatchScope {
+            namespace: Some(NAMESPACE.to_owned()),
+            watch_filter: None,
+        },
+        controllers: ControllerConfig {
+            poll_min: config.pace.of(0.25),
+            poll_max: config.pace.of(2.0),
+            backoff: BackoffPolicy {
+                initial: config.pace.of(0.25),
+                cap: config.pace.of(4.0),
+                ..BackoffPolicy::default()
+            },
+            instance: Some("capo-rs-demo".to_owned()),
+            ..ControllerConfig::default()
+        },
+        crd_retry: Duration::from_millis(500),
+        ..ManagerConfig::default()
+    };
+    manager.engine.stuck_after = config.pace.stuck_after();
+    manager.engine.schedule = config.strategy.schedule(manager.engine.schedule.clone());
+    if config.strategy != Strategy::StatusTree {
+        manager.observer = Some(SharedObserver(config.strategy.observer()));
+    }
+    manager
+}
+
+async fn real_cluster(path: &Path) -> anyhow::Result<kube::Client> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("using {}", path.display()))?;
+    kube::Client::try_from(config).context("a client for the cluster")
+}
+
+/// Our CRDs, and minimal Cluster API Cluster and Machine CRDs, where the API has none
+/// (a cluster's own, Cluster API's real ones included, are left as they are).
+async fn install_missing_crds(client: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let wanted = capo_api::crds::all()
+        .into_iter()
+        .chain(capo_api::capi::crds());
+    for crd in wanted {
+        let name = kube::ResourceExt::name_any(&crd);
+        if api.get_opt(&name).await.context("reading CRDs")?.is_some() {
+            continue;
+        }
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => return Err(error).with_context(|| format!("installing CRD {name}")),
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_namespace(client: &kube::Client) -> anyhow::Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    match api.create(&PostParams::default(), &namespace).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(error).context("creating the demo's namespace"),
+    }
+}
