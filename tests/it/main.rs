@@ -11,6 +11,7 @@ mod cluster_controller;
 mod common;
 mod controllers;
 mod crds;
+mod demo;
 mod membership;
 mod real_octavia;
 mod rollout;

@@ -51,7 +51,7 @@ impl Pace {
             member_update: self.delay(0.5, 1.0),
             member_delete: self.delay(0.5, 1.0),
             member_online: Delay::Fixed(1.0 / self.speed),
-            server_build: self.delay(2.0, 3.0),
+            server_build: self.delay(1.5, 2.5),
             server_delete: self.delay(0.5, 1.0),
             volume_create: self.delay(0.5, 1.0),
             volume_delete: self.delay(0.3, 0.5),
@@ -63,23 +63,17 @@ impl Pace {
     /// It counts from the member's request (once its machine has an address, before its
     /// server is up), as production does.
     pub fn stuck_after(self) -> Duration {
-        self.of(15.0)
+        self.of(14.0)
     }
 
     /// The slow member of the rollout (slow, but not stuck).
     pub fn slow_member(self) -> f64 {
-        7.0 / self.speed
+        8.0 / self.speed
     }
 
     /// How long the stuck member stays stuck once capo-rs has flagged it.
     pub fn stuck_shown(self) -> Duration {
-        self.of(6.0)
-    }
-
-    /// How long the stuck member waits before it is released when nobody flags it (a
-    /// provider that trusts the load balancer never does).
-    pub fn stuck_unflagged(self) -> Duration {
-        self.of(20.0)
+        self.of(4.0)
     }
 
     /// How long each burst of 429s or 503s lasts.
@@ -96,7 +90,7 @@ mod tests {
     fn speed_divides_every_timing() {
         let double = Pace::new(2.0).unwrap();
         assert_eq!(double.of(10.0), Duration::from_secs(5));
-        assert_eq!(double.timings().server_build, Delay::Uniform(1.0, 1.5));
+        assert_eq!(double.timings().server_build, Delay::Uniform(0.75, 1.25));
         assert!(Pace::new(0.0).is_err() && Pace::new(f64::NAN).is_err());
     }
 

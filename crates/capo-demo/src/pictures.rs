@@ -174,7 +174,8 @@ fn draw_gate(
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(20)
-        .build_cartesian_2d(0f64..span(window), 0f64..1f64)
+        // Room above the band for the legend.
+        .build_cartesian_2d(0f64..span(window), 0f64..1.7f64)
         .map_err(draw_error)?;
     chart
         .configure_mesh()
@@ -191,7 +192,7 @@ fn draw_gate(
             .filter(|(_, value)| *value >= 1.0)
             .map(move |(at, _)| {
                 let x = at - window.start;
-                Rectangle::new([(x, 0.15), (x + 1.0, 0.85)], color.filled())
+                Rectangle::new([(x, 0.1), (x + 1.0, 0.9)], color.filled())
             });
         chart
             .draw_series(bands)

@@ -1,7 +1,9 @@
 //! The story: a cluster from the template (3 control-plane machines, 2 workers), a rollout of
-//! its control plane in which one new member is slow, one is stuck until capo-rs has flagged
-//! it, and one goes ERROR and is repaired (with a short burst of 429s and of 503s from the
-//! cloud on the way), then the cluster's deletion and a check that nothing is left.
+//! its control plane in which the first new member is stuck until capo-rs has flagged it, the
+//! second goes ERROR and is repaired, and the third is slow (with a short burst of 429s and
+//! of 503s from the cloud on the way), then the cluster's deletion and a check that nothing
+//! is left. Trusting the load balancer instead, the slow member is the only one that can
+//! serve once the last old machine is gone, and until it is ACTIVE nothing serves.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -302,21 +304,6 @@ impl Plot {
             0 => {
                 self.cloud.add_rule(Rule {
                     kind: ObjectKind::Member,
-                    name: member,
-                    effect: Effect::Delay(Delay::Fixed(pace.slow_member())),
-                    times: Some(1),
-                });
-                side.spawn(burst(self.cloud.clone(), pace.burst(), Burst::Unavailable));
-                format!(
-                    "{machine}: its member will take {:.0} s (slow); Nova answers half its \
-                     requests 503 for {:.0} s",
-                    pace.slow_member(),
-                    pace.burst().as_secs_f64()
-                )
-            }
-            1 => {
-                self.cloud.add_rule(Rule {
-                    kind: ObjectKind::Member,
                     name: member.clone(),
                     effect: Effect::Stuck,
                     times: None,
@@ -330,7 +317,7 @@ impl Plot {
                 ));
                 format!("{machine}: its member will be stuck in PENDING_CREATE for a while")
             }
-            _ => {
+            1 => {
                 self.cloud.add_rule(Rule {
                     kind: ObjectKind::Member,
                     name: member,
@@ -346,6 +333,21 @@ impl Plot {
                     "{machine}: its member will go ERROR; once its server is up, Octavia \
                      answers every request 429 (Retry-After: 1) for {:.1} s",
                     THROTTLED_FOR.as_secs_f64()
+                )
+            }
+            _ => {
+                self.cloud.add_rule(Rule {
+                    kind: ObjectKind::Member,
+                    name: member,
+                    effect: Effect::Delay(Delay::Fixed(pace.slow_member())),
+                    times: Some(1),
+                });
+                side.spawn(burst(self.cloud.clone(), pace.burst(), Burst::Unavailable));
+                format!(
+                    "{machine}: its member will take {:.0} s (slow); Nova answers half its \
+                     requests 503 for {:.0} s",
+                    pace.slow_member(),
+                    pace.burst().as_secs_f64()
                 )
             }
         }
@@ -404,8 +406,8 @@ async fn throttle_when_built(
     }
 }
 
-/// Releases the stuck member a while after capo-rs flags the machine `MemberStuck`; when
-/// nothing flags it (a provider that trusts the LB), a while after it was made.
+/// Releases the stuck member a while after capo-rs flags the machine `MemberStuck`. Nothing
+/// flags it when the load balancer is trusted: it then stays stuck until the cluster goes.
 async fn release_when_flagged(
     cloud: Arc<OpenStackSim>,
     mut boards: watch::Receiver<Board>,
@@ -413,17 +415,19 @@ async fn release_when_flagged(
     member: String,
     config: DemoConfig,
 ) {
-    let flagged = boards.wait_for(|board| {
-        board
-            .machines
-            .iter()
-            .any(|m| m.name == machine && m.gate_reason.as_deref() == Some("MemberStuck"))
-    });
-    let wait = match tokio::time::timeout(config.pace.stuck_unflagged(), flagged).await {
-        Ok(Ok(_)) => config.pace.stuck_shown(),
-        _ => Duration::ZERO,
-    };
-    tokio::time::sleep(wait).await;
+    let flagged = boards
+        .wait_for(|board| {
+            board
+                .machines
+                .iter()
+                .any(|m| m.name == machine && m.gate_reason.as_deref() == Some("MemberStuck"))
+        })
+        .await
+        .is_ok();
+    if !flagged {
+        return;
+    }
+    tokio::time::sleep(config.pace.stuck_shown()).await;
     cloud.update_scenario(|scenario| {
         scenario
             .rules
