@@ -293,12 +293,7 @@ pub async fn run_servers(
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(server::reconcile, server::error_policy, ctx)
-        .for_each(move |result| {
-            if let Err(error) = result {
-                log_controller_error(&queue, &error);
-            }
-            std::future::ready(())
-        });
+        .for_each(log_errors(queue));
     until_stopped(controller, listed, shutdown).await;
 }
 
@@ -384,12 +379,7 @@ pub async fn run_clusters(
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(cluster::reconcile, cluster::error_policy, ctx)
-        .for_each(move |result| {
-            if let Err(error) = result {
-                log_controller_error(&queue, &error);
-            }
-            std::future::ready(())
-        });
+        .for_each(log_errors(queue));
     until_stopped(controller, listed, shutdown).await;
 }
 
@@ -484,12 +474,7 @@ pub async fn run_machines(
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(machine::reconcile, machine::error_policy, ctx)
-        .for_each(move |result| {
-            if let Err(error) = result {
-                log_controller_error(&queue, &error);
-            }
-            std::future::ready(())
-        });
+        .for_each(log_errors(queue));
     until_stopped(controller, listed, shutdown).await;
 }
 
@@ -608,6 +593,18 @@ fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
         .and_then(|r| r.name.as_deref())
         == Some(secret);
     credentials || user_data
+}
+
+/// What a controller's stream hands back, its errors logged.
+fn log_errors<T, E: std::error::Error, Q: std::error::Error>(
+    queue: Queue,
+) -> impl FnMut(Result<T, controller::Error<E, Q>>) -> std::future::Ready<()> {
+    move |result| {
+        if let Err(error) = result {
+            log_controller_error(&queue, &error);
+        }
+        std::future::ready(())
+    }
 }
 
 /// Reconcile failures are logged where they happen, with their object; the rest here.
