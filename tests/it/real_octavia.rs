@@ -584,8 +584,10 @@ async fn held_member_is_never_ready(backend: &dyn Backend) {
         .until(generation, Reason::MembersPending, Duration::from_secs(30))
         .await;
     assert!(pending.verdict.message(Instant::now()).contains(&member));
-    // Nothing may open the gate while the hold lasts.
-    let early = tokio::time::timeout_at(held_until, w.until(generation, Reason::Ready, HOLD)).await;
+    // Nothing may open the gate while the hold lasts. The inner wait's own bound is later
+    // than the hold's end: two deadlines in the same timer tick let the inner one panic first.
+    let waiting_for_ready = w.until(generation, Reason::Ready, HOLD + Duration::from_secs(10));
+    let early = tokio::time::timeout_at(held_until, waiting_for_ready).await;
     assert!(early.is_err(), "Ready over a held member");
     assert_eq!(
         w.engine.snapshot(&w.lb).map(|s| s.verdict.reason),

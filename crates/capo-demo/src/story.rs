@@ -214,18 +214,14 @@ impl Script<'_> {
             .delete(CLUSTER, &DeleteParams::default())
             .await
             .context("deleting the Cluster")?;
-        let machines = self.actor.control_plane_machines(CLUSTER).await?;
         let all: Api<capo_api::capi::Machine> = Api::namespaced(client.clone(), NAMESPACE);
-        let mut names: Vec<String> = all
+        let names: Vec<String> = all
             .list(&Default::default())
             .await?
             .items
             .iter()
             .map(kube::ResourceExt::name_any)
             .collect();
-        names.extend(machines.iter().map(kube::ResourceExt::name_any));
-        names.sort();
-        names.dedup();
         for name in &names {
             self.actor.delete_machine(name).await?;
         }
