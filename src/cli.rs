@@ -2,14 +2,18 @@
 //! that need one; benchmarks that run on virtual time build their own paused runtimes and do
 //! not start it (a running runtime's clock cannot be paused).
 
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use capo_api::crds;
 use capo_provider::cloud::{CloudOptions, PathOptions, RateLimit};
+use capo_provider::manager::LeaderElection;
 use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
 /// capo-rs: Cluster API infrastructure provider for OpenStack.
 #[derive(Debug, Parser)]
@@ -18,6 +22,20 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text or as JSON objects (one per line; Cluster API's --logging-format).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// What to log: a level (error, warn, info, debug, trace) or a filter such as
+    /// `info,capo_provider=debug`. Default: $RUST_LOG, else info (error for the demo).
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 impl Cli {
@@ -53,6 +71,14 @@ pub enum Command {
         /// Print every CEL rule's estimated cost against the API server's budget instead.
         #[arg(long, conflicts_with = "out")]
         costs: bool,
+    },
+    /// Write the install manifests: the kustomize base in deploy/, and clusterctl's
+    /// infrastructure-components.yaml and metadata.yaml in deploy/clusterctl/ (with
+    /// ${VAR:=default} variables for the tunables). Without --out, print the components.
+    Manifests {
+        /// Write the files under this directory (the repository's is `deploy`).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Run a simulator standalone.
     #[cfg(feature = "dev-tools")]
@@ -145,11 +171,63 @@ pub struct RunArgs {
     /// Seconds in PENDING_* before a load balancer member is stuck.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub member_stuck_after: u64,
-    /// `reportingInstance` of events (in a cluster: the pod's name, from the downward API).
+    /// `reportingInstance` of events, and the start of the leader identity (in a cluster: the
+    /// pod's name, from the downward API).
     #[arg(long, env = "POD_NAME")]
     pub instance: Option<String>,
+    /// How long to wait for missing CRDs before exiting with their names (exit code 1); 0
+    /// looks once.
+    #[arg(long, default_value = "60s", value_parser = capo_provider::manager::parse_duration_or_zero)]
+    pub crd_wait: Duration,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+    /// Where the admin server listens: /metrics, /healthz, /readyz (HOST:PORT, or :PORT for
+    /// every address).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = capo_provider::manager::admin::parse_address)]
+    pub admin_address: SocketAddr,
+    /// Requests per second to the Kubernetes API server (client-go's token bucket).
+    #[arg(long, default_value_t = 20.0, value_parser = positive_rate)]
+    pub kube_api_qps: f64,
+    /// Requests the Kubernetes API server may receive at once before --kube-api-qps applies.
+    #[arg(long, default_value_t = NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN))]
+    pub kube_api_burst: NonZeroU32,
     #[command(flatten)]
     pub openstack: OpenStackArgs,
+}
+
+/// Leader election flags, as Cluster API's providers name them.
+#[derive(Debug, clap::Args)]
+pub struct LeaderArgs {
+    /// Run the controllers only while holding a coordination.k8s.io Lease, so that several
+    /// replicas can run and one works (on in the manifests). `--leader-elect` or
+    /// `--leader-elect=true|false`.
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// How long a leader's silence lasts before a standby takes over.
+    #[arg(long, default_value = "15s", value_parser = capo_provider::manager::parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps failing to renew before it stops (exit code 1).
+    #[arg(long, default_value = "10s", value_parser = capo_provider::manager::parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often candidates try for the Lease, and the leader renews it.
+    #[arg(long, default_value = "2s", value_parser = capo_provider::manager::parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The Lease's name.
+    #[arg(long, default_value = "capo-rs-leader-election")]
+    pub leader_election_id: String,
+    /// The Lease's namespace (default: the pod's, else the kubeconfig context's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+}
+
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a positive number of requests per second"
+        )),
+    }
 }
 
 impl RunArgs {
@@ -159,7 +237,8 @@ impl RunArgs {
         ManagerConfig {
             scope: WatchScope {
                 namespace: self.namespace.clone(),
-                watch_filter: self.watch_filter.clone(),
+                // `--watch-filter=` (clusterctl's empty default) filters nothing.
+                watch_filter: self.watch_filter.clone().filter(|value| !value.is_empty()),
             },
             server_concurrency: self.openstackserver_concurrency,
             cluster_concurrency: self.openstackcluster_concurrency,
@@ -175,18 +254,77 @@ impl RunArgs {
                 ..defaults.engine.clone()
             },
             cloud: self.openstack.options(),
+            crd_wait: Some(self.crd_wait),
             ..defaults
         }
     }
+
+    /// The Lease to compete for, when asked.
+    fn leader_election(
+        &self,
+        identity: &str,
+        default_namespace: &str,
+    ) -> anyhow::Result<Option<LeaderElection>> {
+        let args = &self.leader;
+        if !args.leader_elect {
+            return Ok(None);
+        }
+        let namespace = args
+            .leader_election_namespace
+            .clone()
+            .unwrap_or_else(|| default_namespace.to_owned());
+        let election = LeaderElection {
+            namespace,
+            name: args.leader_election_id.clone(),
+            identity: identity.to_owned(),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        };
+        election.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(election))
+    }
 }
 
-/// `capo-rs run`: the manager until a signal.
+/// This process's name for itself: the pod's name (or the host's), made unique.
+fn identity(instance: Option<&str>) -> String {
+    let base = instance
+        .map(str::to_owned)
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "capo-rs".to_owned());
+    capo_provider::manager::leader::identity(&base)
+}
+
+/// `capo-rs run`: the admin server and the manager, until a signal.
 async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
-    let client = capo_provider::manager::connect(args.kubeconfig.as_deref()).await?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
+    use capo_provider::manager::{self, Health, KubeClientOptions, Phase};
+    let identity = identity(args.instance.as_deref());
+    let options = KubeClientOptions {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+        user_agent: format!("capo-rs/{} ({identity})", env!("CARGO_PKG_VERSION")),
+    };
+    let client = manager::connect(args.kubeconfig.as_deref(), &options).await?;
+    let mut config = args.manager_config();
+    config.leader_election = args.leader_election(&identity, client.default_namespace())?;
     let registry = prometheus::Registry::new();
+    let health = Arc::new(Health::new(&manager::CONTROLLERS));
+    let admin_stop = CancellationToken::new();
+    let (_, admin) = manager::admin::serve(
+        args.admin_address,
+        registry.clone(),
+        health.clone(),
+        admin_stop.clone(),
+    )
+    .await?;
+    let _admin_stops_last = admin_stop.clone().drop_guard();
+    tracing::info!(%identity, version = env!("CARGO_PKG_VERSION"), "capo-rs starting");
+    let shutdown = CancellationToken::new();
     let manager =
-        capo_provider::manager::run(client, args.manager_config(), &registry, shutdown.clone());
+        manager::run_with_health(client, config, &registry, health.clone(), shutdown.clone());
     tokio::pin!(manager);
     tokio::select! {
         result = &mut manager => return Ok(result?),
@@ -195,11 +333,15 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(
         "shutting down: reconciles in flight finish first (a second signal stops at once)"
     );
+    health.set_phase(Phase::Stopping);
     shutdown.cancel();
-    tokio::select! {
-        result = manager => Ok(result?),
-        () = termination() => anyhow::bail!("stopped at once by a second signal"),
-    }
+    let result = tokio::select! {
+        result = manager => result.map_err(anyhow::Error::from),
+        () = termination() => Err(anyhow::anyhow!("stopped at once by a second signal")),
+    };
+    admin_stop.cancel();
+    let _ = admin.await;
+    result
 }
 
 /// SIGTERM or SIGINT.
@@ -275,6 +417,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             write_crds(out, costs)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Manifests { out } => {
+            write_manifests(out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         #[cfg(feature = "dev-tools")]
         Command::Bench(command) => crate::dev::bench(command, runtime),
         #[cfg(feature = "dev-tools")]
@@ -316,6 +462,29 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(code))
         }
     }
+}
+
+fn write_manifests(out: Option<PathBuf>) -> anyhow::Result<()> {
+    let crds_yaml = crds::to_multi_yaml(&crds::all())?;
+    let files = capo_provider::manager::manifests::files(&crds_yaml);
+    let Some(dir) = out else {
+        let components = files
+            .iter()
+            .find(|(path, _)| path.ends_with("infrastructure-components.yaml"))
+            .map(|(_, text)| text.as_str())
+            .unwrap_or_default();
+        print!("{components}");
+        return Ok(());
+    };
+    for (path, text) in files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, text)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn write_crds(out: Option<PathBuf>, costs: bool) -> anyhow::Result<()> {

@@ -19,13 +19,25 @@ fn main() -> ExitCode {
     } else {
         "info,openstack_sdk=warn,openstack_sdk_core=warn,openstack_sdk_auth_core=warn,kube_runtime=warn"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = match &cli.log_level {
+        Some(level) => tracing_subscriber::EnvFilter::try_new(level),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .or_else(|_| tracing_subscriber::EnvFilter::try_new(default_filter)),
+    };
+    let filter = match filter {
+        Ok(filter) => filter,
+        Err(error) => {
+            eprintln!("Error: --log-level: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.init(),
+        cli::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     match cli::run(cli) {
         Ok(code) => code,
         Err(error) => {

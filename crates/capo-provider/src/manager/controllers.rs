@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
 use crate::controllers::{Context, cluster, machine, server};
+use crate::manager::Health;
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -255,6 +256,7 @@ pub async fn run_servers(
     ctx: Arc<Context>,
     scope: &WatchScope,
     concurrency: u16,
+    health: Arc<Health>,
     shutdown: CancellationToken,
 ) {
     type Watched = DeserializeGuard<OpenStackServer>;
@@ -268,6 +270,7 @@ pub async fn run_servers(
     ctx.metrics
         .controller_started(server::CONTROLLER, usize::from(concurrency));
     let queue = Queue::new(&ctx, server::CONTROLLER);
+    let queue_name = server::CONTROLLER;
     let controller = Controller::for_stream(queue.own(servers), reader)
         .watches_stream(
             secrets,
@@ -294,7 +297,11 @@ pub async fn run_servers(
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(server::reconcile, server::error_policy, ctx)
         .for_each(log_errors(queue));
-    until_stopped(controller, listed, shutdown).await;
+    let synced = Synced {
+        health,
+        controller: queue_name,
+    };
+    until_stopped(controller, listed, synced, shutdown).await;
 }
 
 /// What wakes an OpenStackCluster besides its own changes: the engine's wake-ups (through
@@ -310,6 +317,7 @@ pub async fn run_clusters(
     scope: &WatchScope,
     concurrency: u16,
     wakeups: ClusterWakeups,
+    health: Arc<Health>,
     shutdown: CancellationToken,
 ) {
     type Watched = cluster::Watched;
@@ -337,6 +345,7 @@ pub async fn run_clusters(
     ctx.metrics
         .controller_started(cluster::CONTROLLER, usize::from(concurrency));
     let queue = Queue::new(&ctx, cluster::CONTROLLER);
+    let queue_name = cluster::CONTROLLER;
     let controller = Controller::for_stream(queue.own(clusters), reader)
         .watches_stream(
             secrets,
@@ -380,7 +389,11 @@ pub async fn run_clusters(
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(cluster::reconcile, cluster::error_policy, ctx)
         .for_each(log_errors(queue));
-    until_stopped(controller, listed, shutdown).await;
+    let synced = Synced {
+        health,
+        controller: queue_name,
+    };
+    until_stopped(controller, listed, synced, shutdown).await;
 }
 
 /// What wakes an OpenStackMachine besides its own changes: the engine's wake-ups and
@@ -396,6 +409,7 @@ pub async fn run_machines(
     scope: &WatchScope,
     concurrency: u16,
     wakeups: MachineWakeups,
+    health: Arc<Health>,
     shutdown: CancellationToken,
 ) {
     type Watched = machine::Watched;
@@ -426,6 +440,7 @@ pub async fn run_machines(
     ctx.metrics
         .controller_started(machine::CONTROLLER, usize::from(concurrency));
     let queue = Queue::new(&ctx, machine::CONTROLLER);
+    let queue_name = machine::CONTROLLER;
     let controller = Controller::for_stream(queue.own(machines), reader)
         .watches_stream(
             capi_clusters,
@@ -475,7 +490,11 @@ pub async fn run_machines(
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(machine::reconcile, machine::error_policy, ctx)
         .for_each(log_errors(queue));
-    until_stopped(controller, listed, shutdown).await;
+    let synced = Synced {
+        health,
+        controller: queue_name,
+    };
+    until_stopped(controller, listed, synced, shutdown).await;
 }
 
 /// What about a Machine matters to its OpenStackMachine.
@@ -540,16 +559,30 @@ fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// Where a controller reports that its cache has listed once (`/readyz`).
+struct Synced {
+    health: Arc<Health>,
+    controller: &'static str,
+}
+
 /// Runs a controller until its graceful shutdown ends. kube-runtime holds reconciles until
 /// the store has listed once, and a controller told to stop before then never finishes; with
 /// nothing in flight then, it is simply dropped.
 async fn until_stopped<K: Resource + Clone>(
     controller: impl std::future::Future<Output = ()>,
     store: Store<K>,
+    synced: Synced,
     shutdown: CancellationToken,
 ) where
     K::DynamicType: Eq + Hash + Clone,
 {
+    let listed = store.clone();
+    let report = async move {
+        if listed.wait_until_ready().await.is_ok() {
+            synced.health.synced(synced.controller);
+        }
+        std::future::pending::<()>().await;
+    };
     let never_listed = async move {
         shutdown.cancelled().await;
         if store.wait_until_ready().now_or_never().is_none() {
@@ -560,6 +593,7 @@ async fn until_stopped<K: Resource + Clone>(
     tokio::select! {
         () = controller => {}
         () = never_listed => tracing::debug!("stopped before the first list"),
+        () = report => {}
     }
 }
 

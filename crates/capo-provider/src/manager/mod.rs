@@ -3,18 +3,22 @@
 //! gracefully: reconciles in flight finish (their OpenStack calls are not cancelled), then
 //! the engine's loops stop.
 //!
-//! Leader election and the admin HTTP server (/metrics, /healthz, /readyz) join in
-//! [`run`], at the places marked there.
+//! With leader election, the controllers run only while this replica holds the Lease, and
+//! [`run`] returns [`ManagerError::LeadershipLost`] the moment it is lost: the caller exits.
+//! [`Health`] tells the admin server (`/healthz`, `/readyz`) where the manager is.
 
+pub mod admin;
 pub mod controllers;
 pub mod crds;
+pub mod health;
+pub mod kube_client;
+pub mod leader;
+pub mod manifests;
 pub mod wakeups;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +28,9 @@ use crate::membership::{Engine, EngineConfig, EngineError, Observer};
 
 pub use controllers::WatchScope;
 pub use crds::{CrdCheckError, check_crds};
+pub use health::{Health, Phase};
+pub use kube_client::{KubeClientOptions, connect};
+pub use leader::LeaderElection;
 
 /// Everything `capo-rs run` is told.
 #[derive(Clone, Debug)]
@@ -40,6 +47,11 @@ pub struct ManagerConfig {
     pub cloud: CloudOptions,
     /// How often to look again for CRDs that are missing.
     pub crd_retry: Duration,
+    /// How long to wait for missing CRDs before failing with their names; `None` waits
+    /// until shutdown.
+    pub crd_wait: Option<Duration>,
+    /// Run the controllers only while holding this Lease; `None` runs them at once.
+    pub leader_election: Option<LeaderElection>,
     /// How the engine observes members; status trees when `None` (production). Benchmarks
     /// and tests plug in the strategies they compare against.
     pub observer: Option<SharedObserver>,
@@ -66,6 +78,8 @@ impl Default for ManagerConfig {
             engine: EngineConfig::default(),
             cloud: CloudOptions::default(),
             crd_retry: Duration::from_secs(10),
+            crd_wait: None,
+            leader_election: None,
             observer: None,
         }
     }
@@ -83,24 +97,8 @@ pub enum ManagerError {
     Engine(#[from] EngineError),
     #[error("registering metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-}
-
-/// A Kubernetes client from `kubeconfig`, or as kubectl finds one: `$KUBECONFIG`,
-/// `~/.kube/config`, then the in-cluster service account.
-pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, ManagerError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ManagerError::Connect(e.to_string()))?,
-    };
-    kube::Client::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))
+    #[error("lost the leader Lease: stopping at once so that the new leader works alone")]
+    LeadershipLost,
 }
 
 /// The CRDs the controllers watch: ours, and Cluster API's Cluster (`spec.paused`,
@@ -116,27 +114,50 @@ pub fn required_crds() -> Vec<String> {
 }
 
 /// Waits until every required CRD is Established, saying what is missing each time; `false`
-/// when `shutdown` came first.
+/// when `shutdown` came first. After `give_up` (if any) the last check's error is returned:
+/// it names what is missing.
 pub async fn wait_for_crds(
     client: &kube::Client,
     retry: Duration,
+    give_up: Option<Duration>,
     shutdown: &CancellationToken,
-) -> bool {
+) -> Result<bool, CrdCheckError> {
     let names = required_crds();
+    let deadline = give_up.map(|wait| tokio::time::Instant::now() + wait);
     loop {
-        match check_crds(client, &names).await {
-            Ok(()) => return true,
-            Err(error) => tracing::warn!(%error, "waiting for CustomResourceDefinitions"),
+        let error = match check_crds(client, &names).await {
+            Ok(()) => return Ok(true),
+            Err(error) => error,
+        };
+        if deadline.is_some_and(|deadline| tokio::time::Instant::now() >= deadline) {
+            return Err(error);
         }
+        tracing::warn!(%error, "waiting for CustomResourceDefinitions");
         tokio::select! {
-            () = shutdown.cancelled() => return false,
+            () = shutdown.cancelled() => return Ok(false),
             () = tokio::time::sleep(retry) => {}
         }
     }
 }
 
-/// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `15m`, `1h`.
+/// The controllers [`Health`] waits for.
+pub const CONTROLLERS: [&str; 3] = [
+    crate::controllers::server::CONTROLLER,
+    crate::controllers::cluster::CONTROLLER,
+    crate::controllers::machine::CONTROLLER,
+];
+
+/// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `500ms`, `15m`,
+/// `1h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration_or_zero(text)? {
+        Duration::ZERO => Err(format!("{text:?} must be positive")),
+        duration => Ok(duration),
+    }
+}
+
+/// [`parse_duration`], where `0` is allowed (`--crd-wait 0`: look once).
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
         Some(at) => text.split_at(at),
@@ -145,16 +166,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let count: u64 = digits
         .parse()
         .map_err(|_| format!("{text:?} is not a duration such as 90s, 15m or 1h"))?;
-    let unit = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        _ => return Err(format!("{text:?}: the unit must be s, m or h")),
+    let millis = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
     };
-    match count.checked_mul(unit) {
-        Some(0) | None => Err(format!("{text:?} must be positive and reasonable")),
-        Some(seconds) => Ok(Duration::from_secs(seconds)),
-    }
+    count
+        .checked_mul(millis)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// Runs the controllers until `shutdown` is cancelled, then stops gracefully.
@@ -164,12 +186,58 @@ pub async fn run(
     registry: &Registry,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
-    if !wait_for_crds(&client, config.crd_retry, &shutdown).await {
+    let health = Arc::new(Health::new(&CONTROLLERS));
+    run_with_health(client, config, registry, health, shutdown).await
+}
+
+/// [`run`], reporting its phases to `health` (what the admin server answers).
+pub async fn run_with_health(
+    client: kube::Client,
+    config: ManagerConfig,
+    registry: &Registry,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> Result<(), ManagerError> {
+    let waited = wait_for_crds(&client, config.crd_retry, config.crd_wait, &shutdown).await?;
+    if !waited {
         return Ok(());
     }
-    // Leader election (a later issue) goes here: the controllers below start only on the
-    // replica that holds the Lease, and stop when it is lost.
+    let leadership = match &config.leader_election {
+        None => None,
+        Some(election) => {
+            health.set_phase(Phase::Standby);
+            let metrics = leader::LeaderMetrics::register(registry)?;
+            match leader::acquire(client.clone(), election.clone(), metrics, &shutdown).await {
+                Some(leadership) => Some(leadership),
+                None => return Ok(()),
+            }
+        }
+    };
+    health.set_phase(Phase::Leading);
+    let controllers = run_controllers(client, &config, registry, &health, shutdown.clone());
+    let Some(leadership) = leadership else {
+        return controllers.await;
+    };
+    tokio::pin!(controllers);
+    tokio::select! {
+        // Dropping the controllers stops every reconcile where it is: the Lease is gone, so
+        // finishing them could overlap the new leader's work.
+        () = leadership.lost() => Err(ManagerError::LeadershipLost),
+        result = &mut controllers => {
+            leadership.release().await;
+            result
+        }
+    }
+}
 
+/// The controllers, the engine and their bridge, until `shutdown`.
+async fn run_controllers(
+    client: kube::Client,
+    config: &ManagerConfig,
+    registry: &Registry,
+    health: &Arc<Health>,
+    shutdown: CancellationToken,
+) -> Result<(), ManagerError> {
     // Not the shutdown token: reconciles still running when shutdown begins finish their
     // OpenStack calls, so nothing is left half-written.
     let cloud_stop = CancellationToken::new();
@@ -191,7 +259,6 @@ pub async fn run(
         metrics,
         config.controllers.clone(),
     );
-    // The admin HTTP server (/metrics on `registry`, /healthz, /readyz) starts here.
     tracing::info!(
         namespace = config.scope.namespace.as_deref().unwrap_or("(all)"),
         watch_filter = config.scope.watch_filter.as_deref().unwrap_or("(none)"),
@@ -204,27 +271,35 @@ pub async fn run(
         ctx.clone(),
         shutdown.clone(),
     ));
+    let watch = |name: &'static str| Watchdog {
+        name,
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+    };
     tokio::join!(
-        controllers::run_servers(
+        watch(crate::controllers::server::CONTROLLER).over(controllers::run_servers(
             ctx.clone(),
             &config.scope,
             config.server_concurrency,
+            health.clone(),
             shutdown.clone()
-        ),
-        controllers::run_clusters(
+        )),
+        watch(crate::controllers::cluster::CONTROLLER).over(controllers::run_clusters(
             ctx.clone(),
             &config.scope,
             config.cluster_concurrency,
             cluster_wakeups,
+            health.clone(),
             shutdown.clone()
-        ),
-        controllers::run_machines(
+        )),
+        watch(crate::controllers::machine::CONTROLLER).over(controllers::run_machines(
             ctx,
             &config.scope,
             config.machine_concurrency,
             machine_wakeups,
+            health.clone(),
             shutdown.clone()
-        ),
+        )),
     );
     engine.shutdown().await;
     if let Err(error) = bridge.await {
@@ -233,6 +308,26 @@ pub async fn run(
     cloud_stop.cancel();
     tracing::info!("controllers stopped");
     Ok(())
+}
+
+/// Marks a loop dead in [`Health`] when it ends before shutdown.
+struct Watchdog {
+    name: &'static str,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+}
+
+impl Watchdog {
+    async fn over(self, task: impl std::future::Future<Output = ()>) {
+        task.await;
+        if !self.shutdown.is_cancelled() {
+            tracing::error!(
+                controller = self.name,
+                "controller ended on its own; /healthz now fails"
+            );
+            self.health.died(self.name);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -245,7 +340,9 @@ mod tests {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert!(parse_duration("0s").is_err());
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
         assert!(parse_duration("1d").is_err());
         assert!(parse_duration("m").is_err());
     }

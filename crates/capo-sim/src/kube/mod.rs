@@ -98,6 +98,7 @@ impl KubeSim {
             store: Mutex::new(store::Store::new(&config.store)),
             bookmark_interval: config.bookmark_interval,
             shutdown: shutdown.clone(),
+            requests: Mutex::new(Vec::new()),
         });
         let app = server::router(shared.clone());
         let stop = shutdown.clone();
@@ -143,6 +144,11 @@ impl KubeSim {
             .parse()
             .map_err(|e: axum::http::uri::InvalidUri| SimError::Client(e.to_string()))?;
         kube::Client::try_from(kube::Config::new(uri)).map_err(|e| SimError::Client(e.to_string()))
+    }
+
+    /// Every resource request served so far, in order: the log an RBAC check reads.
+    pub fn requests(&self) -> Vec<server::RequestRecord> {
+        self.shared.requests()
     }
 
     /// Creates objects directly (e.g. CRDs before controllers start), as a client would.

@@ -187,6 +187,35 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
                 "type",
             ]),
         ResourceDef::builtin("coordination.k8s.io", "v1", "Lease", "leases", true),
+        // What a provider's manifests hold (kept, not acted on: no pods run).
+        ResourceDef::builtin("", "v1", "ServiceAccount", "serviceaccounts", true)
+            .with_short_names(&["sa"]),
+        ResourceDef::builtin("", "v1", "Service", "services", true).with_short_names(&["svc"]),
+        ResourceDef::builtin("apps", "v1", "Deployment", "deployments", true)
+            .with_status()
+            .with_short_names(&["deploy"]),
+        ResourceDef::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+        ),
+        ResourceDef::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+        ),
+        ResourceDef::builtin("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
+        ResourceDef::builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+        ),
         ResourceDef::builtin(
             APIEXTENSIONS,
             "v1",

@@ -37,6 +37,81 @@ pub struct Shared {
     pub bookmark_interval: Duration,
     /// Ends watches when the server stops.
     pub shutdown: CancellationToken,
+    /// Every resource request, as an authorizer sees it.
+    pub requests: Mutex<Vec<RequestRecord>>,
+}
+
+/// One resource request as kube-apiserver's authorizer sees it (its RequestInfo), and who
+/// sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// get, list, watch, create, update, patch, delete or deletecollection.
+    pub verb: String,
+    /// API group, "" for core.
+    pub group: String,
+    /// Plural resource, with `/subresource` when there is one (`openstackservers/status`).
+    pub resource: String,
+    /// Namespace, "" for cluster-scoped and all-namespace requests.
+    pub namespace: String,
+    /// Object name, "" for collections.
+    pub name: String,
+    /// The client's User-Agent.
+    pub user_agent: String,
+    /// The answer's HTTP status.
+    pub status: u16,
+    /// When it was answered.
+    pub at: std::time::Instant,
+}
+
+/// The authorizer's attributes of a resource request: (verb, group, resource, namespace,
+/// name); `None` for discovery and other non-resource paths.
+pub fn authorization_attributes(
+    method: &Method,
+    path: &str,
+    query: &Query,
+) -> Option<(String, String, String, String, String)> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, more @ ..] if !more.is_empty() => (*ns, more),
+        other => ("", other),
+    };
+    let (resource, name) = match rest {
+        [] => return None,
+        [plural] => ((*plural).to_owned(), ""),
+        [plural, name] => ((*plural).to_owned(), *name),
+        [plural, name, sub, ..] => (format!("{plural}/{sub}"), *name),
+    };
+    // `namespaces/NAME` is the Namespace itself.
+    let (namespace, resource, name) = match (namespace, rest) {
+        (ns, ["status" | "finalize"]) if !ns.is_empty() => {
+            ("", format!("namespaces/{}", rest[0]), ns)
+        }
+        _ => (namespace, resource, name),
+    };
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (method.as_str(), name.is_empty()) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "list",
+        ("GET", false) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "deletecollection",
+        ("DELETE", false) => "delete",
+        _ => return None,
+    };
+    Some((
+        verb.to_owned(),
+        group.to_owned(),
+        resource,
+        namespace.to_owned(),
+        name.to_owned(),
+    ))
 }
 
 impl Shared {
@@ -47,6 +122,22 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Notes a request in the log.
+    pub fn log(&self, record: RequestRecord) {
+        self.requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(record);
+    }
+
+    /// The request log so far.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
 }
 
 /// The router: every path goes through one dispatcher, as kube-apiserver's paths are
@@ -55,7 +146,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
 }
 
-type Query = HashMap<String, String>;
+/// A request's query parameters.
+pub type Query = HashMap<String, String>;
 
 fn parse_query(raw: Option<&str>) -> Query {
     raw.map(|q| {
@@ -86,6 +178,25 @@ async fn handle(
         Err(error) => error_response(&error),
     };
     tracing::debug!(method = %method, path = uri.path(), status = response.status().as_u16(), "sim kube request");
+    if let Some((verb, group, resource, namespace, name)) =
+        authorization_attributes(&method, uri.path(), &query)
+    {
+        let user_agent = headers
+            .get(header::USER_AGENT)
+            .and_then(|ua| ua.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        shared.log(RequestRecord {
+            verb,
+            group,
+            resource,
+            namespace,
+            name,
+            user_agent,
+            status: response.status().as_u16(),
+            at: std::time::Instant::now(),
+        });
+    }
     response
 }
 

@@ -1,0 +1,110 @@
+//! The admin HTTP server: `/metrics` (the process's one registry: cloud, engine,
+//! controllers), `/healthz` and `/readyz` (from [`Health`]). Plain HTTP: it carries no
+//! secrets, and in a pod it is reached on the pod's own address by the kubelet and Prometheus.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::health::Health;
+
+#[derive(Clone)]
+struct Admin {
+    registry: Registry,
+    health: Arc<Health>,
+}
+
+/// The admin routes.
+pub fn router(registry: Registry, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(Admin { registry, health })
+}
+
+/// Where to listen, as Go's flags write it: `HOST:PORT`, `[V6]:PORT`, or `:PORT` for every
+/// address.
+pub fn parse_address(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.parse()
+        .map_err(|_| format!("{text:?} is not an address such as 127.0.0.1:8080 or :8080"))
+}
+
+/// Binds `address` (a clear error when it cannot) and serves until `shutdown`.
+pub async fn serve(
+    address: SocketAddr,
+    registry: Registry,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(address).await.map_err(|error| {
+        std::io::Error::new(
+            error.kind(),
+            format!("admin server cannot listen on {address}: {error}"),
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    let app = router(registry, health);
+    let task = tokio::spawn(async move {
+        let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(error) = serving.await {
+            tracing::error!(%error, "admin server stopped");
+        }
+    });
+    tracing::info!(address = %bound, "admin server listening (/metrics, /healthz, /readyz)");
+    Ok((bound, task))
+}
+
+async fn metrics(State(admin): State<Admin>) -> Response {
+    let mut body = Vec::new();
+    match TextEncoder::new().encode(&admin.registry.gather(), &mut body) {
+        Ok(()) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
+}
+
+async fn healthz(State(admin): State<Admin>) -> Response {
+    match admin.health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+async fn readyz(State(admin): State<Admin>) -> Response {
+    match admin.health.readiness() {
+        Ok(what) => (StatusCode::OK, format!("ok: {what}\n")).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_read_as_go_writes_them() {
+        assert_eq!(
+            parse_address(":8080"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        );
+        assert_eq!(
+            parse_address("127.0.0.1:9440"),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 9440)))
+        );
+        assert!(parse_address("[::1]:8080").is_ok());
+        assert!(parse_address("localhost").is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! The Kubernetes client: found as kubectl finds one, named by a User-Agent, and held to
+//! `--kube-api-qps` / `--kube-api-burst` as client-go's token bucket holds Cluster API's
+//! controllers. kube-rs has no rate limiter of its own; its client is a tower stack, so one
+//! layer in front of it waits for a slot before each request (a watch counts once, when it
+//! starts, as in client-go).
+
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::ManagerError;
+
+/// How the client talks to the API server.
+#[derive(Clone, Debug)]
+pub struct KubeClientOptions {
+    /// Requests per second (client-go's QPS; Cluster API's default is 20).
+    pub qps: f64,
+    /// Requests at once before the rate applies (Cluster API's default is 30).
+    pub burst: NonZeroU32,
+    /// Sent as User-Agent; the API server names our field manager after its first word.
+    pub user_agent: String,
+}
+
+impl Default for KubeClientOptions {
+    fn default() -> Self {
+        KubeClientOptions {
+            qps: 20.0,
+            burst: NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN),
+            user_agent: format!("capo-rs/{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// A Kubernetes client from `kubeconfig`, or as kubectl finds one: `$KUBECONFIG`,
+/// `~/.kube/config`, then the in-cluster service account.
+pub async fn connect(
+    kubeconfig: Option<&Path>,
+    options: &KubeClientOptions,
+) -> Result<kube::Client, ManagerError> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| ManagerError::Connect(e.to_string()))?,
+    };
+    let user_agent = http::HeaderValue::from_str(&options.user_agent)
+        .map_err(|e| ManagerError::Connect(format!("user agent: {e}")))?;
+    config.headers.push((http::header::USER_AGENT, user_agent));
+    let builder =
+        ClientBuilder::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))?;
+    let layer = RateLimitLayer::new(options.qps, options.burst)?;
+    Ok(builder.with_layer(&layer).build())
+}
+
+/// The tower layer that holds requests to a rate.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<DefaultDirectRateLimiter>,
+}
+
+impl RateLimitLayer {
+    pub fn new(qps: f64, burst: NonZeroU32) -> Result<Self, ManagerError> {
+        if !(qps.is_finite() && qps > 0.0) {
+            return Err(ManagerError::Connect(format!(
+                "--kube-api-qps must be positive, not {qps}"
+            )));
+        }
+        let period = Duration::from_secs_f64(1.0 / qps);
+        let quota = Quota::with_period(period)
+            .ok_or_else(|| ManagerError::Connect(format!("--kube-api-qps {qps} is too high")))?
+            .allow_burst(burst);
+        Ok(RateLimitLayer {
+            limiter: Arc::new(RateLimiter::direct(quota)),
+        })
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            limiter: self.limiter.clone(),
+            waiting: None,
+            admitted: false,
+        }
+    }
+}
+
+/// A service that takes a slot in `poll_ready` (so it works in front of kube's boxed,
+/// uncloneable service) and spends it in `call`.
+pub struct RateLimited<S> {
+    inner: S,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    waiting: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    admitted: bool,
+}
+
+impl<S, R> tower::Service<R> for RateLimited<S>
+where
+    S: tower::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if !self.admitted {
+            if self.waiting.is_none() {
+                if self.limiter.check().is_ok() {
+                    self.admitted = true;
+                } else {
+                    let limiter = self.limiter.clone();
+                    self.waiting = Some(Box::pin(async move { limiter.until_ready().await }));
+                }
+            }
+            if let Some(waiting) = self.waiting.as_mut() {
+                std::task::ready!(waiting.as_mut().poll(cx));
+                self.waiting = None;
+                self.admitted = true;
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        self.admitted = false;
+        self.inner.call(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{Service, ServiceExt};
+
+    #[tokio::test]
+    async fn requests_beyond_the_burst_wait_for_the_rate() {
+        let layer = RateLimitLayer::new(50.0, NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut service = tower::Layer::layer(
+            &layer,
+            tower::service_fn(|n: u32| async move { Ok::<u32, std::convert::Infallible>(n) }),
+        );
+        let started = std::time::Instant::now();
+        for n in 0..15 {
+            let answer = service.ready().await.map(|s| s.call(n));
+            assert!(answer.is_ok());
+        }
+        // 5 at once, then 10 at 50/s: at least 180 ms (200 less one slot's rounding).
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(180), "{elapsed:?}");
+        assert!(RateLimitLayer::new(0.0, NonZeroU32::MIN).is_err());
+    }
+}
