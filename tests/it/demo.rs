@@ -172,4 +172,7 @@ async fn the_demo_plays_on_another_api_server_given_its_kubeconfig() {
             "{name} installed"
         );
     }
+    // The whole story, seen by the API server: what the manager asked for (its User-Agent)
+    // is exactly what deploy/'s RBAC grants.
+    crate::packaging::assert_least_privilege(&kube.requests());
 }

@@ -13,6 +13,7 @@ mod controllers;
 mod crds;
 mod demo;
 mod membership;
+mod packaging;
 mod real_octavia;
 mod rollout;
 mod server_controller;

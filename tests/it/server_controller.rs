@@ -86,10 +86,17 @@ impl World {
 
     /// With these Cluster API CRDs (ours, minimal, or Cluster API's real ones).
     pub(crate) async fn start_with_capi(
-        mut scenario: Scenario,
+        scenario: Scenario,
         scope: WatchScope,
         capi: Vec<Value>,
     ) -> Self {
+        let mut world = Self::prepare(scenario, capi).await;
+        world.start_manager(scope);
+        world
+    }
+
+    /// Both simulators, the CRDs, the Secret and the network; no manager yet.
+    pub(crate) async fn prepare(mut scenario: Scenario, capi: Vec<Value>) -> Self {
         scenario.timings = timings();
         let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
         let crds: Vec<Value> = capo_api::crds::all()
@@ -132,7 +139,7 @@ impl World {
             .await
             .unwrap();
         let client = kube.client().unwrap();
-        let mut world = World {
+        let world = World {
             _kube: kube,
             client,
             registry: Registry::new(),
@@ -145,7 +152,6 @@ impl World {
         world
             .put_secret("cloud-config", "clouds.yaml", &world.cloud.clouds_yaml())
             .await;
-        world.start_manager(scope);
         world
     }
 
@@ -297,7 +303,7 @@ pub(crate) fn metric_sum(registry: &Registry, name: &str) -> f64 {
         .sum()
 }
 
-fn server_manifest(name: &str) -> Value {
+pub(crate) fn server_manifest(name: &str) -> Value {
     json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "OpenStackServer",
@@ -326,7 +332,7 @@ fn reason(object: &OpenStackServer, type_: &str) -> String {
         .unwrap_or_default()
 }
 
-fn is_ready(object: &OpenStackServer) -> bool {
+pub(crate) fn is_ready(object: &OpenStackServer) -> bool {
     condition(object, types::READY).is_some_and(|c| c.status == "True")
 }
 

@@ -2,6 +2,7 @@
 //! `--kubeconfig`), the simulated OpenStack, and the manager: the same `manager::run` that
 //! `capo-rs run` starts, so the demo shows the production controllers.
 
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use capo_bench::Strategy;
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
-use capo_provider::manager::{self, ManagerConfig, ManagerError, SharedObserver, WatchScope};
+use capo_provider::manager::{
+    self, KubeClientOptions, LeaderElection, ManagerConfig, ManagerError, SharedObserver,
+    WatchScope,
+};
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
 use k8s_openapi::api::core::v1::Namespace;
@@ -39,20 +43,35 @@ impl DemoWorld {
         registry: &Registry,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let (kube, client, kubernetes) = match &config.kubeconfig {
+        let (kube, kube_config, kubernetes) = match &config.kubeconfig {
             Some(path) => {
-                let client = real_cluster(path).await?;
-                (None, client, format!("the cluster of {}", path.display()))
+                let kube_config = real_cluster(path).await?;
+                (
+                    None,
+                    kube_config,
+                    format!("the cluster of {}", path.display()),
+                )
             }
             None => {
                 let kube = KubeSim::start(KubeSimConfig::default())
                     .await
                     .context("starting the simulated Kubernetes API")?;
-                let client = kube.client().context("a client of the simulated API")?;
+                let uri = kube.url().parse().context("the simulated API's address")?;
                 let words = format!("embedded simulator at {}", kube.url());
-                (Some(kube), client, words)
+                (Some(kube), kube::Config::new(uri), words)
             }
         };
+        let client = kube::Client::try_from(kube_config.clone()).context("a Kubernetes client")?;
+        // The manager's own client, named as `capo-rs run` names it (the API server's request
+        // log tells its requests from the story's).
+        let manager_client = manager::kube_client::client(
+            kube_config,
+            &KubeClientOptions {
+                qps: 200.0,
+                burst: NonZeroU32::new(400).unwrap_or(NonZeroU32::MIN),
+                ..KubeClientOptions::default()
+            },
+        )?;
         install_missing_crds(&client).await?;
         ensure_namespace(&client).await?;
         let cloud = OpenStackSim::start(OpenStackSimConfig {
@@ -66,8 +85,7 @@ impl DemoWorld {
         .await
         .context("starting the simulated OpenStack")?;
         let manager_config = manager_config(config);
-        let (manager_client, manager_registry, manager_shutdown) =
-            (client.clone(), registry.clone(), shutdown.clone());
+        let (manager_registry, manager_shutdown) = (registry.clone(), shutdown.clone());
         let manager = tokio::spawn(async move {
             manager::run(
                 manager_client,
@@ -123,6 +141,15 @@ fn manager_config(config: &DemoConfig) -> ManagerConfig {
             ..ControllerConfig::default()
         },
         crd_retry: Duration::from_millis(500),
+        // As in a management cluster: the controllers run while this process holds the Lease.
+        leader_election: Some(LeaderElection {
+            namespace: NAMESPACE.to_owned(),
+            name: "capo-rs-demo".to_owned(),
+            identity: manager::leader::identity("capo-rs-demo"),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }),
         ..ManagerConfig::default()
     };
     manager.engine.stuck_after = config.pace.stuck_after();
@@ -133,13 +160,12 @@ fn manager_config(config: &DemoConfig) -> ManagerConfig {
     manager
 }
 
-async fn real_cluster(path: &Path) -> anyhow::Result<kube::Client> {
+async fn real_cluster(path: &Path) -> anyhow::Result<kube::Config> {
     let kubeconfig =
         Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .with_context(|| format!("using {}", path.display()))?;
-    kube::Client::try_from(config).context("a client for the cluster")
+        .with_context(|| format!("using {}", path.display()))
 }
 
 /// Our CRDs, and minimal Cluster API Cluster and Machine CRDs, where the API has none

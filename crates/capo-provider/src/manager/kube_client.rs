@@ -45,7 +45,7 @@ pub async fn connect(
     kubeconfig: Option<&Path>,
     options: &KubeClientOptions,
 ) -> Result<kube::Client, ManagerError> {
-    let mut config = match kubeconfig {
+    let config = match kubeconfig {
         Some(path) => {
             let file = Kubeconfig::read_from(path)
                 .map_err(|e| ManagerError::Connect(format!("{}: {e}", path.display())))?;
@@ -57,6 +57,14 @@ pub async fn connect(
             .await
             .map_err(|e| ManagerError::Connect(e.to_string()))?,
     };
+    client(config, options)
+}
+
+/// A client for `config`, named and rate-limited as `options` say.
+pub fn client(
+    mut config: kube::Config,
+    options: &KubeClientOptions,
+) -> Result<kube::Client, ManagerError> {
     let user_agent = http::HeaderValue::from_str(&options.user_agent)
         .map_err(|e| ManagerError::Connect(format!("user agent: {e}")))?;
     config.headers.push((http::header::USER_AGENT, user_agent));

@@ -41,8 +41,14 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // bastions, and patch finalizers and status on all three.
     Rule {
         group: INFRASTRUCTURE,
-        resources: &["openstackclusters", "openstackmachines"],
+        resources: &["openstackclusters"],
         verbs: &["get", "list", "watch", "patch"],
+    },
+    // Machines are read from the watch's cache only.
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackmachines"],
+        verbs: &["list", "watch", "patch"],
     },
     Rule {
         group: INFRASTRUCTURE,
@@ -63,12 +69,17 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resources: &["openstackclusteridentities"],
         verbs: &["get"],
     },
-    // Cluster API: a Cluster's pause and ownership, a Machine's bootstrap data and deletion
-    // hooks.
+    // Cluster API: a Cluster's pause and ownership; a Machine's bootstrap data, and its
+    // pre-terminate hook (set and cleared by patch) that holds deletion for the LB member.
     Rule {
         group: "cluster.x-k8s.io",
-        resources: &["clusters", "machines"],
+        resources: &["clusters"],
         verbs: READ,
+    },
+    Rule {
+        group: "cluster.x-k8s.io",
+        resources: &["machines"],
+        verbs: &["get", "list", "watch", "patch"],
     },
     // Credentials and user data (read; a metadata-only watch wakes their users).
     Rule {

@@ -1,0 +1,640 @@
+//! capo-rs as a user installs and runs it: the manifests (current, rendered by kustomize,
+//! applied to the simulated API server), and `capo-rs run` as a process: the admin server,
+//! missing CRDs, two replicas under leader election, SIGTERM in a burst of reconciles.
+//! Every wait is for something the process logs or writes, bounded by a timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use capo_api::OpenStackServer;
+use capo_provider::manager::manifests::{self, CLUSTER_RULES, LEASE_RULES};
+use capo_sim::kube::server::RequestRecord;
+use capo_sim::openstack::Scenario;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::server_controller::{NAMESPACE, World, eventually, is_ready, server_manifest};
+
+const CAPO_RS: &str = env!("CARGO_BIN_EXE_capo-rs");
+const LONG: Duration = Duration::from_secs(60);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn kubectl() -> Option<PathBuf> {
+    let path = std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/kubectl"));
+    if path.exists() {
+        return Some(path);
+    }
+    eprintln!(
+        "NOTICE: {} not found; skipping what needs kubectl",
+        path.display()
+    );
+    None
+}
+
+fn crds_yaml() -> String {
+    capo_api::crds::to_multi_yaml(&capo_api::crds::all()).unwrap()
+}
+
+#[test]
+fn the_checked_in_manifests_are_what_capo_rs_manifests_writes() {
+    for (path, text) in manifests::files(&crds_yaml()) {
+        let on_disk = std::fs::read_to_string(repo().join("deploy").join(&path))
+            .unwrap_or_else(|e| panic!("deploy/{path}: {e}"));
+        assert!(
+            on_disk == text,
+            "deploy/{path} is stale: run `cargo run -- manifests --out deploy`"
+        );
+    }
+}
+
+/// clusterctl's `${VAR:=default}` replaced by its default, as `clusterctl init` does with
+/// nothing set.
+fn with_defaults(text: &str) -> String {
+    let variable = regex::Regex::new(r"\$\{[A-Z0-9_]+:=([^}]*)\}").unwrap();
+    variable.replace_all(text, "$1").into_owned()
+}
+
+/// Whole floats as integers: kustomize writes our CRDs' `minimum: 0.0` as `0` (the same
+/// number to the API server).
+fn whole_numbers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *value = json!(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers),
+        Value::Object(map) => map.values_mut().for_each(whole_numbers),
+        _ => {}
+    }
+}
+
+fn documents(text: &str) -> BTreeMap<String, Value> {
+    crate::common::yaml_documents(text)
+        .into_iter()
+        .map(|mut object| {
+            whole_numbers(&mut object);
+            let key = format!(
+                "{}/{}",
+                object["kind"].as_str().unwrap_or_default(),
+                object["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, object)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifests_render_with_kustomize_and_apply_to_the_api_server() {
+    let components =
+        std::fs::read_to_string(repo().join("deploy/clusterctl/infrastructure-components.yaml"))
+            .unwrap();
+    let components = with_defaults(&components);
+    assert!(!components.contains("${"), "every variable has a default");
+    let wanted = documents(&components);
+    assert_eq!(wanted.len(), 14, "{:?}", wanted.keys());
+    for crd in wanted
+        .values()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+    {
+        let label = &crd["metadata"]["labels"][capo_api::crds::CONTRACT_LABEL];
+        let versions: Vec<&str> = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert_eq!(
+            label,
+            &json!(versions.join("_")),
+            "{}",
+            crd["metadata"]["name"]
+        );
+    }
+    let server =
+        &wanted["CustomResourceDefinition/openstackservers.infrastructure.cluster.x-k8s.io"];
+    assert_eq!(
+        server["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
+        "v1alpha1"
+    );
+
+    let kube = capo_sim::kube::KubeSim::start(Default::default())
+        .await
+        .unwrap();
+    let Some(kubectl) = kubectl() else {
+        // Without kubectl: the same objects, created as a client would.
+        let objects: Vec<Value> = wanted.into_values().collect();
+        let (crds, rest): (Vec<Value>, Vec<Value>) = objects
+            .into_iter()
+            .partition(|o| o["kind"] == "CustomResourceDefinition");
+        kube.install(&crds).unwrap();
+        kube.install(&rest).unwrap();
+        return;
+    };
+    let rendered = std::process::Command::new(&kubectl)
+        .args(["kustomize"])
+        .arg(repo().join("deploy"))
+        .output()
+        .unwrap();
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let rendered_text = String::from_utf8(rendered.stdout).unwrap();
+    let rendered = documents(&rendered_text);
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        wanted.keys().collect::<Vec<_>>()
+    );
+    for (key, object) in &rendered {
+        assert!(
+            object == &wanted[key],
+            "kustomize's render and clusterctl's components (at their defaults) differ in \
+             {key}:\n{object:#}\n{:#}",
+            wanted[key]
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let manifest = dir.path().join("rendered.yaml");
+    std::fs::write(&manifest, &rendered_text).unwrap();
+    // kubectl blocks; the simulated API server answers on the runtime meanwhile.
+    let applied = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["apply", "--server-side", "-f"])
+            .arg(&manifest)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        applied.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&applied.stdout),
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(kube.client().unwrap(), manifests::NAMESPACE);
+    assert!(
+        deployments
+            .get_opt(manifests::DEPLOYMENT)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// (verb, group, resource) a set of rules grants.
+fn granted() -> BTreeSet<(String, String, String)> {
+    CLUSTER_RULES
+        .iter()
+        .chain(LEASE_RULES)
+        .flat_map(|rule| {
+            rule.resources.iter().flat_map(move |resource| {
+                rule.verbs.iter().map(move |verb| {
+                    (
+                        (*verb).to_owned(),
+                        rule.group.to_owned(),
+                        (*resource).to_owned(),
+                    )
+                })
+            })
+        })
+        .collect()
+}
+
+/// (verb, group, resource) capo-rs's own client sent (its User-Agent), whatever the answer.
+fn used_by_capo_rs(log: &[RequestRecord]) -> BTreeSet<(String, String, String)> {
+    log.iter()
+        .filter(|r| r.user_agent.starts_with("capo-rs/"))
+        .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
+        .collect()
+}
+
+/// Grants the demo's story does not reach, and the test that shows capo-rs using each (a
+/// ClusterIdentity and its namespace selector).
+fn used_elsewhere() -> BTreeSet<(String, String, String)> {
+    [
+        (
+            "get",
+            "infrastructure.cluster.x-k8s.io",
+            "openstackclusteridentities",
+        ),
+        ("get", "", "namespaces"),
+    ]
+    .into_iter()
+    .map(|(v, g, r)| (v.to_owned(), g.to_owned(), r.to_owned()))
+    .collect()
+}
+
+/// The RBAC check: everything capo-rs did is granted; everything granted was done (here, or
+/// in the test [`used_elsewhere`] names).
+pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
+    let used = used_by_capo_rs(log);
+    let granted = granted();
+    let refused: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        refused.is_empty(),
+        "capo-rs needs, and the ClusterRole lacks: {refused:?}"
+    );
+    let elsewhere = used_elsewhere();
+    let idle: Vec<_> = granted
+        .difference(&used)
+        .filter(|grant| !elsewhere.contains(*grant))
+        .collect();
+    assert!(idle.is_empty(), "granted but never used: {idle:?}");
+}
+
+/// A `capo-rs run` process and its JSON log lines.
+struct Replica {
+    child: Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+    identity_base: String,
+}
+
+impl Replica {
+    fn spawn(kubeconfig: &Path, instance: &str, extra: &[&str]) -> Replica {
+        let mut child = Command::new(CAPO_RS)
+            .args(["run", "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(["--instance", instance, "--admin-address", "127.0.0.1:0"])
+            .args(["--log-format", "json", "--log-level", "info"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().unwrap();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let value =
+                    serde_json::from_str(&line).unwrap_or_else(|_| json!({"message": line}));
+                sink.lock().unwrap().push(value);
+            }
+        });
+        Replica {
+            child,
+            lines,
+            identity_base: instance.to_owned(),
+        }
+    }
+
+    fn logged(&self, message: &str) -> Option<Value> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|line| {
+                line["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(message))
+            })
+            .cloned()
+    }
+
+    async fn wait_log(&self, message: &str) -> Value {
+        let found = tokio::time::timeout(LONG, async {
+            loop {
+                if let Some(line) = self.logged(message) {
+                    return line;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| {
+            panic!(
+                "{} never logged {message:?}: {}",
+                self.identity_base,
+                self.log_text()
+            )
+        })
+    }
+
+    fn log_text(&self) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    async fn admin(&self) -> SocketAddr {
+        let line = self.wait_log("admin server listening").await;
+        line["address"].as_str().unwrap().parse().unwrap()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().unwrap().to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    async fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{} did not exit within {within:?}", self.identity_base))
+            .unwrap()
+            .code()
+    }
+
+    /// Whether this replica's requests are `record`'s (its User-Agent names its identity).
+    fn sent(&self, record: &RequestRecord) -> bool {
+        record
+            .user_agent
+            .contains(&format!("({}_", self.identity_base))
+    }
+}
+
+async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let response = reqwest::get(format!("http://{address}{path}"))
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+fn kubeconfig_file(world: &World) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, world._kube.kubeconfig()).unwrap();
+    (dir, path)
+}
+
+fn minimal_capi_crds() -> Vec<Value> {
+    capo_api::capi::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_crds_run_names_them_and_exits_non_zero() {
+    let kube = capo_sim::kube::KubeSim::start(Default::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let mut replica = Replica::spawn(&kubeconfig, "lonely", &["--crd-wait", "0"]);
+    assert_eq!(replica.exit_code(LONG).await, Some(1));
+    let log = replica.log_text();
+    for missing in [
+        "openstackclusters.infrastructure.cluster.x-k8s.io",
+        "clusters.cluster.x-k8s.io",
+        "machines.cluster.x-k8s.io",
+    ] {
+        assert!(log.contains(missing), "{missing} not named: {log}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_answers_health_readiness_and_metrics() {
+    // Cluster API's CRDs come later: until then the process is live but not ready.
+    let world = World::prepare(Scenario::default(), Vec::new()).await;
+    let (_dir, kubeconfig) = kubeconfig_file(&world);
+    let mut replica = Replica::spawn(&kubeconfig, "admin", &["--leader-elect"]);
+    let admin = replica.admin().await;
+    replica
+        .wait_log("waiting for CustomResourceDefinitions")
+        .await;
+    assert_eq!(get(admin, "/healthz").await, (200, "ok\n".to_owned()));
+    let (status, body) = get(admin, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("waiting for the CustomResourceDefinitions"),
+        "{body}"
+    );
+    world._kube.install(&minimal_capi_crds()).unwrap();
+    // Standing by is ready too (briefly, before it takes the free Lease).
+    eventually("/readyz to say the caches synced", || async {
+        let (status, body) = get(admin, "/readyz").await;
+        (status == 200 && body == "ok: leading; caches synced\n").then_some(())
+    })
+    .await;
+    // One registry: the controllers', the cloud layer's and the leader's series together.
+    world.create(server_manifest("metered")).await;
+    world.wait_for("metered", "Ready", is_ready).await;
+    let (status, metrics) = get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for family in [
+        "leader_election_master_status{name=\"capo-rs-leader-election\"} 1",
+        "controller_runtime_reconcile_total",
+        "capo_openstack_api_requests_total",
+        "workqueue_depth",
+    ] {
+        assert!(metrics.contains(family), "{family} missing from /metrics");
+    }
+    let (status, _) = get(admin, "/nothing").await;
+    assert_eq!(status, 404);
+    replica.signal("TERM");
+    assert_eq!(replica.exit_code(LONG).await, Some(0));
+}
+
+const LEASE_FLAGS: [&str; 7] = [
+    "--leader-elect",
+    "--leader-elect-lease-duration",
+    "4s",
+    "--leader-elect-renew-deadline",
+    "3s",
+    "--leader-elect-retry-period",
+    "1s",
+];
+
+async fn create_servers(world: &World, names: impl IntoIterator<Item = String>) {
+    for name in names {
+        world.create(server_manifest(&name)).await;
+    }
+}
+
+async fn all_ready(world: &World, count: usize) {
+    eventually("every OpenStackServer Ready", || async {
+        let listed = world.servers().list(&ListParams::default()).await.ok()?;
+        (listed.items.iter().filter(|s| is_ready(s)).count() == count).then_some(())
+    })
+    .await;
+}
+
+fn lease_request(record: &RequestRecord) -> bool {
+    record.group == "coordination.k8s.io"
+}
+
+fn writes(record: &RequestRecord) -> bool {
+    !matches!(record.verb.as_str(), "get" | "list" | "watch") && !lease_request(record)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
+    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let (_dir, kubeconfig) = kubeconfig_file(&world);
+    let mut first = Replica::spawn(&kubeconfig, "first", &LEASE_FLAGS);
+    first.wait_log("became the leader").await;
+    let second = Replica::spawn(&kubeconfig, "second", &LEASE_FLAGS);
+    second.wait_log("standing by").await;
+    create_servers(&world, (0..3).map(|i| format!("before-{i}"))).await;
+    all_ready(&world, 3).await;
+    let standby_work: Vec<RequestRecord> = world
+        ._kube
+        .requests()
+        .into_iter()
+        .filter(|r| second.sent(r) && !lease_request(r))
+        // Its start-up check that the CRDs are installed is all it may do.
+        .filter(|r| r.resource != "customresourcedefinitions")
+        .collect();
+    assert!(
+        standby_work.is_empty(),
+        "the standby touched: {standby_work:?}"
+    );
+
+    // The leader dies without a word (no release): the standby waits out the lease.
+    first.child.start_kill().unwrap();
+    let killed = Instant::now();
+    assert_eq!(first.exit_code(LONG).await, None, "killed by a signal");
+    create_servers(&world, (0..3).map(|i| format!("after-{i}"))).await;
+    second.wait_log("became the leader").await;
+    let failover = killed.elapsed();
+    all_ready(&world, 6).await;
+    // Lease 4 s, retried every 1 s (+20% jitter): at most about 5.2 s after the last renewal.
+    assert!(
+        failover < Duration::from_secs(8),
+        "failover took {failover:?}"
+    );
+    println!(
+        "failover after the leader was killed: {:.2} s",
+        failover.as_secs_f64()
+    );
+
+    let log = world._kube.requests();
+    let first_writes: Vec<&RequestRecord> =
+        log.iter().filter(|r| first.sent(r) && writes(r)).collect();
+    let second_writes: Vec<&RequestRecord> =
+        log.iter().filter(|r| second.sent(r) && writes(r)).collect();
+    assert!(!first_writes.is_empty() && !second_writes.is_empty());
+    let last_first = first_writes.iter().map(|r| r.at).max().unwrap();
+    let first_second = second_writes.iter().map(|r| r.at).min().unwrap();
+    assert!(
+        last_first < first_second,
+        "the two replicas' writes overlap"
+    );
+    let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let lease = leases.get("capo-rs-leader-election").await.unwrap();
+    let spec = lease.spec.unwrap();
+    assert!(spec.holder_identity.unwrap().starts_with("second_"));
+    assert_eq!(spec.lease_transitions, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_in_a_burst_of_reconciles_exits_in_time_and_loses_nothing() {
+    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let (_dir, kubeconfig) = kubeconfig_file(&world);
+    // Half the servers reach the cloud through a ClusterIdentity that selects the
+    // namespace by label (the grants the demo does not use: see `used_elsewhere`).
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
+    let label = json!({"metadata": {"labels": {"team": "a"}}});
+    namespaces
+        .patch(NAMESPACE, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let identities: Api<capo_api::OpenStackClusterIdentity> = Api::all(world.client.clone());
+    let identity = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "kind": "OpenStackClusterIdentity",
+        "metadata": {"name": "shared"},
+        "spec": {
+            "secretRef": {"name": "cloud-config", "namespace": NAMESPACE},
+            "namespaceSelector": {"matchLabels": {"team": "a"}},
+        },
+    }))
+    .unwrap();
+    identities
+        .create(&PostParams::default(), &identity)
+        .await
+        .unwrap();
+    const BURST: usize = 30;
+    for i in 0..BURST {
+        let mut manifest = server_manifest(&format!("burst-{i}"));
+        if i % 2 == 1 {
+            manifest["spec"]["identityRef"] =
+                json!({"type": "ClusterIdentity", "name": "shared", "cloudName": "sim"});
+        }
+        let object: OpenStackServer = serde_json::from_value(manifest).unwrap();
+        world
+            .servers()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap();
+    }
+    let mut replica = Replica::spawn(&kubeconfig, "burst", &[]);
+    // In the middle of the burst: some servers exist in the cloud, not all are Ready.
+    eventually("servers building in the cloud", || async {
+        let built = world
+            .cloud
+            .object_counts()
+            .get("servers")
+            .copied()
+            .unwrap_or(0);
+        (built >= 3).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    replica.signal("TERM");
+    let code = replica.exit_code(Duration::from_secs(45)).await;
+    let stopped_in = asked.elapsed();
+    assert_eq!(code, Some(0), "{}", replica.log_text());
+    println!(
+        "SIGTERM to exit in a burst of {BURST}: {:.2} s",
+        stopped_in.as_secs_f64()
+    );
+
+    // Whatever was written is whole: a server named in a status exists in the cloud.
+    let listed = world.servers().list(&ListParams::default()).await.unwrap();
+    for object in &listed.items {
+        let id = object.status.as_ref().and_then(|s| s.instance_id.clone());
+        if let Some(id) = id {
+            assert!(
+                world.cloud.server(&id).is_some(),
+                "status names a missing server {id}"
+            );
+        }
+    }
+    // A new replica finishes the work: every object Ready, one server each, none lost.
+    let mut again = Replica::spawn(&kubeconfig, "again", &[]);
+    all_ready(&world, BURST).await;
+    assert_eq!(
+        world.cloud.object_counts().get("servers").copied(),
+        Some(BURST)
+    );
+    let log = world._kube.requests();
+    let used = used_by_capo_rs(&log);
+    for grant in used_elsewhere() {
+        assert!(used.contains(&grant), "{grant:?} not used");
+    }
+    again.signal("TERM");
+    assert_eq!(again.exit_code(LONG).await, Some(0));
+}
