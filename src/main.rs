@@ -31,8 +31,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Colours only on a terminal: a pod's log or a file gets plain text.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match cli.log_format {
         cli::LogFormat::Text => logs.init(),
