@@ -29,9 +29,13 @@ fn checked_in_crds_match_the_types() {
             stale.push(path.display().to_string());
         }
     }
+    let kustomization = std::fs::read_to_string(dir.join(crds::KUSTOMIZATION)).unwrap_or_default();
+    if kustomization != crds::kustomization(&generated) {
+        stale.push(crds::KUSTOMIZATION.to_owned());
+    }
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     assert!(
-        stale.is_empty() && files == generated.len(),
+        stale.is_empty() && files == generated.len() + 1,
         "crds/ is stale ({stale:?}, {files} files): run `cargo run -- crds --out crds`"
     );
 }

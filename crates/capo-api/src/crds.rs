@@ -174,9 +174,13 @@ pub fn write_dir(crds: &[CustomResourceDefinition], dir: &Path) -> Result<Vec<Pa
         .iter()
         .map(|crd| write(dir.join(file_name(crd)), to_yaml(crd)?))
         .collect::<Result<Vec<_>, CrdError>>()?;
-    written.push(write(dir.join("kustomization.yaml"), kustomization(crds))?);
+    written.push(write(dir.join(KUSTOMIZATION), kustomization(crds))?);
     Ok(written)
 }
+
+/// The kustomization's file name in `crds/`: a name kustomize reads and `kubectl apply -f
+/// crds/` skips (it reads only .yaml, .yml and .json files).
+pub const KUSTOMIZATION: &str = "Kustomization";
 
 /// A kustomization listing the CRD files, so that `deploy/` (and any overlay) can include
 /// the directory as a base.
