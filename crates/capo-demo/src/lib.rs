@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use capo_bench::Strategy;
+use capo_provider::manager::{self, Health};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -51,9 +52,11 @@ pub struct DemoConfig {
 pub async fn run(config: DemoConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let started = Instant::now();
     let registry = Registry::new();
+    let health = Arc::new(Health::new(&manager::CONTROLLERS));
     let metrics = serve::metrics(
         config.metrics_listen,
         registry.clone(),
+        health.clone(),
         shutdown.child_token(),
     )
     .await
@@ -64,7 +67,7 @@ pub async fn run(config: DemoConfig, shutdown: CancellationToken) -> anyhow::Res
         strategy_words(config.strategy),
         metrics.addr
     ));
-    let world = world::DemoWorld::start(&config, &registry, shutdown.child_token()).await?;
+    let world = world::DemoWorld::start(&config, &registry, health, shutdown.child_token()).await?;
     view.line(&format!("Kubernetes: {}", world.kubernetes));
     let summary = story::play(&world, &config, &mut view, started).await;
     world.stop().await;

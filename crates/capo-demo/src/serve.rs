@@ -1,14 +1,11 @@
-//! `/metrics` for Prometheus, in its text format, from the one registry every part of the
-//! demo's manager registers on (cloud, engine, controllers).
+//! The demo's admin server: `capo-rs run`'s own (`/metrics` from the one registry every part
+//! of the manager registers on, `/healthz`, `/readyz`), owned for as long as the demo holds.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use axum::Router;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use prometheus::{Encoder, Registry, TextEncoder};
-use tokio::net::TcpListener;
+use capo_provider::manager::{Health, admin};
+use prometheus::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -33,46 +30,17 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Serves `registry` on `listen` until `stop` (or the server is dropped).
+/// Serves `registry` and `health` on `listen` until `stop` (or the server is dropped).
 pub async fn metrics(
     listen: SocketAddr,
     registry: Registry,
+    health: Arc<Health>,
     stop: CancellationToken,
 ) -> std::io::Result<MetricsServer> {
-    let listener = TcpListener::bind(listen).await?;
-    let addr = listener.local_addr()?;
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let registry = registry.clone();
-            async move { render(&registry) }
-        }),
-    );
-    let until = stop.clone();
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(until.cancelled_owned())
-            .await;
-        if let Err(error) = served {
-            tracing::error!(%error, "the /metrics server stopped");
-        }
-    });
+    let (addr, task) = admin::serve(listen, registry, health, stop.clone()).await?;
     Ok(MetricsServer {
         addr,
         stop,
         task: Some(task),
     })
-}
-
-fn render(registry: &Registry) -> axum::response::Response {
-    let encoder = TextEncoder::new();
-    let mut body = Vec::new();
-    match encoder.encode(&registry.gather(), &mut body) {
-        Ok(()) => ([(CONTENT_TYPE, encoder.format_type().to_owned())], body).into_response(),
-        Err(error) => (
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding metrics: {error}"),
-        )
-            .into_response(),
-    }
 }

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use capo_bench::Strategy;
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
 use capo_provider::manager::{
-    self, KubeClientOptions, LeaderElection, ManagerConfig, ManagerError, SharedObserver,
+    self, Health, KubeClientOptions, LeaderElection, ManagerConfig, ManagerError, SharedObserver,
     WatchScope,
 };
 use capo_sim::kube::{KubeSim, KubeSimConfig};
@@ -41,6 +41,7 @@ impl DemoWorld {
     pub async fn start(
         config: &DemoConfig,
         registry: &Registry,
+        health: Arc<Health>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let (kube, kube_config, kubernetes) = match &config.kubeconfig {
@@ -87,10 +88,11 @@ impl DemoWorld {
         let manager_config = manager_config(config);
         let (manager_registry, manager_shutdown) = (registry.clone(), shutdown.clone());
         let manager = tokio::spawn(async move {
-            manager::run(
+            manager::run_with_health(
                 manager_client,
                 manager_config,
                 &manager_registry,
+                health,
                 manager_shutdown,
             )
             .await
