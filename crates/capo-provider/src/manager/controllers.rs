@@ -174,6 +174,19 @@ fn paused_changes(cluster: &Cluster) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// A Cluster's objects in `store`: those labelled with its name, in its namespace.
+fn labelled_for_cluster<K>(store: Store<K>) -> impl Fn(Cluster) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    move |cluster| {
+        let name = cluster.name_any();
+        pick(&store, cluster.namespace(), |object: &K| {
+            capi::cluster_name(object.labels()) == Some(name.as_str())
+        })
+    }
+}
+
 /// Objects in `store` within the namespace of `meta` that `wanted` picks.
 fn pick<K: Resource<DynamicType = ()> + Clone>(
     store: &Store<K>,
@@ -284,15 +297,7 @@ pub async fn run_servers(
                 })
             }),
         )
-        .watches_stream(
-            clusters,
-            queue.mapping(move |cluster: Cluster| {
-                let name = cluster.name_any();
-                pick(&by_cluster, cluster.namespace(), |object: &Watched| {
-                    capi::cluster_name(object.labels()) == Some(name.as_str())
-                })
-            }),
-        )
+        .watches_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(server::reconcile, server::error_policy, ctx)
@@ -361,12 +366,7 @@ pub async fn run_clusters(
         )
         .watches_stream(
             capi_clusters,
-            queue.mapping(move |owner: Cluster| {
-                let name = owner.name_any();
-                pick(&by_cluster, owner.namespace(), |object: &Watched| {
-                    capi::cluster_name(object.labels()) == Some(name.as_str())
-                })
-            }),
+            queue.mapping(labelled_for_cluster(by_cluster)),
         )
         .watches_stream(
             machines,
@@ -444,12 +444,7 @@ pub async fn run_machines(
     let controller = Controller::for_stream(queue.own(machines), reader)
         .watches_stream(
             capi_clusters,
-            queue.mapping(move |owner: Cluster| {
-                let name = owner.name_any();
-                pick(&by_cluster, owner.namespace(), |object: &Watched| {
-                    capi::cluster_name(object.labels()) == Some(name.as_str())
-                })
-            }),
+            queue.mapping(labelled_for_cluster(by_cluster)),
         )
         .watches_stream(
             capi_machines,
