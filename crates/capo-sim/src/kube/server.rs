@@ -93,9 +93,13 @@ pub fn authorization_attributes(
         }
         _ => (namespace, resource, name),
     };
-    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    // As k8s.io/apiserver's RequestInfoFactory: a collection GET is a watch when `watch` is
+    // given as anything but false or 0; a GET by name stays a get.
+    let watch = query
+        .get("watch")
+        .is_some_and(|value| !matches!(value.to_lowercase().as_str(), "false" | "0"));
     let verb = match (method.as_str(), name.is_empty()) {
-        ("GET", _) if watch => "watch",
+        ("GET", true) if watch => "watch",
         ("GET", true) => "list",
         ("GET", false) => "get",
         ("POST", _) => "create",
@@ -957,5 +961,59 @@ impl WatchStream {
                 () = self.tx.closed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod authorization_tests {
+    use super::*;
+
+    fn verb(method: Method, path: &str, query: &[(&str, &str)]) -> Option<(String, String)> {
+        let query: Query = query
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        authorization_attributes(&method, path, &query)
+            .map(|(verb, _, resource, ..)| (verb, resource))
+    }
+
+    fn pair(verb: &str, resource: &str) -> Option<(String, String)> {
+        Some((verb.to_owned(), resource.to_owned()))
+    }
+
+    #[test]
+    fn requests_read_as_kube_apiservers_authorizer_reads_them() {
+        let servers =
+            "/apis/infrastructure.cluster.x-k8s.io/v1beta2/namespaces/ns/openstackservers";
+        assert_eq!(
+            verb(Method::GET, servers, &[]),
+            pair("list", "openstackservers")
+        );
+        assert_eq!(
+            verb(Method::GET, servers, &[("watch", "True")]),
+            pair("watch", "openstackservers")
+        );
+        assert_eq!(
+            verb(Method::GET, servers, &[("watch", "0")]),
+            pair("list", "openstackservers")
+        );
+        let one = format!("{servers}/a");
+        assert_eq!(
+            verb(Method::GET, &one, &[("watch", "true")]),
+            pair("get", "openstackservers")
+        );
+        assert_eq!(
+            verb(Method::DELETE, servers, &[]),
+            pair("deletecollection", "openstackservers")
+        );
+        assert_eq!(
+            verb(Method::PATCH, &format!("{one}/status"), &[]),
+            pair("patch", "openstackservers/status")
+        );
+        assert_eq!(
+            verb(Method::PUT, "/api/v1/namespaces/ns/finalize", &[]),
+            pair("update", "namespaces/finalize")
+        );
+        assert_eq!(verb(Method::GET, "/apis", &[]), None);
     }
 }
