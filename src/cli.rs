@@ -40,9 +40,18 @@ pub enum LogFormat {
 
 impl Cli {
     /// Whether the command draws its own view (logs would tear it).
+    /// The demo and the benchmarks that run whole stacks print their own results: their
+    /// logs are errors only, unless asked.
     pub fn is_demo(&self) -> bool {
         #[cfg(feature = "dev-tools")]
-        if matches!(self.command, Command::Demo(_)) {
+        if matches!(
+            self.command,
+            Command::Demo(_)
+                | Command::Bench(
+                    crate::dev::BenchCommand::RolloutSafety { .. }
+                        | crate::dev::BenchCommand::Scale { .. }
+                )
+        ) {
             return true;
         }
         false

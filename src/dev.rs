@@ -172,6 +172,51 @@ pub async fn prove_dashboards(args: ProveArgs) -> anyhow::Result<ExitCode> {
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Randomized whole-stack rollouts on virtual time (controllers, engine, Cluster API
+    /// actor, both simulators), six safety invariants checked at every write and every cloud
+    /// transition. Run i plays seed SEED+i; exits 1 on any violation.
+    RolloutSafety {
+        /// How many runs.
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+        runs: u64,
+        /// The first run's seed; `--runs 1 --seed S` replays the run of seed S.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Runs at once, one thread each (default: the machine's cores).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+        threads: Option<u16>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// `capo-rs run` in its own process against both simulators in theirs: N clusters of
+    /// control-plane and worker machines brought up, a share rolled, the controller
+    /// restarted; its memory, CPU, reconcile times and requests against the targets.
+    Scale {
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        clusters: u32,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        control_plane: u32,
+        #[arg(long, default_value_t = 3)]
+        workers: u32,
+        /// Share of the clusters whose control plane is rolled.
+        #[arg(long, default_value_t = 0.1, value_parser = share)]
+        rollout_share: f64,
+        /// The controller's OpenStack budget (its `--openstack-qps` and `--openstack-burst`).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+        openstack_qps: u32,
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+        openstack_burst: u32,
+        /// Reconciles at once, per kind.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+        concurrency: u16,
+        /// Seconds of steady state measured.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        steady: u64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cost of the OpenStack request path per call, without the network.
     RequestPath {
         /// Calls per measurement.
@@ -314,6 +359,42 @@ pub fn bench(
     runtime: fn() -> std::io::Result<tokio::runtime::Runtime>,
 ) -> anyhow::Result<ExitCode> {
     match command {
+        BenchCommand::RolloutSafety {
+            runs,
+            seed,
+            threads,
+            json,
+        } => return rollout_safety(runs, seed, threads, json),
+        BenchCommand::Scale {
+            clusters,
+            control_plane,
+            workers,
+            rollout_share,
+            openstack_qps,
+            openstack_burst,
+            concurrency,
+            steady,
+            json,
+        } => {
+            let config = capo_bench::scale::ScaleConfig {
+                binary: std::env::current_exe()?,
+                clusters,
+                control_plane,
+                workers,
+                rollout_share,
+                openstack_qps,
+                openstack_burst,
+                concurrency,
+                steady: Duration::from_secs(steady),
+            };
+            let say = |line: &str| eprintln!("scale: {line}");
+            let report = runtime()?.block_on(capo_bench::scale::run(config, &say))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report.print();
+            }
+        }
         BenchCommand::RequestPath { calls } => {
             runtime()?
                 .block_on(capo_bench::request_path::run(calls))?
@@ -417,6 +498,40 @@ pub fn bench(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn rollout_safety(
+    runs: u64,
+    seed: u64,
+    threads: Option<u16>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let threads = threads.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let config = capo_bench::safety::SafetyConfig {
+        runs,
+        seed,
+        threads,
+    };
+    // One line per tenth of the runs, on stderr, so that a long run shows it is alive.
+    let step = (runs / 10).max(1);
+    let progress = move |done: u64, total: u64| {
+        if done.is_multiple_of(step) || done == total {
+            eprintln!("rollout-safety: {done}/{total} runs played");
+        }
+    };
+    let report = capo_bench::safety::run(&config, &progress);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report.print();
+    }
+    Ok(if report.violation_count() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Runs a simulator until interrupted.

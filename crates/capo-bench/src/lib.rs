@@ -3,6 +3,8 @@
 
 pub mod membership;
 pub mod request_path;
+pub mod safety;
+pub mod scale;
 pub mod servers;
 pub mod sim_status_tree;
 pub mod strategies;

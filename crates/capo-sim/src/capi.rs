@@ -299,6 +299,17 @@ impl CapiActor {
     pub async fn rollout(
         &self,
         plane: &ControlPlane,
+        progress: impl FnMut(RolloutStep),
+    ) -> Result<RolloutReport, ActorError> {
+        self.replace_oldest(plane, usize::MAX, progress).await
+    }
+
+    /// Replaces the `count` oldest control-plane Machines (all of them at most), as
+    /// [`CapiActor::rollout`] does.
+    pub async fn replace_oldest(
+        &self,
+        plane: &ControlPlane,
+        count: usize,
         mut progress: impl FnMut(RolloutStep),
     ) -> Result<RolloutReport, ActorError> {
         let started = Instant::now();
@@ -308,6 +319,7 @@ impl CapiActor {
             .iter()
             .filter(|m| !is_deleting(m))
             .map(ResourceExt::name_any)
+            .take(count)
             .collect();
         let mut report = RolloutReport::default();
         for (round, old_name) in old.iter().enumerate() {

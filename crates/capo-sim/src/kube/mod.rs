@@ -151,6 +151,17 @@ impl KubeSim {
         self.shared.requests()
     }
 
+    /// Every change from now on, in order, in-process: a checker that must see each write
+    /// the moment it happens (no watch, no HTTP, no virtual time passing in between).
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Arc<store::Change>> {
+        self.shared.store().subscribe()
+    }
+
+    /// Requests so far by client and verb (what `GET /_sim/requests` answers).
+    pub fn request_summary(&self) -> Value {
+        self.shared.request_summary()
+    }
+
     /// Creates objects directly (e.g. CRDs before controllers start), as a client would.
     pub fn install(&self, objects: &[Value]) -> Result<(), SimError> {
         let mut store = self.shared.store();

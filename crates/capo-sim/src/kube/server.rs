@@ -135,6 +135,23 @@ impl Shared {
             .push(record);
     }
 
+    /// Requests so far, counted by client (its User-Agent's product name) and verb: what
+    /// `GET /_sim/requests` answers, for a benchmark in another process.
+    pub fn request_summary(&self) -> serde_json::Value {
+        let requests = self
+            .requests
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for record in requests.iter() {
+            let client = record.user_agent.split('/').next().unwrap_or_default();
+            *counts
+                .entry(format!("{client} {}", record.verb))
+                .or_default() += 1;
+        }
+        serde_json::json!({"total": requests.len(), "by_client_verb": counts})
+    }
+
     /// The request log so far.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.requests
@@ -146,6 +163,9 @@ impl Shared {
 
 /// The router: every path goes through one dispatcher, as kube-apiserver's paths are
 /// data-dependent (CRDs add them at run time).
+/// Where the simulator's own request counts are served (not a Kubernetes path).
+pub const REQUEST_SUMMARY_PATH: &str = "/_sim/requests";
+
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
 }
@@ -169,6 +189,9 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if uri.path() == REQUEST_SUMMARY_PATH {
+        return axum::Json(shared.request_summary()).into_response();
+    }
     let query = parse_query(uri.query());
     let request = Request {
         method: &method,

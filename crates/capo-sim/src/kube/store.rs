@@ -677,6 +677,11 @@ impl Store {
         Ok(())
     }
 
+    /// Every change from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
     /// Starts a watch of one resource. With no resourceVersion (or "0", or
     /// `send_initial`), the current objects come first as ADDED; with a resourceVersion,
     /// every change after it is replayed, or 410 if it has been compacted away.

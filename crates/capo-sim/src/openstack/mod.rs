@@ -245,6 +245,39 @@ impl OpenStackSim {
         counts
     }
 
+    /// Every server, port and load balancer by name, and every member by pool and address,
+    /// as `(kind, key)`: Cluster API providers name what they create after its owner, so one
+    /// key seen twice is a duplicate made for one owner.
+    pub fn inventory(&self) -> Vec<(&'static str, String)> {
+        let world = self.shared.world();
+        let named =
+            |object: &serde_json::Value| object["name"].as_str().unwrap_or_default().to_owned();
+        let servers = world.nova.names().map(|name| ("server", name.to_owned()));
+        let ports = world
+            .neutron
+            .all("ports")
+            .iter()
+            .map(|p| ("port", named(p)));
+        let lbs = world
+            .octavia
+            .lbs
+            .values()
+            .map(|lb| ("loadbalancer", lb.meta.name.clone()));
+        let members = world.octavia.members.values().map(|m| {
+            (
+                "member",
+                format!("{}/{}:{}", m.pool, m.address, m.protocol_port),
+            )
+        });
+        // Unnamed objects (a router's interface ports) belong to no owner by name.
+        servers
+            .chain(ports)
+            .chain(lbs)
+            .chain(members)
+            .filter(|(_, key)| !key.is_empty())
+            .collect()
+    }
+
     /// A Cinder volume as the API shows it, by id or (oldest first) name.
     pub fn volume(&self, id_or_name: &str) -> Option<serde_json::Value> {
         self.shared.world().cinder.find(id_or_name).cloned()

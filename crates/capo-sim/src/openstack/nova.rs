@@ -42,6 +42,13 @@ pub struct Nova {
 
 impl Nova {
     /// Servers that exist now (deleting ones included until they are gone).
+    /// The names of the servers that exist now (deleting ones included).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.servers
+            .values()
+            .map(|server| server.body["name"].as_str().unwrap_or_default())
+    }
+
     pub fn count(&self) -> usize {
         self.servers.len()
     }

@@ -220,15 +220,28 @@ pub fn join_condition(
 ) -> Desired<'static> {
     let type_ = types::API_SERVER_LOAD_BALANCER_MEMBER_READY;
     let ports: Vec<String> = members.iter().map(|m| m.port.to_string()).collect();
+    let named = |m: &MemberView| -> String {
+        m.id.as_deref()
+            .map(|id| format!(" (member {id})"))
+            .unwrap_or_default()
+    };
     let describe = |m: &MemberView| -> String {
         let ago = |since: Instant| now.saturating_duration_since(since).as_secs();
         match m.verdict {
             MemberVerdict::Active => format!("{} ACTIVE", m.port),
             MemberVerdict::Pending { since } => format!("{} PENDING for {}s", m.port, ago(since)),
+            // A held rollout names the member, so that an operator can look it up.
             MemberVerdict::Stuck { since } => {
-                format!("{} stuck in PENDING for {}s", m.port, ago(since))
+                format!(
+                    "{}{} stuck in PENDING for {}s",
+                    m.port,
+                    named(m),
+                    ago(since)
+                )
             }
-            MemberVerdict::Error { since } => format!("{} in ERROR for {}s", m.port, ago(since)),
+            MemberVerdict::Error { since } => {
+                format!("{}{} in ERROR for {}s", m.port, named(m), ago(since))
+            }
             MemberVerdict::Missing { .. } => format!("{} not in its pool", m.port),
             MemberVerdict::Deleting { .. } => format!("{} being deleted", m.port),
             MemberVerdict::Gone => format!("{} pool unknown", m.port),

@@ -1,0 +1,240 @@
+//! The six invariants, as pure functions of what the simulators hold at one instant.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use capo_sim::openstack::MemberTruth;
+use serde::Serialize;
+
+/// The API server's port: the pool that must never lose its last ACTIVE member.
+pub const API_PORT: u16 = 6443;
+
+/// Reconcile errors one object may cost per minute before it is a storm. With the default
+/// backoff (1 s doubling to 5 min) a failing object costs at most 6 in its first minute; an
+/// object that fails, succeeds and fails again restarts at 1 s, which a fault burst can
+/// repeat, so the bound leaves room for that and still catches a loop that ignores backoff.
+pub const STORM_ERRORS_PER_OBJECT_MINUTE: f64 = 30.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Invariant {
+    /// 1: a control-plane machine got a providerID (or `provisioned`) while its member was
+    /// not ACTIVE in every pool.
+    EarlyRelease,
+    /// 2: the API pool had zero ACTIVE members after it first had one, before deletion.
+    EmptyPool,
+    /// 3: two OpenStack objects for one owner.
+    Duplicate,
+    /// 4: a run neither completed nor was held with conditions naming the member (or LB).
+    SilentHold,
+    /// 5: objects left in the cloud after the cluster was deleted.
+    Leak,
+    /// 6: a panic, or a reconcile error storm.
+    PanicOrStorm,
+}
+
+impl Invariant {
+    pub const ALL: [Invariant; 6] = [
+        Invariant::EarlyRelease,
+        Invariant::EmptyPool,
+        Invariant::Duplicate,
+        Invariant::SilentHold,
+        Invariant::Leak,
+        Invariant::PanicOrStorm,
+    ];
+
+    pub fn number(self) -> usize {
+        self as usize + 1
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Invariant::EarlyRelease => "no providerID before the member is ACTIVE",
+            Invariant::EmptyPool => "the API pool never empties",
+            Invariant::Duplicate => "no duplicate OpenStack objects",
+            Invariant::SilentHold => "completed, or held with named members",
+            Invariant::Leak => "nothing left after deletion",
+            Invariant::PanicOrStorm => "no panic, no error storm",
+        }
+    }
+}
+
+/// One broken invariant in one run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Violation {
+    pub invariant: Invariant,
+    /// Virtual seconds since the run started.
+    pub at: f64,
+    pub detail: String,
+}
+
+/// Why a machine at `address` may not be released now: its member is missing or not ACTIVE
+/// in some pool of the load balancer. `None` when it is ACTIVE in every pool.
+pub fn early_release(address: Option<&str>, members: &[MemberTruth]) -> Option<String> {
+    let Some(address) = address else {
+        return Some("released before its server had an address".to_owned());
+    };
+    let pools: BTreeSet<&str> = members.iter().map(|m| m.pool_id.as_str()).collect();
+    if pools.is_empty() {
+        return Some(format!("{address} released while no pool has any member"));
+    }
+    let problems: Vec<String> = pools
+        .into_iter()
+        .filter_map(|pool| {
+            let member = members
+                .iter()
+                .find(|m| m.pool_id == pool && m.address == address);
+            match member {
+                Some(m) if m.provisioning_status == "ACTIVE" => None,
+                Some(m) => Some(format!(
+                    "member {} in pool {pool} is {}",
+                    m.id, m.provisioning_status
+                )),
+                None => Some(format!("no member for {address} in pool {pool}")),
+            }
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// ACTIVE members of the API pool.
+pub fn active_api_members(members: &[MemberTruth]) -> usize {
+    members
+        .iter()
+        .filter(|m| m.port == API_PORT && m.provisioning_status == "ACTIVE")
+        .count()
+}
+
+/// Keys held by more than one object of a kind, as `kind key xN`.
+pub fn duplicates(inventory: &[(&'static str, String)]) -> Vec<String> {
+    let mut counts: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for (kind, key) in inventory {
+        *counts.entry((kind, key.as_str())).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .filter(|(_, count)| *count > 1)
+        .map(|((kind, key), count)| format!("{kind} {key} x{count}"))
+        .collect()
+}
+
+/// What is left in the cloud beyond what was there before the cluster.
+pub fn leftovers(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> Vec<String> {
+    after
+        .iter()
+        .filter_map(|(kind, count)| {
+            let was = before.get(kind).copied().unwrap_or(0);
+            (*count > was).then(|| format!("{} {kind}", count - was))
+        })
+        .collect()
+}
+
+/// Errors per object in one minute, for each controller whose count moved.
+pub fn error_rates(
+    before: &BTreeMap<String, f64>,
+    now: &BTreeMap<String, f64>,
+    objects: &BTreeMap<String, usize>,
+) -> Vec<(String, f64)> {
+    now.iter()
+        .filter_map(|(controller, total)| {
+            let delta = total - before.get(controller).copied().unwrap_or(0.0);
+            let objects = objects.get(controller).copied().unwrap_or(0).max(1);
+            (delta > 0.0).then(|| (controller.clone(), delta / objects as f64))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(pool: &str, address: &str, status: &'static str) -> MemberTruth {
+        MemberTruth {
+            lb_id: "lb".into(),
+            pool_id: pool.into(),
+            id: format!("{pool}-{address}"),
+            name: String::new(),
+            address: address.into(),
+            port: API_PORT,
+            provisioning_status: status,
+            settled_at: None,
+        }
+    }
+
+    #[test]
+    fn a_machine_is_released_only_when_active_in_every_pool() {
+        let members = vec![
+            member("api", "10.0.0.1", "ACTIVE"),
+            member("extra", "10.0.0.1", "PENDING_CREATE"),
+            member("api", "10.0.0.2", "ACTIVE"),
+            member("extra", "10.0.0.2", "ACTIVE"),
+        ];
+        assert_eq!(early_release(Some("10.0.0.2"), &members), None);
+        let early = early_release(Some("10.0.0.1"), &members).unwrap();
+        assert!(
+            early.contains("extra-10.0.0.1 in pool extra is PENDING_CREATE"),
+            "{early}"
+        );
+        let missing = early_release(Some("10.0.0.3"), &members).unwrap();
+        assert!(
+            missing.contains("no member for 10.0.0.3 in pool api"),
+            "{missing}"
+        );
+        assert!(early_release(None, &members).is_some());
+        assert!(early_release(Some("10.0.0.2"), &[]).is_some());
+    }
+
+    #[test]
+    fn only_active_members_of_the_api_pool_count() {
+        let mut other_port = member("extra", "10.0.0.3", "ACTIVE");
+        other_port.port = 8443;
+        let members = vec![
+            member("api", "10.0.0.1", "ACTIVE"),
+            member("api", "10.0.0.2", "PENDING_DELETE"),
+            member("api", "10.0.0.4", "ERROR"),
+            other_port,
+        ];
+        assert_eq!(active_api_members(&members), 1);
+    }
+
+    #[test]
+    fn a_key_seen_twice_is_a_duplicate() {
+        let inventory = vec![
+            ("server", "c1-cp-a".to_owned()),
+            ("port", "c1-cp-a-0".to_owned()),
+            ("server", "c1-cp-b".to_owned()),
+            ("server", "c1-cp-a".to_owned()),
+            ("port", "c1-cp-a".to_owned()),
+        ];
+        assert_eq!(duplicates(&inventory), vec!["server c1-cp-a x2".to_owned()]);
+    }
+
+    #[test]
+    fn leftovers_are_what_the_census_gained() {
+        let before = BTreeMap::from([("networks".to_owned(), 2), ("ports".to_owned(), 1)]);
+        let after = BTreeMap::from([
+            ("networks".to_owned(), 2),
+            ("ports".to_owned(), 3),
+            ("members".to_owned(), 1),
+        ]);
+        assert_eq!(leftovers(&before, &after), vec!["1 members", "2 ports"]);
+        assert!(leftovers(&before, &before).is_empty());
+    }
+
+    #[test]
+    fn error_rates_are_per_object_and_minute() {
+        let before = BTreeMap::from([("openstackmachine".to_owned(), 4.0)]);
+        let now = BTreeMap::from([
+            ("openstackmachine".to_owned(), 34.0),
+            ("openstackcluster".to_owned(), 2.0),
+        ]);
+        let objects = BTreeMap::from([("openstackmachine".to_owned(), 3)]);
+        let rates = error_rates(&before, &now, &objects);
+        assert_eq!(
+            rates,
+            vec![
+                ("openstackcluster".to_owned(), 2.0),
+                ("openstackmachine".to_owned(), 10.0)
+            ]
+        );
+    }
+}

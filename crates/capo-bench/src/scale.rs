@@ -1,0 +1,942 @@
+//! `capo-rs bench scale`: `capo-rs run` as users run it, in its own process, against both
+//! simulators in processes of their own (their memory is not the controller's), driven by
+//! the Cluster API actor from this process. Brings up N clusters of control-plane and
+//! worker machines, rolls a share of the control planes, restarts the controller, and
+//! measures the controller's memory and CPU from /proc, its reconcile times from its own
+//! /metrics, and the requests both simulators served.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use capo_api::capi::Cluster;
+use capo_api::{OpenStackCluster, OpenStackMachineSpec};
+use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane};
+use futures::StreamExt as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio_util::sync::CancellationToken;
+
+const NAMESPACE: &str = "default";
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleConfig {
+    /// The `capo-rs` binary to run (the simulators and the controller).
+    pub binary: PathBuf,
+    pub clusters: u32,
+    pub control_plane: u32,
+    pub workers: u32,
+    /// Share of the clusters whose control plane is rolled.
+    pub rollout_share: f64,
+    /// The controller's OpenStack budget (`--openstack-qps`, `--openstack-burst`).
+    pub openstack_qps: u32,
+    pub openstack_burst: u32,
+    /// Reconciles at once, per kind.
+    pub concurrency: u16,
+    /// How long steady state is measured.
+    pub steady: Duration,
+}
+
+/// Quantiles of one controller's reconcile time.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ReconcileTimes {
+    pub reconciles: f64,
+    pub p50_seconds: f64,
+    pub p99_seconds: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScaleReport {
+    pub config: Option<ScaleConfig>,
+    pub machines: u64,
+    /// Objects the controller watches (Clusters, OpenStackClusters, Machines,
+    /// OpenStackMachines, OpenStackServers, the Secret).
+    pub watched_objects: u64,
+    pub bring_up_seconds: f64,
+    pub rollout_seconds: f64,
+    pub clusters_rolled: u64,
+    pub idle_rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub steady_rss_bytes: u64,
+    /// (steady RSS - idle RSS) / watched objects.
+    pub bytes_per_watched_object: f64,
+    /// Share of one core at steady state.
+    pub steady_cpu_share: f64,
+    pub reconcile_times: BTreeMap<String, ReconcileTimes>,
+    /// The controller's Kubernetes requests per second, by phase.
+    pub kube_requests_per_second: BTreeMap<String, f64>,
+    /// The controller's OpenStack requests per second, by phase.
+    pub openstack_requests_per_second: BTreeMap<String, f64>,
+    /// OpenStack requests by operation, over the whole run.
+    pub openstack_requests_by_operation: BTreeMap<String, u64>,
+    /// The most OpenStack requests in any one second, and what the budget allows in one
+    /// (qps + burst).
+    pub openstack_peak_per_second: u64,
+    pub openstack_budget_per_second: u64,
+    /// Windows (1-60 s) in which more requests arrived than the token bucket allows.
+    pub openstack_windows_over_budget: u64,
+    /// From SIGTERM to every cluster reconciled and every gate verdict known again.
+    pub restart_to_verdicts_seconds: f64,
+}
+
+/// One child process; killed when dropped.
+struct Process {
+    child: Child,
+    name: &'static str,
+}
+
+impl Process {
+    fn spawn(
+        binary: &Path,
+        name: &'static str,
+        args: &[String],
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+        let child = Command::new(binary)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Process { child, name })
+    }
+
+    fn pid(&self) -> anyhow::Result<u32> {
+        self.child
+            .id()
+            .with_context(|| format!("{} has exited", self.name))
+    }
+
+    /// SIGTERM, then waits for the exit.
+    async fn terminate(mut self) -> anyhow::Result<()> {
+        let pid = self.pid()?;
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .with_context(|| format!("{} did not exit within 60 s of SIGTERM", self.name))??;
+        Ok(())
+    }
+}
+
+/// Memory and CPU of a process, from /proc.
+#[derive(Clone, Copy, Debug, Default)]
+struct ProcSample {
+    rss: u64,
+    peak_rss: u64,
+    cpu_ticks: u64,
+}
+
+fn proc_sample(pid: u32) -> ProcSample {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(key))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let cpu_ticks = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    ProcSample {
+        rss: kib("VmRSS:"),
+        peak_rss: kib("VmHWM:"),
+        cpu_ticks,
+    }
+}
+
+/// Clock ticks per second of /proc/<pid>/stat (USER_HZ, 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// Waits for a file a child writes at start.
+async fn wait_for_file(path: &Path) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && !text.is_empty()
+        {
+            return Ok(text);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The controller: `capo-rs run` as users run it, on this budget.
+fn start_controller(
+    config: &ScaleConfig,
+    kubeconfig: &Path,
+    admin: u16,
+    dir: &Path,
+    name: &'static str,
+) -> anyhow::Result<Process> {
+    let concurrency = config.concurrency.to_string();
+    let args: Vec<String> = [
+        "--log-level",
+        "warn",
+        "run",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--admin-address",
+        &format!("127.0.0.1:{admin}"),
+        "--openstack-qps",
+        &config.openstack_qps.to_string(),
+        "--openstack-burst",
+        &config.openstack_burst.to_string(),
+        "--kube-api-qps",
+        "200",
+        "--kube-api-burst",
+        "400",
+        "--openstackserver-concurrency",
+        &concurrency,
+        "--openstackcluster-concurrency",
+        &concurrency,
+        "--openstackmachine-concurrency",
+        &concurrency,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Process::spawn(&config.binary, name, &args, dir)
+}
+
+async fn wait_ready(http: &reqwest::Client, admin: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let ready = http
+            .get(format!("http://127.0.0.1:{admin}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ready {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the controller never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `name{labels} value` lines of a Prometheus text exposition.
+fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value: f64 = value.parse().ok()?;
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter_map(|pair| {
+                    let (key, value) = pair.split_once('=')?;
+                    Some((key.trim().to_owned(), value.trim_matches('"').to_owned()))
+                })
+                .collect();
+            Some((name.to_owned(), labels, value))
+        })
+        .collect()
+}
+
+fn sum(
+    samples: &[(String, BTreeMap<String, String>, f64)],
+    name: &str,
+    label: Option<(&str, &str)>,
+) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == name && label.is_none_or(|(k, v)| labels.get(k).is_some_and(|x| x == v))
+        })
+        .map(|(_, _, value)| value)
+        .sum()
+}
+
+/// p50 and p99 of each controller's reconcile time, from the histogram's buckets.
+fn reconcile_times(
+    samples: &[(String, BTreeMap<String, String>, f64)],
+) -> BTreeMap<String, ReconcileTimes> {
+    let mut buckets: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for (name, labels, value) in samples {
+        if name != "controller_runtime_reconcile_time_seconds_bucket" {
+            continue;
+        }
+        let (Some(controller), Some(le)) = (labels.get("controller"), labels.get("le")) else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap_or(f64::INFINITY)
+        };
+        buckets
+            .entry(controller.clone())
+            .or_default()
+            .push((le, *value));
+    }
+    buckets
+        .into_iter()
+        .map(|(controller, mut buckets)| {
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let total = buckets.last().map_or(0.0, |b| b.1);
+            let times = ReconcileTimes {
+                reconciles: total,
+                p50_seconds: quantile(&buckets, total, 0.5),
+                p99_seconds: quantile(&buckets, total, 0.99),
+            };
+            (controller, times)
+        })
+        .collect()
+}
+
+/// The quantile by linear interpolation inside the bucket that holds it.
+fn quantile(buckets: &[(f64, f64)], total: f64, q: f64) -> f64 {
+    let rank = q * total;
+    let mut previous = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return previous.0;
+            }
+            let within = if count > previous.1 {
+                (rank - previous.1) / (count - previous.1)
+            } else {
+                1.0
+            };
+            return previous.0 + (le - previous.0) * within;
+        }
+        previous = (le, count);
+    }
+    previous.0
+}
+
+/// Windows of 1 to 60 s in which more requests arrived than a token bucket of `qps` and
+/// `burst` lets through.
+pub fn windows_over_budget(per_second: &BTreeMap<u64, u64>, qps: u64, burst: u64) -> u64 {
+    let (Some(first), Some(last)) = (per_second.keys().next(), per_second.keys().last()) else {
+        return 0;
+    };
+    let counts: Vec<u64> = (*first..=*last)
+        .map(|s| per_second.get(&s).copied().unwrap_or(0))
+        .collect();
+    let mut over = 0;
+    for width in 1..=60usize.min(counts.len()) {
+        let allowed = burst + qps * width as u64;
+        let mut window: u64 = counts[..width].iter().sum();
+        if window > allowed {
+            over += 1;
+        }
+        for end in width..counts.len() {
+            window = window + counts[end] - counts[end - width];
+            if window > allowed {
+                over += 1;
+            }
+        }
+    }
+    over
+}
+
+/// Both simulators' request counts at one moment.
+#[derive(Clone, Debug, Default)]
+struct Requests {
+    kube: f64,
+    openstack: f64,
+    at: Option<Instant>,
+}
+
+struct Sims {
+    http: reqwest::Client,
+    kube_url: String,
+    openstack_url: String,
+}
+
+impl Sims {
+    async fn get(&self, url: String) -> anyhow::Result<Value> {
+        let text = self
+            .http
+            .get(url)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The controller's requests (by its User-Agent) to Kubernetes, and every request to
+    /// OpenStack (only the controller talks to it).
+    async fn requests(&self) -> anyhow::Result<Requests> {
+        let kube = self.get(format!("{}/_sim/requests", self.kube_url)).await?;
+        let controller: f64 = kube["by_client_verb"]
+            .as_object()
+            .map(|counts| {
+                counts
+                    .iter()
+                    .filter(|(key, _)| key.starts_with("capo-rs "))
+                    .filter_map(|(_, n)| n.as_f64())
+                    .sum()
+            })
+            .unwrap_or(0.0);
+        let openstack = self
+            .get(format!("{}/_sim/requests", self.openstack_url))
+            .await?;
+        Ok(Requests {
+            kube: controller,
+            openstack: openstack["total"].as_f64().unwrap_or(0.0),
+            at: Some(Instant::now()),
+        })
+    }
+}
+
+fn rates(from: &Requests, to: &Requests) -> (f64, f64) {
+    let seconds = match (from.at, to.at) {
+        (Some(a), Some(b)) => b.duration_since(a).as_secs_f64().max(1e-3),
+        _ => 1.0,
+    };
+    (
+        (to.kube - from.kube) / seconds,
+        (to.openstack - from.openstack) / seconds,
+    )
+}
+
+fn machine_template() -> OpenStackMachineSpec {
+    serde_json::from_value(json!({
+        "flavor": {"filter": {"name": "m1.small"}},
+        "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
+    }))
+    .unwrap_or_default()
+}
+
+fn cluster_name(index: u32) -> String {
+    format!("scale-{index:04}")
+}
+
+async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let clusters: Api<Cluster> = Api::namespaced(client.clone(), NAMESPACE);
+    let cluster: Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                        "kind": "OpenStackCluster", "name": name}}
+    }))?;
+    clusters.create(&PostParams::default(), &cluster).await?;
+    // No router and no floating IP: a thousand of either would not fit the simulated
+    // external network's /24.
+    let infrastructure: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {capo_api::capi::labels::CLUSTER_NAME: name}},
+        "spec": {
+            "apiServer": {"managedLoadBalancer": {"enabled": true}},
+            "disableAPIServerFloatingIP": true,
+            "disableExternalNetwork": true,
+            "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+            "managedSecurityGroups": {"allowAllInClusterTraffic": true},
+            "managedSubnets": [{"cidr": "10.6.0.0/24"}],
+        },
+    }))?;
+    let api: Api<OpenStackCluster> = Api::namespaced(client.clone(), NAMESPACE);
+    api.create(&PostParams::default(), &infrastructure).await?;
+    Ok(())
+}
+
+async fn put_cloud_secret(client: &kube::Client, clouds_yaml: &str) -> anyhow::Result<()> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("cloud-config".into()),
+            namespace: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "clouds.yaml".to_owned(),
+            ByteString(clouds_yaml.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    secrets.create(&PostParams::default(), &secret).await?;
+    Ok(())
+}
+
+fn plane(cluster: String, replicas: u32) -> ControlPlane {
+    ControlPlane {
+        cluster,
+        replicas: replicas as usize,
+        template: machine_template(),
+        version: "v1.33.4".into(),
+        failure_domains: Vec::new(),
+    }
+}
+
+/// Samples the controller's memory every second, keeping the peak.
+fn watch_memory(
+    pid: Arc<AtomicU64>,
+    peak: Arc<AtomicU64>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let sample = proc_sample(pid.load(Ordering::Relaxed) as u32);
+            peak.fetch_max(sample.peak_rss.max(sample.rss), Ordering::Relaxed);
+        }
+    })
+}
+
+/// Plays the whole benchmark; `say` reports progress.
+pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Result<ScaleReport> {
+    let dir = std::env::temp_dir().join(format!("capo-rs-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    let clouds = dir.join("clouds.yaml");
+    let _kube = Process::spawn(
+        &config.binary,
+        "sim-kube",
+        &[
+            "--log-level".into(),
+            "error".into(),
+            "sim".into(),
+            "kube".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--kubeconfig-out".into(),
+            kubeconfig.display().to_string(),
+            "--with-crds".into(),
+        ],
+        &dir,
+    )?;
+    let _openstack = Process::spawn(
+        &config.binary,
+        "sim-openstack",
+        &[
+            "--log-level".into(),
+            "error".into(),
+            "sim".into(),
+            "openstack".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--clouds-yaml-out".into(),
+            clouds.display().to_string(),
+        ],
+        &dir,
+    )?;
+    let kubeconfig_text = wait_for_file(&kubeconfig).await?;
+    let clouds_yaml = wait_for_file(&clouds).await?;
+    let kube_url = kubeconfig_text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server: "))
+        .context("no server in the kubeconfig")?
+        .trim()
+        .to_owned();
+    let openstack_url = clouds_yaml
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("auth_url: "))
+        .and_then(|url| url.trim().strip_suffix("/identity/v3"))
+        .context("no auth_url in clouds.yaml")?
+        .to_owned();
+    let http = reqwest::Client::new();
+    let sims = Sims {
+        http: http.clone(),
+        kube_url,
+        openstack_url,
+    };
+    let client = {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_text)?;
+        let options = kube::config::KubeConfigOptions::default();
+        kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?)?
+    };
+    put_cloud_secret(&client, &clouds_yaml).await?;
+
+    let admin = free_port()?;
+    let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller")?;
+    wait_ready(&http, admin).await?;
+    let pid = Arc::new(AtomicU64::new(u64::from(controller.pid()?)));
+    let mut report = ScaleReport {
+        config: Some(config.clone()),
+        idle_rss_bytes: proc_sample(controller.pid()?).rss,
+        ..ScaleReport::default()
+    };
+    let peak = Arc::new(AtomicU64::new(0));
+    let stop_memory = CancellationToken::new();
+    let memory = watch_memory(pid.clone(), peak.clone(), stop_memory.clone());
+
+    // Bring-up: every cluster, then its machines, the control plane one at a time as KCP.
+    let started = Instant::now();
+    let before = sims.requests().await?;
+    let names: Vec<String> = (0..config.clusters).map(cluster_name).collect();
+    futures::stream::iter(names.iter())
+        .map(|name| create_cluster(&client, name))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<()>>>()?;
+    say(&format!("{} clusters created", config.clusters));
+    let actor = CapiActor::start(
+        client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_secs(5),
+            join_delay: Duration::from_secs(1),
+            wait_timeout: Duration::from_secs(3600),
+        },
+        CancellationToken::new(),
+    );
+    let brought_up = futures::stream::iter(names.iter())
+        .map(|name| {
+            let actor = &actor;
+            async move {
+                let workers = actor
+                    .create_workers(name, config.workers as usize, machine_template())
+                    .await?;
+                actor
+                    .scale_control_plane(&plane(name.clone(), config.control_plane))
+                    .await?;
+                for worker in &workers {
+                    actor.wait_joined(worker).await?;
+                }
+                Ok::<_, capo_sim::capi::ActorError>(())
+            }
+        })
+        .buffer_unordered(names.len().max(1))
+        .collect::<Vec<_>>()
+        .await;
+    let failed = brought_up.iter().filter(|r| r.is_err()).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} clusters never came up: {:?}",
+        brought_up.iter().find(|r| r.is_err())
+    );
+    report.bring_up_seconds = started.elapsed().as_secs_f64();
+    let up = sims.requests().await?;
+    let (kube_rate, openstack_rate) = rates(&before, &up);
+    report
+        .kube_requests_per_second
+        .insert("bring-up".into(), kube_rate);
+    report
+        .openstack_requests_per_second
+        .insert("bring-up".into(), openstack_rate);
+    say(&format!(
+        "{} machines up in {:.0} s",
+        config.clusters * (config.control_plane + config.workers),
+        report.bring_up_seconds
+    ));
+
+    // Steady state: settle, then measure.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let cpu_before = proc_sample(controller.pid()?);
+    let steady_start = sims.requests().await?;
+    let measured = Instant::now();
+    tokio::time::sleep(config.steady).await;
+    let cpu_after = proc_sample(controller.pid()?);
+    let steady_end = sims.requests().await?;
+    let cpu_seconds =
+        cpu_after.cpu_ticks.saturating_sub(cpu_before.cpu_ticks) as f64 / TICKS_PER_SECOND;
+    report.steady_cpu_share = cpu_seconds / measured.elapsed().as_secs_f64();
+    report.steady_rss_bytes = cpu_after.rss;
+    let (kube_rate, openstack_rate) = rates(&steady_start, &steady_end);
+    report
+        .kube_requests_per_second
+        .insert("steady".into(), kube_rate);
+    report
+        .openstack_requests_per_second
+        .insert("steady".into(), openstack_rate);
+    let machines = u64::from(config.clusters) * u64::from(config.control_plane + config.workers);
+    report.machines = machines;
+    report.watched_objects = 2 * u64::from(config.clusters) + 3 * machines + 1;
+    report.bytes_per_watched_object = report
+        .steady_rss_bytes
+        .saturating_sub(report.idle_rss_bytes) as f64
+        / report.watched_objects as f64;
+    say(&format!(
+        "steady: RSS {} MiB, CPU {:.1}% of a core",
+        report.steady_rss_bytes >> 20,
+        report.steady_cpu_share * 100.0
+    ));
+
+    // Rolling replacements on a share of the clusters.
+    let rolled =
+        ((f64::from(config.clusters) * config.rollout_share).ceil() as usize).min(names.len());
+    let rollout_start = Instant::now();
+    let rolling = futures::stream::iter(names.iter().take(rolled))
+        .map(|name| {
+            let actor = &actor;
+            async move {
+                actor
+                    .rollout(&plane(name.clone(), config.control_plane), |_| {})
+                    .await
+            }
+        })
+        .buffer_unordered(rolled.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    let failed = rolling.iter().filter(|r| r.is_err()).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} rollouts failed: {:?}",
+        rolling.iter().find(|r| r.is_err())
+    );
+    report.rollout_seconds = rollout_start.elapsed().as_secs_f64();
+    report.clusters_rolled = rolled as u64;
+    let rolled_requests = sims.requests().await?;
+    let (kube_rate, openstack_rate) = rates(&steady_end, &rolled_requests);
+    report
+        .kube_requests_per_second
+        .insert("rollouts".into(), kube_rate);
+    report
+        .openstack_requests_per_second
+        .insert("rollouts".into(), openstack_rate);
+    say(&format!(
+        "{rolled} control planes rolled in {:.0} s",
+        report.rollout_seconds
+    ));
+
+    // The first controller's own figures, then the restart.
+    let metrics = http
+        .get(format!("http://127.0.0.1:{admin}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    report.reconcile_times = reconcile_times(&samples(&metrics));
+    let restart = Instant::now();
+    controller.terminate().await?;
+    let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller-restarted")?;
+    pid.store(u64::from(controller.pid()?), Ordering::Relaxed);
+    let members = f64::from(config.clusters * config.control_plane);
+    loop {
+        let text = http
+            .get(format!("http://127.0.0.1:{admin}/metrics"))
+            .send()
+            .await
+            .ok();
+        let text = match text {
+            Some(response) => response.text().await.unwrap_or_default(),
+            None => String::new(),
+        };
+        let now = samples(&text);
+        let gates_open = sum(&now, "capo_lb_gate_ready", None);
+        let active = sum(&now, "capo_lb_members", Some(("verdict", "Active")));
+        let reconciled = sum(
+            &now,
+            "controller_runtime_reconcile_total",
+            Some(("controller", "openstackcluster")),
+        );
+        if gates_open >= f64::from(config.clusters)
+            && active >= members
+            && reconciled >= f64::from(config.clusters)
+        {
+            break;
+        }
+        anyhow::ensure!(
+            restart.elapsed() < Duration::from_secs(900),
+            "after the restart, verdicts were still unknown after 900 s: {gates_open} gates open, {active} members ACTIVE"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    report.restart_to_verdicts_seconds = restart.elapsed().as_secs_f64();
+    say(&format!(
+        "restart to every verdict known: {:.1} s",
+        report.restart_to_verdicts_seconds
+    ));
+    let after_restart = sims.requests().await?;
+    let (kube_rate, openstack_rate) = rates(&rolled_requests, &after_restart);
+    report
+        .kube_requests_per_second
+        .insert("restart".into(), kube_rate);
+    report
+        .openstack_requests_per_second
+        .insert("restart".into(), openstack_rate);
+
+    stop_memory.cancel();
+    memory.await?;
+    report.peak_rss_bytes = peak.load(Ordering::Relaxed);
+    let log = sims
+        .get(format!("{}/_sim/requests", sims.openstack_url))
+        .await?;
+    report.openstack_requests_by_operation =
+        serde_json::from_value(log["by_operation"].clone()).unwrap_or_default();
+    let per_second: BTreeMap<u64, u64> = log["per_second"]
+        .as_object()
+        .map(|seconds| {
+            seconds
+                .iter()
+                .filter_map(|(s, n)| Some((s.parse().ok()?, n.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    report.openstack_peak_per_second = per_second.values().copied().max().unwrap_or(0);
+    report.openstack_budget_per_second = u64::from(config.openstack_qps + config.openstack_burst);
+    report.openstack_windows_over_budget = windows_over_budget(
+        &per_second,
+        u64::from(config.openstack_qps),
+        u64::from(config.openstack_burst),
+    );
+    actor.stop().await;
+    controller.terminate().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(report)
+}
+
+impl ScaleReport {
+    pub fn print(&self) {
+        let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+        println!(
+            "scale: {} machines ({} watched objects)",
+            self.machines, self.watched_objects
+        );
+        println!(
+            "bring-up {:.0} s; {} control planes rolled in {:.0} s",
+            self.bring_up_seconds, self.clusters_rolled, self.rollout_seconds
+        );
+        println!("\n{:<44} {:>12} {:>12}", "figure", "measured", "target");
+        println!(
+            "{:<44} {:>10.1} MiB {:>12}",
+            "controller peak RSS",
+            mib(self.peak_rss_bytes),
+            "<= 100 MiB"
+        );
+        println!(
+            "{:<44} {:>10.1} MiB {:>12}",
+            "controller steady RSS",
+            mib(self.steady_rss_bytes),
+            "<= 100 MiB"
+        );
+        println!(
+            "{:<44} {:>10.1} MiB",
+            "controller idle RSS (before any cluster)",
+            mib(self.idle_rss_bytes)
+        );
+        println!(
+            "{:<44} {:>12.0}",
+            "bytes per watched object", self.bytes_per_watched_object
+        );
+        println!(
+            "{:<44} {:>11.2}% {:>12}",
+            "steady CPU (share of one core)",
+            self.steady_cpu_share * 100.0,
+            "< 5%"
+        );
+        println!(
+            "{:<44} {:>12} {:>12}",
+            "OpenStack peak requests in one second",
+            self.openstack_peak_per_second,
+            format!("<= {}", self.openstack_budget_per_second)
+        );
+        println!(
+            "{:<44} {:>12} {:>12}",
+            "windows over the OpenStack budget", self.openstack_windows_over_budget, "0"
+        );
+        println!(
+            "{:<44} {:>10.1} s {:>12}",
+            "restart to every verdict known", self.restart_to_verdicts_seconds, "<= 120 s"
+        );
+        println!(
+            "\n{:<20} {:>12} {:>12} {:>12}",
+            "reconciles", "count", "p50 ms", "p99 ms"
+        );
+        for (controller, times) in &self.reconcile_times {
+            println!(
+                "{controller:<20} {:>12.0} {:>12.1} {:>12.1}",
+                times.reconciles,
+                times.p50_seconds * 1e3,
+                times.p99_seconds * 1e3
+            );
+        }
+        println!(
+            "\n{:<12} {:>16} {:>20}",
+            "phase", "Kubernetes req/s", "OpenStack req/s"
+        );
+        for phase in ["bring-up", "steady", "rollouts", "restart"] {
+            println!(
+                "{phase:<12} {:>16.1} {:>20.1}",
+                self.kube_requests_per_second
+                    .get(phase)
+                    .copied()
+                    .unwrap_or(0.0),
+                self.openstack_requests_per_second
+                    .get(phase)
+                    .copied()
+                    .unwrap_or(0.0)
+            );
+        }
+        println!("\nOpenStack requests by operation:");
+        let mut operations: Vec<_> = self.openstack_requests_by_operation.iter().collect();
+        operations.sort_by(|a, b| b.1.cmp(a.1));
+        for (operation, count) in operations.iter().take(15) {
+            println!("  {operation:<48} {count:>10}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_inside_their_bucket() {
+        let buckets = [
+            (0.01, 50.0),
+            (0.1, 90.0),
+            (1.0, 100.0),
+            (f64::INFINITY, 100.0),
+        ];
+        assert!((quantile(&buckets, 100.0, 0.5) - 0.01).abs() < 1e-9);
+        assert!((quantile(&buckets, 100.0, 0.99) - 0.91).abs() < 1e-9);
+        assert_eq!(quantile(&[], 0.0, 0.5), 0.0);
+    }
+
+    #[test]
+    fn the_exposition_is_read_with_its_labels() {
+        let text = "# HELP x y\nreqs{controller=\"a\",result=\"success\"} 3\nreqs{controller=\"b\",result=\"error\"} 4\nup 1\n";
+        let parsed = samples(text);
+        assert_eq!(sum(&parsed, "reqs", None), 7.0);
+        assert_eq!(sum(&parsed, "reqs", Some(("controller", "b"))), 4.0);
+        assert_eq!(sum(&parsed, "up", None), 1.0);
+    }
+
+    #[test]
+    fn a_window_over_the_token_bucket_is_counted() {
+        let steady = BTreeMap::from([(0, 30), (1, 10), (2, 10)]);
+        assert_eq!(windows_over_budget(&steady, 10, 20), 0);
+        let burst = BTreeMap::from([(0, 31), (1, 10)]);
+        assert_eq!(windows_over_budget(&burst, 10, 20), 2);
+    }
+}
