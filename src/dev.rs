@@ -78,7 +78,7 @@ pub struct DemoArgs {
 
 fn demo_strategy(text: &str) -> Result<Strategy, String> {
     match text.parse::<Strategy>()? {
-        Strategy::MemberGet => Err("the demo runs status-tree or lb-only".to_owned()),
+        Strategy::MemberGet => Err("status-tree or lb-only, not member-get".to_owned()),
         strategy => Ok(strategy),
     }
 }
@@ -185,6 +185,10 @@ pub enum BenchCommand {
         /// Runs at once, one thread each (default: the machine's cores).
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
+        /// `status-tree` (capo-rs) or `lb-only` (trusting the load balancer, as CAPO does:
+        /// shows the violations the checker finds then).
+        #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
+        strategy: Strategy,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -363,8 +367,9 @@ pub fn bench(
             runs,
             seed,
             threads,
+            strategy,
             json,
-        } => return rollout_safety(runs, seed, threads, json),
+        } => return rollout_safety(runs, seed, threads, strategy, json),
         BenchCommand::Scale {
             clusters,
             control_plane,
@@ -504,6 +509,7 @@ fn rollout_safety(
     runs: u64,
     seed: u64,
     threads: Option<u16>,
+    strategy: Strategy,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let threads = threads.map(usize::from).unwrap_or_else(|| {
@@ -513,6 +519,7 @@ fn rollout_safety(
         runs,
         seed,
         threads,
+        strategy,
     };
     // One line per tenth of the runs, on stderr, so that a long run shows it is alive.
     let step = (runs / 10).max(1);

@@ -16,6 +16,7 @@ mod membership;
 mod packaging;
 mod real_octavia;
 mod rollout;
+mod safety;
 mod server_controller;
 mod sim_kube;
 mod sim_kubectl;

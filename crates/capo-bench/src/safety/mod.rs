@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::Strategy;
+
 pub use check::{Invariant, Violation};
 pub use draw::Draw;
 pub use run::{Outcome, RunReport};
@@ -26,6 +28,14 @@ pub struct SafetyConfig {
     pub seed: u64,
     /// Runs played at once, one OS thread each.
     pub threads: usize,
+    /// How the engine observes members: `status-tree` (production); `lb-only` trusts the
+    /// load balancer as CAPO does, to show the checker catching what that breaks.
+    #[serde(serialize_with = "strategy_name")]
+    pub strategy: Strategy,
+}
+
+fn strategy_name<S: serde::Serializer>(strategy: &Strategy, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(strategy.as_str())
 }
 
 /// A violation, with the seed that replays it.
@@ -70,7 +80,7 @@ fn count_panics() {
 }
 
 /// Plays one seed on a fresh paused runtime; a panic anywhere in it is a violation.
-pub fn play_seed(seed: u64) -> (RunReport, Duration) {
+pub fn play_seed(seed: u64, strategy: Strategy) -> (RunReport, Duration) {
     count_panics();
     PANICS.with(|panics| panics.borrow_mut().clear());
     let started = Instant::now();
@@ -81,7 +91,7 @@ pub fn play_seed(seed: u64) -> (RunReport, Duration) {
             .start_paused(true)
             .build()
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>(runtime.block_on(run::play(&draw)))
+        Ok::<_, String>(runtime.block_on(run::play(&draw, strategy)))
     }));
     let mut report = match played {
         Ok(Ok(report)) => report,
@@ -128,7 +138,7 @@ pub fn run(config: &SafetyConfig, progress: &(dyn Fn(u64, u64) + Sync)) -> Safet
                     if index >= config.runs {
                         return;
                     }
-                    let played = play_seed(config.seed.wrapping_add(index));
+                    let played = play_seed(config.seed.wrapping_add(index), config.strategy);
                     results
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -227,8 +237,10 @@ impl SafetyReport {
         let runs = self.config.runs;
         let last = self.config.seed.wrapping_add(runs.saturating_sub(1));
         println!(
-            "rollout-safety: {runs} runs, seeds {}..={last}, {} threads",
-            self.config.seed, self.config.threads
+            "rollout-safety ({}): {runs} runs, seeds {}..={last}, {} threads",
+            self.config.strategy.as_str(),
+            self.config.seed,
+            self.config.threads
         );
         println!(
             "wall {:.1} s ({:.2} s per run; slowest {:.1} s, seed {}); {:.1} virtual hours played",
@@ -277,13 +289,14 @@ impl SafetyReport {
         }
         for violation in self.violations.iter().take(20) {
             println!(
-                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {}",
+                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {} --strategy {}",
                 violation.seed,
                 violation.violation.at,
                 violation.violation.invariant.number(),
                 violation.violation.invariant.title(),
                 violation.violation.detail,
-                violation.seed
+                violation.seed,
+                self.config.strategy.as_str()
             );
         }
     }

@@ -14,7 +14,7 @@ use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec};
 use capo_provider::cloud::neutron::{NetworkSpec, SubnetSpec};
 use capo_provider::cloud::{CloudOptions, Clouds};
 use capo_provider::controllers::gate;
-use capo_provider::manager::{self, ManagerConfig, ManagerError};
+use capo_provider::manager::{self, ManagerConfig, ManagerError, SharedObserver};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::store::Change;
 use capo_sim::kube::{KubeSim, KubeSimConfig};
@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::check::{self, Invariant, Violation};
 use super::draw::{Draw, RestartKind};
+use crate::Strategy;
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "c1";
@@ -84,11 +85,12 @@ pub struct RunReport {
     pub worst_errors_per_object_minute: f64,
 }
 
-/// Plays the draw on the current (paused) runtime.
-pub async fn play(draw: &Draw) -> RunReport {
+/// Plays the draw on the current (paused) runtime, the engine observing members as
+/// `strategy` does (`status-tree` in production; `lb-only` shows what the checker catches).
+pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
     let started = Instant::now();
     let mut violations = Vec::new();
-    let (outcome, world) = match World::start(draw).await {
+    let (outcome, world) = match World::start(draw, strategy).await {
         Ok(mut world) => {
             let outcome = world.story(draw, &mut violations).await;
             (outcome, Some(world))
@@ -121,6 +123,7 @@ pub async fn play(draw: &Draw) -> RunReport {
 /// The manager, restartable, with its reconcile errors counted across restarts.
 struct Manager {
     client: kube::Client,
+    strategy: Strategy,
     running: Option<(CancellationToken, JoinHandle<Result<(), ManagerError>>)>,
     errors: Arc<Mutex<ErrorTotals>>,
 }
@@ -161,12 +164,16 @@ fn reconcile_errors(registry: &Registry) -> BTreeMap<String, f64> {
     totals
 }
 
-fn manager_config() -> ManagerConfig {
+fn manager_config(strategy: Strategy) -> ManagerConfig {
     let mut config = ManagerConfig {
         crd_retry: Duration::from_secs(1),
         ..ManagerConfig::default()
     };
     config.engine.stuck_after = STUCK_AFTER;
+    config.engine.schedule = strategy.schedule(config.engine.schedule.clone());
+    if strategy != Strategy::StatusTree {
+        config.observer = Some(SharedObserver(strategy.observer()));
+    }
     config
 }
 
@@ -180,11 +187,10 @@ impl Manager {
             errors.current = registry.clone();
         }
         let shutdown = CancellationToken::new();
-        let (client, stop) = (self.client.clone(), shutdown.clone());
-        let task =
-            tokio::spawn(
-                async move { manager::run(client, manager_config(), &registry, stop).await },
-            );
+        let (client, stop, strategy) = (self.client.clone(), shutdown.clone(), self.strategy);
+        let task = tokio::spawn(async move {
+            manager::run(client, manager_config(strategy), &registry, stop).await
+        });
         self.running = Some((shutdown, task));
     }
 
@@ -229,7 +235,7 @@ struct World {
 }
 
 impl World {
-    async fn start(draw: &Draw) -> anyhow::Result<World> {
+    async fn start(draw: &Draw, strategy: Strategy) -> anyhow::Result<World> {
         let started = Instant::now();
         let kube = KubeSim::start(KubeSimConfig::default()).await?;
         let crds: Vec<Value> = capo_api::crds::all()
@@ -259,6 +265,7 @@ impl World {
         let checking = tokio::spawn(checker.run(kube.changes(), stop_checker.clone()));
         let mut manager = Manager {
             client: client.clone(),
+            strategy,
             running: None,
             errors,
         };

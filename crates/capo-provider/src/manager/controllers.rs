@@ -234,13 +234,24 @@ where
     let (reader, writer) = reflector::store::<K>();
     let stream = reflector(
         writer,
-        watcher(scope.api::<K>(client), scope.watcher_config()),
+        watcher(scope.api::<K>(client), scope.watcher_config()).modify(strip_for_cache),
     )
     .default_backoff()
     .touched_objects()
     .predicate_filter(reconcile_worthy, Default::default());
     (reader, stream)
 }
+
+/// What the store keeps of an object: no reconciler reads its field managers or the
+/// copy `kubectl apply` leaves, which are often most of its bytes.
+pub fn strip_for_cache<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Secrets (metadata only). A relist (after a watch error) hands back every Secret
 /// unchanged: only a new resourceVersion wakes anything.
@@ -649,5 +660,28 @@ fn log_controller_error<E: std::error::Error, Q: std::error::Error>(
             tracing::debug!(controller, %object, "object gone before its reconcile");
         }
         other => tracing::warn!(controller, error = %other, "watch trouble; retrying"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    #[test]
+    fn the_cache_keeps_no_field_managers_and_no_last_applied_copy() {
+        let mut secret = Secret::default();
+        secret.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        secret.metadata.annotations = Some(
+            [(LAST_APPLIED, "{...}"), ("team", "infra")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        );
+        strip_for_cache(&mut secret);
+        assert_eq!(secret.metadata.managed_fields, None);
+        let annotations = secret.metadata.annotations.unwrap();
+        assert_eq!(annotations.len(), 1);
+        assert_eq!(annotations["team"], "infra");
     }
 }

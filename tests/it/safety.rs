@@ -1,0 +1,98 @@
+//! The benchmarks of issue 20 as tests: a CI-sized randomized rollout-safety run (virtual
+//! time), the same run trusting the load balancer to prove the checker catches what that
+//! breaks, and `bench scale` on a small fleet (real processes).
+
+use capo_bench::Strategy;
+use capo_bench::safety::{self, Invariant, Outcome, SafetyConfig};
+
+const CAPO_RS: &str = env!("CARGO_BIN_EXE_capo-rs");
+
+fn config(runs: u64, seed: u64, strategy: Strategy) -> SafetyConfig {
+    SafetyConfig {
+        runs,
+        seed,
+        threads: 2,
+        strategy,
+    }
+}
+
+#[test]
+fn randomized_rollouts_break_no_invariant() {
+    // Seeds 1-12 draw control planes of 1, 3 and 5, both LB/member orders, stuck members
+    // (released and not), an LB in ERROR, 429 storms, 5xx bursts and restarts.
+    let report = safety::run(&config(12, 1, Strategy::StatusTree), &|_, _| {});
+    report.print();
+    assert!(
+        report.violations.is_empty(),
+        "violations: {:#?}",
+        report.violations
+    );
+    let played: u64 = report.outcomes.values().sum();
+    assert_eq!(played, 12);
+    assert!(
+        report
+            .outcomes
+            .get(&Outcome::Completed)
+            .is_some_and(|n| *n > 0)
+    );
+    assert!(!report.outcomes.contains_key(&Outcome::Hung));
+    assert!(
+        report
+            .coverage
+            .get("controller restart")
+            .is_some_and(|n| *n > 0)
+    );
+}
+
+#[test]
+fn trusting_the_load_balancer_is_caught_releasing_machines_early() {
+    // The same kind of runs with the engine trusting the LB's status (CAPO's way): where
+    // the LB unlocks before its member, machines are released early.
+    let report = safety::run(&config(6, 1, Strategy::LbOnly), &|_, _| {});
+    report.print();
+    let early = report
+        .violations
+        .iter()
+        .filter(|v| v.violation.invariant == Invariant::EarlyRelease)
+        .count();
+    assert!(early > 0, "the checker saw no early release: {report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_scale_measures_a_small_fleet_in_separate_processes() {
+    let config = capo_bench::scale::ScaleConfig {
+        binary: CAPO_RS.into(),
+        clusters: 2,
+        control_plane: 1,
+        workers: 1,
+        rollout_share: 0.5,
+        openstack_qps: 20,
+        openstack_burst: 40,
+        concurrency: 4,
+        steady: std::time::Duration::from_secs(2),
+    };
+    let report = capo_bench::scale::run(config, &|line| eprintln!("scale: {line}"))
+        .await
+        .unwrap();
+    report.print();
+    assert_eq!(report.machines, 4);
+    assert_eq!(report.clusters_rolled, 1);
+    assert!(report.peak_rss_bytes >= report.steady_rss_bytes && report.steady_rss_bytes > 0);
+    assert_eq!(report.openstack_windows_over_budget, 0);
+    // qps 20 + burst 40, and a second of qps for arrival jitter.
+    assert!(report.openstack_peak_per_second <= 80);
+    assert!(report.restart_to_verdicts_seconds > 0.0);
+    for controller in ["openstackcluster", "openstackmachine", "openstackserver"] {
+        assert!(
+            report
+                .reconcile_times
+                .get(controller)
+                .is_some_and(|t| t.reconciles > 0.0),
+            "{controller}: {:?}",
+            report.reconcile_times
+        );
+    }
+    assert!(
+        report.openstack_requests_by_operation["load-balancer loadbalancer_member_create"] >= 2
+    );
+}
