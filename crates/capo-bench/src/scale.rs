@@ -462,9 +462,8 @@ async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()>
         "metadata": {"name": name, "namespace": NAMESPACE,
                      "labels": {capo_api::capi::labels::CLUSTER_NAME: name}},
         "spec": {
-            "apiServer": {"managedLoadBalancer": {"enabled": true}},
-            "disableAPIServerFloatingIP": true,
-            "disableExternalNetwork": true,
+            "apiServer": {"managedLoadBalancer": {"enabled": true}, "enableFloatingIP": false},
+            "enableExternalNetwork": false,
             "identityRef": {"name": "cloud-config", "cloudName": "sim"},
             "managedSecurityGroups": {"allowAllInClusterTraffic": true},
             "managedSubnets": [{"cidr": "10.6.0.0/24"}],

@@ -280,7 +280,19 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
                     };
                     free_ip(world, &subnet, ip, None)
                 }
-                None => Ok(()),
+                // Neutron's answer when the external network has no address left.
+                None => match world
+                    .neutron
+                    .find("networks", id)
+                    .and_then(|n| n["subnets"][0].as_str())
+                {
+                    Some(subnet) if allocate_ip(world, subnet).is_none() => Err(Reply::neutron(
+                        409,
+                        "IpAddressGenerationFailure",
+                        format!("No more IP addresses available on network {id}."),
+                    )),
+                    _ => Ok(()),
+                },
             }
         }
         "routers" => match &object["external_gateway_info"] {
@@ -875,24 +887,28 @@ fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
 fn allocate_ip(world: &World, subnet_id: &str) -> Option<String> {
     let subnet = world.neutron.find("subnets", subnet_id)?;
     let (base, prefix) = parse_cidr(subnet["cidr"].as_str()?)?;
-    let used: Vec<&str> = world
+    // Addresses are unique within a subnet; other networks may reuse the same range.
+    let network = &subnet["network_id"];
+    let used: std::collections::HashSet<&str> = world
         .neutron
         .all("ports")
         .iter()
         .flat_map(|p| p["fixed_ips"].as_array().into_iter().flatten())
+        .filter(|ip| ip["subnet_id"] == subnet_id)
         .filter_map(|ip| ip["ip_address"].as_str())
         .chain(
             world
                 .neutron
                 .all("floatingips")
                 .iter()
+                .filter(|f| &f["floating_network_id"] == network)
                 .filter_map(|f| f["floating_ip_address"].as_str()),
         )
         .collect();
     let size = 1u32 << (32 - prefix);
     (2..size.saturating_sub(1))
         .map(|offset| Ipv4Addr::from(base + offset).to_string())
-        .find(|candidate| !used.contains(&candidate.as_str()))
+        .find(|candidate| !used.contains(candidate.as_str()))
 }
 
 /// A port for a load balancer's VIP: on the subnet (or network) when Neutron knows it, else an
