@@ -17,13 +17,13 @@ use capo_api::capi::Cluster;
 use capo_api::{OpenStackCluster, OpenStackMachineSpec};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane};
 use futures::StreamExt as _;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
+
+use crate::safety::run::put_cloud_secret;
 
 const NAMESPACE: &str = "default";
 
@@ -471,24 +471,6 @@ async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()>
     }))?;
     let api: Api<OpenStackCluster> = Api::namespaced(client.clone(), NAMESPACE);
     api.create(&PostParams::default(), &infrastructure).await?;
-    Ok(())
-}
-
-async fn put_cloud_secret(client: &kube::Client, clouds_yaml: &str) -> anyhow::Result<()> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("cloud-config".into()),
-            namespace: Some(NAMESPACE.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "clouds.yaml".to_owned(),
-            ByteString(clouds_yaml.as_bytes().to_vec()),
-        )])),
-        ..Secret::default()
-    };
-    secrets.create(&PostParams::default(), &secret).await?;
     Ok(())
 }
 

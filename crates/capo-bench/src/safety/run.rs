@@ -888,7 +888,11 @@ async fn tenant_network(cloud: &OpenStackSim) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn put_cloud_secret(client: &kube::Client, clouds_yaml: &str) -> anyhow::Result<()> {
+/// The Secret named by `identityRef` (shared with `bench scale`).
+pub(crate) async fn put_cloud_secret(
+    client: &kube::Client,
+    clouds_yaml: &str,
+) -> anyhow::Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
