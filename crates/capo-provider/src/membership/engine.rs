@@ -162,6 +162,11 @@ impl Engine {
         self.inner.observer.name()
     }
 
+    /// How long a member may stay PENDING_* before it is stuck.
+    pub fn stuck_after(&self) -> Duration {
+        self.inner.config.stuck_after
+    }
+
     /// Sets (or updates) a load balancer's desired membership; `client` is how to reach its
     /// cloud. The LB is polled soon after. Returns the desired-state generation: changes and
     /// snapshots carry the generation their verdict was computed for, so a caller can tell a
@@ -614,14 +619,16 @@ fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
         .collect()
 }
 
-/// When the next pending member turns stuck, so the verdict flips on time.
+/// When the next pending (or deleting) member turns stuck, so the verdict flips on time.
 fn stuck_deadline(entry: &LbEntry, stuck_after: Duration) -> Option<Instant> {
     entry
         .verdict
         .members
         .iter()
         .filter_map(|(_, _, v)| match v {
-            MemberVerdict::Pending { since } => Some(*since + stuck_after),
+            MemberVerdict::Pending { since } | MemberVerdict::Deleting { since } => {
+                Some(*since + stuck_after)
+            }
             _ => None,
         })
         .min()

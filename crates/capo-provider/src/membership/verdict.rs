@@ -20,7 +20,7 @@ pub enum MemberVerdict {
     Pending {
         since: Instant,
     },
-    /// PENDING_* for longer than the stuck threshold.
+    /// PENDING_* (PENDING_DELETE included) for longer than the stuck threshold.
     Stuck {
         since: Instant,
     },
@@ -105,7 +105,15 @@ pub fn member_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) 
             ProvisioningStatus::Active => MemberVerdict::Active,
             ProvisioningStatus::Error => MemberVerdict::Error { since },
             ProvisioningStatus::Deleted => MemberVerdict::Gone,
-            ProvisioningStatus::PendingDelete => MemberVerdict::Deleting { since },
+            // A desired member on its way out (a repair's delete). A lost Octavia flow can
+            // leave it there for good, so it turns stuck like a pending creation.
+            ProvisioningStatus::PendingDelete => {
+                if now.saturating_duration_since(since) >= stuck_after {
+                    MemberVerdict::Stuck { since }
+                } else {
+                    MemberVerdict::Deleting { since }
+                }
+            }
             ProvisioningStatus::PendingCreate
             | ProvisioningStatus::PendingUpdate
             | ProvisioningStatus::Unknown => {
@@ -487,6 +495,23 @@ mod tests {
             verdict.message(at(700)),
             "members stuck in PENDING: m1:6443 for 11m40s"
         );
+    }
+
+    #[test]
+    fn a_desired_member_left_in_pending_delete_turns_stuck() {
+        let t0 = Instant::now();
+        let track = track_with(Active, Some(PendingDelete), t0);
+        let at = |secs| t0 + Duration::from_secs(secs);
+        assert_eq!(
+            member_verdict(&track.members[0], at(599), STUCK),
+            MemberVerdict::Deleting { since: t0 }
+        );
+        assert_eq!(
+            member_verdict(&track.members[0], at(600), STUCK),
+            MemberVerdict::Stuck { since: t0 }
+        );
+        let verdict = lb_verdict(&track, at(600), STUCK);
+        assert_eq!(verdict.reason, Reason::MemberStuck);
     }
 
     #[test]

@@ -393,6 +393,18 @@ pub async fn leave(
         LeaveStep::WaitGone => {
             mark_leaving(pass).await?;
             pass.ctx.engine.changed_under(&lb.id);
+            let removing_for = now.saturating_duration_since(started);
+            let stuck_after = pass.ctx.engine.stuck_after();
+            if let Some(stuck) = plan::stuck_leaving(&present, removing_for, stuck_after) {
+                let message = format!(
+                    "removal held: member {} for port {} stuck in PENDING_DELETE for {}s; the Machine waits on capo-rs's pre-terminate hook",
+                    stuck.member_id,
+                    stuck.port,
+                    removing_for.as_secs()
+                );
+                set(pass, status, reasons::MEMBER_STUCK, Status::False, message);
+                return Ok(safety_net);
+            }
             let message = "removing: waiting to see the members gone and the load balancer ACTIVE";
             set(
                 pass,

@@ -13,7 +13,7 @@ use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
 use tokio::time::Instant;
 
 use crate::cloud::octavia::ProvisioningStatus;
-use crate::membership::{MemberVerdict, Snapshot};
+use crate::membership::{MemberVerdict, Presence, Snapshot};
 
 /// What the server of a machine (or of the bastion) is built from, besides its own spec.
 pub struct Placement<'a> {
@@ -117,6 +117,8 @@ pub struct MemberView {
     pub port: u16,
     pub verdict: MemberVerdict,
     pub id: Option<String>,
+    /// What the last poll showed (`None`: not in its pool).
+    pub status: Option<ProvisioningStatus>,
 }
 
 /// The machine's members from the engine's snapshot: `None` while the engine does not (yet)
@@ -135,10 +137,15 @@ pub fn member_views(snapshot: &Snapshot, machine: &str, pools: &[Pool]) -> Optio
                 .iter()
                 .find(|(name, port, _)| name == machine && *port == pool.port)
                 .map(|(_, _, verdict)| *verdict)?;
+            let status = match track.presence {
+                Presence::Seen(status) => Some(status),
+                Presence::Absent => None,
+            };
             Some(MemberView {
                 port: pool.port,
                 verdict,
                 id: track.id.clone(),
+                status,
             })
         })
         .collect()
@@ -233,9 +240,10 @@ pub fn join_condition(
             // A held rollout names the member, so that an operator can look it up.
             MemberVerdict::Stuck { since } => {
                 format!(
-                    "{}{} stuck in PENDING for {}s",
+                    "{}{} stuck in {} for {}s",
                     m.port,
                     named(m),
+                    m.status.map_or("PENDING", ProvisioningStatus::as_str),
                     ago(since)
                 )
             }
@@ -360,6 +368,22 @@ pub fn leave_step(
     }
 }
 
+/// A member of a leaving machine that Octavia has left in PENDING_DELETE for `stuck_after`
+/// since its removal began (a lost flow): the Machine's deletion is held, and a person must
+/// look.
+pub fn stuck_leaving(
+    present: &[Leaving],
+    removing_for: Duration,
+    stuck_after: Duration,
+) -> Option<&Leaving> {
+    if removing_for < stuck_after {
+        return None;
+    }
+    present
+        .iter()
+        .find(|m| m.status == ProvisioningStatus::PendingDelete)
+}
+
 /// How long a member creation counts as unseen: after this, a member the engine still
 /// does not show is created again (the create was lost).
 pub const CREATE_UNSEEN_FOR: Duration = Duration::from_secs(60);
@@ -373,6 +397,7 @@ mod tests {
             port,
             verdict,
             id: Some(format!("m-{port}")),
+            status: None,
         }
     }
 
@@ -435,6 +460,37 @@ mod tests {
         let condition = join_condition(&step, &stuck, 0, 3, now);
         assert_eq!(condition.reason, reasons::MEMBER_STUCK);
         assert!(condition.message.contains("held"));
+        // A repair's delete that never ends is named as what it is.
+        let mut deleting = view(6443, MemberVerdict::Stuck { since: now });
+        deleting.status = Some(ProvisioningStatus::PendingDelete);
+        let later = now + Duration::from_secs(312);
+        let condition = join_condition(&step, &[deleting], 0, 3, later);
+        assert!(
+            condition
+                .message
+                .ends_with("6443 (member m-6443) stuck in PENDING_DELETE for 312s"),
+            "{}",
+            condition.message
+        );
+    }
+
+    #[test]
+    fn a_leaving_member_left_in_pending_delete_is_stuck_after_the_threshold() {
+        let stuck_after = Duration::from_secs(600);
+        let going = [
+            leaving(6443, ProvisioningStatus::Active, 2),
+            leaving(8443, ProvisioningStatus::PendingDelete, 2),
+        ];
+        assert_eq!(
+            stuck_leaving(&going, Duration::from_secs(599), stuck_after),
+            None
+        );
+        assert_eq!(
+            stuck_leaving(&going, stuck_after, stuck_after).map(|m| m.port),
+            Some(8443)
+        );
+        let settled = [leaving(6443, ProvisioningStatus::Active, 2)];
+        assert_eq!(stuck_leaving(&settled, stuck_after, stuck_after), None);
     }
 
     fn leaving(port: u16, status: ProvisioningStatus, others_active: usize) -> Leaving {
