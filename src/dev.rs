@@ -217,6 +217,10 @@ pub enum BenchCommand {
         /// Seconds of steady state measured.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         steady: u64,
+        /// The controller to measure: a `capo-rs` binary (the production build, say), or a
+        /// wrapper that execs one with its arguments. Default: this binary.
+        #[arg(long)]
+        controller: Option<PathBuf>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -379,10 +383,13 @@ pub fn bench(
             openstack_burst,
             concurrency,
             steady,
+            controller,
             json,
         } => {
+            let binary = std::env::current_exe()?;
             let config = capo_bench::scale::ScaleConfig {
-                binary: std::env::current_exe()?,
+                controller: controller.unwrap_or_else(|| binary.clone()),
+                binary,
                 clusters,
                 control_plane,
                 workers,

@@ -62,6 +62,7 @@ fn trusting_the_load_balancer_is_caught_releasing_machines_early() {
 async fn bench_scale_measures_a_small_fleet_in_separate_processes() {
     let config = capo_bench::scale::ScaleConfig {
         binary: CAPO_RS.into(),
+        controller: CAPO_RS.into(),
         clusters: 2,
         control_plane: 1,
         workers: 1,

@@ -29,8 +29,11 @@ const NAMESPACE: &str = "default";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleConfig {
-    /// The `capo-rs` binary to run (the simulators and the controller).
+    /// The `capo-rs` binary that runs the simulators (a build with the dev tools).
     pub binary: PathBuf,
+    /// The binary run as the controller: `capo-rs` or a wrapper that execs it with the
+    /// arguments given (the production build, or a profiler around it).
+    pub controller: PathBuf,
     pub clusters: u32,
     pub control_plane: u32,
     pub workers: u32,
@@ -77,6 +80,8 @@ pub struct ScaleReport {
     pub openstack_requests_per_second: BTreeMap<String, f64>,
     /// OpenStack requests by operation, over the whole run.
     pub openstack_requests_by_operation: BTreeMap<String, u64>,
+    /// The controller's Kubernetes requests by verb and resource, over the whole run.
+    pub kube_requests_by_resource: BTreeMap<String, u64>,
     /// The most OpenStack requests in any one second, and what the budget allows in one
     /// (qps + burst).
     pub openstack_peak_per_second: u64,
@@ -226,7 +231,7 @@ fn start_controller(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    Process::spawn(&config.binary, name, &args, dir)
+    Process::spawn(&config.controller, name, &args, dir)
 }
 
 async fn wait_ready(http: &reqwest::Client, admin: u16) -> anyhow::Result<()> {
@@ -776,6 +781,18 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .await?;
     report.openstack_requests_by_operation =
         serde_json::from_value(log["by_operation"].clone()).unwrap_or_default();
+    let kube_log = sims.get(format!("{}/_sim/requests", sims.kube_url)).await?;
+    report.kube_requests_by_resource = kube_log["by_client_verb_resource"]
+        .as_object()
+        .map(|counts| {
+            counts
+                .iter()
+                .filter_map(|(key, n)| {
+                    Some((key.strip_prefix("capo-rs ")?.to_owned(), n.as_u64()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let per_second: BTreeMap<u64, u64> = log["per_second"]
         .as_object()
         .map(|seconds| {

@@ -38,7 +38,7 @@
 //! - no paused handling, no Cluster deletion, no conditions other than the Machine's
 //!   `Deleting`; status is written by merge patches.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -664,17 +664,46 @@ impl Inner {
                 return;
             }
         };
+        // One list of the infrastructure per pass, not a GET per Cluster: a pass over a
+        // thousand clusters must not take longer than the tick.
+        let Some(infra) = self.listed(self.infra_clusters()).await else {
+            return;
+        };
         for cluster in list {
-            if let Err(error) = self.reconcile_cluster(&clusters, &cluster).await {
+            if let Err(error) = self.reconcile_cluster(&clusters, &cluster, &infra).await {
                 log_api_error(&error, "Cluster", &cluster.name_any());
             }
         }
+    }
+
+    /// Every object of a kind in the namespace, by name; `None` (logged) when the list fails.
+    async fn listed<K>(&self, api: Api<K>) -> Option<HashMap<String, K>>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        match api.list(&ListParams::default()).await {
+            Ok(list) => Some(
+                list.items
+                    .into_iter()
+                    .map(|object| (object.name_any(), object))
+                    .collect(),
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "listing {}", K::kind(&()));
+                None
+            }
+        }
+    }
+
+    fn infra_clusters(&self) -> Api<OpenStackCluster> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
     }
 
     async fn reconcile_cluster(
         &self,
         clusters: &Api<Cluster>,
         cluster: &Cluster,
+        infra_listed: &HashMap<String, OpenStackCluster>,
     ) -> Result<(), kube::Error> {
         let Some(reference) = cluster
             .spec
@@ -685,9 +714,8 @@ impl Inner {
             return Ok(());
         };
         let name = cluster.name_any();
-        let infra_clusters: Api<OpenStackCluster> =
-            Api::namespaced(self.client.clone(), &self.config.namespace);
-        let Some(infra) = infra_clusters.get_opt(&reference.name).await? else {
+        let infra_clusters = self.infra_clusters();
+        let Some(infra) = infra_listed.get(&reference.name) else {
             return Ok(());
         };
         if let Some(patch) = ownership_patch(&infra.metadata, cluster, &name, false) {
@@ -753,15 +781,18 @@ impl Inner {
                 return;
             }
         };
-        let uids: Vec<String> = machines.iter().filter_map(|m| m.uid()).collect();
+        let Some(infra) = self.listed(self.infra_machines()).await else {
+            return;
+        };
+        let uids: HashSet<String> = machines.iter().filter_map(|m| m.uid()).collect();
         first_seen.retain(|uid, _| uids.contains(uid));
         waiting_for.retain(|uid, _| uids.contains(uid));
         for machine in machines {
             let name = machine.name_any();
             let result = if is_deleting(&machine) {
-                self.reconcile_deleting(machine, waiting_for).await
+                self.reconcile_deleting(machine, &infra, waiting_for).await
             } else {
-                self.reconcile_machine(machine, first_seen).await
+                self.reconcile_machine(machine, &infra, first_seen).await
             };
             if let Err(error) = result {
                 log_api_error(&error, "Machine", &name);
@@ -772,6 +803,7 @@ impl Inner {
     async fn reconcile_machine(
         &self,
         mut machine: Machine,
+        infra_listed: &HashMap<String, OpenStackMachine>,
         first_seen: &mut HashMap<String, Instant>,
     ) -> Result<(), kube::Error> {
         let name = machine.name_any();
@@ -809,7 +841,7 @@ impl Inner {
             return Ok(());
         };
         let infra_machines = self.infra_machines();
-        let Some(infra) = infra_machines.get_opt(&reference.name).await? else {
+        let Some(infra) = infra_listed.get(&reference.name) else {
             return Ok(());
         };
         let control_plane = capi::is_control_plane(machine.labels());
@@ -827,7 +859,7 @@ impl Inner {
                 )
                 .await?;
         }
-        let Some(provider_id) = infra.spec.provider_id.filter(|id| !id.is_empty()) else {
+        let Some(provider_id) = infra.spec.provider_id.clone().filter(|id| !id.is_empty()) else {
             return Ok(());
         };
         let Some(uid) = machine.uid() else {
@@ -896,6 +928,7 @@ impl Inner {
     async fn reconcile_deleting(
         &self,
         mut machine: Machine,
+        infra_listed: &HashMap<String, OpenStackMachine>,
         waiting_for: &mut HashMap<String, Vec<String>>,
     ) -> Result<(), kube::Error> {
         if !machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER) {
@@ -945,7 +978,7 @@ impl Inner {
             .filter(|r| r.kind == "OpenStackMachine" && !r.name.is_empty())
         {
             let infra_machines = self.infra_machines();
-            match infra_machines.get_opt(&reference.name).await? {
+            match infra_listed.get(&reference.name) {
                 Some(infra) if infra.metadata.deletion_timestamp.is_none() => {
                     match infra_machines
                         .delete(&reference.name, &DeleteParams::default())

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::credentials::ClientCache;
 use super::error::ErrorCategory;
+use super::events::{EventSpec, Recorder, Reporter};
 use super::metrics::ReconcileMetrics;
 use crate::cloud::Clouds;
 use crate::membership::Engine;
@@ -117,14 +118,13 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let event = Event {
+        let event = EventSpec {
             type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
+            reason,
+            action,
+            note: &note,
         };
-        if let Err(error) = self.recorder.publish(&event, regarding).await {
+        if let Err(error) = self.recorder.publish(event, regarding).await {
             tracing::warn!(%error, reason, "cannot publish event");
         }
     }

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod context;
 pub mod credentials;
 pub mod error;
+pub mod events;
 pub mod gate;
 pub mod identity;
 pub mod machine;

@@ -143,13 +143,29 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut by_resource: std::collections::BTreeMap<String, u64> = Default::default();
         for record in requests.iter() {
             let client = record.user_agent.split('/').next().unwrap_or_default();
             *counts
                 .entry(format!("{client} {}", record.verb))
                 .or_default() += 1;
+            let group = if record.group.is_empty() {
+                "core"
+            } else {
+                record.group.as_str()
+            };
+            *by_resource
+                .entry(format!(
+                    "{client} {} {group}/{}",
+                    record.verb, record.resource
+                ))
+                .or_default() += 1;
         }
-        serde_json::json!({"total": requests.len(), "by_client_verb": counts})
+        serde_json::json!({
+            "total": requests.len(),
+            "by_client_verb": counts,
+            "by_client_verb_resource": by_resource,
+        })
     }
 
     /// The request log so far.
