@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::backoff::{Backoff, BackoffPolicy};
+use super::caches::Caches;
 use super::credentials::ClientCache;
 use super::error::ErrorCategory;
 use super::events::{EventSpec, Recorder, Reporter};
@@ -66,6 +67,8 @@ impl ControllerConfig {
 /// Shared by every reconcile of every controller.
 pub struct Context {
     pub client: kube::Client,
+    /// What reconcilers read of other objects (and of their own kind, but theirs).
+    pub caches: Caches,
     pub recorder: Recorder,
     pub engine: Engine,
     pub clouds: ClientCache,
@@ -90,6 +93,7 @@ impl Context {
         clouds: Arc<Clouds>,
         metrics: ReconcileMetrics,
         config: ControllerConfig,
+        caches: Caches,
     ) -> Arc<Self> {
         let reporter = Reporter {
             controller: REPORTING_CONTROLLER.into(),
@@ -98,6 +102,7 @@ impl Context {
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
+            caches,
             engine,
             clouds: ClientCache::new(clouds),
             metrics,

@@ -87,6 +87,10 @@ pub fn credentials_from_secret(
 pub struct ClientCache {
     clouds: Arc<Clouds>,
     clients: Mutex<HashMap<CredentialsKey, CloudClient>>,
+    /// The version (uid, resourceVersion) of each credentials Secret (`namespace/name`) last
+    /// read, while the Secret watch has shown no other: a reconcile that finds its Secret
+    /// here needs no GET.
+    versions: Mutex<HashMap<String, (String, String)>>,
 }
 
 impl ClientCache {
@@ -94,7 +98,37 @@ impl ClientCache {
         ClientCache {
             clouds,
             clients: Mutex::new(HashMap::new()),
+            versions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The Secret's version as last read, if the watch has shown no change since.
+    pub fn known_version(&self, secret: &str) -> Option<(String, String)> {
+        lock(&self.versions).get(secret).cloned()
+    }
+
+    /// The Secret was read at this version.
+    pub fn read_version(&self, secret: &str, uid: String, resource_version: String) {
+        lock(&self.versions).insert(secret.to_owned(), (uid, resource_version));
+    }
+
+    /// The Secret watch saw `secret` at this version (`None`: deleted): a version other than
+    /// the one read means the next use reads it again.
+    pub fn secret_seen(&self, secret: &str, version: Option<(&str, &str)>) {
+        let mut versions = lock(&self.versions);
+        let stale = match (versions.get(secret), version) {
+            (Some((uid, rv)), Some((seen_uid, seen_rv))) => uid != seen_uid || rv != seen_rv,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if stale {
+            versions.remove(secret);
+        }
+    }
+
+    /// The client already made for `key`, if any.
+    pub fn existing(&self, key: &CredentialsKey) -> Option<CloudClient> {
+        self.lock().get(key).cloned()
     }
 
     /// The client for `key`, connecting (and authenticating) on first use. `data` is the
@@ -155,8 +189,12 @@ impl ClientCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CredentialsKey, CloudClient>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.clients)
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

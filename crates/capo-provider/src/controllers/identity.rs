@@ -61,6 +61,24 @@ pub async fn cloud_client(
         }
     };
     let secret_label = format!("{secret_namespace}/{secret_name}");
+    let key_at = |(uid, resource_version): (String, String)| CredentialsKey {
+        secret: secret_label.clone(),
+        uid,
+        resource_version,
+        cloud_name: identity.cloud_name.clone(),
+        region: identity.region.clone(),
+    };
+    // The Secret watch covers the object's own namespace: a Secret read there before, and
+    // not changed since, is known without a GET. (A ClusterIdentity's may be elsewhere.)
+    let watched = identity.kind() == IdentityRefType::Secret;
+    if let Some(client) = ctx
+        .clouds
+        .known_version(&secret_label)
+        .filter(|_| watched)
+        .and_then(|version| ctx.clouds.existing(&key_at(version)))
+    {
+        return Ok(client);
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &secret_namespace);
     let secret = secrets
         .get_opt(&secret_name)
@@ -69,20 +87,22 @@ pub async fn cloud_client(
         .ok_or_else(|| CredentialsError::SecretMissing {
             secret: secret_label.clone(),
         })?;
-    let key = CredentialsKey {
-        secret: secret_label,
-        uid: secret.uid().unwrap_or_default(),
-        resource_version: secret.resource_version().unwrap_or_default(),
-        cloud_name: identity.cloud_name.clone(),
-        region: identity.region.clone(),
-    };
+    let version = (
+        secret.uid().unwrap_or_default(),
+        secret.resource_version().unwrap_or_default(),
+    );
+    let key = key_at(version.clone());
     let data: BTreeMap<String, Vec<u8>> = secret
         .data
         .unwrap_or_default()
         .into_iter()
         .map(|(k, v)| (k, v.0))
         .collect();
-    Ok(ctx.clouds.client(&key, &data).await?)
+    let client = ctx.clouds.client(&key, &data).await?;
+    if watched {
+        ctx.clouds.read_version(&secret_label, version.0, version.1);
+    }
+    Ok(client)
 }
 
 /// The client for cleaning up: as [`cloud_client`], but once the Secret is gone (deleted

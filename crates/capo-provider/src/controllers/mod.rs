@@ -7,6 +7,7 @@
 //! apply (OpenStack changes, never waiting) -> status (one patch). [`server`] is the first.
 
 pub mod backoff;
+pub mod caches;
 pub mod cluster;
 pub mod context;
 pub mod credentials;
@@ -32,6 +33,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 pub use backoff::{Backoff, BackoffPolicy};
+pub use caches::Caches;
 pub use context::{Context, ControllerConfig};
 pub use credentials::{ClientCache, CredentialsError, CredentialsKey};
 pub use error::{Categorized, ErrorCategory};
@@ -40,16 +42,13 @@ pub use outcome::Outcome;
 
 /// The Cluster an object belongs to, by its `cluster.x-k8s.io/cluster-name` label: `None`
 /// without the label, or when no such Cluster exists (a server outside any cluster).
-pub async fn owning_cluster(
+pub fn owning_cluster(
     ctx: &Context,
     namespace: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<Option<Cluster>, kube::Error> {
-    let Some(name) = capi::cluster_name(labels) else {
-        return Ok(None);
-    };
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
-    clusters.get_opt(name).await
+) -> Option<Cluster> {
+    let name = capi::cluster_name(labels)?;
+    ctx.caches.cluster(namespace, name)
 }
 
 /// Sets `Ready` from the conditions it summarises.

@@ -14,20 +14,20 @@ use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
-use crate::controllers::{Context, cluster, machine, server};
+use crate::controllers::{Caches, ClientCache, Context, cluster, machine, server};
 use crate::manager::Health;
+use crate::manager::shared::{SharedWatch, changed};
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -117,19 +117,12 @@ impl Queue {
     }
 
     /// Own objects' changes, noted.
-    fn own<K: Resource, E, S>(
-        &self,
-        stream: S,
-    ) -> impl futures::Stream<Item = Result<K, E>> + use<K, E, S>
+    fn own<K: Resource, S>(&self, stream: S) -> impl futures::Stream<Item = Arc<K>> + use<K, S>
     where
-        S: futures::Stream<Item = Result<K, E>>,
+        S: futures::Stream<Item = Arc<K>>,
     {
         let queue = self.clone();
-        stream.inspect(move |result| {
-            if let Ok(object) = result {
-                queue.note_object(object);
-            }
-        })
+        stream.inspect(move |object| queue.note_object(object.as_ref()))
     }
 
     /// Wake-ups, noted.
@@ -175,7 +168,7 @@ fn paused_changes(cluster: &Cluster) -> Option<u64> {
 }
 
 /// A Cluster's objects in `store`: those labelled with its name, in its namespace.
-fn labelled_for_cluster<K>(store: Store<K>) -> impl Fn(Cluster) -> Vec<ObjectRef<K>>
+fn labelled_for_cluster<K>(store: Store<K>) -> impl Fn(Arc<Cluster>) -> Vec<ObjectRef<K>>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
@@ -201,45 +194,79 @@ fn pick<K: Resource<DynamicType = ()> + Clone>(
         .collect()
 }
 
-/// A watch stream of `K` that restarts with backoff on errors.
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default + Clone + Eq + Hash,
-{
-    watcher(api, config).default_backoff().touched_objects()
+/// The manager's one watch of each kind the controllers share (Secrets aside: see
+/// [`secret_changes`]).
+pub struct Watches {
+    servers: SharedWatch<server::Watched>,
+    infra_clusters: SharedWatch<cluster::Watched>,
+    infra_machines: SharedWatch<machine::Watched>,
+    clusters: SharedWatch<Cluster>,
+    machines: SharedWatch<DeserializeGuard<capi::Machine>>,
 }
 
-/// A controller's own objects, mirrored in a store, waking it only for what
-/// [`reconcile_worthy`] sees change.
-fn own_objects<K>(
-    scope: &WatchScope,
-    client: kube::Client,
-) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + use<K>,
-)
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store::<K>();
-    let stream = reflector(
-        writer,
-        watcher(scope.api::<K>(client), scope.watcher_config()).modify(strip_for_cache),
-    )
-    .default_backoff()
-    .touched_objects()
-    .predicate_filter(reconcile_worthy, Default::default());
-    (reader, stream)
+/// The futures that drive [`Watches`]: run them once every controller has subscribed.
+pub type Drivers = Vec<futures::future::BoxFuture<'static, ()>>;
+
+impl Watches {
+    pub fn new(scope: &WatchScope, client: &kube::Client) -> (Watches, Drivers) {
+        let config = scope.watcher_config();
+        let mut drivers: Drivers = Vec::new();
+        let mut shared = |driver: futures::future::BoxFuture<'static, ()>| drivers.push(driver);
+        let (servers, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config.clone(),
+            strip_for_cache::<server::Watched>,
+        );
+        shared(driver.boxed());
+        let (infra_clusters, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config.clone(),
+            strip_for_cache::<cluster::Watched>,
+        );
+        shared(driver.boxed());
+        let (infra_machines, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config.clone(),
+            strip_for_cache::<machine::Watched>,
+        );
+        shared(driver.boxed());
+        let (clusters, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config.clone(),
+            strip_for_cache::<Cluster>,
+        );
+        shared(driver.boxed());
+        let (machines, driver) = SharedWatch::new(scope.api(client.clone()), config, trim_machine);
+        shared(driver.boxed());
+        let watches = Watches {
+            servers,
+            infra_clusters,
+            infra_machines,
+            clusters,
+            machines,
+        };
+        (watches, drivers)
+    }
+
+    /// The stores, for reconcilers to read.
+    pub fn caches(&self) -> Caches {
+        Caches {
+            clusters: self.clusters.store(),
+            machines: self.machines.store(),
+            infra_clusters: self.infra_clusters.store(),
+            infra_machines: self.infra_machines.store(),
+            servers: self.servers.store(),
+        }
+    }
+
+    /// Clusters, when they appear or their `spec.paused` changes.
+    fn paused_clusters(&self) -> impl futures::Stream<Item = Arc<Cluster>> + Send + use<> {
+        changed(
+            self.clusters.subscribe(),
+            self.clusters.store(),
+            paused_changes,
+        )
+    }
 }
 
 /// What the store keeps of an object: no reconciler reads its field managers or the
@@ -253,71 +280,150 @@ pub fn strip_for_cache<K: Resource>(object: &mut K) {
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Secrets (metadata only). A relist (after a watch error) hands back every Secret
-/// unchanged: only a new resourceVersion wakes anything.
+/// A Machine as the store keeps it: of its conditions only `Deleting`, the one read here
+/// (Cluster API sets a dozen, with messages).
+fn trim_machine(machine: &mut DeserializeGuard<capi::Machine>) {
+    strip_for_cache(machine);
+    if let Ok(machine) = machine.0.as_mut()
+        && let Some(status) = machine.status.as_mut()
+    {
+        status
+            .conditions
+            .retain(|c| c.type_ == capi::deleting::CONDITION);
+    }
+}
+
+/// Secrets that appear, change or go (metadata only: no Secret's contents are held). The
+/// first list wakes nothing (every object is reconciled at start anyway); a relist after a
+/// watch error wakes only what changed meanwhile. Each change or deletion also tells the
+/// credentials cache that a Secret it read is not current.
 fn secret_changes(
     scope: &WatchScope,
-    client: kube::Client,
+    ctx: &Arc<Context>,
 ) -> impl futures::Stream<Item = Result<PartialObjectMeta<Secret>, watcher::Error>> + use<> {
-    watch(
-        scope.api::<PartialObjectMeta<Secret>>(client),
+    let seen = ctx.clone();
+    let mut changes = SecretChanges::default();
+    watcher(
+        scope.api::<PartialObjectMeta<Secret>>(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .predicate_filter(predicates::resource_version, Default::default())
+    .default_backoff()
+    .inspect_ok(move |event| note_secret(&seen.clouds, event))
+    .try_filter_map(move |event| std::future::ready(Ok(changes.wakes(event))))
 }
 
-/// Cluster API Clusters, when they appear or their `spec.paused` changes.
-fn capi_cluster_changes(
-    scope: &WatchScope,
-    client: kube::Client,
-) -> impl futures::Stream<Item = Result<Cluster, watcher::Error>> + use<> {
-    watch(scope.api::<Cluster>(client), scope.watcher_config())
-        .predicate_filter(paused_changes, Default::default())
+/// Which Secret events wake anything: pure, so it is tested without a watch.
+#[derive(Default)]
+struct SecretChanges {
+    /// resourceVersion by uid.
+    versions: std::collections::HashMap<String, String>,
+    listed_once: bool,
 }
 
-/// The OpenStackServer controller, until `shutdown`; reconciles in flight finish first.
-pub async fn run_servers(
+impl SecretChanges {
+    fn wakes(
+        &mut self,
+        event: watcher::Event<PartialObjectMeta<Secret>>,
+    ) -> Option<PartialObjectMeta<Secret>> {
+        let version = |secret: &PartialObjectMeta<Secret>| {
+            (
+                secret.uid().unwrap_or_default(),
+                secret.resource_version().unwrap_or_default(),
+            )
+        };
+        match event {
+            watcher::Event::Init => None,
+            watcher::Event::InitDone => {
+                self.listed_once = true;
+                None
+            }
+            watcher::Event::InitApply(secret) | watcher::Event::Apply(secret) => {
+                let (uid, rv) = version(&secret);
+                let new = self.versions.insert(uid, rv.clone()).as_ref() != Some(&rv);
+                (new && self.listed_once).then_some(secret)
+            }
+            watcher::Event::Delete(secret) => {
+                self.versions.remove(&version(&secret).0);
+                Some(secret)
+            }
+        }
+    }
+}
+
+fn note_secret(clouds: &ClientCache, event: &watcher::Event<PartialObjectMeta<Secret>>) {
+    let (secret, deleted) = match event {
+        watcher::Event::Apply(secret) | watcher::Event::InitApply(secret) => (secret, false),
+        watcher::Event::Delete(secret) => (secret, true),
+        watcher::Event::Init | watcher::Event::InitDone => return,
+    };
+    let label = format!(
+        "{}/{}",
+        secret.namespace().unwrap_or_default(),
+        secret.name_any()
+    );
+    let (uid, version) = (
+        secret.uid().unwrap_or_default(),
+        secret.resource_version().unwrap_or_default(),
+    );
+    clouds.secret_seen(
+        &label,
+        (!deleted).then_some((uid.as_str(), version.as_str())),
+    );
+}
+
+/// The OpenStackServer controller, until `shutdown`; reconciles in flight finish first. It
+/// subscribes to the watches now, so run it before the watches start.
+pub fn run_servers(
     ctx: Arc<Context>,
+    watches: &Watches,
     scope: &WatchScope,
     concurrency: u16,
     health: Arc<Health>,
     shutdown: CancellationToken,
-) {
-    type Watched = DeserializeGuard<OpenStackServer>;
-    let client = ctx.client.clone();
-    let (reader, servers) = own_objects::<Watched>(scope, client.clone());
-    let secrets = secret_changes(scope, client.clone());
-    let clusters = capi_cluster_changes(scope, client);
+) -> futures::future::BoxFuture<'static, ()> {
+    type Watched = server::Watched;
+    let reader = watches.servers.store();
+    let servers = changed(
+        watches.servers.subscribe(),
+        reader.clone(),
+        reconcile_worthy,
+    );
+    let secrets = secret_changes(scope, &ctx);
+    let clusters = watches.paused_clusters();
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
     let listed = reader.clone();
-    ctx.metrics
-        .controller_started(server::CONTROLLER, usize::from(concurrency));
-    let queue = Queue::new(&ctx, server::CONTROLLER);
-    let queue_name = server::CONTROLLER;
-    let controller = Controller::for_stream(queue.own(servers), reader)
-        .watches_stream(
-            secrets,
-            queue.mapping(move |secret: PartialObjectMeta<Secret>| {
-                let name = secret.name_any();
-                pick(&by_secret, secret.namespace(), |object: &Watched| {
-                    object
-                        .0
-                        .as_ref()
-                        .is_ok_and(|server| names_secret(server, &name))
-                })
-            }),
-        )
-        .watches_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(server::reconcile, server::error_policy, ctx)
-        .for_each(log_errors(queue));
-    let synced = Synced {
-        health,
-        controller: queue_name,
-    };
-    until_stopped(controller, listed, synced, shutdown).await;
+    // Boxed: the controller's future is large, and it is built before the caller's own
+    // future is on the heap.
+    Box::pin(async move {
+        ctx.metrics
+            .controller_started(server::CONTROLLER, usize::from(concurrency));
+        let queue = Queue::new(&ctx, server::CONTROLLER);
+        let queue_name = server::CONTROLLER;
+        let controller = Controller::for_shared_stream(queue.own(servers), reader)
+            .watches_stream(
+                secrets,
+                queue.mapping(move |secret: PartialObjectMeta<Secret>| {
+                    let name = secret.name_any();
+                    pick(&by_secret, secret.namespace(), |object: &Watched| {
+                        object
+                            .0
+                            .as_ref()
+                            .is_ok_and(|server| names_secret(server, &name))
+                    })
+                }),
+            )
+            .watches_shared_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
+            .with_config(controller::Config::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(server::reconcile, server::error_policy, ctx)
+            .for_each(log_errors(queue));
+        let synced = Synced {
+            health,
+            controller: queue_name,
+        };
+        until_stopped(controller, listed, synced, shutdown).await;
+    })
 }
 
 /// What wakes an OpenStackCluster besides its own changes: the engine's wake-ups (through
@@ -327,84 +433,94 @@ pub struct ClusterWakeups {
     pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 
-/// The OpenStackCluster controller, until `shutdown`; reconciles in flight finish first.
-pub async fn run_clusters(
+/// The OpenStackCluster controller, until `shutdown`; reconciles in flight finish first. It
+/// subscribes to the watches now, so run it before the watches start.
+pub fn run_clusters(
     ctx: Arc<Context>,
+    watches: &Watches,
     scope: &WatchScope,
     concurrency: u16,
     wakeups: ClusterWakeups,
     health: Arc<Health>,
     shutdown: CancellationToken,
-) {
+) -> futures::future::BoxFuture<'static, ()> {
     type Watched = cluster::Watched;
-    let client = ctx.client.clone();
-    let (reader, clusters) = own_objects::<Watched>(scope, client.clone());
-    let secrets = secret_changes(scope, client.clone());
-    let capi_clusters = capi_cluster_changes(scope, client.clone());
+    let reader = watches.infra_clusters.store();
+    let clusters = changed(
+        watches.infra_clusters.subscribe(),
+        reader.clone(),
+        reconcile_worthy,
+    );
+    let secrets = secret_changes(scope, &ctx);
+    let capi_clusters = watches.paused_clusters();
     // Control-plane machines change the desired members: their address, their deletion.
     // (Through `DeserializeGuard`: one undecodable object must not stall the watch.)
-    let machines = watch(
-        scope.api::<DeserializeGuard<OpenStackMachine>>(client.clone()),
-        scope.watcher_config(),
-    )
-    .predicate_filter(member_changes, Default::default());
+    let machines = changed(
+        watches.infra_machines.subscribe(),
+        watches.infra_machines.store(),
+        member_changes,
+    );
     // The bastion's server, as it builds.
-    let bastions = watch(
-        scope.api::<DeserializeGuard<OpenStackServer>>(client),
-        scope.watcher_config(),
-    )
-    .predicate_filter(predicates::resource_version, Default::default());
+    let bastions = changed(
+        watches.servers.subscribe(),
+        watches.servers.store(),
+        predicates::resource_version,
+    );
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
     let by_machine = reader.clone();
     let listed = reader.clone();
-    ctx.metrics
-        .controller_started(cluster::CONTROLLER, usize::from(concurrency));
-    let queue = Queue::new(&ctx, cluster::CONTROLLER);
-    let queue_name = cluster::CONTROLLER;
-    let controller = Controller::for_stream(queue.own(clusters), reader)
-        .watches_stream(
-            secrets,
-            queue.mapping(move |secret: PartialObjectMeta<Secret>| {
-                let name = secret.name_any();
-                pick(&by_secret, secret.namespace(), |object: &Watched| {
-                    object.0.as_ref().is_ok_and(|c| {
-                        c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
-                            && c.spec.identity_ref.name == name
+    // Boxed: the controller's future is large, and it is built before the caller's own
+    // future is on the heap.
+    Box::pin(async move {
+        ctx.metrics
+            .controller_started(cluster::CONTROLLER, usize::from(concurrency));
+        let queue = Queue::new(&ctx, cluster::CONTROLLER);
+        let queue_name = cluster::CONTROLLER;
+        let controller = Controller::for_shared_stream(queue.own(clusters), reader)
+            .watches_stream(
+                secrets,
+                queue.mapping(move |secret: PartialObjectMeta<Secret>| {
+                    let name = secret.name_any();
+                    pick(&by_secret, secret.namespace(), |object: &Watched| {
+                        object.0.as_ref().is_ok_and(|c| {
+                            c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
+                                && c.spec.identity_ref.name == name
+                        })
                     })
-                })
-            }),
-        )
-        .watches_stream(
-            capi_clusters,
-            queue.mapping(labelled_for_cluster(by_cluster)),
-        )
-        .watches_stream(
-            machines,
-            queue.mapping(move |machine: DeserializeGuard<OpenStackMachine>| {
-                let name = capi::cluster_name(machine.labels()).map(str::to_owned);
-                pick(&by_machine, machine.namespace(), |object: &Watched| {
-                    name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
-                })
-            }),
-        )
-        .watches_stream(
-            bastions,
-            queue.mapping(|server: DeserializeGuard<OpenStackServer>| {
-                owned_by::<Watched>(&server, "OpenStackCluster")
-            }),
-        )
-        .reconcile_on(queue.wakeups(wakeups.changed))
-        .reconcile_all_on(wakeups.resync)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(cluster::reconcile, cluster::error_policy, ctx)
-        .for_each(log_errors(queue));
-    let synced = Synced {
-        health,
-        controller: queue_name,
-    };
-    until_stopped(controller, listed, synced, shutdown).await;
+                }),
+            )
+            .watches_shared_stream(
+                capi_clusters,
+                queue.mapping(labelled_for_cluster(by_cluster)),
+            )
+            .watches_shared_stream(
+                machines,
+                queue.mapping(move |machine: Arc<machine::Watched>| {
+                    let name = capi::cluster_name(machine.labels()).map(str::to_owned);
+                    pick(&by_machine, machine.namespace(), |object: &Watched| {
+                        name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
+                    })
+                }),
+            )
+            .watches_shared_stream(
+                bastions,
+                queue.mapping(|server: Arc<server::Watched>| {
+                    owned_by::<Watched>(server.as_ref(), "OpenStackCluster")
+                }),
+            )
+            .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_all_on(wakeups.resync)
+            .with_config(controller::Config::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(cluster::reconcile, cluster::error_policy, ctx)
+            .for_each(log_errors(queue));
+        let synced = Synced {
+            health,
+            controller: queue_name,
+        };
+        until_stopped(controller, listed, synced, shutdown).await;
+    })
 }
 
 /// What wakes an OpenStackMachine besides its own changes: the engine's wake-ups and
@@ -414,93 +530,102 @@ pub struct MachineWakeups {
     pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 
-/// The OpenStackMachine controller, until `shutdown`; reconciles in flight finish first.
-pub async fn run_machines(
+/// The OpenStackMachine controller, until `shutdown`; reconciles in flight finish first. It
+/// subscribes to the watches now, so run it before the watches start.
+pub fn run_machines(
     ctx: Arc<Context>,
-    scope: &WatchScope,
+    watches: &Watches,
     concurrency: u16,
     wakeups: MachineWakeups,
     health: Arc<Health>,
     shutdown: CancellationToken,
-) {
+) -> futures::future::BoxFuture<'static, ()> {
     type Watched = machine::Watched;
-    let client = ctx.client.clone();
-    let (reader, machines) = own_objects::<Watched>(scope, client.clone());
-    let capi_clusters = capi_cluster_changes(scope, client.clone());
+    let reader = watches.infra_machines.store();
+    let machines = changed(
+        watches.infra_machines.subscribe(),
+        reader.clone(),
+        reconcile_worthy,
+    );
+    let capi_clusters = watches.paused_clusters();
     // The Machine: its bootstrap data, its deletion and hooks.
-    let capi_machines = watch(
-        scope.api::<DeserializeGuard<capi::Machine>>(client.clone()),
-        scope.watcher_config(),
-    )
-    .predicate_filter(capi_machine_changes, Default::default());
+    let capi_machines = changed(
+        watches.machines.subscribe(),
+        watches.machines.store(),
+        capi_machine_changes,
+    );
     // The machine's server, as it builds.
-    let servers = watch(
-        scope.api::<DeserializeGuard<OpenStackServer>>(client.clone()),
-        scope.watcher_config(),
-    )
-    .predicate_filter(predicates::resource_version, Default::default());
+    let servers = changed(
+        watches.servers.subscribe(),
+        watches.servers.store(),
+        predicates::resource_version,
+    );
     // The cluster's infrastructure: provisioned, its load balancer's pools, its deletion.
-    let infra = watch(
-        scope.api::<DeserializeGuard<OpenStackCluster>>(client),
-        scope.watcher_config(),
-    )
-    .predicate_filter(infra_changes, Default::default());
+    let infra = changed(
+        watches.infra_clusters.subscribe(),
+        watches.infra_clusters.store(),
+        infra_changes,
+    );
     let by_cluster = reader.clone();
     let by_infra = reader.clone();
     let listed = reader.clone();
-    ctx.metrics
-        .controller_started(machine::CONTROLLER, usize::from(concurrency));
-    let queue = Queue::new(&ctx, machine::CONTROLLER);
-    let queue_name = machine::CONTROLLER;
-    let controller = Controller::for_stream(queue.own(machines), reader)
-        .watches_stream(
-            capi_clusters,
-            queue.mapping(labelled_for_cluster(by_cluster)),
-        )
-        .watches_stream(
-            capi_machines,
-            queue.mapping(|owner: DeserializeGuard<capi::Machine>| {
-                let infrastructure = owner
-                    .0
-                    .as_ref()
-                    .ok()
-                    .and_then(|m| m.spec.infrastructure_ref.clone())
-                    .filter(|r| r.kind == "OpenStackMachine");
-                infrastructure.map(|r| {
-                    let mut object = ObjectRef::<Watched>::new(&r.name);
-                    object.namespace = owner.namespace();
-                    object
-                })
-            }),
-        )
-        .watches_stream(
-            servers,
-            queue.mapping(|server: DeserializeGuard<OpenStackServer>| {
-                owned_by::<Watched>(&server, "OpenStackMachine")
-            }),
-        )
-        .watches_stream(
-            infra,
-            queue.mapping(move |osc: DeserializeGuard<OpenStackCluster>| {
-                let name = capi::cluster_name(osc.labels())
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| osc.name_any());
-                pick(&by_infra, osc.namespace(), |object: &Watched| {
-                    capi::cluster_name(object.labels()) == Some(name.as_str())
-                })
-            }),
-        )
-        .reconcile_on(queue.wakeups(wakeups.changed))
-        .reconcile_all_on(wakeups.resync)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(machine::reconcile, machine::error_policy, ctx)
-        .for_each(log_errors(queue));
-    let synced = Synced {
-        health,
-        controller: queue_name,
-    };
-    until_stopped(controller, listed, synced, shutdown).await;
+    // Boxed: the controller's future is large, and it is built before the caller's own
+    // future is on the heap.
+    Box::pin(async move {
+        ctx.metrics
+            .controller_started(machine::CONTROLLER, usize::from(concurrency));
+        let queue = Queue::new(&ctx, machine::CONTROLLER);
+        let queue_name = machine::CONTROLLER;
+        let controller = Controller::for_shared_stream(queue.own(machines), reader)
+            .watches_shared_stream(
+                capi_clusters,
+                queue.mapping(labelled_for_cluster(by_cluster)),
+            )
+            .watches_shared_stream(
+                capi_machines,
+                queue.mapping(|owner: Arc<DeserializeGuard<capi::Machine>>| {
+                    let infrastructure = owner
+                        .0
+                        .as_ref()
+                        .ok()
+                        .and_then(|m| m.spec.infrastructure_ref.clone())
+                        .filter(|r| r.kind == "OpenStackMachine");
+                    infrastructure.map(|r| {
+                        let mut object = ObjectRef::<Watched>::new(&r.name);
+                        object.namespace = owner.namespace();
+                        object
+                    })
+                }),
+            )
+            .watches_shared_stream(
+                servers,
+                queue.mapping(|server: Arc<server::Watched>| {
+                    owned_by::<Watched>(server.as_ref(), "OpenStackMachine")
+                }),
+            )
+            .watches_shared_stream(
+                infra,
+                queue.mapping(move |osc: Arc<cluster::Watched>| {
+                    let name = capi::cluster_name(osc.labels())
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| osc.name_any());
+                    pick(&by_infra, osc.namespace(), |object: &Watched| {
+                        capi::cluster_name(object.labels()) == Some(name.as_str())
+                    })
+                }),
+            )
+            .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_all_on(wakeups.resync)
+            .with_config(controller::Config::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(machine::reconcile, machine::error_policy, ctx)
+            .for_each(log_errors(queue));
+        let synced = Synced {
+            health,
+            controller: queue_name,
+        };
+        until_stopped(controller, listed, synced, shutdown).await;
+    })
 }
 
 /// What about a Machine matters to its OpenStackMachine.
@@ -667,6 +792,31 @@ fn log_controller_error<E: std::error::Error, Q: std::error::Error>(
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn secret(uid: &str, version: &str) -> PartialObjectMeta<Secret> {
+        let mut secret = PartialObjectMeta::<Secret>::default();
+        secret.metadata.name = Some(format!("s-{uid}"));
+        secret.metadata.uid = Some(uid.into());
+        secret.metadata.resource_version = Some(version.into());
+        secret
+    }
+
+    #[test]
+    fn secrets_wake_on_changes_after_the_first_list_not_on_it() {
+        use watcher::Event;
+        let mut changes = SecretChanges::default();
+        assert!(changes.wakes(Event::Init).is_none());
+        assert!(changes.wakes(Event::InitApply(secret("a", "1"))).is_none());
+        assert!(changes.wakes(Event::InitDone).is_none());
+        assert!(changes.wakes(Event::Apply(secret("a", "1"))).is_none());
+        assert!(changes.wakes(Event::Apply(secret("a", "2"))).is_some());
+        assert!(changes.wakes(Event::Apply(secret("b", "1"))).is_some());
+        // A relist after a watch error: only what changed meanwhile.
+        assert!(changes.wakes(Event::Init).is_none());
+        assert!(changes.wakes(Event::InitApply(secret("a", "2"))).is_none());
+        assert!(changes.wakes(Event::InitApply(secret("b", "5"))).is_some());
+        assert!(changes.wakes(Event::Delete(secret("b", "5"))).is_some());
+    }
 
     #[test]
     fn the_cache_keeps_no_field_managers_and_no_last_applied_copy() {

@@ -71,15 +71,16 @@ pub const CLUSTER_RULES: &[Rule] = &[
     },
     // Cluster API: a Cluster's pause and ownership; a Machine's bootstrap data, and its
     // pre-terminate hook (set and cleared by patch) that holds deletion for the LB member.
+    // Both are read from the watches' caches only.
     Rule {
         group: "cluster.x-k8s.io",
         resources: &["clusters"],
-        verbs: READ,
+        verbs: &["list", "watch"],
     },
     Rule {
         group: "cluster.x-k8s.io",
         resources: &["machines"],
-        verbs: &["get", "list", "watch", "patch"],
+        verbs: &["list", "watch", "patch"],
     },
     // Credentials and user data (read; a metadata-only watch wakes their users).
     Rule {

@@ -14,6 +14,7 @@ pub mod health;
 pub mod kube_client;
 pub mod leader;
 pub mod manifests;
+pub mod shared;
 pub mod wakeups;
 
 use std::sync::Arc;
@@ -252,12 +253,14 @@ async fn run_controllers(
         None => Engine::new(config.engine.clone(), registry, cloud_stop.child_token())?,
     };
     let metrics = ReconcileMetrics::register(registry)?;
+    let (watches, drivers) = controllers::Watches::new(&config.scope, &client);
     let ctx = Context::new(
         client,
         engine.clone(),
         clouds,
         metrics,
         config.controllers.clone(),
+        watches.caches(),
     );
     tracing::info!(
         namespace = config.scope.namespace.as_deref().unwrap_or("(all)"),
@@ -276,31 +279,49 @@ async fn run_controllers(
         health: health.clone(),
         shutdown: shutdown.clone(),
     };
-    tokio::join!(
-        watch(crate::controllers::server::CONTROLLER).over(controllers::run_servers(
-            ctx.clone(),
-            &config.scope,
-            config.server_concurrency,
-            health.clone(),
-            shutdown.clone()
-        )),
-        watch(crate::controllers::cluster::CONTROLLER).over(controllers::run_clusters(
-            ctx.clone(),
-            &config.scope,
-            config.cluster_concurrency,
-            cluster_wakeups,
-            health.clone(),
-            shutdown.clone()
-        )),
-        watch(crate::controllers::machine::CONTROLLER).over(controllers::run_machines(
-            ctx,
-            &config.scope,
-            config.machine_concurrency,
-            machine_wakeups,
-            health.clone(),
-            shutdown.clone()
-        )),
-    );
+    // Built here, not inside an async block: each subscribes to the watches as it is built,
+    // before the watches start below, so none misses the first list.
+    let servers = watch(crate::controllers::server::CONTROLLER).over(controllers::run_servers(
+        ctx.clone(),
+        &watches,
+        &config.scope,
+        config.server_concurrency,
+        health.clone(),
+        shutdown.clone(),
+    ));
+    let clusters = watch(crate::controllers::cluster::CONTROLLER).over(controllers::run_clusters(
+        ctx.clone(),
+        &watches,
+        &config.scope,
+        config.cluster_concurrency,
+        cluster_wakeups,
+        health.clone(),
+        shutdown.clone(),
+    ));
+    let machines = watch(crate::controllers::machine::CONTROLLER).over(controllers::run_machines(
+        ctx.clone(),
+        &watches,
+        config.machine_concurrency,
+        machine_wakeups,
+        health.clone(),
+        shutdown.clone(),
+    ));
+    let controllers = async { tokio::join!(servers, clusters, machines) };
+    // Every controller has subscribed (above, before its first poll): now the watches run.
+    // A reconciler reads the stores, so none starts before all of them have listed once.
+    let mut watching = tokio::task::JoinSet::new();
+    for driver in drivers {
+        watching.spawn(driver);
+    }
+    let caches = ctx.caches.clone();
+    tokio::select! {
+        () = caches.wait_until_ready() => {
+            tokio::pin!(controllers);
+            controllers.await;
+        }
+        () = shutdown.cancelled() => tracing::debug!("stopped before the caches listed"),
+    }
+    watching.abort_all();
     engine.shutdown().await;
     if let Err(error) = bridge.await {
         tracing::warn!(%error, "the engine wake-up bridge ended abnormally");

@@ -26,7 +26,7 @@ use capo_api::common::Initialization;
 use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -234,7 +234,7 @@ async fn reconcile_cluster(
         return Ok(Outcome::Settled);
     };
     let cluster = &fresh;
-    let owner = owner_cluster(ctx, cluster, &namespace).await?;
+    let owner = owner_cluster(ctx, cluster, &namespace);
     let woke = ctx.take_wake(key);
     let kind = if ctx.step_due(key, COMPLETE, cluster.meta().generation) {
         "complete"
@@ -311,29 +311,14 @@ async fn reconcile_cluster(
 }
 
 /// The Cluster API Cluster: by label, else by owner reference.
-async fn owner_cluster(
-    ctx: &Context,
-    cluster: &OpenStackCluster,
-    namespace: &str,
-) -> Result<Option<Cluster>, ClusterError> {
-    let by_label = super::owning_cluster(ctx, namespace, cluster.labels())
-        .await
-        .map_err(ClusterError::kube("reading the owning Cluster"))?;
-    if by_label.is_some() {
-        return Ok(by_label);
-    }
-    let Some(owner) = cluster
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "Cluster" && o.api_version.starts_with(capi::GROUP))
-    else {
-        return Ok(None);
-    };
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), namespace);
-    clusters
-        .get_opt(&owner.name)
-        .await
-        .map_err(ClusterError::kube("reading the owning Cluster"))
+fn owner_cluster(ctx: &Context, cluster: &OpenStackCluster, namespace: &str) -> Option<Cluster> {
+    super::owning_cluster(ctx, namespace, cluster.labels()).or_else(|| {
+        let owner = cluster
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Cluster" && o.api_version.starts_with(capi::GROUP))?;
+        ctx.caches.cluster(namespace, &owner.name)
+    })
 }
 
 async fn provision(
@@ -688,7 +673,7 @@ async fn publish_gate(
         return Ok(());
     };
     let pools = pools(status);
-    let machines = control_plane_machines(pass).await?;
+    let machines = control_plane_machines(pass);
     let ports: Vec<u16> = pools.keys().copied().collect();
     let now = tokio::time::Instant::now();
     let members = gate::desired_members(&pass.capi_name, &machines, &ports, now);
@@ -717,25 +702,15 @@ async fn publish_gate(
     Ok(())
 }
 
-/// The cluster's control-plane OpenStackMachines.
-async fn control_plane_machines(pass: &Pass<'_>) -> Result<Vec<OpenStackMachine>, ClusterError> {
+/// The cluster's control-plane OpenStackMachines, as the cache holds them (a machine that
+/// does not decode is skipped). The cache may lag a machine's change by a moment; that change
+/// wakes this cluster again once it is in.
+fn control_plane_machines(pass: &Pass<'_>) -> Vec<OpenStackMachine> {
     let namespace = pass.cluster.namespace().unwrap_or_default();
-    // Through `DeserializeGuard`: a machine that does not decode is skipped, not fatal.
-    let machines: Api<DeserializeGuard<OpenStackMachine>> =
-        Api::namespaced(pass.ctx.client.clone(), &namespace);
-    let selector = format!(
-        "{}={},{}",
-        capi::labels::CLUSTER_NAME,
-        pass.capi_name,
-        capi::labels::CONTROL_PLANE
-    );
-    let list = machines
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(ClusterError::kube(
-            "listing the control-plane OpenStackMachines",
-        ))?;
-    Ok(list.items.into_iter().filter_map(|m| m.0.ok()).collect())
+    pass.ctx.caches.infra_machines(&namespace, |machine| {
+        capi::cluster_name(machine.labels()) == Some(pass.capi_name.as_str())
+            && capi::is_control_plane(machine.labels())
+    })
 }
 
 /// `Ready` from the other conditions, except that routine gate progress (members on their

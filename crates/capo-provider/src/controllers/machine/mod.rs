@@ -175,7 +175,7 @@ async fn reconcile_machine(
 ) -> Result<Outcome, MachineError> {
     let namespace = osm.namespace().unwrap_or_default();
     let api: Api<OpenStackMachine> = Api::namespaced(ctx.client.clone(), &namespace);
-    let owners = observe(ctx, osm, &namespace).await?;
+    let owners = observe(ctx, osm, &namespace);
     let before = osm.status.clone();
     let mut status = before.clone().unwrap_or_default();
     let generation = osm.meta().generation;
@@ -225,50 +225,27 @@ async fn reconcile_machine(
     result
 }
 
-/// The Machine that owns the OpenStackMachine, its Cluster and the OpenStackCluster.
-async fn observe(
-    ctx: &Context,
-    osm: &OpenStackMachine,
-    namespace: &str,
-) -> Result<Owners, MachineError> {
-    let machine = match osm
+/// The Machine that owns the OpenStackMachine, its Cluster and the OpenStackCluster, as the
+/// caches hold them.
+fn observe(ctx: &Context, osm: &OpenStackMachine, namespace: &str) -> Owners {
+    let machine = osm
         .owner_references()
         .iter()
         .find(|o| o.kind == "Machine" && o.api_version.starts_with(capi::GROUP))
-    {
-        Some(owner) => {
-            let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), namespace);
-            machines
-                .get_opt(&owner.name)
-                .await
-                .map_err(MachineError::kube("reading the owning Machine"))?
-        }
-        None => None,
-    };
-    let cluster = super::owning_cluster(ctx, namespace, osm.labels())
-        .await
-        .map_err(MachineError::kube("reading the owning Cluster"))?;
+        .and_then(|owner| ctx.caches.machine(namespace, &owner.name));
+    let cluster = super::owning_cluster(ctx, namespace, osm.labels());
     let infra_name = cluster
         .as_ref()
         .and_then(|c| c.spec.infrastructure_ref.as_ref())
         .filter(|r| r.kind == "OpenStackCluster")
         .map(|r| r.name.clone())
         .or_else(|| cluster.as_ref().map(ResourceExt::name_any));
-    let infra = match infra_name {
-        Some(name) => {
-            let clusters: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), namespace);
-            clusters
-                .get_opt(&name)
-                .await
-                .map_err(MachineError::kube("reading the OpenStackCluster"))?
-        }
-        None => None,
-    };
-    Ok(Owners {
+    let infra = infra_name.and_then(|name| ctx.caches.infra_cluster(namespace, &name));
+    Owners {
         machine,
         cluster,
         infra,
-    })
+    }
 }
 
 /// Waiting for something Cluster API provides: said on InstanceReady, nothing touched.
@@ -363,14 +340,10 @@ async fn ensure_server(
     infra: &OpenStackCluster,
     user_data: String,
 ) -> Result<Option<OpenStackServer>, MachineError> {
-    let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
-    let existing = servers
-        .get_opt(&pass.name)
-        .await
-        .map_err(MachineError::kube("reading the OpenStackServer"))?;
-    if let Some(server) = existing {
+    if let Some(server) = pass.ctx.caches.server(&pass.namespace, &pass.name) {
         return Ok(Some(server));
     }
+    let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
     let infra_status = infra.status.clone().unwrap_or_default();
     let control_plane = capi::is_control_plane(pass.osm.labels());
     let placement = plan::Placement {
@@ -489,10 +462,15 @@ async fn delete(
         }
     }
     let servers: Api<OpenStackServer> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
-    let server = servers
-        .get_opt(&pass.name)
-        .await
-        .map_err(MachineError::kube("reading the OpenStackServer"))?;
+    // The cache says whether it is there; only "gone", which lets the finalizer go, is
+    // confirmed with the API server.
+    let server = match pass.ctx.caches.server(&pass.namespace, &pass.name) {
+        Some(server) => Some(server),
+        None => servers
+            .get_opt(&pass.name)
+            .await
+            .map_err(MachineError::kube("reading the OpenStackServer"))?,
+    };
     if let Some(server) = server {
         if server.meta().deletion_timestamp.is_none() {
             match servers.delete(&pass.name, &DeleteParams::default()).await {

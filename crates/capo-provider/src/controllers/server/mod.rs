@@ -171,9 +171,7 @@ pub fn error_policy(object: Arc<Watched>, error: &ServerError, ctx: Arc<Context>
 async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Outcome, ServerError> {
     let namespace = server.namespace().unwrap_or_default();
     let api: Api<OpenStackServer> = Api::namespaced(ctx.client.clone(), &namespace);
-    let cluster = super::owning_cluster(ctx, &namespace, server.labels())
-        .await
-        .map_err(ServerError::kube("reading the owning Cluster"))?;
+    let cluster = super::owning_cluster(ctx, &namespace, server.labels());
     let before = server.status.clone();
     let mut status = before.clone().unwrap_or_default();
     let generation = server.meta().generation;

@@ -1,0 +1,78 @@
+//! What reconcilers read of the objects around theirs: the stores of the manager's shared
+//! watches, not the API server. A store may lag a write by a moment; every object read here
+//! also wakes the reader when it changes, so a late read is followed by a fresh one. Reads
+//! that decide something irreversible (a finalizer removed because a server is gone) confirm
+//! with the API server.
+
+use std::sync::Arc;
+
+use capo_api::capi::{Cluster, Machine};
+use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use kube::core::DeserializeGuard;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+/// The stores, one per kind, shared by every controller.
+#[derive(Clone)]
+pub struct Caches {
+    pub clusters: Store<Cluster>,
+    pub machines: Store<DeserializeGuard<Machine>>,
+    pub infra_clusters: Store<DeserializeGuard<OpenStackCluster>>,
+    pub infra_machines: Store<DeserializeGuard<OpenStackMachine>>,
+    pub servers: Store<DeserializeGuard<OpenStackServer>>,
+}
+
+fn key<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {
+    ObjectRef::new(name).within(namespace)
+}
+
+/// The object, if it is stored and decodes (one that does not is its own controller's to
+/// report; here it reads as absent).
+fn decoded<K: Clone>(guard: Option<Arc<DeserializeGuard<K>>>) -> Option<K> {
+    guard.and_then(|g| g.0.as_ref().ok().cloned())
+}
+
+impl Caches {
+    pub fn cluster(&self, namespace: &str, name: &str) -> Option<Cluster> {
+        self.clusters
+            .get(&key(namespace, name))
+            .map(|c| c.as_ref().clone())
+    }
+
+    pub fn machine(&self, namespace: &str, name: &str) -> Option<Machine> {
+        decoded(self.machines.get(&key(namespace, name)))
+    }
+
+    pub fn infra_cluster(&self, namespace: &str, name: &str) -> Option<OpenStackCluster> {
+        decoded(self.infra_clusters.get(&key(namespace, name)))
+    }
+
+    pub fn server(&self, namespace: &str, name: &str) -> Option<OpenStackServer> {
+        decoded(self.servers.get(&key(namespace, name)))
+    }
+
+    /// The OpenStackMachines in `namespace` that `wanted` picks.
+    pub fn infra_machines(
+        &self,
+        namespace: &str,
+        wanted: impl Fn(&OpenStackMachine) -> bool,
+    ) -> Vec<OpenStackMachine> {
+        self.infra_machines
+            .state()
+            .iter()
+            .filter_map(|guard| guard.0.as_ref().ok())
+            .filter(|m| m.metadata.namespace.as_deref() == Some(namespace) && wanted(m))
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until every store has listed once; reconcilers read none before.
+    pub async fn wait_until_ready(&self) {
+        let _ = futures::join!(
+            self.clusters.wait_until_ready(),
+            self.machines.wait_until_ready(),
+            self.infra_clusters.wait_until_ready(),
+            self.infra_machines.wait_until_ready(),
+            self.servers.wait_until_ready(),
+        );
+    }
+}
