@@ -16,6 +16,7 @@ use super::credentials::ClientCache;
 use super::error::ErrorCategory;
 use super::events::{EventSpec, Recorder, Reporter};
 use super::metrics::ReconcileMetrics;
+use super::steps::StepBook;
 use crate::cloud::Clouds;
 use crate::membership::Engine;
 
@@ -77,10 +78,8 @@ pub struct Context {
     backoff: Mutex<Backoff<String>>,
     /// Engine observations not yet written, by object key: when each was observed.
     wakes: Mutex<HashMap<String, Instant>>,
-    /// Which steps of each object's complete pass over its cloud resources are fresh: done
-    /// at the current generation within the sync period. Between those, a pass skips them
-    /// (and a wake-up from the engine only refreshes the gate).
-    steps: Mutex<HashMap<String, Steps>>,
+    /// Which steps of each object's complete pass are fresh.
+    steps: Mutex<StepBook>,
     /// In-memory notes about objects (when a member was created, when a removal began), by
     /// object key and what. Lost on a restart; every use of them is safe without.
     notes: Mutex<HashMap<(String, String), tokio::time::Instant>>,
@@ -159,7 +158,7 @@ impl Context {
     pub fn forget(&self, key: &str) {
         self.lock_backoff().forget(&key.to_owned());
         lock(&self.wakes).remove(key);
-        lock(&self.steps).remove(key);
+        lock(&self.steps).forget(key);
         lock(&self.notes).retain(|(object, _), _| object != key);
     }
 
@@ -193,67 +192,43 @@ impl Context {
         lock(&self.wakes).remove(key)
     }
 
-    /// Whether `step` of `key` at `generation` must run: never done, done for another
-    /// generation, or longer ago than the sync period.
+    /// Whether `step` of `key` at `generation` must run (see [`StepBook::due`]).
     pub fn step_due(&self, key: &str, step: &'static str, generation: Option<i64>) -> bool {
-        let steps = lock(&self.steps);
-        let Some(known) = steps.get(key).filter(|s| s.holds(generation)) else {
-            return true;
-        };
-        known
-            .done
-            .get(step)
-            .is_none_or(|at| at.elapsed() >= self.config.sync_period)
+        lock(&self.steps).due(key, step, generation, Instant::now(), self.config.sync_period)
     }
 
     /// `step` of `key` at `generation` found everything in place.
     pub fn step_done(&self, key: &str, step: &'static str, generation: Option<i64>) {
-        let mut steps = lock(&self.steps);
-        let known = steps.entry(key.to_owned()).or_insert_with(|| Steps {
-            generation,
-            carried_from: None,
-            done: HashMap::new(),
-        });
-        if !known.holds(generation) {
-            known.generation = generation;
-            known.carried_from = None;
-            known.done.clear();
-        }
-        known.done.insert(step, Instant::now());
+        lock(&self.steps).done(key, step, generation, Instant::now());
     }
 
     /// Our own spec write moved `key` from `from` to `to`: what was fresh stays fresh.
     pub fn steps_carried(&self, key: &str, from: Option<i64>, to: Option<i64>) {
-        if let Some(known) = lock(&self.steps).get_mut(key)
-            && known.generation == from
-        {
-            known.generation = to;
-            known.carried_from = from;
-        }
+        lock(&self.steps).carried(key, from, to);
     }
 
     /// Every step of `key` runs on its next pass (after an error: something moved).
     pub fn steps_needed(&self, key: &str) {
-        lock(&self.steps).remove(key);
+        lock(&self.steps).needed(key);
+    }
+
+    /// The first pass of `key` since start, and its status says a complete pass at
+    /// `generation` found everything in place: `steps` count as done at a random moment in
+    /// the last sync period (see [`StepBook::settled_before`]).
+    pub fn steps_settled_before(&self, key: &str, steps: &[&'static str], generation: Option<i64>) {
+        let ago = self.config.sync_period.mul_f64(fastrand::f64());
+        let at = Instant::now().checked_sub(ago).unwrap_or_else(Instant::now);
+        lock(&self.steps).settled_before(key, steps, generation, at);
+    }
+
+    /// How long a settled `key` may wait before its next pass.
+    pub fn settled_for(&self, key: &str) -> Duration {
+        let config = &self.config;
+        lock(&self.steps).settled_for(key, Instant::now(), config.sync_period, config.poll_min)
     }
 
     fn lock_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
         lock(&self.backoff)
-    }
-}
-
-/// The fresh steps of one object.
-struct Steps {
-    generation: Option<i64>,
-    /// The generation before our own spec write, which the pass that wrote still has.
-    carried_from: Option<i64>,
-    done: HashMap<&'static str, Instant>,
-}
-
-impl Steps {
-    fn holds(&self, generation: Option<i64>) -> bool {
-        self.generation == generation
-            || (self.carried_from.is_some() && self.carried_from == generation)
     }
 }
 

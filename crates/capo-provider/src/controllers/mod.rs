@@ -19,6 +19,7 @@ pub mod machine;
 pub mod metrics;
 pub mod outcome;
 pub mod server;
+pub mod steps;
 pub mod writes;
 
 use std::collections::BTreeMap;
@@ -122,5 +123,9 @@ pub fn conclude<E: Categorized>(
         }
         Err(error) => reconciling.finish(metrics::ReconcileResult::Error(error.category())),
     }
-    result.map(|outcome| outcome.action(&ctx.config))
+    result.map(|outcome| match outcome {
+        // At the next step due, which a restart spread over the sync period.
+        Outcome::Settled => kube::runtime::controller::Action::requeue(ctx.settled_for(key)),
+        other => other.action(&ctx.config),
+    })
 }

@@ -146,6 +146,8 @@ pub struct RequestLog {
     pub by_status: BTreeMap<u16, u64>,
     /// Whole seconds since start -> count.
     pub per_second: BTreeMap<u64, u64>,
+    /// The same per service: a client's rate limit is per endpoint.
+    pub per_service_second: BTreeMap<String, BTreeMap<u64, u64>>,
     /// The last requests, newest last.
     pub recent: std::collections::VecDeque<LoggedRequest>,
     /// Per service: the current second and how many requests arrived in it.
@@ -179,6 +181,12 @@ impl RequestLog {
             .or_default() += 1;
         *self.by_status.entry(request.status).or_default() += 1;
         *self.per_second.entry(request.at as u64).or_default() += 1;
+        *self
+            .per_service_second
+            .entry(request.service.clone())
+            .or_default()
+            .entry(request.at as u64)
+            .or_default() += 1;
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }

@@ -192,6 +192,20 @@ const COMPLETE: &str = "complete";
 const NETWORK: &str = "network";
 const SECURITY_GROUPS: &str = "security-groups";
 const FAILURE_DOMAINS: &str = "failure-domains";
+const COMPLETE_PASS: &[&str] = &[COMPLETE, NETWORK, SECURITY_GROUPS, FAILURE_DOMAINS];
+
+/// Whether the status says a complete pass at the current generation found everything in
+/// place: provisioned and Ready, nothing being deleted.
+fn settled_at_its_generation(cluster: &OpenStackCluster) -> bool {
+    let Some(status) = &cluster.status else {
+        return false;
+    };
+    cluster.meta().deletion_timestamp.is_none()
+        && status.observed_generation.is_some()
+        && status.observed_generation == cluster.meta().generation
+        && Initialization::is_provisioned(status.initialization.as_ref())
+        && conditions::status_of(&status.conditions, types::READY) == Status::True
+}
 
 /// Everything one pass knows.
 struct Pass<'a> {
@@ -236,6 +250,9 @@ async fn reconcile_cluster(
     let cluster = &fresh;
     let owner = owner_cluster(ctx, cluster, &namespace);
     let woke = ctx.take_wake(key);
+    if settled_at_its_generation(cluster) {
+        ctx.steps_settled_before(key, COMPLETE_PASS, cluster.meta().generation);
+    }
     let kind = if ctx.step_due(key, COMPLETE, cluster.meta().generation) {
         "complete"
     } else {
