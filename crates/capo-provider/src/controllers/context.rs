@@ -80,6 +80,9 @@ pub struct Context {
     wakes: Mutex<HashMap<String, Instant>>,
     /// Which steps of each object's complete pass are fresh.
     steps: Mutex<StepBook>,
+    /// The resourceVersion of each object as a reconcile last knew it whole (read from the
+    /// API server, or written): a cached copy at that version needs no fresh read.
+    versions: Mutex<HashMap<String, String>>,
     /// In-memory notes about objects (when a member was created, when a removal began), by
     /// object key and what. Lost on a restart; every use of them is safe without.
     notes: Mutex<HashMap<(String, String), tokio::time::Instant>>,
@@ -108,6 +111,7 @@ impl Context {
             backoff: Mutex::new(Backoff::new(config.backoff)),
             wakes: Mutex::default(),
             steps: Mutex::default(),
+            versions: Mutex::default(),
             notes: Mutex::default(),
             config,
         })
@@ -159,6 +163,7 @@ impl Context {
         self.lock_backoff().forget(&key.to_owned());
         lock(&self.wakes).remove(key);
         lock(&self.steps).forget(key);
+        lock(&self.versions).remove(key);
         lock(&self.notes).retain(|(object, _), _| object != key);
     }
 
@@ -190,6 +195,19 @@ impl Context {
     /// The observation a reconcile of `key` is about to write, if any.
     pub fn take_wake(&self, key: &str) -> Option<Instant> {
         lock(&self.wakes).remove(key)
+    }
+
+    /// Whether `version` of `key` is the latest a reconcile read or wrote: a cached copy at
+    /// it holds our own last write.
+    pub fn knows_version(&self, key: &str, version: Option<&str>) -> bool {
+        version.is_some_and(|v| lock(&self.versions).get(key).is_some_and(|known| known == v))
+    }
+
+    /// A reconcile read or wrote `key` at `version`.
+    pub fn note_version(&self, key: &str, version: Option<String>) {
+        if let Some(version) = version {
+            lock(&self.versions).insert(key.to_owned(), version);
+        }
     }
 
     /// Whether `step` of `key` at `generation` must run (see [`StepBook::due`]).

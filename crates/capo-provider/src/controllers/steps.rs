@@ -108,14 +108,16 @@ impl StepBook {
         self.objects.insert(key.to_owned(), steps);
     }
 
-    /// How long a settled `key` may wait before its next pass: until its oldest fresh step
-    /// is due, between `min` and `sync`.
+    /// How long a settled `key` may wait before its next pass: until the complete pass that
+    /// settled it is due, between `min` and `sync`. That pass is its newest step: steps done
+    /// before it (a network made while the load balancer was still building) go stale
+    /// first, but only a complete pass runs them again.
     pub fn settled_for(&self, key: &str, now: Instant, sync: Duration, min: Duration) -> Duration {
-        let oldest = self
+        let newest = self
             .objects
             .get(key)
-            .and_then(|known| known.done.values().min().copied());
-        match oldest {
+            .and_then(|known| known.done.values().max().copied());
+        match newest {
             Some(at) => sync
                 .saturating_sub(now.saturating_duration_since(at))
                 .max(min),
@@ -200,5 +202,19 @@ mod tests {
         book.done("a", "complete", None, now);
         assert_eq!(book.settled_for("a", now, SYNC, MIN), SYNC);
         assert_eq!(book.settled_for("a", now + SYNC * 2, SYNC, MIN), MIN);
+    }
+
+    #[test]
+    fn a_step_done_before_the_complete_pass_does_not_hurry_the_next_one() {
+        let start = Instant::now();
+        let mut book = StepBook::default();
+        // The network at the first pass; the load balancer took five more minutes, then
+        // the complete pass settled.
+        book.done("a", "network", Some(1), start);
+        book.done("a", "complete", Some(1), start + SYNC / 2);
+        // Past the network's sync period: the object waits for its complete pass, it does
+        // not come back every second while the network is stale.
+        let now = start + SYNC;
+        assert_eq!(book.settled_for("a", now, SYNC, MIN), SYNC / 2);
     }
 }

@@ -83,20 +83,20 @@ where
 /// Writes `status` with a merge patch on the status subresource, unless it equals `before`.
 /// `owned` lists the fields (`a`, or `a/b` inside `a`) this controller writes: those `status`
 /// leaves out (an empty list, a `None`) are sent as `null`, so the patch removes them rather
-/// than keeping what was there. Returns whether it wrote.
+/// than keeping what was there. Returns the object's new resourceVersion if it wrote.
 pub async fn patch_status<K, S>(
     api: &Api<K>,
     name: &str,
     before: Option<&S>,
     status: &S,
     owned: &[&str],
-) -> Result<bool, kube::Error>
+) -> Result<Option<String>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
     S: Serialize + PartialEq,
 {
     if before == Some(status) {
-        return Ok(false);
+        return Ok(None);
     }
     let mut body = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
     for field in owned {
@@ -104,8 +104,8 @@ where
         null_if_missing(&mut body, &path);
     }
     let patch = Patch::Merge(json!({ "status": body }));
-    api.patch_status(name, &params(), &patch).await?;
-    Ok(true)
+    let written = api.patch_status(name, &params(), &patch).await?;
+    Ok(written.resource_version())
 }
 
 /// Sets the field at `path` to `null` where its parent exists and it does not.

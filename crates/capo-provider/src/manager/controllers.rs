@@ -679,9 +679,13 @@ fn infra_changes(cluster: &DeserializeGuard<OpenStackCluster>) -> Option<u64> {
 /// What about a machine changes its cluster's desired members.
 fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
     let machine = machine.0.as_ref().ok()?;
+    if !capi::is_control_plane(machine.labels()) {
+        // A worker is no member: its arrival and its removal are all the cluster hears of
+        // it, not every address and providerID it goes through.
+        return Some(0);
+    }
     let mut hasher = DefaultHasher::new();
     (
-        capi::is_control_plane(machine.labels()),
         crate::controllers::gate::member_address(machine),
         crate::controllers::gate::is_leaving(machine),
         &machine.spec.provider_id,

@@ -238,16 +238,23 @@ async fn reconcile_cluster(
     let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     // The cache may not hold our own last status write yet (the watch lags behind it, most
     // often right after we changed the spec). A pass that skips the steps done before would
-    // write that stale status back over the good one, so it starts from the object as the
-    // API server holds it.
-    let Some(fresh) = api
-        .get_opt(&cluster.name_any())
-        .await
-        .map_err(ClusterError::kube("reading the OpenStackCluster"))?
-    else {
-        return Ok(Outcome::Settled);
+    // write that stale status back over the good one, so unless the cached copy is the one
+    // this process last read or wrote, it starts from the object as the API server holds it.
+    let fresh;
+    let cluster = if ctx.knows_version(key, cluster.resource_version().as_deref()) {
+        cluster
+    } else {
+        let Some(read) = api
+            .get_opt(&cluster.name_any())
+            .await
+            .map_err(ClusterError::kube("reading the OpenStackCluster"))?
+        else {
+            return Ok(Outcome::Settled);
+        };
+        ctx.note_version(key, read.resource_version());
+        fresh = read;
+        &fresh
     };
-    let cluster = &fresh;
     let owner = owner_cluster(ctx, cluster, &namespace);
     let woke = ctx.take_wake(key);
     if settled_at_its_generation(cluster) {
@@ -271,7 +278,7 @@ async fn reconcile_cluster(
         now,
     );
     if paused {
-        write_status(&api, cluster, before.as_ref(), &status).await?;
+        write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
         return Ok(Outcome::Paused);
     }
     let capi_name = owner
@@ -288,7 +295,7 @@ async fn reconcile_cluster(
             "waiting for Cluster API: no Cluster owns this OpenStackCluster yet (label cluster.x-k8s.io/cluster-name)",
         );
         conditions::set(&mut status.conditions, &waiting, generation, now);
-        write_status(&api, cluster, before.as_ref(), &status).await?;
+        write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
         return Ok(Outcome::Settled);
     };
     let pass = Pass {
@@ -320,7 +327,7 @@ async fn reconcile_cluster(
     if !deleting {
         set_cluster_ready(&mut status, generation, now);
     }
-    write_status(&api, cluster, before.as_ref(), &status).await?;
+    write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
     }
@@ -755,15 +762,18 @@ fn set_cluster_ready(status: &mut OpenStackClusterStatus, generation: Option<i64
 }
 
 async fn write_status(
+    ctx: &Context,
+    key: &str,
     api: &Api<OpenStackCluster>,
     cluster: &OpenStackCluster,
     before: Option<&OpenStackClusterStatus>,
     status: &OpenStackClusterStatus,
 ) -> Result<(), ClusterError> {
-    writes::patch_status(api, &cluster.name_any(), before, status, STATUS_FIELDS)
+    let written = writes::patch_status(api, &cluster.name_any(), before, status, STATUS_FIELDS)
         .await
-        .map(|_| ())
-        .map_err(ClusterError::kube("writing status"))
+        .map_err(ClusterError::kube("writing status"))?;
+    ctx.note_version(key, written);
+    Ok(())
 }
 
 /// The failed step's condition says what went wrong, unless it is True: a failure while
