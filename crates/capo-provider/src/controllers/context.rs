@@ -200,7 +200,11 @@ impl Context {
     /// Whether `version` of `key` is the latest a reconcile read or wrote: a cached copy at
     /// it holds our own last write.
     pub fn knows_version(&self, key: &str, version: Option<&str>) -> bool {
-        version.is_some_and(|v| lock(&self.versions).get(key).is_some_and(|known| known == v))
+        version.is_some_and(|v| {
+            lock(&self.versions)
+                .get(key)
+                .is_some_and(|known| known == v)
+        })
     }
 
     /// A reconcile read or wrote `key` at `version`.
@@ -212,7 +216,13 @@ impl Context {
 
     /// Whether `step` of `key` at `generation` must run (see [`StepBook::due`]).
     pub fn step_due(&self, key: &str, step: &'static str, generation: Option<i64>) -> bool {
-        lock(&self.steps).due(key, step, generation, Instant::now(), self.config.sync_period)
+        lock(&self.steps).due(
+            key,
+            step,
+            generation,
+            Instant::now(),
+            self.config.sync_period,
+        )
     }
 
     /// `step` of `key` at `generation` found everything in place.
