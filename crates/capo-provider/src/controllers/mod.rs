@@ -123,9 +123,5 @@ pub fn conclude<E: Categorized>(
         }
         Err(error) => reconciling.finish(metrics::ReconcileResult::Error(error.category())),
     }
-    result.map(|outcome| match outcome {
-        // At the next step due, which a restart spread over the sync period.
-        Outcome::Settled => kube::runtime::controller::Action::requeue(ctx.settled_for(key)),
-        other => other.action(&ctx.config),
-    })
+    result.map(|outcome| outcome.action(ctx.settled_for(key)))
 }

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 
-use super::context::ControllerConfig;
 use super::metrics::ReconcileResult;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Nothing is on its way: look again after the sync period, for drift.
+    /// Nothing is on its way: look again when its next complete pass is due (within the
+    /// sync period), for drift.
     Settled,
     /// Something in the cloud is on its way: look again after this long.
     Poll(Duration),
@@ -22,9 +22,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn action(self, config: &ControllerConfig) -> Action {
+    /// What the controller does next; `settled_for` is how long a settled object may wait
+    /// (`Context::settled_for`).
+    pub fn action(self, settled_for: Duration) -> Action {
         match self {
-            Outcome::Settled => Action::requeue(config.sync_period),
+            Outcome::Settled => Action::requeue(settled_for),
             Outcome::Poll(after) => Action::requeue(after),
             Outcome::Paused | Outcome::Deleted | Outcome::Unreadable => Action::await_change(),
         }

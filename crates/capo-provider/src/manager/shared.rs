@@ -1,7 +1,7 @@
 //! One watch per kind for the whole manager: a reflector store that reconcilers read instead
 //! of asking the API server, and a broadcast of every object the watch sees to each
 //! controller that kind wakes. Before, each controller watched what it needed on its own
-//! (sixteen watches for six kinds) and read the rest with GETs: at 100 clusters, four reads
+//! (thirteen watches of six kinds) and read the rest with GETs: at 100 clusters, four reads
 //! for every write.
 //!
 //! The store is filled before anything is broadcast, so a woken reconciler reads at least
