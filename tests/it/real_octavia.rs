@@ -702,6 +702,123 @@ async fn removal_confirmed_after_404(backend: &dyn Backend) {
     );
 }
 
+/// Rows of the LB list as the session sends them, undecoded (to see what `fields` keeps).
+async fn raw_list(client: &CloudClient, query: &str) -> serde_json::Value {
+    let session = client.path().session();
+    let base = session
+        .service_url(Service::LoadBalancer)
+        .await
+        .expect("Octavia's URL");
+    let url = base
+        .join(&format!("lbaas/loadbalancers?{query}"))
+        .expect("list URL");
+    let request = http::Request::get(url.as_str())
+        .body(Vec::new())
+        .expect("request");
+    let response = session.send(request).await.expect("list answers");
+    assert_eq!(response.status(), 200);
+    serde_json::from_slice(response.body()).expect("list is JSON")
+}
+
+/// Octavia stamps `updated_at` to the second: a write in the same second as the last one would
+/// leave it as it was, so the scenario lets that second end before the next write.
+async fn next_second() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+/// (e) The LB list the engine's sweep reads: `fields` (repeated) trims each row to what was
+/// asked; the lock shows while a member change is in flight; `updated_at` moves after a member
+/// create and after a delete; a member that finishes after its LB unlocked, or whose operating
+/// status alone changes, leaves the row as it was (only a status tree shows those).
+async fn lb_list_shows_what_changed(backend: &dyn Backend) {
+    let client = backend.client();
+    let name = unique("list");
+    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let row = || async {
+        let rows = client
+            .octavia()
+            .list_load_balancer_rows()
+            .await
+            .expect("list rows");
+        rows.into_iter()
+            .find(|row| row.id == lb)
+            .expect("the LB is listed")
+    };
+    let trimmed = raw_list(
+        &client,
+        &format!("id={lb}&fields=id&fields=provisioning_status&fields=updated_at"),
+    )
+    .await;
+    let keys: Vec<&String> = trimmed["loadbalancers"][0]
+        .as_object()
+        .expect("a row")
+        .keys()
+        .collect();
+    assert_eq!(keys.len(), 3, "fields keeps only what it names: {keys:?}");
+    let comma = raw_list(&client, &format!("id={lb}&fields=id,updated_at")).await;
+    assert_eq!(comma["loadbalancers"][0], serde_json::json!({}));
+
+    let settled = row().await;
+    assert_eq!(settled.provisioning_status, ProvisioningStatus::Active);
+    next_second().await;
+    backend.hold_worker().await;
+    let first = client
+        .octavia()
+        .create_member(
+            &pool,
+            &MemberSpec::new(format!("{name}-m0"), "10.0.5.5", 6443),
+        )
+        .await
+        .expect("create member");
+    let locked = row().await;
+    assert_eq!(
+        locked.provisioning_status,
+        ProvisioningStatus::PendingUpdate
+    );
+    backend.release_worker().await;
+    settle(&client, &lb).await;
+    let created = row().await;
+    assert_eq!(created.provisioning_status, ProvisioningStatus::Active);
+    assert!(
+        created.updated_at > settled.updated_at,
+        "{created:?} after {settled:?}"
+    );
+
+    next_second().await;
+    let held = format!("{name}-m1");
+    backend.hold_members(&held).await;
+    let second = create_member(&client, &lb, &pool, &held, "10.0.5.6").await;
+    settle(&client, &lb).await;
+    assert_eq!(
+        member_status(&client, &pool, &second).await,
+        Some(ProvisioningStatus::PendingCreate)
+    );
+    let unlocked = row().await;
+    next_second().await;
+    backend.release_members(&held).await;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while member_status(&client, &pool, &second).await != Some(ProvisioningStatus::Active) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the held member finishes once released");
+    assert_eq!(row().await, unlocked, "the list cannot see the late member");
+
+    next_second().await;
+    client
+        .octavia()
+        .delete_member(&pool, &first.id)
+        .await
+        .expect("delete member");
+    settle(&client, &lb).await;
+    let deleted = row().await;
+    assert!(
+        deleted.updated_at > unlocked.updated_at,
+        "{deleted:?} after {unlocked:?}"
+    );
+}
+
 // ------------------------------------------------------------------------------ the tests
 
 macro_rules! both {
@@ -747,6 +864,11 @@ both!(
     held_worker_is_stuck,
     real_held_worker_is_stuck,
     sim_held_worker_is_stuck
+);
+both!(
+    lb_list_shows_what_changed,
+    real_lb_list_shows_what_changed,
+    sim_lb_list_shows_what_changed
 );
 both!(
     removal_confirmed_after_404,

@@ -465,6 +465,16 @@ fn list(
     paginate(items, query, key, href)
 }
 
+/// Octavia's page size when a list names none, and the most it returns at once
+/// (`[api_settings] pagination_max_limit`).
+const PAGE_MAX: usize = 1000;
+
+/// One page as Octavia 19 cuts it (`octavia/api/common/pagination.py`): `limit` defaults to
+/// and is capped at [`PAGE_MAX`] (`infinite` or below 1: everything); a `next` link whenever
+/// the page is full (so an exactly full last page is followed by an empty one), a `previous`
+/// link when a marker was given; the links keep `limit` and the marker only, not the filters
+/// or `fields`. Each repeated `fields` value names one attribute to keep; a comma-separated
+/// value names none, so its objects come back empty, as the real API answers.
 fn paginate(items: Vec<Value>, query: &[(String, String)], key: &str, href: &str) -> Reply {
     let param = |name: &str| {
         query
@@ -475,24 +485,74 @@ fn paginate(items: Vec<Value>, query: &[(String, String)], key: &str, href: &str
     let start = match param("marker") {
         Some(marker) => match items.iter().position(|i| i["id"] == marker) {
             Some(index) => index + 1,
-            None => return Reply::fault(404, format!("Marker {marker} could not be found.")),
+            None => {
+                return Reply::fault(
+                    400,
+                    format!("Supplied pagination marker '{marker}' is not valid."),
+                );
+            }
         },
         None => 0,
     };
-    let limit = param("limit")
-        .and_then(|l| l.parse::<usize>().ok())
-        .unwrap_or(usize::MAX);
-    let page: Vec<Value> = items.iter().skip(start).take(limit).cloned().collect();
-    let more = start.saturating_add(page.len()) < items.len();
+    let limit = match param("limit") {
+        None => Some(PAGE_MAX),
+        Some("infinite") => None,
+        Some(limit) => match limit.parse::<i64>() {
+            Ok(n) if n < 1 => None,
+            Ok(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).min(PAGE_MAX)),
+            Err(_) => {
+                return Reply::fault(
+                    400,
+                    format!("Supplied pagination limit '{limit}' is not valid."),
+                );
+            }
+        },
+    };
+    let page: Vec<Value> = items
+        .iter()
+        .skip(start)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|item| keep_fields(item, query))
+        .collect();
+    let page_size = limit.map_or_else(|| "None".to_owned(), |l| l.to_string());
+    let id_at = |index: usize| items[index]["id"].as_str().unwrap_or_default().to_owned();
     let mut links = Vec::new();
-    if more && let Some(last) = page.last() {
-        let next = format!(
-            "{href}?limit={limit}&marker={}",
-            last["id"].as_str().unwrap_or_default()
-        );
-        links.push(json!({"rel": "next", "href": next}));
+    if !page.is_empty() {
+        if param("marker").is_some() {
+            let previous = format!(
+                "{href}?limit={page_size}&marker={}&page_reverse=True",
+                id_at(start)
+            );
+            links.push(json!({"rel": "previous", "href": previous}));
+        }
+        if limit.is_none_or(|limit| page.len() >= limit) {
+            let next = format!(
+                "{href}?limit={page_size}&marker={}",
+                id_at(start + page.len() - 1)
+            );
+            links.push(json!({"rel": "next", "href": next}));
+        }
     }
     Reply::ok(json!({ key: page, format!("{key}_links"): links }))
+}
+
+/// `item` with only the attributes the query's `fields` name (all of them without `fields`).
+fn keep_fields(item: &Value, query: &[(String, String)]) -> Value {
+    let fields: Vec<&str> = query
+        .iter()
+        .filter(|(k, _)| k == "fields")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    match item.as_object() {
+        Some(object) if !fields.is_empty() => Value::Object(
+            object
+                .iter()
+                .filter(|(k, _)| fields.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        _ => item.clone(),
+    }
 }
 
 // ---------------------------------------------------------------- transitions
@@ -1891,4 +1951,105 @@ fn status_tree(world: &World, id: &str) -> Reply {
         "operating_status": lb_operating(world, lb).as_str(),
         "provisioning_status": lb.meta.status.as_str(),
         "listeners": listeners}}}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn lbs(n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|i| json!({"id": format!("lb-{i:04}"), "name": "x", "provisioning_status": "ACTIVE"}))
+            .collect()
+    }
+
+    fn page(n: usize, query: &[(&str, &str)]) -> Value {
+        let reply = paginate(
+            lbs(n),
+            &q(query),
+            "loadbalancers",
+            "http://o/lbaas/loadbalancers",
+        );
+        assert_eq!(reply.status, 200);
+        reply.body.unwrap_or_default()
+    }
+
+    #[test]
+    fn pages_are_cut_as_octavia_cuts_them() {
+        // Without a limit: at most 1,000, and a full page links on, even when it was the last.
+        let first = page(1000, &[]);
+        assert_eq!(first["loadbalancers"].as_array().map(Vec::len), Some(1000));
+        assert_eq!(
+            first["loadbalancers_links"][0]["href"],
+            "http://o/lbaas/loadbalancers?limit=1000&marker=lb-0999"
+        );
+        let after = page(1000, &[("limit", "1000"), ("marker", "lb-0999")]);
+        assert_eq!(after["loadbalancers"], json!([]));
+        assert_eq!(after["loadbalancers_links"], json!([]));
+        // A larger limit is capped; a short page has no next link.
+        let capped = page(1500, &[("limit", "5000")]);
+        assert_eq!(capped["loadbalancers"].as_array().map(Vec::len), Some(1000));
+        let short = page(3, &[("limit", "5")]);
+        assert_eq!(short["loadbalancers_links"], json!([]));
+        // The links keep the limit and marker, not the fields or filters.
+        let trimmed = page(
+            3,
+            &[
+                ("limit", "2"),
+                ("fields", "id"),
+                ("name", "x"),
+                ("marker", "lb-0000"),
+            ],
+        );
+        assert_eq!(
+            trimmed["loadbalancers"],
+            json!([{"id": "lb-0001"}, {"id": "lb-0002"}])
+        );
+        let links: Vec<&str> = trimmed["loadbalancers_links"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l["href"].as_str())
+            .collect();
+        assert_eq!(
+            links,
+            [
+                "http://o/lbaas/loadbalancers?limit=2&marker=lb-0001&page_reverse=True",
+                "http://o/lbaas/loadbalancers?limit=2&marker=lb-0002"
+            ]
+        );
+    }
+
+    #[test]
+    fn fields_keep_what_each_names_and_a_comma_list_names_nothing() {
+        let rows = page(1, &[("fields", "id"), ("fields", "provisioning_status")]);
+        assert_eq!(
+            rows["loadbalancers"],
+            json!([{"id": "lb-0000", "provisioning_status": "ACTIVE"}])
+        );
+        let comma = page(1, &[("fields", "id,provisioning_status")]);
+        assert_eq!(comma["loadbalancers"], json!([{}]));
+    }
+
+    #[test]
+    fn bad_limits_and_markers_are_refused() {
+        let bad = |query: &[(&str, &str)]| {
+            paginate(lbs(2), &q(query), "loadbalancers", "http://o").status
+        };
+        assert_eq!(bad(&[("limit", "ten")]), 400);
+        assert_eq!(bad(&[("marker", "nope")]), 400);
+        assert_eq!(
+            page(2, &[("limit", "infinite")])["loadbalancers"]
+                .as_array()
+                .map(Vec::len),
+            Some(2)
+        );
+    }
 }
