@@ -291,6 +291,12 @@ pub enum BenchCommand {
         seconds: u64,
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
         qps: u32,
+        /// Poll every LB on its own, as before the LB list was used.
+        #[arg(long)]
+        no_list: bool,
+        /// Members deleted behind the engine's back during the stretch (drift detection).
+        #[arg(long, default_value_t = 20)]
+        drifts: u32,
     },
     /// The simulated Octavia at scale: memory and status-tree GET time in-process.
     SimStatusTree {
@@ -465,8 +471,17 @@ pub fn bench(
             members,
             seconds,
             qps,
+            no_list,
+            drifts,
         } => {
-            let report = capo_bench::membership::steady(load_balancers, members, seconds, qps)?;
+            let report = capo_bench::membership::steady(
+                load_balancers,
+                members,
+                seconds,
+                qps,
+                !no_list,
+                drifts,
+            )?;
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         BenchCommand::SimStatusTree {

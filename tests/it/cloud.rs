@@ -714,6 +714,7 @@ impl ScriptedSession {
             scope: SessionScope {
                 auth_url: "scripted".into(),
                 region: "r1".into(),
+                identity: String::new(),
             },
             answers: Mutex::new(answers.into()),
             arrivals: Mutex::new(Vec::new()),

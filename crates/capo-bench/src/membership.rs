@@ -121,10 +121,12 @@ pub struct StrategyReport {
     pub simulator_cpu_seconds: f64,
 }
 
-/// A session that counts when each request was sent (virtual time) before passing it on.
+/// A session that counts when each request was sent (virtual time) before passing it on,
+/// and how many were LB list pages.
 struct CountingSession {
     inner: Arc<dyn Session>,
     sent: Mutex<Vec<Instant>>,
+    list_pages: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait]
@@ -141,6 +143,10 @@ impl Session for CountingSession {
     ) -> Result<http::Response<bytes::Bytes>, SendError> {
         if let Ok(mut sent) = self.sent.lock() {
             sent.push(Instant::now());
+        }
+        if request.uri().path().ends_with("/lbaas/loadbalancers") {
+            self.list_pages
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.inner.send(request).await
     }
@@ -336,6 +342,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let counting = Arc::new(CountingSession {
         inner: sim.session(),
         sent: Mutex::new(Vec::new()),
+        list_pages: Default::default(),
     });
     let mut engine_options = unlimited_options();
     let qps = std::num::NonZeroU32::new(config.qps).unwrap_or(std::num::NonZeroU32::MIN);
@@ -534,6 +541,27 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         cpu_seconds: 0.0,
         simulator_cpu_seconds: (sim.busy() - cpu_sim_start).as_secs_f64(),
     })
+}
+
+/// The engine's `capo_lb_polls_total` by `kind`.
+fn polls_by_kind(registry: &prometheus::Registry) -> std::collections::BTreeMap<String, u64> {
+    let mut by_kind = std::collections::BTreeMap::new();
+    for family in registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "capo_lb_polls_total")
+    {
+        for metric in family.get_metric() {
+            let kind = metric
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "kind")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            *by_kind.entry(kind).or_default() += metric.get_counter().get_value() as u64;
+        }
+    }
+    by_kind
 }
 
 /// Drift polls counted by the engine's `capo_lb_polls_total{kind="drift"}`.
@@ -880,9 +908,23 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
 pub struct SteadyReport {
     pub load_balancers: u32,
     pub members: u32,
+    /// Whether the engine watched through the LB list.
+    pub list: bool,
     pub resident_growth_mib: Option<f64>,
     pub virtual_seconds: f64,
+    /// Requests in the measured stretch, and per hour.
     pub polls: u64,
+    pub polls_per_hour: f64,
+    /// Of which LB list pages.
+    pub list_pages: u64,
+    /// Members deleted behind the engine's back during the stretch, and how long until the
+    /// engine's verdict showed each (seconds; `None`: never within the stretch).
+    pub drifts: u32,
+    pub drift_detection_p50: Option<f64>,
+    pub drift_detection_max: Option<f64>,
+    pub drifts_unseen: u32,
+    /// The engine's polls over the whole run (first pass included) by kind.
+    pub polls_by_kind: std::collections::BTreeMap<String, u64>,
     /// Engine and client CPU per second of (virtual) steady state, as a share of one core.
     pub core_share: f64,
 }
@@ -892,6 +934,8 @@ pub fn steady(
     members: u32,
     seconds: u64,
     qps: u32,
+    list: bool,
+    drifts: u32,
 ) -> anyhow::Result<SteadyReport> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -928,6 +972,7 @@ pub fn steady(
         let counting = Arc::new(CountingSession {
             inner: sim.session(),
             sent: Mutex::new(Vec::new()),
+            list_pages: Default::default(),
         });
         let engine_client = engine_clouds.client(counting.clone());
         let cancel = CancellationToken::new();
@@ -935,6 +980,7 @@ pub fn steady(
             schedule: ScheduleConfig {
                 budget_qps: f64::from(qps),
                 burst: f64::from(qps),
+                list_sweep: list,
                 ..ScheduleConfig::default()
             },
             ..EngineConfig::default()
@@ -971,23 +1017,108 @@ pub fn steady(
             .zip(resident_bytes())
             .map(|(b, a)| a.saturating_sub(b) as f64 / 1048576.0);
         let polls_before = counting.sent.lock().map(|s| s.len()).unwrap_or(0);
+        let pages_before = counting
+            .list_pages
+            .load(std::sync::atomic::Ordering::Relaxed);
         let cpu_before = thread_cpu();
         let sim_before = sim.busy();
+        let changes = engine.subscribe();
+        let drift = tokio::spawn(delete_behind_its_back(
+            client.clone(),
+            changes,
+            fleet.lbs.clone(),
+            truth,
+            drifts,
+            Duration::from_secs(seconds),
+        ));
         tokio::time::sleep(Duration::from_secs(seconds)).await;
         let cpu = thread_cpu()
             .saturating_sub(cpu_before)
             .saturating_sub(sim.busy() - sim_before);
         let polls = counting.sent.lock().map(|s| s.len()).unwrap_or(0) - polls_before;
+        let list_pages = counting
+            .list_pages
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - pages_before;
         cancel.cancel();
+        let mut seen = drift.await.unwrap_or_default();
+        seen.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        let drifts_seen = seen.len() as u32;
         Ok(SteadyReport {
             load_balancers,
             members: load_balancers * members,
+            list,
             resident_growth_mib,
             virtual_seconds: seconds as f64,
             polls: polls as u64,
+            polls_per_hour: polls as f64 * 3600.0 / seconds as f64,
+            list_pages,
+            drifts,
+            drift_detection_p50: seen.get(seen.len() / 2).copied(),
+            drift_detection_max: seen.last().copied(),
+            drifts_unseen: drifts.saturating_sub(drifts_seen),
+            polls_by_kind: polls_by_kind(&engine_registry),
             core_share: cpu.as_secs_f64() / seconds as f64,
         })
     })
+}
+
+/// Deletes one member of each of `drifts` load balancers at random moments of the first
+/// half of `within` (nothing tells the engine), and returns how long the engine took to
+/// publish a verdict naming each change (seconds), for those it saw within `within`.
+async fn delete_behind_its_back(
+    client: CloudClient,
+    mut changes: capo_provider::membership::Changes,
+    lbs: Vec<(String, String)>,
+    truth: Vec<capo_sim::openstack::MemberTruth>,
+    drifts: u32,
+    within: Duration,
+) -> Vec<f64> {
+    let started = Instant::now();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut plan: Vec<(Duration, usize)> = (0..drifts as usize)
+        .map(|k| {
+            let at = within.mul_f64(rng.f64() * 0.5);
+            (at, (k * lbs.len() / drifts.max(1) as usize) % lbs.len().max(1))
+        })
+        .collect();
+    plan.sort();
+    let deleted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let deleter = {
+        let deleted = deleted.clone();
+        tokio::spawn(async move {
+            for (at, index) in plan {
+                tokio::time::sleep_until(started + at).await;
+                let Some((lb, pool)) = lbs.get(index) else {
+                    continue;
+                };
+                let Some(member) = truth.iter().find(|m| &m.pool_id == pool) else {
+                    continue;
+                };
+                if client.octavia().delete_member(pool, &member.id).await.is_ok()
+                    && let Ok(mut deleted) = deleted.lock()
+                {
+                    deleted.insert(lb.clone(), Instant::now());
+                }
+            }
+        })
+    };
+    let mut seen = Vec::new();
+    let deadline = started + within;
+    while let Ok(Some(notice)) = tokio::time::timeout_at(deadline, changes.recv()).await {
+        let capo_provider::membership::Notice::Changed(change) = notice else {
+            continue;
+        };
+        if change.reason == Reason::Ready {
+            continue;
+        }
+        let at = deleted.lock().ok().and_then(|mut d| d.remove(&change.lb_id));
+        if let Some(at) = at {
+            seen.push(Instant::now().saturating_duration_since(at).as_secs_f64());
+        }
+    }
+    deleter.abort();
+    seen
 }
 
 fn resident_bytes() -> Option<u64> {

@@ -32,6 +32,7 @@ impl MemorySession {
             scope: SessionScope {
                 auth_url: "memory".into(),
                 region: String::new(),
+                identity: String::new(),
             },
             sent: std::sync::Mutex::new(Vec::new()),
         }

@@ -140,6 +140,7 @@ impl Clouds {
         let scope = SessionScope {
             auth_url: resolved.auth_url.clone(),
             region: resolved.region.clone(),
+            identity: resolved.identity.clone(),
         };
         let gate = self.gate(&scope, Service::Identity);
         let started = tokio::time::Instant::now();

@@ -423,7 +423,17 @@ impl<'a> Octavia<'a> {
     /// `next` links drop `fields`. A full page is followed by another (Octavia cannot say
     /// whether it was the last).
     pub async fn list_load_balancer_rows(&self) -> Result<Vec<LoadBalancerRow>, CloudError> {
+        self.list_load_balancer_rows_covering(None).await
+    }
+
+    /// The same, stopping once every LB in `wanted` was listed: a page that happens to be
+    /// full is not followed by another for nothing.
+    pub async fn list_load_balancer_rows_covering(
+        &self,
+        wanted: Option<&std::collections::HashSet<String>>,
+    ) -> Result<Vec<LoadBalancerRow>, CloudError> {
         let mut rows: Vec<LoadBalancerRow> = Vec::new();
+        let mut found = 0;
         loop {
             let mut call = Call::get(op("loadbalancer_list"), "lbaas/loadbalancers")
                 .query("limit", LIST_PAGE.to_string())
@@ -433,8 +443,11 @@ impl<'a> Octavia<'a> {
             }
             let page: Vec<LoadBalancerRow> = self.path.fetch(call.key("loadbalancers")).await?;
             let full = page.len() >= LIST_PAGE;
+            if let Some(wanted) = wanted {
+                found += page.iter().filter(|row| wanted.contains(&row.id)).count();
+            }
             rows.extend(page);
-            if !full {
+            if !full || wanted.is_some_and(|wanted| found >= wanted.len()) {
                 return Ok(rows);
             }
         }

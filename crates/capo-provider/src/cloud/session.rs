@@ -13,11 +13,14 @@ use url::Url;
 
 use super::Service;
 
-/// The scope a session belongs to: which limiter gates its requests.
+/// The scope a session belongs to: which limiter gates its requests (`auth_url`, `region`),
+/// and who asks (`identity`: sessions of one identity see the same objects, so one list of
+/// them serves all; a hash or label, never a secret).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SessionScope {
     pub auth_url: String,
     pub region: String,
+    pub identity: String,
 }
 
 /// Why a request got no HTTP answer.
@@ -208,11 +211,12 @@ impl NoAuthSession {
         Ok(NoAuthSession {
             http,
             endpoints,
-            project_id,
             scope: SessionScope {
                 auth_url: format!("noauth:{auth_url}"),
                 region: String::new(),
+                identity: project_id.clone().unwrap_or_default(),
             },
+            project_id,
         })
     }
 }

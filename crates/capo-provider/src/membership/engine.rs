@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, broadcast};
 use tokio::task::{JoinError, JoinSet};
@@ -22,7 +23,7 @@ use super::changes::{Change, Changes};
 use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
 use super::model::{DesiredLb, LbTrack, MemberTrack, Presence, SeenMember};
 use super::observe::{Observer, Seen, StatusTreeObserver};
-use super::schedule::{Finish, Pick, PollOutcome, ScheduleConfig, Scheduler};
+use super::schedule::{Finish, ListState, PollOutcome, ScheduleConfig, Scheduler, Target};
 use super::verdict::{
     Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, health, lb_verdict,
 };
@@ -94,6 +95,10 @@ struct LbEntry {
 
 struct Endpoint {
     scheduler: Mutex<Scheduler>,
+    /// A client per identity, to read that identity's LB list with.
+    listers: Mutex<HashMap<String, CloudClient>>,
+    /// Identities whose list was refused: said once in the log.
+    refusals_logged: Mutex<std::collections::HashSet<String>>,
     notify: Notify,
     /// Ends this endpoint's loop (a child of the engine's token).
     cancel: CancellationToken,
@@ -187,6 +192,8 @@ impl Engine {
                             self.inner.config.schedule.clone(),
                             now,
                         )),
+                        listers: Mutex::default(),
+                        refusals_logged: Mutex::default(),
                         notify: Notify::new(),
                         cancel: self.inner.cancel.child_token(),
                     });
@@ -240,7 +247,15 @@ impl Engine {
             (endpoint, started, generation)
         };
         self.inner.observer.desired_changed(&lb_id);
-        lock(&endpoint.scheduler).wake(&lb_id, rollout_waiting, now);
+        let list = self.inner.observer.uses_list().then(|| scope.identity.clone());
+        if let Some(list) = &list {
+            lock(&endpoint.listers).insert(list.clone(), client.clone());
+        }
+        {
+            let mut scheduler = lock(&endpoint.scheduler);
+            scheduler.wake(&lb_id, rollout_waiting, now);
+            scheduler.cover(&lb_id, list.as_deref(), now);
+        }
         endpoint.notify.notify_one();
         if started {
             self.start_loop(key, endpoint);
@@ -413,27 +428,36 @@ fn panic_message(error: JoinError) -> String {
 async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
     let max_in_flight = inner.config.max_in_flight.max(1);
     let mut polls = JoinSet::new();
-    let mut polling: HashMap<tokio::task::Id, String> = HashMap::new();
+    let mut polling: HashMap<tokio::task::Id, Target> = HashMap::new();
     loop {
         let now = Instant::now();
         while polls.len() < max_in_flight {
             let Some(pick) = lock(&endpoint.scheduler).next(now) else {
                 break;
             };
-            let lb = pick.lb.clone();
-            let handle =
-                polls.spawn_on(poll(inner.clone(), endpoint.clone(), pick), &inner.runtime);
-            polling.insert(handle.id(), lb);
+            let target = pick.target.clone();
+            let task = match pick.target {
+                Target::Lb(lb) => poll(inner.clone(), endpoint.clone(), lb, pick.urgent, pick.lag)
+                    .boxed(),
+                Target::List(list) => {
+                    sweep(inner.clone(), endpoint.clone(), key.clone(), list, pick.lag).boxed()
+                }
+            };
+            let handle = polls.spawn_on(task, &inner.runtime);
+            polling.insert(handle.id(), target);
         }
-        let (wake, interval, learned) = {
+        let (wake, interval, learned, lists) = {
             let scheduler = lock(&endpoint.scheduler);
+            lock(&endpoint.listers).retain(|list, _| scheduler.list_state(list).is_some());
             (
                 scheduler.wake_at(now),
                 scheduler.drift_interval(scheduler.len()),
                 scheduler.provisioning_times().len(),
+                scheduler.list_counts(),
             )
         };
         inner.metrics.endpoint_schedule(&key, interval, learned);
+        inner.metrics.endpoint_lists(&key, lists);
         // Never a zero wait: if the scheduler has nothing now, time must pass.
         let wake = wake
             .unwrap_or(now + Duration::from_secs(3600))
@@ -456,45 +480,118 @@ fn poll_ended(
     inner: &Inner,
     key: &str,
     endpoint: &Endpoint,
-    polling: &mut HashMap<tokio::task::Id, String>,
+    polling: &mut HashMap<tokio::task::Id, Target>,
     joined: Result<(tokio::task::Id, ()), JoinError>,
 ) {
     let id = match &joined {
         Ok((id, ())) => *id,
         Err(error) => error.id(),
     };
-    let lb = polling.remove(&id);
+    let target = polling.remove(&id);
     let Err(error) = joined else { return };
     if !error.is_panic() {
         return;
     }
     inner.metrics.panicked(key, EngineTask::Poll);
-    let lb = lb.unwrap_or_default();
-    tracing::error!(
-        endpoint = %key,
-        lb = %lb,
-        panic = %panic_message(error),
-        "load balancer poll panicked; polling it again"
-    );
-    let retry = PollOutcome {
-        urgent: true,
-        ..PollOutcome::default()
-    };
-    lock(&endpoint.scheduler).done(&lb, &retry, Instant::now());
+    let now = Instant::now();
+    match target {
+        Some(Target::Lb(lb)) => {
+            tracing::error!(
+                endpoint = %key,
+                lb = %lb,
+                panic = %panic_message(error),
+                "load balancer poll panicked; polling it again"
+            );
+            let retry = PollOutcome {
+                urgent: true,
+                ..PollOutcome::default()
+            };
+            lock(&endpoint.scheduler).done(&lb, &retry, now);
+        }
+        Some(Target::List(list)) => {
+            tracing::error!(
+                endpoint = %key,
+                panic = %panic_message(error),
+                "load balancer list panicked; reading it again"
+            );
+            lock(&endpoint.scheduler).list_failed(&list, now);
+        }
+        None => {}
+    }
 }
 
-async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
+/// Reads one identity's LB list and hands the rows to the scheduler. A refusal (403, 404)
+/// sends its LBs back to their own polls, said once in the log.
+async fn sweep(inner: Arc<Inner>, endpoint: Arc<Endpoint>, key: String, list: String, lag: Duration) {
+    inner.metrics.poll_started(PollKind::List, lag);
+    let Some(client) = lock(&endpoint.listers).get(&list).cloned() else {
+        // Every identity a list is scheduled for was given a client first.
+        lock(&endpoint.scheduler).list_failed(&list, Instant::now());
+        return;
+    };
+    let started = Instant::now();
+    let wanted = lock(&endpoint.scheduler).covered_by(&list);
+    let result = client
+        .octavia()
+        .list_load_balancer_rows_covering(Some(&wanted))
+        .await;
+    let now = Instant::now();
+    let observer = inner.observer.name();
+    match &result {
+        Ok(_) => inner.metrics.poll_finished(observer, PollKind::List, "ok"),
+        Err(error) => inner
+            .metrics
+            .poll_finished(observer, PollKind::List, error.kind()),
+    }
+    let mut scheduler = lock(&endpoint.scheduler);
+    match result {
+        Ok(rows) => {
+            scheduler.listed(&list, &rows, started, now);
+            drop(scheduler);
+            if lock(&endpoint.refusals_logged).remove(&list) {
+                tracing::info!(endpoint = %key, "the load balancer list answers again; using it");
+            }
+        }
+        Err(CloudError::RateLimited { retry_after, .. }) => {
+            scheduler.defer_list(&list, now + retry_after);
+        }
+        Err(error) => {
+            let refused = matches!(error, CloudError::Forbidden(_) | CloudError::NotFound(_));
+            if refused {
+                scheduler.list_refused(&list, now);
+            } else {
+                scheduler.list_failed(&list, now);
+            }
+            let unavailable = matches!(
+                scheduler.list_state(&list),
+                Some(ListState::Unavailable { .. })
+            );
+            drop(scheduler);
+            if unavailable && lock(&endpoint.refusals_logged).insert(list) {
+                tracing::warn!(
+                    endpoint = %key,
+                    %error,
+                    "cannot list load balancers; polling each one on its own (capo_lb_lists shows it)"
+                );
+            } else {
+                tracing::debug!(endpoint = %key, %error, "load balancer list failed");
+            }
+        }
+    }
+}
+
+async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bool, lag: Duration) {
     let observer = inner.observer.clone();
     // Ours: urgent or drift polls; an observer that paces itself polls on its own backoff.
-    let kind = match (observer.polls_urgently(), pick.urgent) {
+    let kind = match (observer.polls_urgently(), urgent) {
         (true, true) => PollKind::Urgent,
         (true, false) => PollKind::Drift,
         (false, _) => PollKind::Backoff,
     };
-    inner.metrics.poll_started(kind, pick.lag);
+    inner.metrics.poll_started(kind, lag);
     let (client, desired, generation) = {
         let state = inner.lock();
-        let Some(entry) = state.lbs.get(&pick.lb) else {
+        let Some(entry) = state.lbs.get(&lb) else {
             return;
         };
         (
@@ -512,14 +609,14 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             inner
                 .metrics
                 .poll_finished(observer.name(), kind, error.kind());
-            tracing::debug!(lb = %pick.lb, %error, "load balancer poll failed");
+            tracing::debug!(%lb, %error, "load balancer poll failed");
             let mut scheduler = lock(&endpoint.scheduler);
             match error {
                 CloudError::RateLimited { retry_after, .. } => {
-                    scheduler.defer(&pick.lb, now + retry_after)
+                    scheduler.defer(&lb, now + retry_after)
                 }
                 _ => scheduler.done(
-                    &pick.lb,
+                    &lb,
                     &PollOutcome {
                         urgent: true,
                         ..PollOutcome::default()
@@ -533,7 +630,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
     inner.metrics.poll_finished(observer.name(), kind, "ok");
     let (outcome, learnt) = {
         let mut state = inner.lock();
-        let Some(entry) = state.lbs.get_mut(&pick.lb) else {
+        let Some(entry) = state.lbs.get_mut(&lb) else {
             return;
         };
         let previous_poll = entry.track.last_poll;
@@ -565,7 +662,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
         }
         let deadline = [
             stuck_deadline(entry, inner.config.stuck_after),
-            observer.next_due(&pick.lb),
+            observer.next_due(&lb),
         ]
         .into_iter()
         .flatten()
@@ -589,6 +686,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
             changed: changed || verdict_changed,
             deadline,
             creating_for: creating_for(entry, now),
+            lb_locked: matches!(&seen, Seen::Observed(o) if o.provisioning.is_pending()),
         };
         (outcome, learnt)
     };
@@ -596,7 +694,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, pick: Pick) {
     for took in learnt {
         scheduler.learn(took);
     }
-    scheduler.done(&pick.lb, &outcome, now);
+    scheduler.done(&lb, &outcome, now);
 }
 
 /// How long each member still being created has been on its way, when those creations are

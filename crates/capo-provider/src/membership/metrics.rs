@@ -33,6 +33,9 @@ pub struct EngineMetrics {
     /// Current drift interval per cloud endpoint.
     pub drift_interval_seconds: GaugeVec,
     pub learned_windows: GaugeVec,
+    /// LB lists per endpoint by state (`working`, `untried`, `unavailable`: refused or
+    /// failing, its LBs polled on their own).
+    pub lists: IntGaugeVec,
     /// Panics caught in the engine's tasks (`task`: `poll` or `loop`).
     pub panics_total: IntCounterVec,
     /// Change subscribers that fell behind and were told to re-sync.
@@ -127,6 +130,13 @@ impl EngineMetrics {
                 ),
                 &["endpoint"],
             )?,
+            lists: IntGaugeVec::new(
+                Opts::new(
+                    "capo_lb_lists",
+                    "Load balancer lists the engine reads, by state (unavailable: refused or failing; its load balancers are polled one by one)",
+                ),
+                &["endpoint", "state"],
+            )?,
             learned_windows: GaugeVec::new(
                 Opts::new(
                     "capo_lb_learned_provisioning_windows",
@@ -193,6 +203,7 @@ impl EngineMetrics {
         registry.register(Box::new(metrics.scheduler_lag_seconds.clone()))?;
         registry.register(Box::new(metrics.drift_interval_seconds.clone()))?;
         registry.register(Box::new(metrics.learned_windows.clone()))?;
+        registry.register(Box::new(metrics.lists.clone()))?;
         registry.register(Box::new(metrics.panics_total.clone()))?;
         registry.register(Box::new(metrics.change_resyncs_total.clone()))?;
         registry.register(Box::new(metrics.gate_held_seconds.clone()))?;
@@ -333,8 +344,24 @@ impl EngineMetrics {
             .set(learned as f64);
     }
 
+    /// How many of the endpoint's lists are in each state.
+    pub(crate) fn endpoint_lists(&self, endpoint: &str, counts: ListCounts) {
+        for (state, count) in [
+            ("working", counts.working),
+            ("untried", counts.untried),
+            ("unavailable", counts.unavailable),
+        ] {
+            self.lists
+                .with_label_values(&[endpoint, state])
+                .set(count as i64);
+        }
+    }
+
     /// Removes an endpoint's series once its loop ends.
     pub(crate) fn clear_endpoint(&self, endpoint: &str) {
+        for state in ["working", "untried", "unavailable"] {
+            let _ = self.lists.remove_label_values(&[endpoint, state]);
+        }
         let _ = self.drift_interval_seconds.remove_label_values(&[endpoint]);
         let _ = self.learned_windows.remove_label_values(&[endpoint]);
     }
@@ -400,6 +427,14 @@ impl GateClock {
     }
 }
 
+/// LB lists of one endpoint by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListCounts {
+    pub working: usize,
+    pub untried: usize,
+    pub unavailable: usize,
+}
+
 /// Why a poll ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollKind {
@@ -409,6 +444,8 @@ pub enum PollKind {
     Drift,
     /// An observer that paces itself.
     Backoff,
+    /// One identity's LB list (one request per 1,000 LBs).
+    List,
 }
 
 impl PollKind {
@@ -417,6 +454,7 @@ impl PollKind {
             PollKind::Urgent => "urgent",
             PollKind::Drift => "drift",
             PollKind::Backoff => "backoff",
+            PollKind::List => "list",
         }
     }
 }

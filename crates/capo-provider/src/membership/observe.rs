@@ -28,6 +28,12 @@ pub trait Observer: Send + Sync + 'static {
         true
     }
 
+    /// Whether the engine may watch LBs through their identity's LB list and poll a tree only
+    /// where it shows a change (ours); other ways are measured as they are.
+    fn uses_list(&self) -> bool {
+        false
+    }
+
     /// `lb_id` is new, or its desired membership changed.
     fn desired_changed(&self, _lb_id: &str) {}
 
@@ -51,6 +57,10 @@ pub struct StatusTreeObserver;
 impl Observer for StatusTreeObserver {
     fn name(&self) -> &'static str {
         "status-tree"
+    }
+
+    fn uses_list(&self) -> bool {
+        true
     }
 
     async fn observe(&self, client: &CloudClient, desired: &DesiredLb) -> Result<Seen, CloudError> {

@@ -17,11 +17,24 @@
 //!   faster than `urgent_initial` where finishes are common, up to `urgent_max` across stretches
 //!   where none ever happened; once it has outlasted every one seen, as if nothing were known
 //!   (fast for `urgent_fresh`, then backing off).
+//! - Where the cloud lets us list load balancers, one list ([`Target::List`], a request per
+//!   1,000 LBs) watches every LB its identity sees: a settled LB gets a status tree only when
+//!   its row (statuses, `updated_at`) changed since the last list, and otherwise a safety-net
+//!   tree at `safety_share` of the budget (a member's operating status can change without
+//!   its LB's row); a locked LB (PENDING_* in the list or its last tree) waits for the list
+//!   to show it unlocked instead of being polled (a tree of a locked LB only says it is
+//!   locked), and the list is read every `sweep_locked` while one waits, `sweep_settled`
+//!   otherwise. A member still on its way under an ACTIVE LB (the ovn / amphora v2 race) is
+//!   invisible to the list: that LB keeps its own fast polls. A list refused (403, 404) or
+//!   failing three times in a row falls back to per-LB drift checks until `list_retry` later.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::metrics::ListCounts;
+use crate::cloud::octavia::{LIST_PAGE, LoadBalancerRow, OperatingStatus, ProvisioningStatus};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ScheduleConfig {
@@ -40,6 +53,21 @@ pub struct ScheduleConfig {
     pub urgent_backoff: f64,
     pub drift_min: Duration,
     pub drift_max: Duration,
+    /// Watch load balancers through the LB list where the cloud allows it.
+    pub list_sweep: bool,
+    /// How often the list is read while every LB it covers is settled (drift is seen within
+    /// this, plus one status tree).
+    pub sweep_settled: Duration,
+    /// How often it is read while an LB it covers is locked (how late an unlock is seen).
+    pub sweep_locked: Duration,
+    /// A locked LB is still looked at on its own this often (the list is a hint, not proof).
+    pub locked_max: Duration,
+    /// Share of the budget the safety-net trees of listed, settled LBs may use ...
+    pub safety_share: f64,
+    /// ... and no LB gets one more often than this.
+    pub safety_min: Duration,
+    /// How long after a refused or failing list it is tried again.
+    pub list_retry: Duration,
 }
 
 impl Default for ScheduleConfig {
@@ -55,6 +83,13 @@ impl Default for ScheduleConfig {
             urgent_backoff: 1.5,
             drift_min: Duration::from_secs(60),
             drift_max: Duration::from_secs(300),
+            list_sweep: true,
+            sweep_settled: Duration::from_secs(30),
+            sweep_locked: Duration::from_millis(1500),
+            locked_max: Duration::from_secs(30),
+            safety_share: 0.005,
+            safety_min: Duration::from_secs(600),
+            list_retry: Duration::from_secs(3600),
         }
     }
 }
@@ -71,6 +106,9 @@ pub struct PollOutcome {
     /// For each member being created (LB ACTIVE, member not yet): how long since it was asked
     /// for.
     pub creating_for: Vec<Duration>,
+    /// The LB itself was PENDING_* (locked): where a list covers it, the list watches for the
+    /// unlock.
+    pub lb_locked: bool,
 }
 
 /// How many recent provisioning times an endpoint remembers, and how many it needs before
@@ -161,15 +199,77 @@ struct Entry {
     rollout_waiting: bool,
     interval: Duration,
     in_flight: bool,
+    /// The list that covers this LB (its identity's), if any.
+    list: Option<String>,
+    /// Locked when last seen, and a working list watches for the unlock.
+    parked: bool,
+    /// When the verdict changes by itself (a member turning stuck), from the last poll.
+    deadline: Option<Instant>,
 }
 
-/// A pick: which LB, and how late it is against its due time.
+/// What to send: one LB's status tree, or one identity's LB list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Lb(String),
+    List(String),
+}
+
+/// A pick: what to poll, and how late it is against its due time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
-    pub lb: String,
+    pub target: Target,
     pub urgent: bool,
     pub lag: Duration,
 }
+
+impl Pick {
+    /// The LB picked for a status tree, if that is what was picked.
+    pub fn lb(&self) -> Option<&str> {
+        match &self.target {
+            Target::Lb(lb) => Some(lb),
+            Target::List(_) => None,
+        }
+    }
+}
+
+/// Whether an identity's list can be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListState {
+    /// Not answered yet: LBs are polled as if there were no list.
+    Untried,
+    Working,
+    /// Refused or failing: per-LB drift checks until then.
+    Unavailable { until: Instant },
+}
+
+/// One identity's LB list.
+#[derive(Clone, Debug)]
+struct Sweep {
+    due: Instant,
+    in_flight: bool,
+    state: ListState,
+    /// Failures in a row.
+    failures: u32,
+    /// LBs it covers.
+    covered: usize,
+    /// Pages (requests) its last answer took.
+    pages: usize,
+    /// Each covered LB's row at the last list: statuses and `updated_at`.
+    rows: HashMap<String, LbRowMark>,
+}
+
+/// What of an LB's row tells that something under it changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LbRowMark {
+    provisioning: ProvisioningStatus,
+    operating: OperatingStatus,
+    updated_at: Option<String>,
+}
+
+/// Failed lists in a row before the LBs it covers fall back to their own drift checks.
+const LIST_FAILURES: u32 = 3;
+/// The fewest LBs a list must cover to be read.
+const LIST_MIN_COVERED: usize = 2;
 
 #[derive(Debug)]
 pub struct Scheduler {
@@ -181,6 +281,8 @@ pub struct Scheduler {
     times: ProvisioningTimes,
     /// Rollout picks in a row while other urgent work was due.
     rollout_streak: u32,
+    /// LB lists by identity.
+    sweeps: HashMap<String, Sweep>,
 }
 
 /// How many rollout polls may go before other due urgent work, in a row.
@@ -196,6 +298,7 @@ impl Scheduler {
             refilled: now,
             times: ProvisioningTimes::default(),
             rollout_streak: 0,
+            sweeps: HashMap::new(),
         }
     }
 
@@ -210,28 +313,268 @@ impl Scheduler {
     /// A new LB (due now), or new desired state for a known one: urgent, due within
     /// `look_after_change`. New desired state follows a change in the cloud, and Octavia holds
     /// the LB PENDING_UPDATE for a moment after every change: a look at once would see only that.
+    ///
+    /// A known LB under a working list is parked instead: the change locks it, and the list,
+    /// brought forward to `look_after_change`, shows when it is unlocked (one list for every
+    /// LB changed meanwhile).
     pub fn wake(&mut self, lb: &str, rollout_waiting: bool, now: Instant) {
-        let first_look = self.config.look_after_change;
-        let entry = match self.entries.entry(lb.to_owned()) {
-            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
-            std::collections::hash_map::Entry::Vacant(new) => new.insert(Entry {
-                due: now,
-                urgent: true,
-                rollout_waiting,
-                interval: self.config.urgent_initial,
-                state_since: now,
-                in_flight: false,
-            }),
-        };
+        let c = &self.config;
+        let (first_look, urgent_initial, locked_max) =
+            (c.look_after_change, c.urgent_initial, c.locked_max);
+        let known = self.entries.contains_key(lb);
+        let listed = self.listing(lb).map(str::to_owned);
+        let entry = self.entries.entry(lb.to_owned()).or_insert(Entry {
+            due: now,
+            urgent: true,
+            rollout_waiting,
+            interval: urgent_initial,
+            state_since: now,
+            in_flight: false,
+            list: None,
+            parked: false,
+            deadline: None,
+        });
         entry.urgent = true;
         entry.rollout_waiting = rollout_waiting;
-        entry.interval = self.config.urgent_initial;
+        entry.interval = urgent_initial;
         entry.state_since = now;
-        entry.due = entry.due.min(now + first_look);
+        match listed.filter(|_| known) {
+            Some(list) => {
+                entry.parked = true;
+                entry.due = entry.due.min(now + locked_max);
+                if let Some(sweep) = self.sweeps.get_mut(&list) {
+                    sweep.due = sweep.due.min(now + first_look);
+                }
+            }
+            None => entry.due = entry.due.min(now + first_look),
+        }
+    }
+
+    /// `lb` is seen through `list` (its identity's LB list), or through none.
+    pub fn cover(&mut self, lb: &str, list: Option<&str>, now: Instant) {
+        if !self.config.list_sweep {
+            return;
+        }
+        let Some(entry) = self.entries.get_mut(lb) else {
+            return;
+        };
+        if entry.list.as_deref() == list {
+            return;
+        }
+        if let Some(old) = entry.list.take()
+            && let Some(sweep) = self.sweeps.get_mut(&old)
+        {
+            sweep.rows.remove(lb);
+        }
+        entry.parked = false;
+        entry.list = list.map(str::to_owned);
+        if let Some(list) = list {
+            self.sweeps.entry(list.to_owned()).or_insert(Sweep {
+                due: now,
+                in_flight: false,
+                state: ListState::Untried,
+                failures: 0,
+                covered: 0,
+                pages: 1,
+                rows: HashMap::new(),
+            });
+        }
+        self.recount();
+    }
+
+    /// Counts the LBs each list covers; a list covering fewer than [`LIST_MIN_COVERED`] is
+    /// not worth its request (a tree of that LB says more), so its LBs go without.
+    fn recount(&mut self) {
+        for sweep in self.sweeps.values_mut() {
+            sweep.covered = 0;
+        }
+        for entry in self.entries.values() {
+            if let Some(sweep) = entry.list.as_ref().and_then(|l| self.sweeps.get_mut(l)) {
+                sweep.covered += 1;
+            }
+        }
+        self.sweeps.retain(|_, sweep| sweep.covered > 0);
     }
 
     pub fn remove(&mut self, lb: &str) {
-        self.entries.remove(lb);
+        if let Some(list) = self.entries.remove(lb).and_then(|e| e.list)
+            && let Some(sweep) = self.sweeps.get_mut(&list)
+        {
+            sweep.rows.remove(lb);
+            sweep.covered = sweep.covered.saturating_sub(1);
+            if sweep.covered == 0 {
+                self.sweeps.remove(&list);
+            }
+        }
+    }
+
+    /// The working list that covers `lb`, if any.
+    fn listing(&self, lb: &str) -> Option<&str> {
+        let list = self.entries.get(lb)?.list.as_deref()?;
+        let working = self
+            .sweeps
+            .get(list)
+            .is_some_and(|s| s.state == ListState::Working && s.covered >= LIST_MIN_COVERED);
+        working.then_some(list)
+    }
+
+    /// How often a list is read while nothing it covers is locked: `sweep_settled`, stretched
+    /// so that all lists in use stay within the drift share of the budget.
+    fn sweep_interval(&self) -> Duration {
+        let pages: usize = self
+            .sweeps
+            .values()
+            .filter(|s| s.covered >= LIST_MIN_COVERED)
+            .map(|s| s.pages)
+            .sum();
+        let rate = (self.config.budget_qps * self.config.drift_share).max(f64::MIN_POSITIVE);
+        Duration::from_secs_f64(pages as f64 / rate).max(self.config.sweep_settled)
+    }
+
+    /// How `list` stands.
+    pub fn list_state(&self, list: &str) -> Option<ListState> {
+        self.sweeps.get(list).map(|s| s.state)
+    }
+
+    /// The LBs `list` covers.
+    pub fn covered_by(&self, list: &str) -> std::collections::HashSet<String> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.list.as_deref() == Some(list))
+            .map(|(lb, _)| lb.clone())
+            .collect()
+    }
+
+    /// Lists read (covering enough LBs to be worth it), by state.
+    pub fn list_counts(&self) -> ListCounts {
+        let mut counts = ListCounts::default();
+        for sweep in self.sweeps.values().filter(|s| s.covered >= LIST_MIN_COVERED) {
+            match sweep.state {
+                ListState::Working => counts.working += 1,
+                ListState::Untried => counts.untried += 1,
+                ListState::Unavailable { .. } => counts.unavailable += 1,
+            }
+        }
+        counts
+    }
+
+    /// A list answered with `rows` (every LB its identity sees), read from `started`: an LB
+    /// whose row changed since the last list, or that it shows unlocked while parked, is due
+    /// now; one it shows locked is parked; one missing (created before the list was read) is
+    /// due now, so its tree can tell whether it is gone. The pages after the first are
+    /// charged to the budget now (the pick paid for one).
+    pub fn listed(&mut self, list: &str, rows: &[LoadBalancerRow], started: Instant, now: Instant) {
+        let Some(sweep) = self.sweeps.get_mut(list) else {
+            return;
+        };
+        sweep.pages = rows.len().div_ceil(LIST_PAGE).max(1);
+        self.tokens -= (sweep.pages - 1) as f64;
+        sweep.in_flight = false;
+        sweep.failures = 0;
+        sweep.state = ListState::Working;
+        let locked_max = self.config.locked_max;
+        let by_id: HashMap<&str, &LoadBalancerRow> =
+            rows.iter().map(|row| (row.id.as_str(), row)).collect();
+        let mut any_parked = false;
+        for (lb, entry) in self
+            .entries
+            .iter_mut()
+            .filter(|(_, e)| e.list.as_deref() == Some(list))
+        {
+            let Some(row) = by_id.get(lb.as_str()) else {
+                if entry.state_since < started {
+                    entry.parked = false;
+                    entry.due = entry.due.min(now);
+                }
+                sweep.rows.remove(lb);
+                continue;
+            };
+            let mark = LbRowMark {
+                provisioning: row.provisioning_status,
+                operating: row.operating_status,
+                updated_at: row.updated_at.clone(),
+            };
+            let changed = sweep.rows.get(lb).is_some_and(|before| *before != mark);
+            if row.provisioning_status.is_pending() {
+                // A tree would only show the lock; a deadline (a member turning stuck) still
+                // brings its own poll.
+                if !entry.parked && !entry.in_flight {
+                    entry.parked = true;
+                    let parked_until = now + locked_max;
+                    entry.due = entry
+                        .deadline
+                        .map_or(parked_until, |d| d.min(parked_until))
+                        .max(entry.due);
+                }
+            } else if entry.parked || changed {
+                entry.parked = false;
+                entry.urgent = true;
+                entry.due = entry.due.min(now);
+            }
+            any_parked |= entry.parked;
+            sweep.rows.insert(lb.clone(), mark);
+        }
+        let pace = if any_parked {
+            self.config.sweep_locked
+        } else {
+            self.sweep_interval()
+        };
+        if let Some(sweep) = self.sweeps.get_mut(list) {
+            sweep.due = now + pace;
+        }
+    }
+
+    /// A list was refused (403, 404: the policy does not allow it): the LBs it covers go
+    /// back to their own polls until `list_retry` later.
+    pub fn list_refused(&mut self, list: &str, now: Instant) {
+        let until = now + self.config.list_retry;
+        self.list_unavailable(list, until, now);
+    }
+
+    /// A list failed (5xx, timeout): tried again at the locked pace; after
+    /// [`LIST_FAILURES`] in a row, as if refused.
+    pub fn list_failed(&mut self, list: &str, now: Instant) {
+        let (retry, pace) = (self.config.list_retry, self.config.sweep_locked);
+        let Some(sweep) = self.sweeps.get_mut(list) else {
+            return;
+        };
+        sweep.in_flight = false;
+        sweep.failures += 1;
+        if sweep.failures >= LIST_FAILURES {
+            sweep.failures = 0;
+            self.list_unavailable(list, now + retry, now);
+        } else {
+            sweep.due = now + pace;
+        }
+    }
+
+    /// Holds a list until `until` (its endpoint asked us to slow down).
+    pub fn defer_list(&mut self, list: &str, until: Instant) {
+        if let Some(sweep) = self.sweeps.get_mut(list) {
+            sweep.in_flight = false;
+            sweep.due = sweep.due.max(until);
+        }
+    }
+
+    fn list_unavailable(&mut self, list: &str, until: Instant, now: Instant) {
+        let settled = self.entries.values().filter(|e| !e.urgent).count();
+        let drift = self.drift_interval(settled);
+        let Some(sweep) = self.sweeps.get_mut(list) else {
+            return;
+        };
+        sweep.in_flight = false;
+        sweep.state = ListState::Unavailable { until };
+        sweep.due = until;
+        sweep.rows.clear();
+        for entry in self
+            .entries
+            .values_mut()
+            .filter(|e| e.list.as_deref() == Some(list))
+        {
+            let back = if entry.urgent { now } else { now + drift };
+            entry.parked = false;
+            entry.due = entry.due.min(back);
+        }
     }
 
     /// A member on this endpoint finished provisioning within `finish`.
@@ -270,9 +613,14 @@ impl Scheduler {
             deadline,
             ..
         } = *outcome;
+        let listed = self.listing(lb).is_some();
         let settled_count =
             self.entries.values().filter(|e| !e.urgent).count() + usize::from(!urgent);
-        let drift = self.drift_interval(settled_count);
+        let drift = if listed {
+            self.safety_interval(settled_count)
+        } else {
+            self.drift_interval(settled_count)
+        };
         let learned = if urgent {
             self.learned_wait(&outcome.creating_for)
         } else {
@@ -283,6 +631,7 @@ impl Scheduler {
             return;
         };
         entry.in_flight = false;
+        entry.parked = false;
         let was_urgent = entry.urgent;
         entry.urgent = urgent;
         if urgent && (changed || !was_urgent) {
@@ -293,6 +642,9 @@ impl Scheduler {
         let wait = if !urgent {
             entry.interval = drift;
             drift
+        } else if listed && outcome.lb_locked {
+            entry.parked = true;
+            config.locked_max
         } else if let NextFinish::In(learned) = learned {
             learned
         } else if changed || !was_urgent || fresh {
@@ -308,8 +660,14 @@ impl Scheduler {
             wait
         };
         entry.due = now + wait;
+        entry.deadline = deadline;
         if let Some(deadline) = deadline {
             entry.due = entry.due.min(deadline.max(now));
+        }
+        if entry.parked
+            && let Some(sweep) = entry.list.as_ref().and_then(|l| self.sweeps.get_mut(l))
+        {
+            sweep.due = sweep.due.min(now + config.sweep_locked);
         }
     }
 
@@ -338,6 +696,13 @@ impl Scheduler {
             .min(self.config.drift_max.max(self.config.drift_min))
     }
 
+    /// How often a settled LB a working list covers gets a whole status tree anyway, with
+    /// `settled` settled LBs: within `safety_share` of the budget, at least `safety_min`.
+    pub fn safety_interval(&self, settled: usize) -> Duration {
+        let rate = (self.config.budget_qps * self.config.safety_share).max(f64::MIN_POSITIVE);
+        Duration::from_secs_f64(settled as f64 / rate).max(self.config.safety_min)
+    }
+
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.refilled = now;
@@ -353,6 +718,23 @@ impl Scheduler {
         self.refill(now);
         if self.tokens < 1.0 {
             return None;
+        }
+        let list = self
+            .sweeps
+            .iter()
+            .filter(|(_, s)| !s.in_flight && s.due <= now && s.covered >= LIST_MIN_COVERED)
+            .min_by(|(a, x), (b, y)| (x.due, a).cmp(&(y.due, b)))
+            .map(|(list, _)| list.clone());
+        if let Some(list) = list
+            && let Some(sweep) = self.sweeps.get_mut(&list)
+        {
+            self.tokens -= 1.0;
+            sweep.in_flight = true;
+            return Some(Pick {
+                lag: now.saturating_duration_since(sweep.due),
+                urgent: true,
+                target: Target::List(list),
+            });
         }
         // Most overdue first within a class (ties by name), found in one pass. Rollouts go
         // before other urgent work, but every `ROLLOUT_STREAK + 1`th urgent pick goes to the
@@ -399,7 +781,7 @@ impl Scheduler {
         Some(Pick {
             lag: now.saturating_duration_since(entry.due),
             urgent: entry.urgent,
-            lb,
+            target: Target::Lb(lb),
         })
     }
 
@@ -411,6 +793,13 @@ impl Scheduler {
         for e in self.entries.values().filter(|e| !e.in_flight) {
             let slot = if e.urgent { &mut urgent } else { &mut settled };
             *slot = Some(slot.map_or(e.due, |due| due.min(e.due)));
+        }
+        for sweep in self
+            .sweeps
+            .values()
+            .filter(|s| !s.in_flight && s.covered >= LIST_MIN_COVERED)
+        {
+            urgent = Some(urgent.map_or(sweep.due, |due| due.min(sweep.due)));
         }
         // At least a millisecond ahead: a wait rounded down to nothing would make the caller
         // spin without time passing (timers have millisecond resolution).
@@ -452,7 +841,7 @@ mod tests {
             urgent,
             changed,
             deadline,
-            creating_for: Vec::new(),
+            ..PollOutcome::default()
         }
     }
 
@@ -469,7 +858,7 @@ mod tests {
         let mut intervals = Vec::new();
         for changed in [false, false, false, false, false, false, false, true] {
             let pick = s.next(now).expect("due");
-            assert_eq!(pick.lb, "lb");
+            assert_eq!(pick.lb(), Some("lb"));
             s.done("lb", &outcome(true, changed, None), now);
             let due = s.wake_at(now).unwrap();
             intervals.push(due - now);
@@ -519,7 +908,7 @@ mod tests {
         s.wake("urgent", false, t0);
         let later = t0 + secs(3600.0);
         let first = s.next(later).unwrap();
-        assert_eq!(first.lb, "urgent");
+        assert_eq!(first.lb(), Some("urgent"));
         assert!(first.urgent);
         // Over a long stretch, drift polls use at most half the budget.
         let mut drift = 0u32;
@@ -529,9 +918,9 @@ mod tests {
             if let Some(pick) = s.next(now) {
                 if !pick.urgent {
                     drift += 1;
-                    s.done(&pick.lb, &outcome(false, false, None), now);
+                    s.done(pick.lb().unwrap(), &outcome(false, false, None), now);
                 } else {
-                    s.done(&pick.lb, &outcome(true, false, None), now);
+                    s.done(pick.lb().unwrap(), &outcome(true, false, None), now);
                 }
             }
         }
@@ -562,7 +951,7 @@ mod tests {
         while now < t0 + secs(60.0) {
             while let Some(pick) = s.next(now) {
                 sent.push(now);
-                s.done(&pick.lb, &outcome(true, false, None), now);
+                s.done(pick.lb().unwrap(), &outcome(true, false, None), now);
             }
             now = s.wake_at(now).unwrap().max(now + secs(0.001));
         }
@@ -591,7 +980,7 @@ mod tests {
         let order: Vec<String> = (0..3)
             .filter_map(|k| {
                 s.next(t0 + secs(1000.0 + f64::from(k) * 10.0))
-                    .map(|p| p.lb)
+                    .and_then(|p| p.lb().map(str::to_owned))
             })
             .collect();
         assert_eq!(order, ["lb-1", "lb-2", "lb-0"]);
@@ -618,7 +1007,7 @@ mod tests {
         s.wake("first-look-2", false, t0 + secs(0.6));
         let now = t0 + secs(10.0);
         let order: Vec<String> = (0..3)
-            .filter_map(|k| s.next(now + secs(f64::from(k))).map(|p| p.lb))
+            .filter_map(|k| s.next(now + secs(f64::from(k))).and_then(|p| p.lb().map(str::to_owned)))
             .collect();
         assert_eq!(order, ["rollout", "first-look", "first-look-2"]);
     }
@@ -631,7 +1020,7 @@ mod tests {
             s.wake(&format!("rollout-{i}"), true, t0);
         }
         s.wake("other", false, t0);
-        let picks: Vec<String> = (0..4).filter_map(|_| s.next(t0).map(|p| p.lb)).collect();
+        let picks: Vec<String> = (0..4).filter_map(|_| s.next(t0).and_then(|p| p.lb().map(str::to_owned))).collect();
         assert_eq!(picks.len(), 4);
         assert_eq!(picks[3], "other", "{picks:?}");
     }
@@ -740,5 +1129,269 @@ mod tests {
         s.next(t0 + secs(5.0));
         s.defer("lb", t0 + secs(30.0));
         assert_eq!(s.wake_at(t0 + secs(5.0)), Some(t0 + secs(30.0)));
+    }
+
+    // ------------------------------------------------------------------ the LB list
+
+    fn row(lb: &str, status: ProvisioningStatus, updated_at: &str) -> LoadBalancerRow {
+        LoadBalancerRow {
+            id: lb.to_owned(),
+            provisioning_status: status,
+            operating_status: OperatingStatus::Online,
+            updated_at: Some(updated_at.to_owned()),
+        }
+    }
+
+    fn active_rows(lbs: &[&str], updated_at: &str) -> Vec<LoadBalancerRow> {
+        lbs.iter()
+            .map(|lb| row(lb, ProvisioningStatus::Active, updated_at))
+            .collect()
+    }
+
+    /// A scheduler with `lbs` settled (each polled once) under one working list.
+    fn listed_and_settled(lbs: &[&str], t0: Instant) -> Scheduler {
+        let mut s = Scheduler::new(config(10.0), t0);
+        for lb in lbs {
+            s.wake(lb, false, t0);
+            s.cover(lb, Some("me"), t0);
+        }
+        let list = s.next(t0).expect("the list goes first");
+        assert_eq!(list.target, Target::List("me".into()));
+        s.listed("me", &active_rows(lbs, "t0"), t0, t0);
+        assert_eq!(s.list_state("me"), Some(ListState::Working));
+        while let Some(pick) = s.next(t0) {
+            s.done(pick.lb().expect("a tree"), &outcome(false, false, None), t0);
+        }
+        s
+    }
+
+    /// Every pick from `from` to `to`, answered: lists with `rows`, trees with `outcome`.
+    fn run_until(
+        s: &mut Scheduler,
+        from: Instant,
+        to: Instant,
+        rows: &dyn Fn(Instant) -> Vec<LoadBalancerRow>,
+        tree: &dyn Fn(&str) -> PollOutcome,
+    ) -> Vec<(Instant, Target)> {
+        let mut picks = Vec::new();
+        let mut now = from;
+        while now < to {
+            while let Some(pick) = s.next(now) {
+                match &pick.target {
+                    Target::List(list) => s.listed(list, &rows(now), now, now),
+                    Target::Lb(lb) => s.done(lb, &tree(lb), now),
+                }
+                picks.push((now, pick.target));
+            }
+            now = s.wake_at(now).unwrap_or(to).max(now + secs(0.001));
+        }
+        picks
+    }
+
+    #[test]
+    fn settled_lbs_under_a_list_cost_one_list_per_sweep_and_a_rare_safety_tree() {
+        let t0 = Instant::now();
+        let lbs: Vec<String> = (0..100).map(|i| format!("lb-{i}")).collect();
+        let names: Vec<&str> = lbs.iter().map(String::as_str).collect();
+        let mut s = listed_and_settled(&names, t0);
+        let hour = t0 + secs(3600.0);
+        let rows = |_| active_rows(&names, "t0");
+        let settled = |_: &str| outcome(false, false, None);
+        run_until(&mut s, t0, hour, &rows, &settled);
+        let picks = run_until(&mut s, hour, hour + secs(3600.0), &rows, &settled);
+        let lists = picks.iter().filter(|(_, t)| matches!(t, Target::List(_))).count();
+        let trees = picks.len() - lists;
+        // A list every 30 s; the safety trees at 0.5% of 10/s: 100 LBs every 2,000 s.
+        assert!((119..=121).contains(&lists), "{lists} lists in an hour");
+        assert!((170..=190).contains(&trees), "{trees} safety trees in an hour");
+        // Without the list: a drift tree per LB every 60 s.
+        let mut plain = Scheduler::new(
+            ScheduleConfig {
+                list_sweep: false,
+                ..config(10.0)
+            },
+            t0,
+        );
+        for lb in &names {
+            plain.wake(lb, false, t0);
+            plain.cover(lb, Some("me"), t0);
+        }
+        let plain_picks = run_until(
+            &mut plain,
+            t0,
+            hour,
+            &|_| Vec::new(),
+            &|_| outcome(false, false, None),
+        );
+        assert!(plain_picks.len() >= 100 * 59, "{}", plain_picks.len());
+        assert!(plain_picks.iter().all(|(_, t)| matches!(t, Target::Lb(_))));
+    }
+
+    #[test]
+    fn a_changed_row_brings_that_lb_alone_to_a_tree_at_the_next_list() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b", "c"], t0);
+        let changed_at = t0 + secs(40.0);
+        let picks = run_until(
+            &mut s,
+            t0,
+            t0 + secs(100.0),
+            &|now| {
+                let mut rows = active_rows(&["a", "b", "c"], "t0");
+                if now >= changed_at {
+                    rows[1].updated_at = Some("t1".into());
+                }
+                rows
+            },
+            &|_| outcome(false, false, None),
+        );
+        let trees: Vec<(Instant, &Target)> = picks
+            .iter()
+            .filter(|(_, t)| matches!(t, Target::Lb(_)))
+            .map(|(at, t)| (*at, t))
+            .collect();
+        assert_eq!(trees.len(), 1, "{trees:?}");
+        assert_eq!(trees[0].1, &Target::Lb("b".into()));
+        assert!(trees[0].0 - changed_at <= secs(30.0), "drift seen within a sweep");
+    }
+
+    #[test]
+    fn a_locked_lb_waits_for_the_list_to_show_it_unlocked() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        // New desired state for `a`: parked; the list is read within `look_after_change`.
+        let woken = t0 + secs(5.0);
+        s.wake("a", true, woken);
+        let unlocked_at = woken + secs(60.0);
+        let picks = run_until(
+            &mut s,
+            woken,
+            woken + secs(90.0),
+            &|now| {
+                let a = if now < unlocked_at {
+                    ProvisioningStatus::PendingUpdate
+                } else {
+                    ProvisioningStatus::Active
+                };
+                vec![row("a", a, "t5"), row("b", ProvisioningStatus::Active, "t0")]
+            },
+            &|_| outcome(false, true, None),
+        );
+        let trees: Vec<Instant> = picks
+            .iter()
+            .filter(|(_, t)| *t == Target::Lb("a".into()))
+            .map(|(at, _)| *at)
+            .collect();
+        // No tree while locked but the one `locked_max` allows; one within a locked sweep
+        // of the unlock.
+        let while_locked = trees.iter().filter(|at| **at < unlocked_at).count();
+        assert!(while_locked <= 2, "{trees:?}");
+        let after = trees.iter().find(|at| **at >= unlocked_at).copied();
+        assert!(
+            after.is_some_and(|at| at - unlocked_at <= secs(1.5)),
+            "{trees:?}"
+        );
+        let lists = picks
+            .iter()
+            .filter(|(at, t)| matches!(t, Target::List(_)) && *at < unlocked_at)
+            .count();
+        assert!((38..=42).contains(&lists), "{lists} lists while locked");
+    }
+
+    #[test]
+    fn a_parked_lb_still_meets_its_deadline() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        s.wake("a", false, t0);
+        let deadline = t0 + secs(4.0);
+        // Its tree sees the LB locked with a member turning stuck at `deadline`.
+        let locked = PollOutcome {
+            urgent: true,
+            deadline: Some(deadline),
+            lb_locked: true,
+            ..PollOutcome::default()
+        };
+        s.done("a", &locked, t0);
+        let rows = vec![
+            row("a", ProvisioningStatus::PendingUpdate, "t0"),
+            row("b", ProvisioningStatus::Active, "t0"),
+        ];
+        let picks = run_until(&mut s, t0, t0 + secs(10.0), &|_| rows.clone(), &|_| {
+            locked.clone()
+        });
+        let first_tree = picks
+            .iter()
+            .find(|(_, t)| *t == Target::Lb("a".into()))
+            .map(|(at, _)| *at);
+        assert_eq!(first_tree, Some(deadline));
+    }
+
+    #[test]
+    fn a_refused_list_sends_its_lbs_back_to_drift_checks_and_is_tried_again_later() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        let at = t0 + secs(30.0);
+        assert_eq!(s.next(at).map(|p| p.target), Some(Target::List("me".into())));
+        s.list_refused("me", at);
+        assert!(matches!(s.list_state("me"), Some(ListState::Unavailable { .. })));
+        assert_eq!(s.list_counts().unavailable, 1);
+        // Drift trees resume within the drift interval (60 s), not the safety interval.
+        let picks = run_until(&mut s, at, at + secs(70.0), &|_| Vec::new(), &|_| {
+            outcome(false, false, None)
+        });
+        assert_eq!(picks.len(), 2, "{picks:?}");
+        assert!(picks.iter().all(|(_, t)| matches!(t, Target::Lb(_))));
+        // Tried again after `list_retry`.
+        let retry = at + secs(3600.0);
+        assert_eq!(
+            s.next(retry).map(|p| p.target),
+            Some(Target::List("me".into()))
+        );
+    }
+
+    #[test]
+    fn three_failed_lists_in_a_row_fall_back() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        let mut now = t0 + secs(30.0);
+        for _ in 0..2 {
+            assert!(s.next(now).is_some_and(|p| p.lb().is_none()));
+            s.list_failed("me", now);
+            assert_eq!(s.list_state("me"), Some(ListState::Working));
+            now += secs(1.5);
+        }
+        assert!(s.next(now).is_some_and(|p| p.lb().is_none()));
+        s.list_failed("me", now);
+        assert!(matches!(s.list_state("me"), Some(ListState::Unavailable { .. })));
+    }
+
+    #[test]
+    fn a_list_covering_one_lb_is_not_read() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        s.wake("alone", false, t0);
+        s.cover("alone", Some("me"), t0);
+        assert_eq!(s.next(t0).map(|p| p.target), Some(Target::Lb("alone".into())));
+        assert_eq!(s.list_counts(), ListCounts::default());
+    }
+
+    #[test]
+    fn every_page_of_a_list_is_paid_for() {
+        let t0 = Instant::now();
+        let names: Vec<String> = (0..2500).map(|i| format!("lb-{i}")).collect();
+        let mut s = Scheduler::new(config(10.0), t0);
+        for lb in &names {
+            s.wake(lb, false, t0);
+            s.cover(lb, Some("me"), t0);
+        }
+        let rows: Vec<LoadBalancerRow> = names
+            .iter()
+            .map(|lb| row(lb, ProvisioningStatus::Active, "t0"))
+            .collect();
+        assert!(s.next(t0).is_some_and(|p| p.lb().is_none()));
+        s.listed("me", &rows, t0, t0);
+        // Burst 10, one paid at the pick, two more pages now: seven trees left at once.
+        let trees = std::iter::from_fn(|| s.next(t0)).count();
+        assert_eq!(trees, 7);
     }
 }

@@ -351,6 +351,8 @@ impl OpenStackSim {
             scope: capo_provider::cloud::SessionScope {
                 auth_url: self.auth_url(),
                 region: self.shared.world().settings.region.clone(),
+                // One project: every session sees every object.
+                identity: "simulator".to_owned(),
             },
             token: Mutex::new(None),
         })
