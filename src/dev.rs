@@ -272,6 +272,18 @@ pub enum BenchCommand {
         /// Status-tree: shortest drift interval for settled LBs, in seconds (at least 1).
         #[arg(long, default_value_t = 300.0, value_parser = drift_interval)]
         drift_min: f64,
+        /// Octavia's own order: an LB stays locked until its new member settles (the default
+        /// scenario is the race, where members outlast their LB's unlock).
+        #[arg(long)]
+        octavia_ordered: bool,
+        /// Status-tree: the detection lag to aim at, in seconds: polls of pending work, and
+        /// lists while an LB is locked, this far apart (overrides --urgent-interval).
+        #[arg(long, value_parser = poll_interval)]
+        detection_target: Option<f64>,
+        /// Run status-tree once per detection target (seconds, comma-separated) and member-get
+        /// once, and print requests per transition against lag p99.
+        #[arg(long, value_delimiter = ',', value_parser = poll_interval)]
+        pareto: Vec<f64>,
         /// Strategies to run, comma-separated.
         #[arg(
             long,
@@ -433,9 +445,13 @@ pub fn bench(
             urgent_interval,
             urgent_fresh,
             drift_min,
+            octavia_ordered,
+            detection_target,
+            pareto,
             strategies,
         } => {
             let config = BenchConfig {
+                octavia_ordered,
                 clusters,
                 members,
                 window: Duration::from_secs(window),
@@ -446,14 +462,26 @@ pub fn bench(
                 stuck_share,
                 error_share,
                 seed,
-                schedule: ScheduleConfig {
-                    urgent_initial: Duration::from_secs_f64(urgent_interval),
-                    urgent_fresh: Duration::from_secs_f64(urgent_fresh),
-                    drift_min: Duration::from_secs_f64(drift_min),
-                    ..ScheduleConfig::default()
-                },
+                schedule: capo_bench::membership::aim_at(
+                    ScheduleConfig {
+                        urgent_initial: Duration::from_secs_f64(urgent_interval),
+                        urgent_fresh: Duration::from_secs_f64(urgent_fresh),
+                        drift_min: Duration::from_secs_f64(drift_min),
+                        ..ScheduleConfig::default()
+                    },
+                    detection_target,
+                ),
                 ..BenchConfig::default()
             };
+            if !pareto.is_empty() {
+                let points = capo_bench::membership::pareto(&config, &pareto)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&points)?);
+                } else {
+                    capo_bench::membership::print_pareto(&config, &points);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let reports = capo_bench::membership::run(&config, &strategies)?;
             if json {
                 println!(

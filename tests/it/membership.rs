@@ -716,3 +716,175 @@ async fn ensure_from_a_thread_outside_the_runtime_starts_polling() {
     assert_eq!(generation, 1);
     wait_for(&mut s, Reason::Ready).await;
 }
+
+// ------------------------------------------------------------------ the LB list
+
+/// Three API load balancers (the setup's and two more), one ACTIVE member each, all under the
+/// engine and Ready; their (lb, pool, member id) in order.
+async fn three_ready_lbs(s: &mut Setup) -> Vec<(String, String, String)> {
+    let mut lbs = vec![(s.lb.clone(), s.pool.clone())];
+    for k in 1..3 {
+        let built = capo_sim::support::api_load_balancer(&s.client, &format!("c{k}-kubeapi"))
+            .await
+            .unwrap();
+        lbs.push(built);
+    }
+    let mut ready = Vec::new();
+    for (k, (lb, pool)) in lbs.into_iter().enumerate() {
+        settle(&s.client, &lb).await;
+        let (name, address) = (format!("cp-{k}"), format!("10.0.0.{}", k + 1));
+        let member = s
+            .client
+            .octavia()
+            .create_member(&pool, &MemberSpec::new(&name, &address, 6443))
+            .await
+            .unwrap();
+        let mut wanted = common::desired_lb(&lb, &pool, &[(&name, &address, None)]);
+        wanted.rollout_waiting = false;
+        s.engine.ensure(wanted, &s.client);
+        wait_for_lb(s, &lb, Reason::Ready).await;
+        ready.push((lb, pool, member.id));
+    }
+    ready
+}
+
+/// The next change of `lb` with this reason (within an hour of virtual time).
+async fn wait_for_lb(setup: &mut Setup, lb: &str, reason: Reason) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let change = tokio::time::timeout_at(deadline, common::next_change(&mut setup.changes))
+            .await
+            .unwrap_or_else(|_| panic!("{lb} never turned {reason:?}"))
+            .unwrap();
+        if change.lb_id == lb && change.reason == reason {
+            return Instant::now();
+        }
+    }
+}
+
+fn requests(s: &Setup) -> (u64, u64) {
+    (
+        s.sim.request_count("load-balancer loadbalancer_status_get"),
+        s.sim.request_count("load-balancer loadbalancer_list"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn settled_lbs_cost_one_list_per_sweep_and_drift_is_seen_within_one() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let lbs = three_ready_lbs(&mut s).await;
+    let (trees, lists) = requests(&s);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let (trees_after, lists_after) = requests(&s);
+    // A list every 30 s; no LB needs a tree of its own (the safety net is 10 minutes away).
+    assert!(
+        (19..=21).contains(&(lists_after - lists)),
+        "{} lists in 10 minutes",
+        lists_after - lists
+    );
+    assert!(trees_after - trees <= 3, "{} trees", trees_after - trees);
+    assert_eq!(
+        metric(&s.registry, "capo_lb_lists", &[("state", "working")]),
+        1.0
+    );
+    // A member deleted behind the engine's back: its LB's row moves, one tree shows it.
+    let (lb, pool, member) = &lbs[1];
+    s.client
+        .octavia()
+        .delete_member(pool, member)
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    let seen = wait_for_lb(&mut s, lb, Reason::MembersMissing).await;
+    assert!(
+        seen - deleted <= Duration::from_secs(32),
+        "{:?}",
+        seen - deleted
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_list_falls_back_to_drift_checks_until_it_answers_again() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    s.sim.refuse_lb_list(true);
+    let lbs = three_ready_lbs(&mut s).await;
+    // Refused once, then each LB is checked on its own (every 60 s at this size).
+    let (trees, _) = requests(&s);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let (trees_after, _) = requests(&s);
+    assert!(
+        trees_after - trees >= 3 * 9,
+        "{} drift trees",
+        trees_after - trees
+    );
+    assert_eq!(
+        metric(&s.registry, "capo_lb_lists", &[("state", "unavailable")]),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &s.registry,
+            "capo_lb_polls_total",
+            &[("kind", "list"), ("result", "forbidden")]
+        ),
+        1.0,
+        "refused once, not retried every sweep"
+    );
+    let (lb, pool, member) = &lbs[2];
+    s.client
+        .octavia()
+        .delete_member(pool, member)
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    let seen = wait_for_lb(&mut s, lb, Reason::MembersMissing).await;
+    assert!(
+        seen - deleted <= Duration::from_secs(62),
+        "{:?}",
+        seen - deleted
+    );
+    // Allowed again: the list is tried again within the hour and used.
+    s.sim.refuse_lb_list(false);
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(
+        metric(&s.registry, "capo_lb_lists", &[("state", "working")]),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_locked_lb_is_not_polled_while_the_list_shows_it_locked() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let lbs = three_ready_lbs(&mut s).await;
+    // A member that takes 60 s, and an LB that stays locked until it settles (Octavia's
+    // ordered flow).
+    s.sim.update_scenario(|scenario| {
+        scenario.timings.member_create = Delay::Fixed(60.0);
+        scenario.timings.lb_waits_for_members = true;
+    });
+    let (lb, pool, _) = &lbs[0];
+    let (old, new) = (("cp-0", "10.0.0.1"), ("cp-9", "10.0.0.9"));
+    s.client
+        .octavia()
+        .create_member(pool, &MemberSpec::new(new.0, new.1, 6443))
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    let (trees, lists) = requests(&s);
+    s.engine.ensure(
+        common::desired_lb(lb, pool, &[(old.0, old.1, None), (new.0, new.1, None)]),
+        &s.client,
+    );
+    let ready = wait_for_lb(&mut s, lb, Reason::Ready).await;
+    let (trees_after, lists_after) = requests(&s);
+    assert!(truly_ready(&s, &[old.1, new.1]));
+    // Seen within a locked sweep (1.5 s) of the unlock, for a couple of trees rather than
+    // one every 1.5 s (the lock is looked at on its own every 30 s).
+    assert!(
+        ready - asked <= Duration::from_secs(62),
+        "{:?}",
+        ready - asked
+    );
+    assert!(trees_after - trees <= 4, "{} trees", trees_after - trees);
+    assert!(lists_after - lists <= 45, "{} lists", lists_after - lists);
+}

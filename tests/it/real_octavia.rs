@@ -319,6 +319,7 @@ struct Watched {
     pool: String,
     engine: Engine,
     changes: capo_provider::membership::Changes,
+    registry: Registry,
 }
 
 impl Watched {
@@ -334,12 +335,14 @@ impl Watched {
                 burst: 50.0,
                 urgent_initial: Duration::from_millis(250),
                 urgent_max: Duration::from_secs(1),
+                sweep_settled: Duration::from_secs(1),
+                sweep_locked: Duration::from_millis(250),
                 ..ScheduleConfig::default()
             },
             ..EngineConfig::default()
         };
-        let engine =
-            Engine::new(config, &Registry::new(), CancellationToken::new()).expect("engine");
+        let registry = Registry::new();
+        let engine = Engine::new(config, &registry, CancellationToken::new()).expect("engine");
         let changes = engine.subscribe();
         Watched {
             client,
@@ -348,6 +351,7 @@ impl Watched {
             pool,
             engine,
             changes,
+            registry,
         }
     }
 
@@ -819,6 +823,83 @@ async fn lb_list_shows_what_changed(backend: &dyn Backend) {
     );
 }
 
+/// The engine's polls of these kinds so far (`capo_lb_polls_total`, any result).
+fn polls(registry: &Registry, kinds: &[&str]) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "capo_lb_polls_total")
+        .flat_map(|family| family.get_metric())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "kind" && kinds.contains(&l.value()))
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+/// Waits (bounded) until the engine's verdict on `lb` has `reason`.
+async fn until_reason(engine: &Engine, lb: &str, reason: Reason, within: Duration) {
+    tokio::time::timeout(within, async {
+        while engine.snapshot(lb).map(|s| s.verdict.reason) != Some(reason) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{lb} did not turn {reason:?} within {within:?}"));
+}
+
+/// (f) The engine's list sweep on real rows: two settled LBs under one identity cost lists,
+/// not trees; a member deleted behind the engine's back moves its LB's row, and one sweep
+/// later a tree shows it missing.
+async fn list_sees_drift(backend: &dyn Backend) {
+    let mut w = Watched::start(backend, "sweep", Duration::from_secs(600)).await;
+    let (a, a_id) = w.add("m0", "10.0.6.5").await;
+    let other = format!("{}-b", w.name);
+    let (lb_b, pool_b) = api_load_balancer(&w.client, &other).await;
+    let b = format!("{other}-m0");
+    let b_id = create_member(&w.client, &lb_b, &pool_b, &b, "10.0.6.6").await;
+    settle(&w.client, &w.lb).await;
+    settle(&w.client, &lb_b).await;
+    let generation = w.ensure(&[(&a, "10.0.6.5", &a_id)]);
+    w.until(generation, Reason::Ready, Duration::from_secs(30))
+        .await;
+    let desired_b = common::desired_lb(&lb_b, &pool_b, &[(&b, "10.0.6.6", Some(&b_id))]);
+    w.engine.ensure(desired_b, &w.client);
+    until_reason(&w.engine, &lb_b, Reason::Ready, Duration::from_secs(30)).await;
+
+    let trees = polls(&w.registry, &["urgent", "drift"]);
+    let lists = polls(&w.registry, &["list"]);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        polls(&w.registry, &["list"]) - lists >= 3.0,
+        "a list every second"
+    );
+    assert_eq!(
+        polls(&w.registry, &["urgent", "drift"]),
+        trees,
+        "settled LBs need no trees while their rows stay"
+    );
+    w.client
+        .octavia()
+        .delete_member(&pool_b, &b_id)
+        .await
+        .expect("delete member");
+    until_reason(
+        &w.engine,
+        &lb_b,
+        Reason::MembersMissing,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        w.engine.snapshot(&w.lb).map(|s| s.verdict.reason),
+        Some(Reason::Ready),
+        "the other LB is untouched"
+    );
+}
+
 // ------------------------------------------------------------------------------ the tests
 
 macro_rules! both {
@@ -870,6 +951,7 @@ both!(
     real_lb_list_shows_what_changed,
     sim_lb_list_shows_what_changed
 );
+both!(list_sees_drift, real_list_sees_drift, sim_list_sees_drift);
 both!(
     removal_confirmed_after_404,
     real_removal_confirmed_after_404,

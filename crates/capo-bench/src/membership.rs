@@ -47,6 +47,9 @@ pub struct BenchConfig {
     pub burst: u32,
     pub stuck_after: Duration,
     pub seed: u64,
+    /// An LB stays locked until its new member settles (Octavia's own flow order), instead
+    /// of the race where members outlast their LB's unlock.
+    pub octavia_ordered: bool,
     /// The status-tree engine's scheduling (budget fields are set from `qps` and `burst`).
     pub schedule: ScheduleConfig,
 }
@@ -67,6 +70,7 @@ impl Default for BenchConfig {
             burst: 40,
             stuck_after: Duration::from_secs(600),
             seed: 42,
+            octavia_ordered: false,
             schedule: ScheduleConfig::default(),
         }
     }
@@ -80,6 +84,8 @@ pub struct StrategyReport {
     pub requests: u64,
     /// Of which drift checks of settled load balancers (a cost the other strategies skip).
     pub drift_polls: u64,
+    /// Of which LB list pages (status-tree: the sweep that shows changed and unlocked LBs).
+    pub list_pages: u64,
     /// Rollout-related requests (all but drift) per member transition.
     pub rollout_requests_per_transition: f64,
     /// Member transitions the rollouts completed (creates and deletes that settled).
@@ -226,6 +232,7 @@ fn scenario(config: &BenchConfig) -> Scenario {
         timings: Timings {
             member_create: Delay::Uniform(config.provision_min, config.provision_max),
             member_delete: Delay::Uniform(config.provision_min, config.provision_max),
+            lb_waits_for_members: config.octavia_ordered,
             ..Timings::default()
         },
         rules: vec![
@@ -518,6 +525,9 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         transitions: record.transitions,
         requests_per_transition: sent.len() as f64 / (record.transitions.max(1) as f64),
         drift_polls,
+        list_pages: counting
+            .list_pages
+            .load(std::sync::atomic::Ordering::Relaxed),
         rollout_requests_per_transition: (sent.len() as u64).saturating_sub(drift_polls) as f64
             / (record.transitions.max(1) as f64),
         peak_requests_per_second: per_second.values().copied().max().unwrap_or(0),
@@ -541,6 +551,100 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         cpu_seconds: 0.0,
         simulator_cpu_seconds: (sim.busy() - cpu_sim_start).as_secs_f64(),
     })
+}
+
+/// `schedule` aimed at a detection lag of `target` seconds: pending work polled, and lists read
+/// while an LB is locked, that far apart (and no sooner after a change).
+pub fn aim_at(schedule: ScheduleConfig, target: Option<f64>) -> ScheduleConfig {
+    let Some(target) = target else {
+        return schedule;
+    };
+    let pace = Duration::from_secs_f64(target);
+    ScheduleConfig {
+        urgent_initial: pace,
+        look_after_change: pace,
+        sweep_locked: pace,
+        urgent_max: schedule.urgent_max.max(pace),
+        ..schedule
+    }
+}
+
+/// One point of the cost/lag trade-off.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParetoPoint {
+    pub strategy: String,
+    /// `None` for member-get (it has no target).
+    pub detection_target: Option<f64>,
+    pub requests_per_transition: f64,
+    pub rollout_requests_per_transition: f64,
+    pub detection_lag_p99: f64,
+    pub false_ready: u64,
+    pub stuck_unflagged: u64,
+    pub error_unflagged: u64,
+}
+
+impl ParetoPoint {
+    fn of(report: &StrategyReport, target: Option<f64>) -> Self {
+        ParetoPoint {
+            strategy: report.strategy.clone(),
+            detection_target: target,
+            requests_per_transition: report.requests_per_transition,
+            rollout_requests_per_transition: report.rollout_requests_per_transition,
+            detection_lag_p99: report.detection_lag_p99,
+            false_ready: report.false_ready,
+            stuck_unflagged: report.stuck_unflagged,
+            error_unflagged: report.error_unflagged,
+        }
+    }
+}
+
+/// Status-tree once per detection target, and member-get once, on the same scenario.
+pub fn pareto(config: &BenchConfig, targets: &[f64]) -> anyhow::Result<Vec<ParetoPoint>> {
+    let mut points = Vec::new();
+    for target in targets {
+        let aimed = BenchConfig {
+            schedule: aim_at(config.schedule.clone(), Some(*target)),
+            ..config.clone()
+        };
+        let report = run_one(&aimed, Strategy::StatusTree)?;
+        points.push(ParetoPoint::of(&report, Some(*target)));
+    }
+    let member_get = run_one(config, Strategy::MemberGet)?;
+    points.push(ParetoPoint::of(&member_get, None));
+    Ok(points)
+}
+
+pub fn print_pareto(config: &BenchConfig, points: &[ParetoPoint]) {
+    println!(
+        "requests per member transition against detection lag: {} clusters x {} members, {}; budget {} req/s",
+        config.clusters,
+        config.members,
+        if config.octavia_ordered {
+            "Octavia-ordered (the LB stays locked until its member settles)"
+        } else {
+            "the race (members outlast their LB's unlock)"
+        },
+        config.qps
+    );
+    println!(
+        "{:<14}{:>10}{:>14}{:>16}{:>13}{:>13}",
+        "strategy", "target s", "req/trans.", "without drift", "lag p99 s", "false-ready"
+    );
+    for p in points {
+        let target = p
+            .detection_target
+            .map(|t| format!("{t}"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<14}{:>10}{:>14.2}{:>16.2}{:>13.2}{:>13}",
+            p.strategy,
+            target,
+            p.requests_per_transition,
+            p.rollout_requests_per_transition,
+            p.detection_lag_p99,
+            p.false_ready
+        );
+    }
 }
 
 /// The engine's `capo_lb_polls_total` by `kind`.
@@ -808,6 +912,10 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         (
             "  of which drift checks",
             Box::new(|r| r.drift_polls.to_string()),
+        ),
+        (
+            "  of which LB list pages",
+            Box::new(|r| r.list_pages.to_string()),
         ),
         (
             "requests per member transition",
@@ -1079,7 +1187,10 @@ async fn delete_behind_its_back(
     let mut plan: Vec<(Duration, usize)> = (0..drifts as usize)
         .map(|k| {
             let at = within.mul_f64(rng.f64() * 0.5);
-            (at, (k * lbs.len() / drifts.max(1) as usize) % lbs.len().max(1))
+            (
+                at,
+                (k * lbs.len() / drifts.max(1) as usize) % lbs.len().max(1),
+            )
         })
         .collect();
     plan.sort();
@@ -1095,7 +1206,11 @@ async fn delete_behind_its_back(
                 let Some(member) = truth.iter().find(|m| &m.pool_id == pool) else {
                     continue;
                 };
-                if client.octavia().delete_member(pool, &member.id).await.is_ok()
+                if client
+                    .octavia()
+                    .delete_member(pool, &member.id)
+                    .await
+                    .is_ok()
                     && let Ok(mut deleted) = deleted.lock()
                 {
                     deleted.insert(lb.clone(), Instant::now());
@@ -1112,7 +1227,10 @@ async fn delete_behind_its_back(
         if change.reason == Reason::Ready {
             continue;
         }
-        let at = deleted.lock().ok().and_then(|mut d| d.remove(&change.lb_id));
+        let at = deleted
+            .lock()
+            .ok()
+            .and_then(|mut d| d.remove(&change.lb_id));
         if let Some(at) = at {
             seen.push(Instant::now().saturating_duration_since(at).as_secs_f64());
         }

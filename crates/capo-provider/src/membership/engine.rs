@@ -247,7 +247,11 @@ impl Engine {
             (endpoint, started, generation)
         };
         self.inner.observer.desired_changed(&lb_id);
-        let list = self.inner.observer.uses_list().then(|| scope.identity.clone());
+        let list = self
+            .inner
+            .observer
+            .uses_list()
+            .then(|| scope.identity.clone());
         if let Some(list) = &list {
             lock(&endpoint.listers).insert(list.clone(), client.clone());
         }
@@ -437,8 +441,9 @@ async fn run_endpoint(inner: Arc<Inner>, key: String, endpoint: Arc<Endpoint>) {
             };
             let target = pick.target.clone();
             let task = match pick.target {
-                Target::Lb(lb) => poll(inner.clone(), endpoint.clone(), lb, pick.urgent, pick.lag)
-                    .boxed(),
+                Target::Lb(lb) => {
+                    poll(inner.clone(), endpoint.clone(), lb, pick.urgent, pick.lag).boxed()
+                }
                 Target::List(list) => {
                     sweep(inner.clone(), endpoint.clone(), key.clone(), list, pick.lag).boxed()
                 }
@@ -522,7 +527,13 @@ fn poll_ended(
 
 /// Reads one identity's LB list and hands the rows to the scheduler. A refusal (403, 404)
 /// sends its LBs back to their own polls, said once in the log.
-async fn sweep(inner: Arc<Inner>, endpoint: Arc<Endpoint>, key: String, list: String, lag: Duration) {
+async fn sweep(
+    inner: Arc<Inner>,
+    endpoint: Arc<Endpoint>,
+    key: String,
+    list: String,
+    lag: Duration,
+) {
     inner.metrics.poll_started(PollKind::List, lag);
     let Some(client) = lock(&endpoint.listers).get(&list).cloned() else {
         // Every identity a list is scheduled for was given a client first.

@@ -239,7 +239,9 @@ pub enum ListState {
     Untried,
     Working,
     /// Refused or failing: per-LB drift checks until then.
-    Unavailable { until: Instant },
+    Unavailable {
+        until: Instant,
+    },
 }
 
 /// One identity's LB list.
@@ -448,7 +450,11 @@ impl Scheduler {
     /// Lists read (covering enough LBs to be worth it), by state.
     pub fn list_counts(&self) -> ListCounts {
         let mut counts = ListCounts::default();
-        for sweep in self.sweeps.values().filter(|s| s.covered >= LIST_MIN_COVERED) {
+        for sweep in self
+            .sweeps
+            .values()
+            .filter(|s| s.covered >= LIST_MIN_COVERED)
+        {
             match sweep.state {
                 ListState::Working => counts.working += 1,
                 ListState::Untried => counts.untried += 1,
@@ -1007,7 +1013,10 @@ mod tests {
         s.wake("first-look-2", false, t0 + secs(0.6));
         let now = t0 + secs(10.0);
         let order: Vec<String> = (0..3)
-            .filter_map(|k| s.next(now + secs(f64::from(k))).and_then(|p| p.lb().map(str::to_owned)))
+            .filter_map(|k| {
+                s.next(now + secs(f64::from(k)))
+                    .and_then(|p| p.lb().map(str::to_owned))
+            })
             .collect();
         assert_eq!(order, ["rollout", "first-look", "first-look-2"]);
     }
@@ -1020,7 +1029,9 @@ mod tests {
             s.wake(&format!("rollout-{i}"), true, t0);
         }
         s.wake("other", false, t0);
-        let picks: Vec<String> = (0..4).filter_map(|_| s.next(t0).and_then(|p| p.lb().map(str::to_owned))).collect();
+        let picks: Vec<String> = (0..4)
+            .filter_map(|_| s.next(t0).and_then(|p| p.lb().map(str::to_owned)))
+            .collect();
         assert_eq!(picks.len(), 4);
         assert_eq!(picks[3], "other", "{picks:?}");
     }
@@ -1199,11 +1210,17 @@ mod tests {
         let settled = |_: &str| outcome(false, false, None);
         run_until(&mut s, t0, hour, &rows, &settled);
         let picks = run_until(&mut s, hour, hour + secs(3600.0), &rows, &settled);
-        let lists = picks.iter().filter(|(_, t)| matches!(t, Target::List(_))).count();
+        let lists = picks
+            .iter()
+            .filter(|(_, t)| matches!(t, Target::List(_)))
+            .count();
         let trees = picks.len() - lists;
         // A list every 30 s; the safety trees at 0.5% of 10/s: 100 LBs every 2,000 s.
         assert!((119..=121).contains(&lists), "{lists} lists in an hour");
-        assert!((170..=190).contains(&trees), "{trees} safety trees in an hour");
+        assert!(
+            (170..=190).contains(&trees),
+            "{trees} safety trees in an hour"
+        );
         // Without the list: a drift tree per LB every 60 s.
         let mut plain = Scheduler::new(
             ScheduleConfig {
@@ -1216,13 +1233,9 @@ mod tests {
             plain.wake(lb, false, t0);
             plain.cover(lb, Some("me"), t0);
         }
-        let plain_picks = run_until(
-            &mut plain,
-            t0,
-            hour,
-            &|_| Vec::new(),
-            &|_| outcome(false, false, None),
-        );
+        let plain_picks = run_until(&mut plain, t0, hour, &|_| Vec::new(), &|_| {
+            outcome(false, false, None)
+        });
         assert!(plain_picks.len() >= 100 * 59, "{}", plain_picks.len());
         assert!(plain_picks.iter().all(|(_, t)| matches!(t, Target::Lb(_))));
     }
@@ -1252,7 +1265,10 @@ mod tests {
             .collect();
         assert_eq!(trees.len(), 1, "{trees:?}");
         assert_eq!(trees[0].1, &Target::Lb("b".into()));
-        assert!(trees[0].0 - changed_at <= secs(30.0), "drift seen within a sweep");
+        assert!(
+            trees[0].0 - changed_at <= secs(30.0),
+            "drift seen within a sweep"
+        );
     }
 
     #[test]
@@ -1273,7 +1289,10 @@ mod tests {
                 } else {
                     ProvisioningStatus::Active
                 };
-                vec![row("a", a, "t5"), row("b", ProvisioningStatus::Active, "t0")]
+                vec![
+                    row("a", a, "t5"),
+                    row("b", ProvisioningStatus::Active, "t0"),
+                ]
             },
             &|_| outcome(false, true, None),
         );
@@ -1331,9 +1350,15 @@ mod tests {
         let t0 = Instant::now();
         let mut s = listed_and_settled(&["a", "b"], t0);
         let at = t0 + secs(30.0);
-        assert_eq!(s.next(at).map(|p| p.target), Some(Target::List("me".into())));
+        assert_eq!(
+            s.next(at).map(|p| p.target),
+            Some(Target::List("me".into()))
+        );
         s.list_refused("me", at);
-        assert!(matches!(s.list_state("me"), Some(ListState::Unavailable { .. })));
+        assert!(matches!(
+            s.list_state("me"),
+            Some(ListState::Unavailable { .. })
+        ));
         assert_eq!(s.list_counts().unavailable, 1);
         // Drift trees resume within the drift interval (60 s), not the safety interval.
         let picks = run_until(&mut s, at, at + secs(70.0), &|_| Vec::new(), &|_| {
@@ -1362,7 +1387,10 @@ mod tests {
         }
         assert!(s.next(now).is_some_and(|p| p.lb().is_none()));
         s.list_failed("me", now);
-        assert!(matches!(s.list_state("me"), Some(ListState::Unavailable { .. })));
+        assert!(matches!(
+            s.list_state("me"),
+            Some(ListState::Unavailable { .. })
+        ));
     }
 
     #[test]
@@ -1371,7 +1399,10 @@ mod tests {
         let mut s = Scheduler::new(config(10.0), t0);
         s.wake("alone", false, t0);
         s.cover("alone", Some("me"), t0);
-        assert_eq!(s.next(t0).map(|p| p.target), Some(Target::Lb("alone".into())));
+        assert_eq!(
+            s.next(t0).map(|p| p.target),
+            Some(Target::Lb("alone".into()))
+        );
         assert_eq!(s.list_counts(), ListCounts::default());
     }
 

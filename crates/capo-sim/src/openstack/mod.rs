@@ -214,6 +214,11 @@ impl OpenStackSim {
         octavia::set_operating(&mut self.shared.world(), id_or_name, status)
     }
 
+    /// Octavia's policy refuses (`true`) or allows listing load balancers from now on.
+    pub fn refuse_lb_list(&self, refused: bool) {
+        self.shared.world().settings.lb_list_refused = refused;
+    }
+
     /// Load balancers and members that exist now.
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();

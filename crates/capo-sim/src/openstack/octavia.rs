@@ -351,6 +351,9 @@ pub fn handle(
     let m = method.as_str();
     let links = |key: &str| format!("{base}/load-balancer/v2/lbaas/{key}");
     match (m, path) {
+        ("GET", ["loadbalancers"]) if world.settings.lb_list_refused => {
+            Reply::fault(403, "Policy does not allow this request to be performed.")
+        }
         ("GET", ["loadbalancers"]) => list(
             world,
             query,

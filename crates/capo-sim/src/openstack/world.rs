@@ -222,6 +222,9 @@ pub struct CloudSettings {
     /// Nova's availability zones, as `os-availability-zone` lists them and a server create
     /// accepts them.
     pub availability_zones: Vec<String>,
+    /// Octavia's policy refuses listing load balancers (`loadbalancer:get_all`): 403, as a
+    /// cloud that filters the list by policy answers.
+    pub lb_list_refused: bool,
 }
 
 impl Default for CloudSettings {
@@ -239,6 +242,7 @@ impl Default for CloudSettings {
             heartbeats: true,
             tenant_network: false,
             availability_zones: vec!["nova".into()],
+            lb_list_refused: false,
         }
     }
 }
