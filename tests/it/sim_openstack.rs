@@ -2542,3 +2542,54 @@ async fn a_cascade_delete_releases_the_vip_port() {
         assert_eq!(sim.object_counts(), before);
     }
 }
+
+/// The LB list's fast path (only row fields asked for, no filters) answers what the full
+/// rendering, trimmed to those fields, answers.
+#[tokio::test(start_paused = true)]
+async fn lb_rows_are_the_full_list_trimmed() {
+    let (sim, client) = in_process(quick()).await;
+    for name in ["rows-a", "rows-b", "rows-c"] {
+        lb_with_pool(&client, name).await;
+    }
+    let service = capo_provider::cloud::Service::LoadBalancer;
+    let fields = [
+        "id",
+        "name",
+        "provisioning_status",
+        "operating_status",
+        "updated_at",
+    ];
+    let query: Vec<String> = fields.iter().map(|f| format!("fields={f}")).collect();
+    let (status, rows) = sim_call(
+        &sim,
+        service,
+        http::Method::GET,
+        &format!("lbaas/loadbalancers?{}", query.join("&")),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, full) = sim_call(
+        &sim,
+        service,
+        http::Method::GET,
+        "lbaas/loadbalancers",
+        None,
+    )
+    .await;
+    let trimmed: Vec<Value> = full["loadbalancers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|lb| {
+            Value::Object(
+                fields
+                    .iter()
+                    .map(|f| ((*f).to_owned(), lb[*f].clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(rows["loadbalancers"], Value::Array(trimmed));
+    assert_eq!(rows["loadbalancers"].as_array().map(Vec::len), Some(3));
+}
