@@ -312,7 +312,7 @@ impl Engine {
         let still_used = state.lbs.values().any(|e| e.endpoint == entry.endpoint);
         if still_used {
             if let Some(endpoint) = state.endpoints.get(&entry.endpoint) {
-                lock(&endpoint.scheduler).remove(lb_id);
+                lock(&endpoint.scheduler).remove(lb_id, Instant::now());
             }
         } else if let Some(endpoint) = state.endpoints.remove(&entry.endpoint) {
             endpoint.cancel.cancel();
@@ -540,7 +540,6 @@ async fn sweep(
         lock(&endpoint.scheduler).list_failed(&list, Instant::now());
         return;
     };
-    let started = Instant::now();
     let wanted = lock(&endpoint.scheduler).covered_by(&list);
     let result = client
         .octavia()
@@ -557,7 +556,7 @@ async fn sweep(
     let mut scheduler = lock(&endpoint.scheduler);
     match result {
         Ok(rows) => {
-            scheduler.listed(&list, &rows, started, now);
+            scheduler.listed(&list, &rows, now);
             drop(scheduler);
             if lock(&endpoint.refusals_logged).remove(&list) {
                 tracing::info!(endpoint = %key, "the load balancer list answers again; using it");

@@ -205,6 +205,8 @@ struct Entry {
     parked: bool,
     /// When the verdict changes by itself (a member turning stuck), from the last poll.
     deadline: Option<Instant>,
+    /// The list showed a change while a tree was in flight: the tree may predate it.
+    look_again: bool,
 }
 
 /// What to send: one LB's status tree, or one identity's LB list.
@@ -335,6 +337,7 @@ impl Scheduler {
             list: None,
             parked: false,
             deadline: None,
+            look_again: false,
         });
         entry.urgent = true;
         entry.rollout_waiting = rollout_waiting;
@@ -398,14 +401,29 @@ impl Scheduler {
         self.sweeps.retain(|_, sweep| sweep.covered > 0);
     }
 
-    pub fn remove(&mut self, lb: &str) {
-        if let Some(list) = self.entries.remove(lb).and_then(|e| e.list)
-            && let Some(sweep) = self.sweeps.get_mut(&list)
-        {
-            sweep.rows.remove(lb);
-            sweep.covered = sweep.covered.saturating_sub(1);
-            if sweep.covered == 0 {
-                self.sweeps.remove(&list);
+    /// Stops scheduling `lb`. Should its list cover too few LBs to be read any more, the LB
+    /// left goes back to drift checks.
+    pub fn remove(&mut self, lb: &str, now: Instant) {
+        let Some(list) = self.entries.remove(lb).and_then(|e| e.list) else {
+            return;
+        };
+        let Some(sweep) = self.sweeps.get_mut(&list) else {
+            return;
+        };
+        sweep.rows.remove(lb);
+        sweep.covered = sweep.covered.saturating_sub(1);
+        if sweep.covered == 0 {
+            self.sweeps.remove(&list);
+        } else if sweep.covered < LIST_MIN_COVERED && sweep.state == ListState::Working {
+            let settled = self.entries.values().filter(|e| !e.urgent).count();
+            let drift = self.drift_interval(settled);
+            for entry in self
+                .entries
+                .values_mut()
+                .filter(|e| e.list.as_deref() == Some(&list))
+            {
+                entry.parked = false;
+                entry.due = entry.due.min(now + drift);
             }
         }
     }
@@ -464,12 +482,12 @@ impl Scheduler {
         counts
     }
 
-    /// A list answered with `rows` (every LB its identity sees), read from `started`: an LB
-    /// whose row changed since the last list, or that it shows unlocked while parked, is due
-    /// now; one it shows locked is parked; one missing (created before the list was read) is
-    /// due now, so its tree can tell whether it is gone. The pages after the first are
-    /// charged to the budget now (the pick paid for one).
-    pub fn listed(&mut self, list: &str, rows: &[LoadBalancerRow], started: Instant, now: Instant) {
+    /// A list answered with `rows` (every LB its identity sees): an LB whose row changed
+    /// since the last list, or that it shows unlocked while parked, is due now; one it shows
+    /// locked is parked; one it listed before and not now is due now, so its tree can tell
+    /// whether it is gone. The pages after the first are charged to the budget now (the pick
+    /// paid for one).
+    pub fn listed(&mut self, list: &str, rows: &[LoadBalancerRow], now: Instant) {
         let Some(sweep) = self.sweeps.get_mut(list) else {
             return;
         };
@@ -488,11 +506,13 @@ impl Scheduler {
             .filter(|(_, e)| e.list.as_deref() == Some(list))
         {
             let Some(row) = by_id.get(lb.as_str()) else {
-                if entry.state_since < started {
+                // Listed before, gone now: its tree tells whether it is deleted. (One never
+                // listed may be newer than the list; one gone stays unlisted: no tree each time.)
+                if sweep.rows.remove(lb).is_some() {
                     entry.parked = false;
+                    entry.urgent = true;
                     entry.due = entry.due.min(now);
                 }
-                sweep.rows.remove(lb);
                 continue;
             };
             let mark = LbRowMark {
@@ -516,6 +536,7 @@ impl Scheduler {
                 entry.parked = false;
                 entry.urgent = true;
                 entry.due = entry.due.min(now);
+                entry.look_again |= entry.in_flight;
             }
             any_parked |= entry.parked;
             sweep.rows.insert(lb.clone(), mark);
@@ -666,6 +687,10 @@ impl Scheduler {
             wait
         };
         entry.due = now + wait;
+        if std::mem::take(&mut entry.look_again) {
+            entry.urgent = true;
+            entry.due = now;
+        }
         entry.deadline = deadline;
         if let Some(deadline) = deadline {
             entry.due = entry.due.min(deadline.max(now));
@@ -1168,7 +1193,7 @@ mod tests {
         }
         let list = s.next(t0).expect("the list goes first");
         assert_eq!(list.target, Target::List("me".into()));
-        s.listed("me", &active_rows(lbs, "t0"), t0, t0);
+        s.listed("me", &active_rows(lbs, "t0"), t0);
         assert_eq!(s.list_state("me"), Some(ListState::Working));
         while let Some(pick) = s.next(t0) {
             s.done(pick.lb().expect("a tree"), &outcome(false, false, None), t0);
@@ -1189,7 +1214,7 @@ mod tests {
         while now < to {
             while let Some(pick) = s.next(now) {
                 match &pick.target {
-                    Target::List(list) => s.listed(list, &rows(now), now, now),
+                    Target::List(list) => s.listed(list, &rows(now), now),
                     Target::Lb(lb) => s.done(lb, &tree(lb), now),
                 }
                 picks.push((now, pick.target));
@@ -1420,9 +1445,60 @@ mod tests {
             .map(|lb| row(lb, ProvisioningStatus::Active, "t0"))
             .collect();
         assert!(s.next(t0).is_some_and(|p| p.lb().is_none()));
-        s.listed("me", &rows, t0, t0);
+        s.listed("me", &rows, t0);
         // Burst 10, one paid at the pick, two more pages now: seven trees left at once.
         let trees = std::iter::from_fn(|| s.next(t0)).count();
         assert_eq!(trees, 7);
+    }
+
+    #[test]
+    fn a_change_listed_while_a_tree_is_in_flight_gets_another_tree() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        // `a` has something on its way: its tree is due in 1.5 s, the list in 30 s.
+        s.done("a", &outcome(true, true, None), t0);
+        let at = t0 + secs(1.5);
+        assert_eq!(s.next(at).and_then(|p| p.lb().map(str::to_owned)), Some("a".into()));
+        // A list answers while that tree is in flight, showing `a` changed.
+        let mut rows = active_rows(&["a", "b"], "t0");
+        rows[0].updated_at = Some("t1".into());
+        s.listed("me", &rows, at);
+        s.done("a", &outcome(false, false, None), at);
+        assert_eq!(
+            s.next(at).and_then(|p| p.lb().map(str::to_owned)),
+            Some("a".into())
+        );
+    }
+
+    #[test]
+    fn an_lb_gone_from_the_list_gets_one_tree_not_one_per_list() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b", "c"], t0);
+        let picks = run_until(
+            &mut s,
+            t0,
+            t0 + secs(300.0),
+            &|_| active_rows(&["a", "b"], "t0"),
+            &|_| outcome(false, false, None),
+        );
+        let trees: Vec<&Target> = picks
+            .iter()
+            .map(|(_, t)| t)
+            .filter(|t| matches!(t, Target::Lb(_)))
+            .collect();
+        assert_eq!(trees, [&Target::Lb("c".into())]);
+    }
+
+    #[test]
+    fn an_lb_left_alone_under_its_list_goes_back_to_drift_checks() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        s.remove("b", t0);
+        assert_eq!(s.list_counts(), ListCounts::default(), "one LB: not read");
+        let picks = run_until(&mut s, t0, t0 + secs(61.0), &|_| Vec::new(), &|_| {
+            outcome(false, false, None)
+        });
+        assert_eq!(picks.len(), 1, "{picks:?}");
+        assert_eq!(picks[0].1, Target::Lb("a".into()));
     }
 }
