@@ -1458,7 +1458,10 @@ mod tests {
         // `a` has something on its way: its tree is due in 1.5 s, the list in 30 s.
         s.done("a", &outcome(true, true, None), t0);
         let at = t0 + secs(1.5);
-        assert_eq!(s.next(at).and_then(|p| p.lb().map(str::to_owned)), Some("a".into()));
+        assert_eq!(
+            s.next(at).and_then(|p| p.lb().map(str::to_owned)),
+            Some("a".into())
+        );
         // A list answers while that tree is in flight, showing `a` changed.
         let mut rows = active_rows(&["a", "b"], "t0");
         rows[0].updated_at = Some("t1".into());
