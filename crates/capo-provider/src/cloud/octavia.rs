@@ -417,11 +417,13 @@ impl<'a> Octavia<'a> {
         self.path.fetch_all(call.key("loadbalancers")).await
     }
 
-    /// Every load balancer the project sees, as rows, one request per [`LIST_PAGE`] of them.
-    /// `fields` is repeated (Octavia 19 reads a comma-separated value as one unknown attribute
-    /// and returns empty objects), and pages are asked for by marker here because Octavia's
-    /// `next` links drop `fields`. A full page is followed by another (Octavia cannot say
-    /// whether it was the last).
+    /// Every load balancer the project sees, as rows, one request per [`LIST_PAGE`] of them
+    /// (or per the cloud's smaller page size). `fields` is repeated (Octavia 19 reads a
+    /// comma-separated value as one unknown attribute and returns empty objects), and pages
+    /// are asked for by marker here because Octavia's `next` links drop `fields`. A page as
+    /// long as the first is followed by another (Octavia cannot say whether it was the last;
+    /// a cloud whose `pagination_max_limit` is below 1,000 answers pages shorter than asked
+    /// for); an empty or shorter page is the last.
     pub async fn list_load_balancer_rows(&self) -> Result<Vec<LoadBalancerRow>, CloudError> {
         self.list_load_balancer_rows_covering(None).await
     }
@@ -434,6 +436,7 @@ impl<'a> Octavia<'a> {
     ) -> Result<Vec<LoadBalancerRow>, CloudError> {
         let mut rows: Vec<LoadBalancerRow> = Vec::new();
         let mut found = 0;
+        let mut page_size = 0;
         loop {
             let mut call = Call::get(op("loadbalancer_list"), "lbaas/loadbalancers")
                 .query("limit", LIST_PAGE.to_string())
@@ -442,7 +445,8 @@ impl<'a> Octavia<'a> {
                 call = call.query("fields", field);
             }
             let page: Vec<LoadBalancerRow> = self.path.fetch(call.key("loadbalancers")).await?;
-            let full = page.len() >= LIST_PAGE;
+            page_size = page_size.max(page.len());
+            let full = !page.is_empty() && page.len() >= page_size;
             if let Some(wanted) = wanted {
                 found += page.iter().filter(|row| wanted.contains(&row.id)).count();
             }

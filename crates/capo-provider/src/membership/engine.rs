@@ -252,13 +252,15 @@ impl Engine {
             .observer
             .uses_list()
             .then(|| scope.identity.clone());
-        if let Some(list) = &list {
-            lock(&endpoint.listers).insert(list.clone(), client.clone());
-        }
         {
+            // Scheduler, then listers: the loop's order. The loop drops the clients of lists
+            // the scheduler does not know, so the client goes in with its list.
             let mut scheduler = lock(&endpoint.scheduler);
             scheduler.wake(&lb_id, rollout_waiting, now);
             scheduler.cover(&lb_id, list.as_deref(), now);
+            if let Some(list) = &list {
+                lock(&endpoint.listers).insert(list.clone(), client.clone());
+            }
         }
         endpoint.notify.notify_one();
         if started {

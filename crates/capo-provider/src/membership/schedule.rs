@@ -203,10 +203,26 @@ struct Entry {
     list: Option<String>,
     /// Locked when last seen, and a working list watches for the unlock.
     parked: bool,
+    /// Since when, while parked.
+    parked_since: Option<Instant>,
     /// When the verdict changes by itself (a member turning stuck), from the last poll.
     deadline: Option<Instant>,
     /// The list showed a change while a tree was in flight: the tree may predate it.
     look_again: bool,
+}
+
+impl Entry {
+    fn park(&mut self, now: Instant) {
+        if !self.parked {
+            self.parked_since = Some(now);
+        }
+        self.parked = true;
+    }
+
+    fn unpark(&mut self) {
+        self.parked = false;
+        self.parked_since = None;
+    }
 }
 
 /// What to send: one LB's status tree, or one identity's LB list.
@@ -336,6 +352,7 @@ impl Scheduler {
             in_flight: false,
             list: None,
             parked: false,
+            parked_since: None,
             deadline: None,
             look_again: false,
         });
@@ -345,7 +362,7 @@ impl Scheduler {
         entry.state_since = now;
         match listed.filter(|_| known) {
             Some(list) => {
-                entry.parked = true;
+                entry.park(now);
                 entry.due = entry.due.min(now + locked_max);
                 if let Some(sweep) = self.sweeps.get_mut(&list) {
                     sweep.due = sweep.due.min(now + first_look);
@@ -366,15 +383,11 @@ impl Scheduler {
         if entry.list.as_deref() == list {
             return;
         }
-        if let Some(old) = entry.list.take()
-            && let Some(sweep) = self.sweeps.get_mut(&old)
-        {
-            sweep.rows.remove(lb);
-        }
-        entry.parked = false;
+        let old = entry.list.take();
+        entry.unpark();
         entry.list = list.map(str::to_owned);
         if let Some(list) = list {
-            self.sweeps.entry(list.to_owned()).or_insert(Sweep {
+            let sweep = self.sweeps.entry(list.to_owned()).or_insert(Sweep {
                 due: now,
                 in_flight: false,
                 state: ListState::Untried,
@@ -383,48 +396,42 @@ impl Scheduler {
                 pages: 1,
                 rows: HashMap::new(),
             });
+            sweep.covered += 1;
         }
-        self.recount();
+        if let Some(old) = old {
+            self.uncover(lb, &old, now);
+        }
     }
 
-    /// Counts the LBs each list covers; a list covering fewer than [`LIST_MIN_COVERED`] is
-    /// not worth its request (a tree of that LB says more), so its LBs go without.
-    fn recount(&mut self) {
-        for sweep in self.sweeps.values_mut() {
-            sweep.covered = 0;
-        }
-        for entry in self.entries.values() {
-            if let Some(sweep) = entry.list.as_ref().and_then(|l| self.sweeps.get_mut(l)) {
-                sweep.covered += 1;
-            }
-        }
-        self.sweeps.retain(|_, sweep| sweep.covered > 0);
-    }
-
-    /// Stops scheduling `lb`. Should its list cover too few LBs to be read any more, the LB
-    /// left goes back to drift checks.
-    pub fn remove(&mut self, lb: &str, now: Instant) {
-        let Some(list) = self.entries.remove(lb).and_then(|e| e.list) else {
-            return;
-        };
-        let Some(sweep) = self.sweeps.get_mut(&list) else {
+    /// `lb` no longer counts under `list`. A list left with no LB goes; one left with too few
+    /// to be read ([`LIST_MIN_COVERED`]: a tree of that LB says more) sends the LBs it still
+    /// covers back to drift checks, since nothing reads the list for them any more.
+    fn uncover(&mut self, lb: &str, list: &str, now: Instant) {
+        let Some(sweep) = self.sweeps.get_mut(list) else {
             return;
         };
         sweep.rows.remove(lb);
         sweep.covered = sweep.covered.saturating_sub(1);
         if sweep.covered == 0 {
-            self.sweeps.remove(&list);
+            self.sweeps.remove(list);
         } else if sweep.covered < LIST_MIN_COVERED && sweep.state == ListState::Working {
             let settled = self.entries.values().filter(|e| !e.urgent).count();
             let drift = self.drift_interval(settled);
             for entry in self
                 .entries
                 .values_mut()
-                .filter(|e| e.list.as_deref() == Some(&list))
+                .filter(|e| e.list.as_deref() == Some(list))
             {
-                entry.parked = false;
+                entry.unpark();
                 entry.due = entry.due.min(now + drift);
             }
+        }
+    }
+
+    /// Stops scheduling `lb`.
+    pub fn remove(&mut self, lb: &str, now: Instant) {
+        if let Some(list) = self.entries.remove(lb).and_then(|e| e.list) {
+            self.uncover(lb, &list, now);
         }
     }
 
@@ -441,6 +448,12 @@ impl Scheduler {
     /// How often a list is read while nothing it covers is locked: `sweep_settled`, stretched
     /// so that all lists in use stay within the drift share of the budget.
     fn sweep_interval(&self) -> Duration {
+        self.paced(self.config.sweep_settled)
+    }
+
+    /// `floor`, or longer if reading every list in use that often would take more than the
+    /// drift share of the budget.
+    fn paced(&self, floor: Duration) -> Duration {
         let pages: usize = self
             .sweeps
             .values()
@@ -448,7 +461,7 @@ impl Scheduler {
             .map(|s| s.pages)
             .sum();
         let rate = (self.config.budget_qps * self.config.drift_share).max(f64::MIN_POSITIVE);
-        Duration::from_secs_f64(pages as f64 / rate).max(self.config.sweep_settled)
+        Duration::from_secs_f64(pages as f64 / rate).max(floor)
     }
 
     /// How `list` stands.
@@ -496,7 +509,7 @@ impl Scheduler {
         sweep.in_flight = false;
         sweep.failures = 0;
         sweep.state = ListState::Working;
-        let locked_max = self.config.locked_max;
+        let (locked_max, urgent_fresh) = (self.config.locked_max, self.config.urgent_fresh);
         let by_id: HashMap<&str, &LoadBalancerRow> =
             rows.iter().map(|row| (row.id.as_str(), row)).collect();
         let mut any_parked = false;
@@ -509,7 +522,7 @@ impl Scheduler {
                 // Listed before, gone now: its tree tells whether it is deleted. (One never
                 // listed may be newer than the list; one gone stays unlisted: no tree each time.)
                 if sweep.rows.remove(lb).is_some() {
-                    entry.parked = false;
+                    entry.unpark();
                     entry.urgent = true;
                     entry.due = entry.due.min(now);
                 }
@@ -525,7 +538,7 @@ impl Scheduler {
                 // A tree would only show the lock; a deadline (a member turning stuck) still
                 // brings its own poll.
                 if !entry.parked && !entry.in_flight {
-                    entry.parked = true;
+                    entry.park(now);
                     let parked_until = now + locked_max;
                     entry.due = entry
                         .deadline
@@ -533,16 +546,20 @@ impl Scheduler {
                         .max(entry.due);
                 }
             } else if entry.parked || changed {
-                entry.parked = false;
+                entry.unpark();
                 entry.urgent = true;
                 entry.due = entry.due.min(now);
                 entry.look_again |= entry.in_flight;
             }
-            any_parked |= entry.parked;
+            // A lock that lasts (a lost Octavia flow) stops setting the pace after
+            // `urgent_fresh`; its LB still gets a tree every `locked_max`.
+            any_parked |= entry
+                .parked_since
+                .is_some_and(|since| now.saturating_duration_since(since) < urgent_fresh);
             sweep.rows.insert(lb.clone(), mark);
         }
         let pace = if any_parked {
-            self.config.sweep_locked
+            self.locked_interval()
         } else {
             self.sweep_interval()
         };
@@ -599,7 +616,7 @@ impl Scheduler {
             .filter(|e| e.list.as_deref() == Some(list))
         {
             let back = if entry.urgent { now } else { now + drift };
-            entry.parked = false;
+            entry.unpark();
             entry.due = entry.due.min(back);
         }
     }
@@ -658,7 +675,6 @@ impl Scheduler {
             return;
         };
         entry.in_flight = false;
-        entry.parked = false;
         let was_urgent = entry.urgent;
         entry.urgent = urgent;
         if urgent && (changed || !was_urgent) {
@@ -670,7 +686,7 @@ impl Scheduler {
             entry.interval = drift;
             drift
         } else if listed && outcome.lb_locked {
-            entry.parked = true;
+            entry.park(now);
             config.locked_max
         } else if let NextFinish::In(learned) = learned {
             learned
@@ -686,6 +702,9 @@ impl Scheduler {
                 .min(config.urgent_max);
             wait
         };
+        if !(urgent && listed && outcome.lb_locked) {
+            entry.unpark();
+        }
         entry.due = now + wait;
         if std::mem::take(&mut entry.look_again) {
             entry.urgent = true;
@@ -702,6 +721,12 @@ impl Scheduler {
         }
     }
 
+    /// How often lists are read while an LB they cover is locked: `sweep_locked`, stretched
+    /// so that all lists in use stay within the drift share of the budget.
+    fn locked_interval(&self) -> Duration {
+        self.paced(self.config.sweep_locked)
+    }
+
     /// Holds an LB until `until` (its endpoint asked us to slow down).
     pub fn defer(&mut self, lb: &str, until: Instant) {
         if let Some(entry) = self.entries.get_mut(lb) {
@@ -715,6 +740,10 @@ impl Scheduler {
         for entry in self.entries.values_mut().filter(|e| e.in_flight) {
             entry.in_flight = false;
             entry.due = entry.due.min(now);
+        }
+        for sweep in self.sweeps.values_mut().filter(|s| s.in_flight) {
+            sweep.in_flight = false;
+            sweep.due = sweep.due.min(now);
         }
     }
 
@@ -1186,7 +1215,11 @@ mod tests {
 
     /// A scheduler with `lbs` settled (each polled once) under one working list.
     fn listed_and_settled(lbs: &[&str], t0: Instant) -> Scheduler {
-        let mut s = Scheduler::new(config(10.0), t0);
+        listed_and_settled_with(config(10.0), lbs, t0)
+    }
+
+    fn listed_and_settled_with(cfg: ScheduleConfig, lbs: &[&str], t0: Instant) -> Scheduler {
+        let mut s = Scheduler::new(cfg, t0);
         for lb in lbs {
             s.wake(lb, false, t0);
             s.cover(lb, Some("me"), t0);
@@ -1299,7 +1332,12 @@ mod tests {
     #[test]
     fn a_locked_lb_waits_for_the_list_to_show_it_unlocked() {
         let t0 = Instant::now();
-        let mut s = listed_and_settled(&["a", "b"], t0);
+        // Locks count for the pace for `urgent_fresh` (180 s by default).
+        let cfg = ScheduleConfig {
+            urgent_fresh: secs(180.0),
+            ..config(10.0)
+        };
+        let mut s = listed_and_settled_with(cfg, &["a", "b"], t0);
         // New desired state for `a`: parked; the list is read within `look_after_change`.
         let woken = t0 + secs(5.0);
         s.wake("a", true, woken);
@@ -1503,5 +1541,85 @@ mod tests {
         });
         assert_eq!(picks.len(), 1, "{picks:?}");
         assert_eq!(picks[0].1, Target::Lb("a".into()));
+    }
+
+    #[test]
+    fn a_lock_that_lasts_stops_setting_the_list_pace() {
+        let t0 = Instant::now();
+        let cfg = ScheduleConfig {
+            urgent_fresh: secs(180.0),
+            ..config(10.0)
+        };
+        let mut s = listed_and_settled_with(cfg, &["a", "b"], t0);
+        s.wake("a", true, t0);
+        let locked = |_| {
+            vec![
+                row("a", ProvisioningStatus::PendingUpdate, "t0"),
+                row("b", ProvisioningStatus::Active, "t0"),
+            ]
+        };
+        let stuck = PollOutcome {
+            urgent: true,
+            lb_locked: true,
+            ..PollOutcome::default()
+        };
+        let tree = |lb: &str| {
+            if lb == "a" {
+                stuck.clone()
+            } else {
+                outcome(false, false, None)
+            }
+        };
+        let picks = run_until(&mut s, t0, t0 + secs(900.0), &locked, &tree);
+        let lists_after = |from: f64| {
+            picks
+                .iter()
+                .filter(|(at, t)| matches!(t, Target::List(_)) && *at >= t0 + secs(from))
+                .count()
+        };
+        // Fast while the lock is fresh, then every 30 s; the LB itself every 30 s throughout.
+        assert!(
+            lists_after(0.0) - lists_after(180.0) >= 100,
+            "{}",
+            lists_after(0.0)
+        );
+        assert!(
+            lists_after(200.0) <= 25,
+            "{} lists after the lock went stale",
+            lists_after(200.0)
+        );
+        let trees = picks
+            .iter()
+            .filter(|(_, t)| *t == Target::Lb("a".into()))
+            .count();
+        assert!((29..=32).contains(&trees), "{trees} trees of the locked LB");
+    }
+
+    #[test]
+    fn an_lb_moving_to_another_identity_leaves_its_old_list_and_partner_covered() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        s.cover("a", Some("other"), t0);
+        // `b` alone under "me": nothing reads that list for it any more, so drift checks.
+        let picks = run_until(&mut s, t0, t0 + secs(61.0), &|_| Vec::new(), &|_| {
+            outcome(false, false, None)
+        });
+        assert!(
+            picks.iter().any(|(_, t)| *t == Target::Lb("b".into())),
+            "{picks:?}"
+        );
+    }
+
+    #[test]
+    fn a_list_in_flight_when_its_loop_died_is_read_again() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        let at = t0 + secs(30.0);
+        assert!(s.next(at).is_some_and(|p| p.lb().is_none()));
+        s.abandon_in_flight(at);
+        assert_eq!(
+            s.next(at).map(|p| p.target),
+            Some(Target::List("me".into()))
+        );
     }
 }
