@@ -2593,3 +2593,47 @@ async fn lb_rows_are_the_full_list_trimmed() {
     assert_eq!(rows["loadbalancers"], Value::Array(trimmed));
     assert_eq!(rows["loadbalancers"].as_array().map(Vec::len), Some(3));
 }
+
+/// A cloud with a page size below 1,000 answers short pages that are not the last: the rows
+/// list follows them to the end, and stops early only once every wanted LB was listed.
+#[tokio::test(start_paused = true)]
+async fn lb_rows_follow_a_smaller_page_size_to_the_end() {
+    let sim = OpenStackSim::start(OpenStackSimConfig {
+        settings: CloudSettings {
+            octavia_page_max: 2,
+            ..CloudSettings::default()
+        },
+        scenario: quick(),
+        ..OpenStackSimConfig::default()
+    })
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    let clouds = Clouds::new(CloudOptions::default(), &registry, CancellationToken::new()).unwrap();
+    let client = clouds.client(sim.session());
+    let mut ids = Vec::new();
+    for name in ["page-a", "page-b", "page-c", "page-d", "page-e"] {
+        ids.push(lb_with_pool(&client, name).await.0);
+    }
+    let before = sim.request_count("load-balancer loadbalancer_list");
+    let rows = client.octavia().list_load_balancer_rows().await.unwrap();
+    let listed: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(listed, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        sim.request_count("load-balancer loadbalancer_list") - before,
+        3,
+        "2 + 2 + 1"
+    );
+    let wanted: std::collections::HashSet<String> = ids[..2].iter().cloned().collect();
+    let before = sim.request_count("load-balancer loadbalancer_list");
+    client
+        .octavia()
+        .list_load_balancer_rows_covering(Some(&wanted))
+        .await
+        .unwrap();
+    assert_eq!(
+        sim.request_count("load-balancer loadbalancer_list") - before,
+        1,
+        "both wanted LBs were on the first page"
+    );
+}

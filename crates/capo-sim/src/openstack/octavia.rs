@@ -472,20 +472,23 @@ fn list(
         .map(|(_, item)| item)
         .filter(|item| super::filters::matches(item, query))
         .collect();
-    paginate(items, query, key, href)
+    paginate(items, query, key, href, world.settings.octavia_page_max)
 }
 
-/// Octavia's page size when a list names none, and the most it returns at once
-/// (`[api_settings] pagination_max_limit`).
-const PAGE_MAX: usize = 1000;
-
 /// One page as Octavia 19 cuts it (`octavia/api/common/pagination.py`): `limit` defaults to
-/// and is capped at [`PAGE_MAX`] (`infinite` or below 1: everything); a `next` link whenever
+/// and is capped at `page_max` (`[api_settings] pagination_max_limit`, 1,000 unless a cloud
+/// sets it; `infinite` or below 1: everything); a `next` link whenever
 /// the page is full (so an exactly full last page is followed by an empty one), a `previous`
 /// link when a marker was given; the links keep `limit` and the marker only, not the filters
 /// or `fields`. Each repeated `fields` value names one attribute to keep; a comma-separated
 /// value names none, so its objects come back empty, as the real API answers.
-fn paginate(items: Vec<Value>, query: &[(String, String)], key: &str, href: &str) -> Reply {
+fn paginate(
+    items: Vec<Value>,
+    query: &[(String, String)],
+    key: &str,
+    href: &str,
+    page_max: usize,
+) -> Reply {
     let param = |name: &str| {
         query
             .iter()
@@ -505,11 +508,11 @@ fn paginate(items: Vec<Value>, query: &[(String, String)], key: &str, href: &str
         None => 0,
     };
     let limit = match param("limit") {
-        None => Some(PAGE_MAX),
+        None => Some(page_max),
         Some("infinite") => None,
         Some(limit) => match limit.parse::<i64>() {
             Ok(n) if n < 1 => None,
-            Ok(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).min(PAGE_MAX)),
+            Ok(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).min(page_max)),
             Err(_) => {
                 return Reply::fault(
                     400,
@@ -1371,7 +1374,13 @@ fn list_members(world: &World, pool_id: &str, query: &[(String, String)], base: 
         .filter(|m| super::filters::matches(m, query))
         .collect();
     let href = format!("{base}/load-balancer/v2/lbaas/pools/{pool_id}/members");
-    paginate(items, query, "members", &href)
+    paginate(
+        items,
+        query,
+        "members",
+        &href,
+        world.settings.octavia_page_max,
+    )
 }
 
 fn get_member(world: &World, pool_id: &str, id: &str) -> Reply {
@@ -2013,6 +2022,15 @@ mod tests {
             .collect()
     }
 
+    fn paginate_1000(
+        items: Vec<Value>,
+        query: &[(String, String)],
+        key: &str,
+        href: &str,
+    ) -> Reply {
+        paginate(items, query, key, href, 1000)
+    }
+
     fn lbs(n: usize) -> Vec<Value> {
         (0..n)
             .map(|i| json!({"id": format!("lb-{i:04}"), "name": "x", "provisioning_status": "ACTIVE"}))
@@ -2020,7 +2038,7 @@ mod tests {
     }
 
     fn page(n: usize, query: &[(&str, &str)]) -> Value {
-        let reply = paginate(
+        let reply = paginate_1000(
             lbs(n),
             &q(query),
             "loadbalancers",
@@ -2090,7 +2108,7 @@ mod tests {
     #[test]
     fn bad_limits_and_markers_are_refused() {
         let bad = |query: &[(&str, &str)]| {
-            paginate(lbs(2), &q(query), "loadbalancers", "http://o").status
+            paginate_1000(lbs(2), &q(query), "loadbalancers", "http://o").status
         };
         assert_eq!(bad(&[("limit", "ten")]), 400);
         assert_eq!(bad(&[("marker", "nope")]), 400);

@@ -225,6 +225,9 @@ pub struct CloudSettings {
     /// Octavia's policy refuses listing load balancers (`loadbalancer:get_all`): 403, as a
     /// cloud that filters the list by policy answers.
     pub lb_list_refused: bool,
+    /// Octavia's `[api_settings] pagination_max_limit`: its default page size and the most
+    /// one list answers at once.
+    pub octavia_page_max: usize,
 }
 
 impl Default for CloudSettings {
@@ -243,6 +246,7 @@ impl Default for CloudSettings {
             tenant_network: false,
             availability_zones: vec!["nova".into()],
             lb_list_refused: false,
+            octavia_page_max: 1000,
         }
     }
 }
