@@ -762,6 +762,20 @@ async fn wait_for_lb(setup: &mut Setup, lb: &str, reason: Reason) -> Instant {
     }
 }
 
+/// Deletes the LB's member behind the engine's back; how long until its verdict shows it.
+async fn drift_seen_after(
+    s: &mut Setup,
+    (lb, pool, member): &(String, String, String),
+) -> Duration {
+    s.client
+        .octavia()
+        .delete_member(pool, member)
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    wait_for_lb(s, lb, Reason::MembersMissing).await - deleted
+}
+
 fn requests(s: &Setup) -> (u64, u64) {
     (
         s.sim.request_count("load-balancer loadbalancer_status_get"),
@@ -788,19 +802,8 @@ async fn settled_lbs_cost_one_list_per_sweep_and_drift_is_seen_within_one() {
         1.0
     );
     // A member deleted behind the engine's back: its LB's row moves, one tree shows it.
-    let (lb, pool, member) = &lbs[1];
-    s.client
-        .octavia()
-        .delete_member(pool, member)
-        .await
-        .unwrap();
-    let deleted = Instant::now();
-    let seen = wait_for_lb(&mut s, lb, Reason::MembersMissing).await;
-    assert!(
-        seen - deleted <= Duration::from_secs(32),
-        "{:?}",
-        seen - deleted
-    );
+    let seen_after = drift_seen_after(&mut s, &lbs[1]).await;
+    assert!(seen_after <= Duration::from_secs(32), "{seen_after:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -830,19 +833,8 @@ async fn a_refused_list_falls_back_to_drift_checks_until_it_answers_again() {
         1.0,
         "refused once, not retried every sweep"
     );
-    let (lb, pool, member) = &lbs[2];
-    s.client
-        .octavia()
-        .delete_member(pool, member)
-        .await
-        .unwrap();
-    let deleted = Instant::now();
-    let seen = wait_for_lb(&mut s, lb, Reason::MembersMissing).await;
-    assert!(
-        seen - deleted <= Duration::from_secs(62),
-        "{:?}",
-        seen - deleted
-    );
+    let seen_after = drift_seen_after(&mut s, &lbs[2]).await;
+    assert!(seen_after <= Duration::from_secs(62), "{seen_after:?}");
     // Allowed again: the list is tried again within the hour and used.
     s.sim.refuse_lb_list(false);
     tokio::time::sleep(Duration::from_secs(3600)).await;
