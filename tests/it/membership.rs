@@ -9,7 +9,7 @@ use capo_provider::cloud::octavia::MemberSpec;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds};
 use capo_provider::membership::{
     Changes, DesiredLb, Engine, EngineConfig, EngineError, Notice, ObjectName, Observer, OwnerKind,
-    Reason, Seen, StatusTreeObserver,
+    Reason, Recalled, Seen, StatusTreeObserver,
 };
 use capo_sim::openstack::{
     Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, RateLimitFault, Rule, Scenario,
@@ -879,4 +879,75 @@ async fn a_locked_lb_is_not_polled_while_the_list_shows_it_locked() {
     );
     assert!(trees_after - trees <= 4, "{} trees", trees_after - trees);
     assert!(lists_after - lists <= 45, "{} lists", lists_after - lists);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_engine_trusts_recalled_members_while_their_lb_row_is_unchanged() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let lbs = three_ready_lbs(&mut s).await;
+    // Within a few minutes a list has vouched for every LB's members.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    let recalled: Vec<Recalled> = lbs
+        .iter()
+        .map(|(lb, _, _)| {
+            let snapshot = s.engine.snapshot(lb).expect("tracked");
+            snapshot
+                .recalled()
+                .unwrap_or_else(|| panic!("{lb} not vouched for"))
+        })
+        .collect();
+    s.engine.shutdown().await;
+    // While the controller is down, one LB loses its member.
+    s.client
+        .octavia()
+        .delete_member(&lbs[2].1, &lbs[2].2)
+        .await
+        .unwrap();
+    settle(&s.client, &lbs[2].0).await;
+
+    // The restart: a new engine, told what the clusters recorded.
+    s.registry = Registry::new();
+    s.engine = Engine::new(
+        EngineConfig {
+            stuck_after: Duration::from_secs(60),
+            ..EngineConfig::default()
+        },
+        &s.registry,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    s.changes = s.engine.subscribe();
+    let (trees, lists) = requests(&s);
+    let started = Instant::now();
+    for (k, ((lb, pool, _), recalled)) in lbs.iter().zip(recalled).enumerate() {
+        let (name, address) = (format!("cp-{k}"), format!("10.0.0.{}", k + 1));
+        let mut wanted = common::desired_lb(lb, pool, &[(&name, &address, None)]);
+        wanted.rollout_waiting = false;
+        s.engine.ensure_recalled(wanted, &s.client, Some(recalled));
+    }
+    let mut expected: Vec<(String, Reason)> = vec![
+        (lbs[0].0.clone(), Reason::Ready),
+        (lbs[1].0.clone(), Reason::Ready),
+        (lbs[2].0.clone(), Reason::MembersMissing),
+    ];
+    let deadline = started + Duration::from_secs(600);
+    while !expected.is_empty() {
+        let change = tokio::time::timeout_at(deadline, common::next_change(&mut s.changes))
+            .await
+            .unwrap_or_else(|_| panic!("never seen: {expected:?}"))
+            .unwrap();
+        expected.retain(|(lb, reason)| !(change.lb_id == *lb && change.reason == *reason));
+    }
+    let elapsed = started.elapsed();
+    let (trees_after, lists_after) = requests(&s);
+    // One list says which rows are unchanged; only the changed LB is read.
+    assert!(elapsed <= Duration::from_secs(2), "{elapsed:?}");
+    assert_eq!(trees_after - trees, 1, "status trees after the restart");
+    assert_eq!(lists_after - lists, 1, "lists after the restart");
+    assert!(
+        s.engine
+            .snapshot(&lbs[0].0)
+            .is_some_and(|snapshot| snapshot.members_as_of.is_some()),
+        "a recalled state stays vouched for"
+    );
 }

@@ -551,6 +551,13 @@ pub struct LoadBalancerStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["pool", "name"]))]
     pub members: Vec<LoadBalancerMemberStatus>,
+    /// The load balancer's `updated_at` in Octavia while its pools held exactly `members`,
+    /// each as recorded, with nothing on its way (capo-rs). Octavia moves `updated_at` on every
+    /// member change, so a restarted controller that finds it unchanged trusts `members`
+    /// without reading each load balancer again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub members_as_of: Option<String>,
 }
 
 /// The listener, pool and health monitor that forward one port of the API load balancer.
@@ -626,6 +633,10 @@ pub struct LoadBalancerMemberStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::port_number")]
     pub port: Option<i32>,
+    /// Octavia member UUID, once observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub id: Option<String>,
     /// Octavia provisioning status; absent while the member is not observed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioning_status: Option<ProvisioningStatus>,

@@ -22,7 +22,8 @@ use capo_provider::cloud::{
     SessionScope,
 };
 use capo_provider::membership::{
-    DesiredLb, DesiredMember, Engine, EngineConfig, Notice, ObjectName, Reason, ScheduleConfig,
+    DesiredLb, DesiredMember, Engine, EngineConfig, Notice, ObjectName, Reason, Recalled,
+    ScheduleConfig,
 };
 
 use crate::Strategy;
@@ -106,6 +107,8 @@ pub struct StrategyReport {
     /// Creations the lag was measured on: those whose member was ACTIVE when the gate opened
     /// (a gate that opens before the member is ACTIVE has no lag, it is a false-ready).
     pub detection_lag_samples: u64,
+    /// Requests per rollout (its LB and pool; lists aside), by the worst fate it met.
+    pub requests_by_fate: Vec<FateCost>,
     /// Ready verdicts acted on while a desired member was not ACTIVE.
     pub false_ready: u64,
     pub stuck_members: u64,
@@ -133,6 +136,19 @@ struct CountingSession {
     inner: Arc<dyn Session>,
     sent: Mutex<Vec<Instant>>,
     list_pages: std::sync::atomic::AtomicU64,
+    /// Requests about one LB or pool, by its id.
+    per_object: Mutex<HashMap<String, u64>>,
+}
+
+/// The LB or pool a request is about (`.../loadbalancers/{id}/...`, `.../pools/{id}/...`).
+fn object_of(path: &str) -> Option<&str> {
+    let mut segments = path.split('/');
+    while let Some(segment) = segments.next() {
+        if segment == "loadbalancers" || segment == "pools" {
+            return segments.next().filter(|id| !id.is_empty());
+        }
+    }
+    None
 }
 
 #[async_trait]
@@ -153,6 +169,11 @@ impl Session for CountingSession {
         if request.uri().path().ends_with("/lbaas/loadbalancers") {
             self.list_pages
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(object) = object_of(request.uri().path())
+            && let Ok(mut per_object) = self.per_object.lock()
+        {
+            *per_object.entry(object.to_owned()).or_default() += 1;
         }
         self.inner.send(request).await
     }
@@ -350,6 +371,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         inner: sim.session(),
         sent: Mutex::new(Vec::new()),
         list_pages: Default::default(),
+        per_object: Default::default(),
     });
     let mut engine_options = unlimited_options();
     let qps = std::num::NonZeroU32::new(config.qps).unwrap_or(std::num::NonZeroU32::MIN);
@@ -443,6 +465,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let cpu_sim_start = sim.busy();
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let mut drivers = tokio::task::JoinSet::new();
+    let mut worst_fates: Vec<([String; 2], &'static str)> = Vec::new();
     let sim = Arc::new(sim);
     for (cluster, (lb, pool)) in fleet.lbs.into_iter().enumerate() {
         let cluster = u32::try_from(cluster).unwrap_or(u32::MAX);
@@ -464,6 +487,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
                 }
             })
             .collect();
+        worst_fates.push(([lb.clone(), pool.clone()], worst_fate(&fates)));
         let start_at = started + config.window.mul_f64(rng.f64());
         let rollout = Rollout {
             cluster,
@@ -499,6 +523,11 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     dispatcher.abort();
 
     let sent = counting.sent.lock().map(|s| s.clone()).unwrap_or_default();
+    let per_object = counting
+        .per_object
+        .lock()
+        .map(|p| p.clone())
+        .unwrap_or_default();
     let drift_polls = drift_polls(&engine_registry);
     let mut per_second: HashMap<u64, u64> = HashMap::new();
     for at in &sent {
@@ -538,6 +567,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         detection_lag_p99: quantile(0.99),
         detection_lag_max: lags.last().copied().unwrap_or(0.0),
         detection_lag_samples: lags.len() as u64,
+        requests_by_fate: requests_by_fate(&worst_fates, &per_object),
         false_ready: record.false_ready,
         stuck_members: record.stuck_late.len() as u64 + record.stuck_unflagged,
         stuck_flag_late_max: max_of(&record.stuck_late),
@@ -551,6 +581,49 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         cpu_seconds: 0.0,
         simulator_cpu_seconds: (sim.busy() - cpu_sim_start).as_secs_f64(),
     })
+}
+
+/// The worst fate a rollout meets: it stops at the first stuck or ERROR member.
+fn worst_fate(fates: &[&'static str]) -> &'static str {
+    let reached = fates
+        .iter()
+        .position(|f| *f == "-stuck" || *f == "-error")
+        .map_or(fates, |at| &fates[..=at]);
+    ["-stuck", "-error", "-slow"]
+        .into_iter()
+        .find(|worst| reached.contains(worst))
+        .unwrap_or("")
+}
+
+/// Requests about each rollout's LB and pool (lists aside), grouped by the worst fate it met.
+fn requests_by_fate(
+    worst_fates: &[([String; 2], &'static str)],
+    per_object: &HashMap<String, u64>,
+) -> Vec<FateCost> {
+    let mut by_fate: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (objects, fate) in worst_fates {
+        let requests: u64 = objects.iter().filter_map(|o| per_object.get(o)).sum();
+        let (rollouts, total) = by_fate.entry(fate).or_default();
+        *rollouts += 1;
+        *total += requests;
+    }
+    by_fate
+        .into_iter()
+        .map(|(fate, (rollouts, total))| FateCost {
+            fate: fate.trim_start_matches('-').to_owned(),
+            rollouts,
+            requests_per_rollout: total as f64 / rollouts.max(1) as f64,
+        })
+        .collect()
+}
+
+/// What the rollouts that met one fate cost.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FateCost {
+    /// `""`: every member normal; else the worst met (stuck, error, slow).
+    pub fate: String,
+    pub rollouts: u64,
+    pub requests_per_rollout: f64,
 }
 
 /// `schedule` aimed at a detection lag of `target` seconds: pending work polled, and lists read
@@ -581,6 +654,7 @@ pub struct ParetoPoint {
     pub false_ready: u64,
     pub stuck_unflagged: u64,
     pub error_unflagged: u64,
+    pub requests_by_fate: Vec<FateCost>,
 }
 
 impl ParetoPoint {
@@ -594,6 +668,7 @@ impl ParetoPoint {
             false_ready: report.false_ready,
             stuck_unflagged: report.stuck_unflagged,
             error_unflagged: report.error_unflagged,
+            requests_by_fate: report.requests_by_fate.clone(),
         }
     }
 }
@@ -627,7 +702,7 @@ pub fn print_pareto(config: &BenchConfig, points: &[ParetoPoint]) {
         config.qps
     );
     println!(
-        "{:<14}{:>10}{:>14}{:>16}{:>13}{:>13}",
+        "{:<14}{:>10}{:>14}{:>16}{:>13}{:>13}   req. per rollout: normal/slow/stuck/error",
         "strategy", "target s", "req/trans.", "without drift", "lag p99 s", "false-ready"
     );
     for p in points {
@@ -635,14 +710,24 @@ pub fn print_pareto(config: &BenchConfig, points: &[ParetoPoint]) {
             .detection_target
             .map(|t| format!("{t}"))
             .unwrap_or_else(|| "-".into());
+        let by_fate: Vec<String> = ["", "slow", "stuck", "error"]
+            .into_iter()
+            .map(|fate| {
+                p.requests_by_fate
+                    .iter()
+                    .find(|c| c.fate == fate)
+                    .map_or_else(|| "-".into(), |c| format!("{:.0}", c.requests_per_rollout))
+            })
+            .collect();
         println!(
-            "{:<14}{:>10}{:>14.2}{:>16.2}{:>13.2}{:>13}",
+            "{:<14}{:>10}{:>14.2}{:>16.2}{:>13.2}{:>13}   {}",
             p.strategy,
             target,
             p.requests_per_transition,
             p.rollout_requests_per_transition,
             p.detection_lag_p99,
-            p.false_ready
+            p.false_ready,
+            by_fate.join("/")
         );
     }
 }
@@ -883,6 +968,16 @@ fn desired_member(name: &str, address: &str, id: &str, requested_at: Instant) ->
     }
 }
 
+/// Requests per rollout that met `fate`, and how many rollouts did.
+fn fate_cost(report: &StrategyReport, fate: &str) -> String {
+    report
+        .requests_by_fate
+        .iter()
+        .find(|c| c.fate == fate)
+        .map(|c| format!("{:.1} ({})", c.requests_per_rollout, c.rollouts))
+        .unwrap_or_else(|| "-".into())
+}
+
 /// How one row reads its value from a report.
 type Column = Box<dyn Fn(&StrategyReport) -> String>;
 
@@ -957,6 +1052,13 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
             "  measured on (creations)",
             Box::new(|r| r.detection_lag_samples.to_string()),
         ),
+        (
+            "requests per rollout, all normal",
+            Box::new(|r| fate_cost(r, "")),
+        ),
+        ("  with a slow member", Box::new(|r| fate_cost(r, "slow"))),
+        ("  ending stuck", Box::new(|r| fate_cost(r, "stuck"))),
+        ("  ending in ERROR", Box::new(|r| fate_cost(r, "error"))),
         ("FALSE-READY", Box::new(|r| r.false_ready.to_string())),
         ("stuck members", Box::new(|r| r.stuck_members.to_string())),
         (
@@ -1035,6 +1137,66 @@ pub struct SteadyReport {
     pub polls_by_kind: std::collections::BTreeMap<String, u64>,
     /// Engine and client CPU per second of (virtual) steady state, as a share of one core.
     pub core_share: f64,
+    /// At the end, LBs whose members a list had vouched for (what a cluster keeps in status).
+    pub restart_recalled: u32,
+    /// A new engine given those (a controller restart) ...
+    pub restart: RestartFigures,
+    /// ... and one given nothing.
+    pub restart_without_recall: RestartFigures,
+}
+
+/// How long a restarted engine took to know every verdict again, and what it asked for.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RestartFigures {
+    /// Virtual seconds until every LB had a verdict; `None`: not within 10 minutes.
+    pub every_verdict_after: Option<f64>,
+    pub requests: u64,
+    pub list_pages: u64,
+}
+
+/// A new engine tracking `fleet` (each LB with its recalled state, if any): how long until
+/// every LB's verdict is known, and the requests it took.
+async fn restart(
+    config: EngineConfig,
+    fleet: &[DesiredLb],
+    recalled: Vec<Option<Recalled>>,
+    client: &CloudClient,
+    counting: &CountingSession,
+) -> anyhow::Result<RestartFigures> {
+    let registry = prometheus::Registry::new();
+    let cancel = CancellationToken::new();
+    let engine = Engine::new(config, &registry, cancel.clone())?;
+    let mut changes = engine.subscribe();
+    let requests_before = counting.sent.lock().map(|s| s.len()).unwrap_or(0);
+    let pages_before = counting
+        .list_pages
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    for (desired, recalled) in fleet.iter().zip(recalled) {
+        engine.ensure_recalled(desired.clone(), client, recalled);
+    }
+    let mut known = std::collections::HashSet::new();
+    let deadline = started + Duration::from_secs(600);
+    while known.len() < fleet.len() {
+        match tokio::time::timeout_at(deadline, changes.recv()).await {
+            Ok(Some(Notice::Changed(change))) if change.reason != Reason::NotObserved => {
+                known.insert(change.lb_id);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let every_verdict_after = (known.len() == fleet.len()).then(|| started.elapsed().as_secs_f64());
+    cancel.cancel();
+    engine.shutdown().await;
+    Ok(RestartFigures {
+        every_verdict_after,
+        requests: (counting.sent.lock().map(|s| s.len()).unwrap_or(0) - requests_before) as u64,
+        list_pages: counting
+            .list_pages
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - pages_before,
+    })
 }
 
 pub fn steady(
@@ -1081,6 +1243,7 @@ pub fn steady(
             inner: sim.session(),
             sent: Mutex::new(Vec::new()),
             list_pages: Default::default(),
+            per_object: Default::default(),
         });
         let engine_client = engine_clouds.client(counting.clone());
         let cancel = CancellationToken::new();
@@ -1093,7 +1256,8 @@ pub fn steady(
             },
             ..EngineConfig::default()
         };
-        let engine = Engine::new(engine_config, &engine_registry, cancel.clone())?;
+        let engine = Engine::new(engine_config.clone(), &engine_registry, cancel.clone())?;
+        let mut fleet_desired = Vec::new();
         for (i, (lb, pool)) in fleet.lbs.iter().enumerate() {
             let desired = DesiredLb {
                 lb_id: lb.clone(),
@@ -1114,7 +1278,8 @@ pub fn steady(
                 rollout_waiting: false,
                 leaving: Vec::new(),
             };
-            engine.ensure(desired, &engine_client);
+            engine.ensure(desired.clone(), &engine_client);
+            fleet_desired.push(desired);
         }
         // First pass: every LB observed once; then measure a steady stretch.
         tokio::time::sleep(Duration::from_secs(
@@ -1148,8 +1313,24 @@ pub fn steady(
             .list_pages
             .load(std::sync::atomic::Ordering::Relaxed)
             - pages_before;
+        let recalled: Vec<Option<Recalled>> = fleet_desired
+            .iter()
+            .map(|d| engine.snapshot(&d.lb_id).and_then(|s| s.recalled()))
+            .collect();
         cancel.cancel();
+        engine.shutdown().await;
         let mut seen = drift.await.unwrap_or_default();
+        let restart = |recalled: Vec<Option<Recalled>>| {
+            restart(
+                engine_config.clone(),
+                &fleet_desired,
+                recalled,
+                &engine_client,
+                &counting,
+            )
+        };
+        let with_recall = restart(recalled.clone()).await?;
+        let without_recall = restart(vec![None; fleet_desired.len()]).await?;
         seen.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let drifts_seen = seen.len() as u32;
         Ok(SteadyReport {
@@ -1167,6 +1348,9 @@ pub fn steady(
             drifts_unseen: drifts.saturating_sub(drifts_seen),
             polls_by_kind: polls_by_kind(&engine_registry),
             core_share: cpu.as_secs_f64() / seconds as f64,
+            restart_recalled: recalled.iter().flatten().count() as u32,
+            restart: with_recall,
+            restart_without_recall: without_recall,
         })
     })
 }

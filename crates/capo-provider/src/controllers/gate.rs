@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use capo_api::OpenStackMachine;
 use capo_api::capi;
 use capo_api::cluster::{
-    LoadBalancerMemberStatus, OperatingStatus as ApiOperating,
+    LoadBalancerMemberStatus, LoadBalancerStatus, OperatingStatus as ApiOperating,
     ProvisioningStatus as ApiProvisioning,
 };
 use capo_api::conditions::{Desired, Status, reasons, types};
@@ -22,7 +22,8 @@ use tokio::time::Instant;
 
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 use crate::membership::{
-    DesiredMember, Health, LbVerdict, MemberTrack, ObjectName, Presence, Reason,
+    DesiredMember, Health, LbVerdict, MemberTrack, ObjectName, Presence, Reason, Recalled,
+    SeenMember,
 };
 
 /// The address a machine's member points at: its first internal address.
@@ -186,12 +187,68 @@ pub fn member_statuses(
                 pool,
                 address: Some(m.desired.address.clone()),
                 port: Some(i32::from(m.desired.port)),
+                id: m.id.clone().filter(|_| provisioning.is_some()),
                 provisioning_status: provisioning,
                 operating_status: m.operating.and_then(api_operating),
                 since: Some(wall(m.since)),
             }
         })
         .collect()
+}
+
+/// What the recorded status says of the LB's members, for a restarted engine to confirm
+/// against the LB's row ([`LoadBalancerStatus::members_as_of`]). `None` when there is no such
+/// row, or a member seen is recorded without what the engine needs (an id, an address, a
+/// port) or on its way (a row never vouches for that).
+pub fn recalled(recorded: &LoadBalancerStatus) -> Option<Recalled> {
+    let updated_at = recorded.members_as_of.clone()?;
+    let mut members = Vec::new();
+    for m in &recorded.members {
+        let Some(provisioning) = m.provisioning_status else {
+            continue;
+        };
+        let provisioning = cloud_provisioning(provisioning);
+        if provisioning.is_pending() {
+            return None;
+        }
+        members.push(SeenMember {
+            pool_id: m.pool.clone(),
+            id: m.id.clone()?,
+            name: m.name.clone(),
+            address: m.address.clone()?,
+            port: u16::try_from(m.port?).ok()?,
+            provisioning,
+            operating: m
+                .operating_status
+                .map_or(OperatingStatus::Unknown, cloud_operating),
+        });
+    }
+    Some(Recalled {
+        updated_at,
+        members,
+    })
+}
+
+fn cloud_provisioning(status: ApiProvisioning) -> ProvisioningStatus {
+    match status {
+        ApiProvisioning::Active => ProvisioningStatus::Active,
+        ApiProvisioning::PendingCreate => ProvisioningStatus::PendingCreate,
+        ApiProvisioning::PendingUpdate => ProvisioningStatus::PendingUpdate,
+        ApiProvisioning::PendingDelete => ProvisioningStatus::PendingDelete,
+        ApiProvisioning::Deleted => ProvisioningStatus::Deleted,
+        ApiProvisioning::Error => ProvisioningStatus::Error,
+    }
+}
+
+fn cloud_operating(status: ApiOperating) -> OperatingStatus {
+    match status {
+        ApiOperating::Online => OperatingStatus::Online,
+        ApiOperating::Draining => OperatingStatus::Draining,
+        ApiOperating::Offline => OperatingStatus::Offline,
+        ApiOperating::Degraded => OperatingStatus::Degraded,
+        ApiOperating::Error => OperatingStatus::Error,
+        ApiOperating::NoMonitor => OperatingStatus::NoMonitor,
+    }
 }
 
 fn api_provisioning(status: ProvisioningStatus) -> Option<ApiProvisioning> {
@@ -304,5 +361,77 @@ mod tests {
         assert_eq!(condition.status, Status::False);
         assert_eq!(condition.message, "members not ONLINE: cp-1 OFFLINE");
         assert_eq!(health_condition(&Health::Healthy).status, Status::True);
+    }
+
+    fn seen(name: &str, id: Option<&str>, presence: Presence) -> MemberTrack {
+        let now = Instant::now();
+        MemberTrack {
+            desired: DesiredMember {
+                owner: ObjectName::new("ns", name),
+                name: name.into(),
+                address: format!("10.0.0.{}", name.len()),
+                port: 6443,
+                requested_at: now,
+                member_id: None,
+            },
+            pool_id: Some("pool-1".into()),
+            presence,
+            operating: Some(OperatingStatus::Online),
+            since: now,
+            first_seen: Some(now),
+            active_at: None,
+            id: id.map(str::to_owned),
+            recreated: false,
+        }
+    }
+
+    #[test]
+    fn the_recorded_members_are_recalled_as_the_engine_saw_them() {
+        let pools = BTreeMap::from([(6443, "pool-1".to_owned())]);
+        let now = Instant::now();
+        let active = Presence::Seen(ProvisioningStatus::Active);
+        let tracks = vec![
+            seen("cp-1", Some("m-1"), active),
+            seen("cp-22", None, Presence::Absent),
+        ];
+        let recorded = LoadBalancerStatus {
+            members: member_statuses(&tracks, &pools, now, Timestamp::now()),
+            members_as_of: Some("2026-11-23T12:00:05".into()),
+            ..LoadBalancerStatus::default()
+        };
+        let got = recalled(&recorded).expect("recalled");
+        assert_eq!(got.updated_at, "2026-11-23T12:00:05");
+        // The absent member is not in the pool; the one seen is, as seen.
+        assert_eq!(
+            got.members,
+            [SeenMember {
+                pool_id: "pool-1".into(),
+                id: "m-1".into(),
+                name: "cp-1".into(),
+                address: "10.0.0.4".into(),
+                port: 6443,
+                provisioning: ProvisioningStatus::Active,
+                operating: OperatingStatus::Online,
+            }]
+        );
+        // Nothing to recall: no row kept, a member on its way, or one without its id.
+        let without_row = LoadBalancerStatus {
+            members_as_of: None,
+            ..recorded.clone()
+        };
+        assert_eq!(recalled(&without_row), None);
+        let pending = vec![seen(
+            "cp-1",
+            Some("m-1"),
+            Presence::Seen(ProvisioningStatus::PendingCreate),
+        )];
+        let on_its_way = LoadBalancerStatus {
+            members: member_statuses(&pending, &pools, now, Timestamp::now()),
+            ..recorded.clone()
+        };
+        assert_eq!(recalled(&on_its_way), None);
+        let mut no_id = recorded;
+        no_id.members[0].id = None;
+        assert_eq!(recalled(&no_id), None);
     }
 }

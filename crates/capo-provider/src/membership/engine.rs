@@ -21,9 +21,11 @@ use tokio_util::task::TaskTracker;
 
 use super::changes::{Change, Changes};
 use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
-use super::model::{DesiredLb, LbTrack, MemberTrack, Presence, SeenMember};
+use super::model::{DesiredLb, LbTrack, MemberTrack, Observation, Presence, Recalled, SeenMember};
 use super::observe::{Observer, Seen, StatusTreeObserver};
-use super::schedule::{Finish, ListState, PollOutcome, ScheduleConfig, Scheduler, Target};
+use super::schedule::{
+    Finish, ListFindings, ListState, PollOutcome, ScheduleConfig, Scheduler, Target,
+};
 use super::verdict::{
     Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, health, lb_verdict,
 };
@@ -71,6 +73,37 @@ pub struct Snapshot {
     /// Members seen in the LB's pools that nobody wants (members on their way out).
     pub stale: Vec<SeenMember>,
     pub last_poll: Option<Instant>,
+    /// The LB's `updated_at` in Octavia while its members read as in `members` and `stale`,
+    /// once a list has shown it (see [`Recalled`]): kept with them, it lets a restarted
+    /// engine trust them while the LB's row still shows it.
+    pub members_as_of: Option<String>,
+}
+
+impl Snapshot {
+    /// What to keep of this LB to recall after a restart ([`Engine::ensure_recalled`]): its
+    /// members as seen, once a list has vouched for them.
+    pub fn recalled(&self) -> Option<Recalled> {
+        let members = self
+            .members
+            .iter()
+            .filter_map(|m| match m.presence {
+                Presence::Seen(provisioning) => Some(SeenMember {
+                    pool_id: m.pool_id.clone()?,
+                    id: m.id.clone()?,
+                    name: m.desired.name.clone(),
+                    address: m.desired.address.clone(),
+                    port: m.desired.port,
+                    provisioning,
+                    operating: m.operating.unwrap_or(OperatingStatus::Unknown),
+                }),
+                Presence::Absent => None,
+            })
+            .collect();
+        Some(Recalled {
+            updated_at: self.members_as_of.clone()?,
+            members,
+        })
+    }
 }
 
 struct LbEntry {
@@ -91,6 +124,10 @@ struct LbEntry {
     /// Someone changed the LB: publish a change when it is next seen ACTIVE, even if the
     /// verdict reads the same (a short PENDING_UPDATE may fall between two polls).
     wake_when_settled: bool,
+    /// See [`Snapshot::members_as_of`].
+    members_as_of: Option<String>,
+    /// A state from before a restart, waiting for the list to confirm it.
+    recalled: Option<Recalled>,
 }
 
 struct Endpoint {
@@ -177,11 +214,26 @@ impl Engine {
     /// snapshots carry the generation their verdict was computed for, so a caller can tell a
     /// verdict about its latest wish from an older one.
     pub fn ensure(&self, desired: DesiredLb, client: &CloudClient) -> u64 {
+        self.ensure_recalled(desired, client, None)
+    }
+
+    /// [`Engine::ensure`], with what was known of the LB before a restart (its members, as
+    /// of its row's `updated_at`, from [`Snapshot::members_as_of`]). An LB the engine does not
+    /// know yet then waits for its LB list: if the list shows the row unchanged, nothing
+    /// under it changed (Octavia moves `updated_at` on every member create, update and
+    /// delete), and the recalled members stand without a status tree.
+    pub fn ensure_recalled(
+        &self,
+        desired: DesiredLb,
+        client: &CloudClient,
+        recalled: Option<Recalled>,
+    ) -> u64 {
         let now = Instant::now();
         let scope = client.path().session().scope();
         let key = format!("{}|{}", scope.auth_url, scope.region);
         let lb_id = desired.lb_id.clone();
         let rollout_waiting = desired.rollout_waiting;
+        let mut recall: Option<Recalled> = None;
         let (endpoint, started, generation) = {
             let mut state = self.inner.lock();
             let (endpoint, started) = match state.endpoints.get(&key) {
@@ -223,6 +275,7 @@ impl Engine {
                     entry.generation
                 }
                 None => {
+                    recall = recalled.filter(|_| self.inner.observer.uses_list());
                     self.inner.metrics.track_cluster(&desired.cluster);
                     let track = LbTrack::new(desired, now);
                     let verdict = lb_verdict(&track, now, self.inner.config.stuck_after);
@@ -239,6 +292,8 @@ impl Engine {
                             reason_label: None,
                             gate_clock: GateClock::default(),
                             wake_when_settled: false,
+                            members_as_of: None,
+                            recalled: recall.clone(),
                         },
                     );
                     1
@@ -258,6 +313,9 @@ impl Engine {
             let mut scheduler = lock(&endpoint.scheduler);
             scheduler.wake(&lb_id, rollout_waiting, now);
             scheduler.cover(&lb_id, list.as_deref(), now);
+            if let Some(recalled) = &recall {
+                scheduler.recall(&lb_id, &recalled.updated_at, now);
+            }
             if let Some(list) = &list {
                 lock(&endpoint.listers).insert(list.clone(), client.clone());
             }
@@ -331,6 +389,7 @@ impl Engine {
             members: entry.track.members.clone(),
             stale: entry.track.stale.clone(),
             last_poll: entry.track.last_poll,
+            members_as_of: entry.members_as_of.clone(),
         })
     }
 
@@ -558,8 +617,9 @@ async fn sweep(
     let mut scheduler = lock(&endpoint.scheduler);
     match result {
         Ok(rows) => {
-            scheduler.listed(&list, &rows, now);
+            let findings = scheduler.listed(&list, &rows, now);
             drop(scheduler);
+            apply_findings(&inner, &endpoint, findings, now);
             if lock(&endpoint.refusals_logged).remove(&list) {
                 tracing::info!(endpoint = %key, "the load balancer list answers again; using it");
             }
@@ -590,6 +650,67 @@ async fn sweep(
             }
         }
     }
+}
+
+/// Acts on what a list confirmed: recalled states whose row is unchanged stand (as if a
+/// tree had read them; the others get a tree, which the scheduler has due), and last trees a
+/// list has vouched for get the row they reflect, so their cluster can keep it.
+fn apply_findings(inner: &Inner, endpoint: &Endpoint, findings: ListFindings, now: Instant) {
+    let observed = std::time::Instant::now();
+    let mut outcomes = Vec::new();
+    {
+        let mut state = inner.lock();
+        for (lb, operating) in findings.recalled {
+            let Some(entry) = state.lbs.get_mut(&lb) else {
+                continue;
+            };
+            let Some(recalled) = entry.recalled.take() else {
+                continue;
+            };
+            let Some(operating) = operating.filter(|_| entry.track.last_poll.is_none()) else {
+                continue;
+            };
+            let observation = Observation {
+                provisioning: ProvisioningStatus::Active,
+                operating,
+                members: recalled.members,
+                pools_seen: entry.track.desired.pools.values().cloned().collect(),
+            };
+            let generation = entry.generation;
+            let seen = Seen::Observed(observation);
+            let (outcome, _) = fold(inner, entry, &seen, generation, observed, now);
+            entry.members_as_of = Some(recalled.updated_at);
+            tracing::debug!(%lb, "recalled members stand: the load balancer is unchanged");
+            outcomes.push((lb, outcome));
+        }
+        for (lb, answered, updated_at) in findings.vouched {
+            let Some(entry) = state.lbs.get_mut(&lb) else {
+                continue;
+            };
+            let same_tree = entry.track.last_poll == Some(answered);
+            if same_tree
+                && vouchable(&entry.track)
+                && entry.members_as_of.as_ref() != Some(&updated_at)
+            {
+                entry.members_as_of = Some(updated_at);
+                // Its cluster keeps the row with the members it records.
+                publish(inner, entry, observed);
+            }
+        }
+    }
+    let mut scheduler = lock(&endpoint.scheduler);
+    for (lb, outcome) in outcomes {
+        scheduler.done(&lb, &outcome, now);
+    }
+}
+
+/// Whether the LB's row can vouch for what the engine knows of it: nothing under it is on
+/// its way (a member may finish after its LB unlocked without touching the row), and every
+/// member in its pools is a desired one (so the members its cluster records are all there is).
+fn vouchable(track: &LbTrack) -> bool {
+    let lb_settled = matches!(track.lb, Some(Some((status, _))) if !status.is_pending());
+    let pending = |p: &Presence| matches!(p, Presence::Seen(status) if status.is_pending());
+    lb_settled && track.stale.is_empty() && !track.members.iter().any(|m| pending(&m.presence))
 }
 
 async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bool, lag: Duration) {
@@ -645,61 +766,8 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bo
         let Some(entry) = state.lbs.get_mut(&lb) else {
             return;
         };
-        let previous_poll = entry.track.last_poll;
-        let before: Vec<MemberTrack> = entry.track.members.clone();
-        let changed = match &seen {
-            Seen::Observed(observation) => entry.track.observe(observation, now),
-            Seen::Gone => entry.track.observe_gone(now),
-        };
-        let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
-        let learnt = record_member_metrics(&inner, entry, &before, &verdict, previous_poll, now);
-        // A newer desired state arrived during the poll: this verdict is still about the one
-        // the poll started with.
-        let generation = generation.min(entry.generation);
-        let verdict_changed =
-            !verdict.same_gate(&entry.verdict) || generation != entry.verdict_generation;
-        let settled_after_change =
-            entry.wake_when_settled && verdict.lb_status == Some(ProvisioningStatus::Active);
-        if settled_after_change {
-            entry.wake_when_settled = false;
-        }
-        entry.verdict = verdict;
-        entry.verdict_generation = generation;
-        let gate_time = entry.gate_clock.advance(entry.verdict.reason, now);
-        inner
-            .metrics
-            .gate_time(&entry.track.desired.cluster, &gate_time);
-        if verdict_changed || settled_after_change {
-            publish(&inner, entry, observed);
-        }
-        let deadline = [
-            stuck_deadline(entry, inner.config.stuck_after),
-            observer.next_due(&lb),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        // Ours polls while something is on its way (pending, missing, not yet seen, stuck: it
-        // may still recover); ERROR changes only when someone repairs it, which wakes us. So
-        // an LB a rollout waits on is urgent exactly while it is on its way. An observer that
-        // paces itself follows its own backoff only.
-        let urgent = observer.polls_urgently()
-            && matches!(
-                entry.verdict.reason,
-                Reason::NotObserved
-                    | Reason::LoadBalancerPending
-                    | Reason::MembersPending
-                    | Reason::MembersMissing
-                    | Reason::MemberStuck
-            );
-        let outcome = PollOutcome {
-            // A load balancer that is gone stays reported but is only re-checked at drift pace.
-            urgent: urgent && !matches!(seen, Seen::Gone),
-            changed: changed || verdict_changed,
-            deadline,
-            creating_for: creating_for(entry, now),
-            lb_locked: matches!(&seen, Seen::Observed(o) if o.provisioning.is_pending()),
-        };
+        let (mut outcome, learnt) = fold(&inner, entry, &seen, generation, observed, now);
+        outcome.read = true;
         (outcome, learnt)
     };
     let mut scheduler = lock(&endpoint.scheduler);
@@ -707,6 +775,82 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bo
         scheduler.learn(took);
     }
     scheduler.done(&lb, &outcome, now);
+}
+
+/// Folds one observation of `entry`'s LB into its track and verdict (publishing a change),
+/// and says how to schedule its next poll and what it taught about provisioning times.
+fn fold(
+    inner: &Inner,
+    entry: &mut LbEntry,
+    seen: &Seen,
+    generation: u64,
+    observed: std::time::Instant,
+    now: Instant,
+) -> (PollOutcome, Vec<Finish>) {
+    let observer = &inner.observer;
+    let previous_poll = entry.track.last_poll;
+    let before: Vec<MemberTrack> = entry.track.members.clone();
+    let changed = match seen {
+        Seen::Observed(observation) => entry.track.observe(observation, now),
+        Seen::Gone => entry.track.observe_gone(now),
+    };
+    if changed {
+        // Only a list read after this observation can say which row it belongs to.
+        entry.members_as_of = None;
+    }
+    let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
+    let learnt = record_member_metrics(inner, entry, &before, &verdict, previous_poll, now);
+    // A newer desired state arrived during the poll: this verdict is still about the one
+    // the poll started with.
+    let generation = generation.min(entry.generation);
+    let verdict_changed =
+        !verdict.same_gate(&entry.verdict) || generation != entry.verdict_generation;
+    let settled_after_change =
+        entry.wake_when_settled && verdict.lb_status == Some(ProvisioningStatus::Active);
+    if settled_after_change {
+        entry.wake_when_settled = false;
+    }
+    entry.verdict = verdict;
+    entry.verdict_generation = generation;
+    let gate_time = entry.gate_clock.advance(entry.verdict.reason, now);
+    inner
+        .metrics
+        .gate_time(&entry.track.desired.cluster, &gate_time);
+    if verdict_changed || settled_after_change {
+        publish(inner, entry, observed);
+    }
+    let deadline = [
+        stuck_deadline(entry, inner.config.stuck_after),
+        observer.next_due(&entry.track.desired.lb_id),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    // Ours polls while something is on its way (pending, missing, not yet seen, stuck: it
+    // may still recover); ERROR changes only when someone repairs it, which wakes us. So
+    // an LB a rollout waits on is urgent exactly while it is on its way. An observer that
+    // paces itself follows its own backoff only.
+    let urgent = observer.polls_urgently()
+        && matches!(
+            entry.verdict.reason,
+            Reason::NotObserved
+                | Reason::LoadBalancerPending
+                | Reason::MembersPending
+                | Reason::MembersMissing
+                | Reason::MemberStuck
+        );
+    (
+        PollOutcome {
+            // A load balancer that is gone stays reported but is only re-checked at drift pace.
+            urgent: urgent && !matches!(seen, Seen::Gone),
+            changed: changed || verdict_changed,
+            deadline,
+            creating_for: creating_for(entry, now),
+            lb_locked: matches!(seen, Seen::Observed(o) if o.provisioning.is_pending()),
+            read: false,
+        },
+        learnt,
+    )
 }
 
 /// How long each member still being created has been on its way, when those creations are

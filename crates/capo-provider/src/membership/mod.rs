@@ -14,7 +14,9 @@ pub mod vocabulary;
 
 pub use changes::{Change, Changes, Notice, OwnerKind};
 pub use engine::{Engine, EngineConfig, EngineError, Snapshot};
-pub use model::{DesiredLb, DesiredMember, MemberTrack, ObjectName, Presence, SeenMember};
+pub use model::{
+    DesiredLb, DesiredMember, MemberTrack, ObjectName, Presence, Recalled, SeenMember,
+};
 pub use observe::{Observer, Seen, StatusTreeObserver};
 pub use schedule::ScheduleConfig;
 pub use verdict::{Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason};

@@ -66,6 +66,15 @@ pub struct DesiredLb {
     pub leaving: Vec<ObjectName>,
 }
 
+/// What was known of a load balancer before a restart: its members (every one in its pools,
+/// as a status tree showed them while nothing under it was on its way), as of its row's
+/// `updated_at`, which a list had shown unchanged after that tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recalled {
+    pub updated_at: String,
+    pub members: Vec<SeenMember>,
+}
+
 /// A member as one poll saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeenMember {

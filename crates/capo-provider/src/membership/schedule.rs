@@ -14,9 +14,10 @@
 //!   metric shows by how much).
 //! - Once enough members have been seen to finish, polls for a member on its way aim at the
 //!   times members have actually finished at on this endpoint ([`ProvisioningTimes`]): no
-//!   faster than `urgent_initial` where finishes are common, up to `urgent_max` across stretches
-//!   where none ever happened; once it has outlasted every one seen, as if nothing were known
-//!   (fast for `urgent_fresh`, then backing off).
+//!   faster than `urgent_initial` where finishes are common, up to `learned_max` across
+//!   stretches where none ever happened. One that has outlasted every finish seen is an outlier
+//!   (most such are stuck): its polls back off by `urgent_backoff` to `outlasted_max`, and its
+//!   stuck deadline brings a poll of its own, so it is flagged on time.
 //! - Where the cloud lets us list load balancers, one list ([`Target::List`], a request per
 //!   1,000 LBs) watches every LB its identity sees: a settled LB gets a status tree only when
 //!   its row (statuses, `updated_at`) changed since the last list, and otherwise a safety-net
@@ -50,6 +51,11 @@ pub struct ScheduleConfig {
     /// How long a state is polled at `urgent_initial` before backing off.
     pub urgent_fresh: Duration,
     pub urgent_max: Duration,
+    /// Polls aimed at learned provisioning times may be this far apart across a stretch where
+    /// no member has finished.
+    pub learned_max: Duration,
+    /// Polls of a member that has outlasted every provisioning time seen back off to this.
+    pub outlasted_max: Duration,
     pub urgent_backoff: f64,
     pub drift_min: Duration,
     pub drift_max: Duration,
@@ -68,6 +74,9 @@ pub struct ScheduleConfig {
     pub safety_min: Duration,
     /// How long after a refused or failing list it is tried again.
     pub list_retry: Duration,
+    /// A settled LB whose last tree no list can vouch for (it was read within a second of its
+    /// row's last change) gets another tree this long after, unless it changes again first.
+    pub vouch_after: Duration,
 }
 
 impl Default for ScheduleConfig {
@@ -80,6 +89,8 @@ impl Default for ScheduleConfig {
             look_after_change: Duration::from_millis(1500),
             urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
+            learned_max: Duration::from_secs(60),
+            outlasted_max: Duration::from_secs(60),
             urgent_backoff: 1.5,
             drift_min: Duration::from_secs(60),
             drift_max: Duration::from_secs(300),
@@ -90,6 +101,7 @@ impl Default for ScheduleConfig {
             safety_share: 0.005,
             safety_min: Duration::from_secs(600),
             list_retry: Duration::from_secs(3600),
+            vouch_after: Duration::from_secs(120),
         }
     }
 }
@@ -109,6 +121,8 @@ pub struct PollOutcome {
     /// The LB itself was PENDING_* (locked): where a list covers it, the list watches for the
     /// unlock.
     pub lb_locked: bool,
+    /// The poll read the LB (a failed one did not).
+    pub read: bool,
 }
 
 /// How many recent provisioning times an endpoint remembers, and how many it needs before
@@ -209,6 +223,15 @@ struct Entry {
     deadline: Option<Instant>,
     /// The list showed a change while a tree was in flight: the tree may predate it.
     look_again: bool,
+    /// When the tree in flight was sent.
+    tree_sent: Option<Instant>,
+    /// The last tree answered: when it was sent, and when it answered.
+    last_tree: Option<(Instant, Instant)>,
+    /// The row (`updated_at`) a list has shown the last tree to reflect.
+    vouched: Option<String>,
+    /// A state recalled from before a restart, as of this row: waits for the list to show
+    /// the row unchanged (no tree needed) or not.
+    recalled: Option<String>,
 }
 
 impl Entry {
@@ -222,6 +245,14 @@ impl Entry {
     fn unpark(&mut self) {
         self.parked = false;
         self.parked_since = None;
+    }
+
+    /// The wait until the next poll while nothing changes: the current interval, which then
+    /// grows by `factor` up to `max`.
+    fn back_off(&mut self, factor: f64, max: Duration) -> Duration {
+        let wait = self.interval;
+        self.interval = self.interval.mul_f64(factor).min(max);
+        wait
     }
 }
 
@@ -274,8 +305,27 @@ struct Sweep {
     covered: usize,
     /// Pages (requests) its last answer took.
     pages: usize,
-    /// Each covered LB's row at the last list: statuses and `updated_at`.
-    rows: HashMap<String, LbRowMark>,
+    /// Each covered LB's row at the last list: statuses and `updated_at`, and since when
+    /// lists have shown it.
+    rows: HashMap<String, (LbRowMark, Instant)>,
+    /// When the list in flight was sent.
+    sent: Option<Instant>,
+}
+
+/// Octavia stamps `updated_at` to the second: a write in the same second as the last one
+/// leaves the row as it was. A tree sent at least this long after a list first showed a row
+/// has seen every write stamped with it.
+const ROW_STAMP_RESOLUTION: Duration = Duration::from_secs(1);
+
+/// What a list told about LBs beyond when to poll them: for the engine to act on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFindings {
+    /// LBs with a recalled state: whether the list showed their row as recalled (then the
+    /// recalled state holds, and the row's operating status is the LB's), or not (a tree is
+    /// due).
+    pub recalled: Vec<(String, Option<OperatingStatus>)>,
+    /// LBs whose last tree, answered at that instant, the list shows to reflect this row.
+    pub vouched: Vec<(String, Instant, String)>,
 }
 
 /// What of an LB's row tells that something under it changed.
@@ -355,6 +405,10 @@ impl Scheduler {
             parked_since: None,
             deadline: None,
             look_again: false,
+            tree_sent: None,
+            last_tree: None,
+            vouched: None,
+            recalled: None,
         });
         entry.urgent = true;
         entry.rollout_waiting = rollout_waiting;
@@ -385,6 +439,9 @@ impl Scheduler {
         }
         let old = entry.list.take();
         entry.unpark();
+        if entry.recalled.take().is_some() {
+            entry.due = now;
+        }
         entry.list = list.map(str::to_owned);
         if let Some(list) = list {
             let sweep = self.sweeps.entry(list.to_owned()).or_insert(Sweep {
@@ -395,6 +452,7 @@ impl Scheduler {
                 covered: 0,
                 pages: 1,
                 rows: HashMap::new(),
+                sent: None,
             });
             sweep.covered += 1;
         }
@@ -499,11 +557,13 @@ impl Scheduler {
     /// since the last list, or that it shows unlocked while parked, is due now; one it shows
     /// locked is parked; one it listed before and not now is due now, so its tree can tell
     /// whether it is gone. The pages after the first are charged to the budget now (the pick
-    /// paid for one).
-    pub fn listed(&mut self, list: &str, rows: &[LoadBalancerRow], now: Instant) {
+    /// paid for one). Returns what the list confirms of recalled states and last trees.
+    pub fn listed(&mut self, list: &str, rows: &[LoadBalancerRow], now: Instant) -> ListFindings {
+        let mut findings = ListFindings::default();
         let Some(sweep) = self.sweeps.get_mut(list) else {
-            return;
+            return findings;
         };
+        let list_sent = sweep.sent.take().unwrap_or(now);
         sweep.pages = rows.len().div_ceil(LIST_PAGE).max(1);
         self.tokens -= (sweep.pages - 1) as f64;
         sweep.in_flight = false;
@@ -519,6 +579,10 @@ impl Scheduler {
             .filter(|(_, e)| e.list.as_deref() == Some(list))
         {
             let Some(row) = by_id.get(lb.as_str()) else {
+                if entry.recalled.take().is_some() {
+                    findings.recalled.push((lb.clone(), None));
+                    entry.due = entry.due.min(now);
+                }
                 // Listed before, gone now: its tree tells whether it is deleted. (One never
                 // listed may be newer than the list; one gone stays unlisted: no tree each time.)
                 if sweep.rows.remove(lb).is_some() {
@@ -533,7 +597,37 @@ impl Scheduler {
                 operating: row.operating_status,
                 updated_at: row.updated_at.clone(),
             };
-            let changed = sweep.rows.get(lb).is_some_and(|before| *before != mark);
+            let before = sweep.rows.get(lb);
+            let changed = before.is_some_and(|(before, _)| *before != mark);
+            let row_since = match before {
+                Some((before, since)) if *before == mark => *since,
+                _ => now,
+            };
+            if let Some(recalled) = entry.recalled.take() {
+                let holds = row.updated_at.as_deref() == Some(recalled.as_str())
+                    && row.provisioning_status == ProvisioningStatus::Active;
+                findings
+                    .recalled
+                    .push((lb.clone(), holds.then_some(row.operating_status)));
+                if holds {
+                    entry.vouched = Some(recalled);
+                } else {
+                    entry.due = entry.due.min(now);
+                }
+            } else if let Some(updated_at) = &row.updated_at
+                && let Some((tree_sent, tree_answered)) = entry.last_tree
+                && !entry.in_flight
+                && !changed
+                && !row.provisioning_status.is_pending()
+                && list_sent >= tree_answered
+                && tree_sent >= row_since + ROW_STAMP_RESOLUTION
+                && entry.vouched.as_ref() != Some(updated_at)
+            {
+                entry.vouched = Some(updated_at.clone());
+                findings
+                    .vouched
+                    .push((lb.clone(), tree_answered, updated_at.clone()));
+            }
             if row.provisioning_status.is_pending() {
                 // A tree would only show the lock; a deadline (a member turning stuck) still
                 // brings its own poll.
@@ -556,7 +650,7 @@ impl Scheduler {
             any_parked |= entry
                 .parked_since
                 .is_some_and(|since| now.saturating_duration_since(since) < urgent_fresh);
-            sweep.rows.insert(lb.clone(), mark);
+            sweep.rows.insert(lb.clone(), (mark, row_since));
         }
         let pace = if any_parked {
             self.locked_interval()
@@ -566,6 +660,7 @@ impl Scheduler {
         if let Some(sweep) = self.sweeps.get_mut(list) {
             sweep.due = now + pace;
         }
+        findings
     }
 
     /// A list was refused (403, 404: the policy does not allow it): the LBs it covers go
@@ -617,6 +712,7 @@ impl Scheduler {
         {
             let back = if entry.urgent { now } else { now + drift };
             entry.unpark();
+            entry.recalled = None;
             entry.due = entry.due.min(back);
         }
     }
@@ -631,7 +727,7 @@ impl Scheduler {
     }
 
     /// When to look again at members being created, from what finished before: the soonest
-    /// any of them could finish (no sooner than the fast pace, no later than `urgent_max`), or
+    /// any of them could finish (no sooner than the fast pace, no later than `learned_max`), or
     /// `Outlasted` when one has outlasted every window. `Unknown` until enough are known.
     fn learned_wait(&self, creating_for: &[Duration]) -> NextFinish {
         let c = &self.config;
@@ -641,7 +737,7 @@ impl Scheduler {
                 NextFinish::Unknown => return NextFinish::Unknown,
                 NextFinish::Outlasted => return NextFinish::Outlasted,
                 NextFinish::In(gap) => {
-                    let gap = gap.min(c.urgent_max).max(c.urgent_initial);
+                    let gap = gap.min(c.learned_max).max(c.urgent_initial);
                     soonest = Some(soonest.map_or(gap, |s| s.min(gap)));
                 }
             }
@@ -661,7 +757,12 @@ impl Scheduler {
         let settled_count =
             self.entries.values().filter(|e| !e.urgent).count() + usize::from(!urgent);
         let drift = if listed {
-            self.safety_interval(settled_count)
+            let safety = self.safety_interval(settled_count);
+            if outcome.read && !self.vouchable(lb) {
+                safety.min(self.config.vouch_after)
+            } else {
+                safety
+            }
         } else {
             self.drift_interval(settled_count)
         };
@@ -675,6 +776,12 @@ impl Scheduler {
             return;
         };
         entry.in_flight = false;
+        let sent = entry.tree_sent.take();
+        if outcome.read {
+            entry.last_tree = sent.map(|sent| (sent, now));
+            entry.vouched = None;
+            entry.recalled = None;
+        }
         let was_urgent = entry.urgent;
         entry.urgent = urgent;
         if urgent && (changed || !was_urgent) {
@@ -690,17 +797,15 @@ impl Scheduler {
             config.locked_max
         } else if let NextFinish::In(learned) = learned {
             learned
+        } else if learned == NextFinish::Outlasted && !changed && was_urgent {
+            // Slower than every member seen: most such are stuck, and the stuck deadline
+            // brings its own poll.
+            entry.back_off(config.urgent_backoff, config.outlasted_max)
         } else if changed || !was_urgent || fresh {
-            // Nothing learnt applies (too little known, or a member outlasted everything
-            // seen): watch a new state closely for a while.
+            // Too little known to aim: watch a new state closely for a while.
             config.urgent_initial
         } else {
-            let wait = entry.interval;
-            entry.interval = entry
-                .interval
-                .mul_f64(config.urgent_backoff)
-                .min(config.urgent_max);
-            wait
+            entry.back_off(config.urgent_backoff, config.urgent_max)
         };
         if !(urgent && listed && outcome.lb_locked) {
             entry.unpark();
@@ -719,6 +824,48 @@ impl Scheduler {
         {
             sweep.due = sweep.due.min(now + config.sweep_locked);
         }
+    }
+
+    /// Whether a list could vouch for the tree of `lb` in flight: it was sent at least a
+    /// second after a list first showed the LB's current row.
+    fn vouchable(&self, lb: &str) -> bool {
+        let Some(entry) = self.entries.get(lb) else {
+            return false;
+        };
+        let row_since = entry
+            .list
+            .as_ref()
+            .and_then(|list| self.sweeps.get(list))
+            .and_then(|sweep| sweep.rows.get(lb))
+            .map(|(_, since)| *since);
+        matches!((entry.tree_sent, row_since), (Some(sent), Some(since)) if sent >= since + ROW_STAMP_RESOLUTION)
+    }
+
+    /// `lb`'s state as of `updated_at` is recalled from before a restart: it waits for the
+    /// list (brought forward) to show whether its row is unchanged, instead of a tree; if no
+    /// list answers, a tree after `locked_max`.
+    pub fn recall(&mut self, lb: &str, updated_at: &str, now: Instant) {
+        let Some(list) = self.listing_or_untried(lb) else {
+            return;
+        };
+        let (first_look, locked_max) = (self.config.look_after_change, self.config.locked_max);
+        if let Some(sweep) = self.sweeps.get_mut(&list) {
+            sweep.due = sweep.due.min(now + first_look);
+        }
+        if let Some(entry) = self.entries.get_mut(lb)
+            && entry.last_tree.is_none()
+            && !entry.in_flight
+        {
+            entry.recalled = Some(updated_at.to_owned());
+            entry.due = now + locked_max;
+        }
+    }
+
+    /// The list covering `lb` if it works or has not been tried yet (not refused or failing).
+    fn listing_or_untried(&self, lb: &str) -> Option<String> {
+        let list = self.entries.get(lb)?.list.clone()?;
+        let sweep = self.sweeps.get(&list)?;
+        matches!(sweep.state, ListState::Working | ListState::Untried).then_some(list)
     }
 
     /// How often lists are read while an LB they cover is locked: `sweep_locked`, stretched
@@ -790,6 +937,7 @@ impl Scheduler {
         {
             self.tokens -= 1.0;
             sweep.in_flight = true;
+            sweep.sent = Some(now);
             return Some(Pick {
                 lag: now.saturating_duration_since(sweep.due),
                 urgent: true,
@@ -838,6 +986,7 @@ impl Scheduler {
         self.tokens -= 1.0;
         let entry = self.entries.get_mut(&lb)?;
         entry.in_flight = true;
+        entry.tree_sent = Some(now);
         Some(Pick {
             lag: now.saturating_duration_since(entry.due),
             urgent: entry.urgent,
@@ -1170,17 +1319,17 @@ mod tests {
         };
         let mut waits = Vec::new();
         let mut now = t0;
-        for elapsed in [0.0, 2.0, 3.5, 13.5, 23.5, 28.5, 30.0, 40.0] {
+        for elapsed in [0.0, 2.0, 3.5, 28.5, 30.0, 31.5, 33.75] {
             s.done("lb", &creating(elapsed), now);
             let due = s.wake_at(now).unwrap();
             waits.push((due - now).as_secs_f64());
             now = due;
             s.next(now).unwrap();
         }
-        // Up to the first window, through it at the fast pace, across the quiet stretch at
-        // most `urgent_max`, up to the next window, then the fast pace again once past them all
-        // (the state is fresh: `config` sets no fresh period, so it backs off from there).
-        assert_eq!(waits, [2.0, 1.5, 10.0, 10.0, 5.0, 1.5, 1.5, 2.25]);
+        // Up to the first window, through it at the fast pace, across the quiet stretch in one
+        // wait, through the next window at the fast pace, then, once past every window seen,
+        // backing off (an outlier: its stuck deadline brings a poll of its own).
+        assert_eq!(waits, [2.0, 1.5, 25.0, 1.5, 1.5, 2.25, 3.375]);
     }
 
     #[test]
@@ -1247,7 +1396,9 @@ mod tests {
         while now < to {
             while let Some(pick) = s.next(now) {
                 match &pick.target {
-                    Target::List(list) => s.listed(list, &rows(now), now),
+                    Target::List(list) => {
+                        s.listed(list, &rows(now), now);
+                    }
                     Target::Lb(lb) => s.done(lb, &tree(lb), now),
                 }
                 picks.push((now, pick.target));
@@ -1621,5 +1772,132 @@ mod tests {
             s.next(at).map(|p| p.target),
             Some(Target::List("me".into()))
         );
+    }
+
+    // ------------------------------------------------------------------ vouching and recall
+
+    fn read(urgent: bool) -> PollOutcome {
+        PollOutcome {
+            read: true,
+            ..outcome(urgent, false, None)
+        }
+    }
+
+    /// Answers the picks due at `now`: lists with `rows`, trees as settled reads. Returns the
+    /// findings of the lists read.
+    fn answer(s: &mut Scheduler, now: Instant, rows: &[LoadBalancerRow]) -> Vec<ListFindings> {
+        let mut findings = Vec::new();
+        while let Some(pick) = s.next(now) {
+            match &pick.target {
+                Target::List(list) => findings.push(s.listed(list, rows, now)),
+                Target::Lb(lb) => s.done(lb, &read(false), now),
+            }
+        }
+        findings
+    }
+
+    #[test]
+    fn a_list_vouches_for_a_tree_read_a_second_after_it_first_showed_the_row() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        let rows = active_rows(&["a", "b"], "t0");
+        // Something wakes `a`: the list shows it unchanged, and a tree reads it.
+        let t1 = t0 + secs(5.0);
+        s.wake("a", false, t1);
+        let look = s.wake_at(t1).expect("the list is brought forward");
+        assert_eq!(answer(&mut s, look, &rows), [ListFindings::default()]);
+        let answered = look;
+        // The next list shows the row unchanged since before the tree was sent: vouched once.
+        let next = s.wake_at(look).expect("the next list");
+        let found = answer(&mut s, next, &rows);
+        assert_eq!(
+            found[0].vouched,
+            [("a".to_owned(), answered, "t0".to_owned())]
+        );
+        let later = s.wake_at(next).expect("the next list");
+        assert_eq!(answer(&mut s, later, &rows), [ListFindings::default()]);
+    }
+
+    #[test]
+    fn a_tree_read_within_a_second_of_its_row_changing_is_not_vouched_and_read_again_later() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        // `a` changes: the list shows a new row, and a tree reads it at once.
+        let t1 = t0 + secs(30.0);
+        let mut rows = active_rows(&["a", "b"], "t0");
+        rows[0].updated_at = Some("t1".into());
+        assert_eq!(answer(&mut s, t1, &rows), [ListFindings::default()]);
+        // Octavia may have written the row again within that second: no list can vouch for
+        // that tree, so `a` gets another one `vouch_after` later (and b none).
+        let picks = run_until(
+            &mut s,
+            t1 + secs(0.001),
+            t1 + secs(300.0),
+            &|_| rows.clone(),
+            &|_| read(false),
+        );
+        let trees: Vec<_> = picks
+            .iter()
+            .filter(|(_, t)| t != &Target::List("me".into()))
+            .collect();
+        assert_eq!(trees, [&(t1 + secs(120.0), Target::Lb("a".into()))]);
+    }
+
+    #[test]
+    fn a_recalled_state_stands_without_a_tree_while_the_list_shows_its_row_unchanged() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        for lb in ["a", "b", "c"] {
+            s.wake(lb, false, t0);
+            s.cover(lb, Some("me"), t0);
+            s.recall(lb, "t0", t0);
+        }
+        // The list goes first and confirms `a`; `b`'s row moved, `c` is not listed.
+        let mut rows = active_rows(&["a", "b"], "t0");
+        rows[1].updated_at = Some("t1".into());
+        let found = answer(&mut s, t0, &rows);
+        let mut recalled = found[0].recalled.clone();
+        recalled.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            recalled,
+            [
+                ("a".to_owned(), Some(OperatingStatus::Online)),
+                ("b".to_owned(), None),
+                ("c".to_owned(), None),
+            ]
+        );
+        // The engine folds `a`'s recalled state in, as settled.
+        s.done("a", &outcome(false, false, None), t0);
+        // b and c were read at once (by `answer`); `a` gets no tree for a long while.
+        let picks = run_until(
+            &mut s,
+            t0 + secs(0.001),
+            t0 + secs(600.0),
+            &|_| rows.clone(),
+            &|_| read(false),
+        );
+        assert!(
+            !picks.iter().any(|(_, t)| t == &Target::Lb("a".into())),
+            "{picks:?}"
+        );
+    }
+
+    #[test]
+    fn a_recalled_lb_gets_a_tree_when_the_list_is_refused() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        for lb in ["a", "b"] {
+            s.wake(lb, false, t0);
+            s.cover(lb, Some("me"), t0);
+            s.recall(lb, "t0", t0);
+        }
+        let list = s.next(t0).expect("the list goes first");
+        assert_eq!(list.target, Target::List("me".into()));
+        s.list_refused("me", t0);
+        let mut trees: Vec<String> = std::iter::from_fn(|| s.next(t0))
+            .filter_map(|p| p.lb().map(str::to_owned))
+            .collect();
+        trees.sort();
+        assert_eq!(trees, ["a", "b"]);
     }
 }

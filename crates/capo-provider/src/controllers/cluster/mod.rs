@@ -714,7 +714,12 @@ async fn publish_gate(
         rollout_waiting,
         leaving: gate::leaving_machines(&pass.capi_name, &machines),
     };
-    pass.ctx.engine.ensure(desired, cloud);
+    // After a restart, what the status recorded stands if the LB's row is unchanged.
+    let recalled = match pass.ctx.engine.snapshot(&lb.id) {
+        None => gate::recalled(&lb),
+        Some(_) => None,
+    };
+    pass.ctx.engine.ensure_recalled(desired, cloud, recalled);
     let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
         return Ok(());
     };
@@ -722,6 +727,7 @@ async fn publish_gate(
     set(status, gate::health_condition(&snapshot.health));
     if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
         recorded.members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
+        recorded.members_as_of = snapshot.members_as_of.clone();
     }
     Ok(())
 }
