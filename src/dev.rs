@@ -280,6 +280,9 @@ pub enum BenchCommand {
         /// lists while an LB is locked, this far apart (overrides --urgent-interval).
         #[arg(long, value_parser = poll_interval)]
         detection_target: Option<f64>,
+        /// Status-tree: poll every LB on its own, as before the LB list was used.
+        #[arg(long)]
+        no_list: bool,
         /// Run status-tree once per detection target (seconds, comma-separated) and member-get
         /// once, and print requests per transition against lag p99.
         #[arg(long, value_delimiter = ',', value_parser = poll_interval)]
@@ -447,6 +450,7 @@ pub fn bench(
             drift_min,
             octavia_ordered,
             detection_target,
+            no_list,
             pareto,
             strategies,
         } => {
@@ -467,6 +471,7 @@ pub fn bench(
                         urgent_initial: Duration::from_secs_f64(urgent_interval),
                         urgent_fresh: Duration::from_secs_f64(urgent_fresh),
                         drift_min: Duration::from_secs_f64(drift_min),
+                        list_sweep: !no_list,
                         ..ScheduleConfig::default()
                     },
                     detection_target,

@@ -855,13 +855,18 @@ fn fold(
 
 /// How long each member still being created has been on its way, when those creations are
 /// all the LB waits for (otherwise the LB's own state, or another pending member, paces the
-/// polls).
+/// polls). Stuck ones count: they have outlasted every creation seen, so they are polled
+/// slowly (MemberStuck is already said; a recovery is seen within the slow pace).
 fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
     let creating = Presence::Seen(ProvisioningStatus::PendingCreate);
     let other_pending = entry.track.members.iter().any(|m| {
         matches!(m.presence, Presence::Seen(p) if p.is_pending()) && m.presence != creating
     });
-    if entry.verdict.reason != Reason::MembersPending || other_pending {
+    let waiting = matches!(
+        entry.verdict.reason,
+        Reason::MembersPending | Reason::MemberStuck
+    );
+    if !waiting || other_pending {
         return Vec::new();
     }
     entry
