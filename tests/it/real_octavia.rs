@@ -322,27 +322,33 @@ struct Watched {
     registry: Registry,
 }
 
+/// An engine polling fast (so scenarios are short), and its registry.
+fn fast_engine(stuck_after: Duration) -> (Engine, Registry) {
+    let config = EngineConfig {
+        stuck_after,
+        schedule: ScheduleConfig {
+            budget_qps: 50.0,
+            burst: 50.0,
+            urgent_initial: Duration::from_millis(250),
+            urgent_max: Duration::from_secs(1),
+            sweep_settled: Duration::from_secs(1),
+            sweep_locked: Duration::from_millis(250),
+            ..ScheduleConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let registry = Registry::new();
+    let engine = Engine::new(config, &registry, CancellationToken::new()).expect("engine");
+    (engine, registry)
+}
+
 impl Watched {
     /// The LB and an engine polling fast (so scenarios are short) with `stuck_after`.
     async fn start(backend: &dyn Backend, prefix: &str, stuck_after: Duration) -> Watched {
         let client = backend.client();
         let name = unique(prefix);
         let (lb, pool) = api_load_balancer(&client, &name).await;
-        let config = EngineConfig {
-            stuck_after,
-            schedule: ScheduleConfig {
-                budget_qps: 50.0,
-                burst: 50.0,
-                urgent_initial: Duration::from_millis(250),
-                urgent_max: Duration::from_secs(1),
-                sweep_settled: Duration::from_secs(1),
-                sweep_locked: Duration::from_millis(250),
-                ..ScheduleConfig::default()
-            },
-            ..EngineConfig::default()
-        };
-        let registry = Registry::new();
-        let engine = Engine::new(config, &registry, CancellationToken::new()).expect("engine");
+        let (engine, registry) = fast_engine(stuck_after);
         let changes = engine.subscribe();
         Watched {
             client,
@@ -900,6 +906,77 @@ async fn list_sees_drift(backend: &dyn Backend) {
     );
 }
 
+/// (g) A restart on real rows: once a list has vouched for two settled LBs' members, a new
+/// engine given them (what their clusters keep) trusts the LB whose row is unchanged without a
+/// tree, and reads the one whose member was deleted while it was down.
+async fn restart_trusts_unchanged_rows(backend: &dyn Backend) {
+    let w = Watched::start(backend, "recall", Duration::from_secs(600)).await;
+    let (a, a_id) = w.add("m0", "10.0.7.5").await;
+    let other = format!("{}-b", w.name);
+    let (lb_b, pool_b) = api_load_balancer(&w.client, &other).await;
+    let b = format!("{other}-m0");
+    let b_id = create_member(&w.client, &lb_b, &pool_b, &b, "10.0.7.6").await;
+    settle(&w.client, &w.lb).await;
+    settle(&w.client, &lb_b).await;
+    let desired = [
+        common::desired_lb(&w.lb, &w.pool, &[(&a, "10.0.7.5", Some(&a_id))]),
+        common::desired_lb(&lb_b, &pool_b, &[(&b, "10.0.7.6", Some(&b_id))]),
+    ];
+    for wanted in &desired {
+        w.engine.ensure(wanted.clone(), &w.client);
+        until_reason(
+            &w.engine,
+            &wanted.lb_id,
+            Reason::Ready,
+            Duration::from_secs(30),
+        )
+        .await;
+    }
+    // A tree read a second after the list first showed each row can be vouched for.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut recalled = Vec::new();
+    for wanted in &desired {
+        w.engine.changed_under(&wanted.lb_id);
+        let vouched = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some(kept) = w.engine.snapshot(&wanted.lb_id).and_then(|s| s.recalled()) {
+                    return kept;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        recalled.push(vouched.expect("a list vouched for the LB's members"));
+    }
+    w.engine.shutdown().await;
+    // While it is down, b loses its member (its row moves).
+    w.client
+        .octavia()
+        .delete_member(&pool_b, &b_id)
+        .await
+        .expect("delete member");
+    settle(&w.client, &lb_b).await;
+
+    let (engine, registry) = fast_engine(Duration::from_secs(600));
+    for (wanted, kept) in desired.iter().zip(recalled) {
+        engine.ensure_recalled(wanted.clone(), &w.client, Some(kept));
+    }
+    until_reason(&engine, &w.lb, Reason::Ready, Duration::from_secs(10)).await;
+    until_reason(
+        &engine,
+        &lb_b,
+        Reason::MembersMissing,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        polls(&registry, &["urgent", "drift"]),
+        1.0,
+        "one tree, for the LB that changed"
+    );
+    engine.shutdown().await;
+}
+
 // ------------------------------------------------------------------------------ the tests
 
 macro_rules! both {
@@ -952,6 +1029,11 @@ both!(
     sim_lb_list_shows_what_changed
 );
 both!(list_sees_drift, real_list_sees_drift, sim_list_sees_drift);
+both!(
+    restart_trusts_unchanged_rows,
+    real_restart_trusts_unchanged_rows,
+    sim_restart_trusts_unchanged_rows
+);
 both!(
     removal_confirmed_after_404,
     real_removal_confirmed_after_404,

@@ -271,6 +271,9 @@ impl Engine {
                 Some(entry) => {
                     entry.generation += 1;
                     entry.track.set_desired(desired);
+                    // What its cluster records follows the desired members (one gone from
+                    // them may still be in its pool): vouched for again after the next tree.
+                    entry.members_as_of = None;
                     entry.client = client.clone();
                     entry.generation
                 }

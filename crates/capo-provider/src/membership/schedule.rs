@@ -610,7 +610,9 @@ impl Scheduler {
                     .recalled
                     .push((lb.clone(), holds.then_some(row.operating_status)));
                 if holds {
+                    // Not picked before the engine has folded the recalled state in.
                     entry.vouched = Some(recalled);
+                    entry.due = entry.due.max(now + locked_max);
                 } else {
                     entry.due = entry.due.min(now);
                 }
@@ -849,15 +851,22 @@ impl Scheduler {
             return;
         };
         let (first_look, locked_max) = (self.config.look_after_change, self.config.locked_max);
-        if let Some(sweep) = self.sweeps.get_mut(&list) {
-            sweep.due = sweep.due.min(now + first_look);
-        }
+        let Some(sweep) = self.sweeps.get_mut(&list) else {
+            return;
+        };
+        sweep.due = sweep.due.min(now + first_look);
+        // A list covering too few LBs is not read: unless another LB joins it soon, a tree.
+        let wait = if sweep.covered >= LIST_MIN_COVERED {
+            locked_max
+        } else {
+            first_look
+        };
         if let Some(entry) = self.entries.get_mut(lb)
             && entry.last_tree.is_none()
             && !entry.in_flight
         {
             entry.recalled = Some(updated_at.to_owned());
-            entry.due = now + locked_max;
+            entry.due = now + wait;
         }
     }
 
@@ -1899,5 +1908,20 @@ mod tests {
             .collect();
         trees.sort();
         assert_eq!(trees, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_lone_recalled_lb_is_read_soon_since_no_list_is_read_for_it() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        s.wake("a", false, t0);
+        s.cover("a", Some("me"), t0);
+        s.recall("a", "t0", t0);
+        assert_eq!(s.next(t0), None, "a list of one LB is not read");
+        let soon = t0 + secs(1.5);
+        assert_eq!(
+            s.next(soon).and_then(|p| p.lb().map(str::to_owned)),
+            Some("a".into())
+        );
     }
 }
