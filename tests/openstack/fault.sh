@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# fault.sh - inject faults into the real-Octavia test stack started by up.sh.
+# fault.sh - inject faults into the test OpenStack started by up.sh.
 #
 # Usage:
+#   fault.sh stop SERVICE     stop a service (its port refuses connections), e.g. keystone,
+#                             nova-api, neutron-api; see lib.sh SERVICES for the names
+#   fault.sh start SERVICE    start it again; waits until an API answers
+#   fault.sh freeze SERVICE   SIGSTOP it: connections are accepted and never answered
+#   fault.sh thaw SERVICE     SIGCONT it
 #   fault.sh member-delay LIKE_PATTERN SECONDS
 #       MariaDB trigger: when a member whose name is LIKE the pattern turns
 #       provisioning_status ACTIVE, SLEEP(SECONDS) inside that UPDATE. The
@@ -41,7 +46,7 @@
 # same kind and pattern again replaces that trigger. Patterns are SQL LIKE
 # patterns (% and _ wildcards); a member with no name never matches.
 #
-# Environment: CAPO_OCTAVIA_RUN, CAPO_OCTAVIA_VENV (see lib.sh).
+# Environment: CAPO_OPENSTACK_RUN, CAPO_OPENSTACK_VENV (see lib.sh).
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -112,18 +117,24 @@ DELIMITER ;
 EOF
 }
 
-# worker_pids: every process of the octavia-worker session started by up.sh.
-worker_pids() {
+# session_pids NAME: every process of the session up.sh started NAME in.
+session_pids() {
     local pid
-    pid=$(svc_pid octavia-worker) || die "octavia-worker of $RUN is not running"
+    pid=$(svc_pid "$1") || die "$1 of $RUN is not running"
     ps -o pid= --sid "$pid" | tr -d ' '
+}
+
+known_service() {
+    local name
+    for name in "${SERVICES[@]}"; do [[ $name == "$1" ]] && return 0; done
+    die "unknown service '$1' (one of: ${SERVICES[*]})"
 }
 
 push_status() { # JSON
     local py=$VENV/bin/python
     [[ -x $py ]] || die "no venv at $VENV"
-    [[ -S $RUN/sock/status.sock ]] || die "no driver-agent status socket in $RUN/sock"
-    CAPO_STATUS_JSON=$1 CAPO_SOCK_DIR=$RUN/sock "$py" - <<'EOF'
+    [[ -S $RUN/octavia/sock/status.sock ]] || die "no driver-agent status socket in $RUN/octavia/sock"
+    CAPO_STATUS_JSON=$1 CAPO_SOCK_DIR=$RUN/octavia/sock "$py" - <<'EOF'
 import json
 import os
 
@@ -221,11 +232,31 @@ list)
     mysql_root -e "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS
         WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE 'capo\\_fault\\_%'\\G"
     ;;
+stop)
+    (($# == 1)) || usage
+    known_service "$1"
+    stop_group "$1" 20
+    ;;
+start)
+    (($# == 1)) || usage
+    known_service "$1"
+    start_service "$1"
+    ;;
+freeze | thaw)
+    (($# == 1)) || usage
+    known_service "$1"
+    sig=STOP
+    [[ $cmd == thaw ]] && sig=CONT
+    pids=$(session_pids "$1")
+    # shellcheck disable=SC2086
+    kill -"$sig" $pids
+    say "$cmd $1: SIG$sig sent to ${pids//$'\n'/ }"
+    ;;
 worker-stop | worker-cont)
     (($# == 0)) || usage
     sig=STOP
     [[ $cmd == worker-cont ]] && sig=CONT
-    pids=$(worker_pids)
+    pids=$(session_pids octavia-worker)
     # shellcheck disable=SC2086
     kill -"$sig" $pids
     say "$cmd: SIG$sig sent to ${pids//$'\n'/ }"

@@ -1,0 +1,276 @@
+"""Fills the test cloud with what capo-rs's tests expect, through the real APIs (idempotent).
+
+Run by up.sh with the stack's venv, in two phases:
+  identity   once Keystone answers: the catalog, the service users, the tenant `capo` (user
+             `capo`) and its roles.
+  resources  once every service answers: flavors, an image, the external network, a key pair
+             and an application credential for `capo`; then the clouds.yaml the tests read.
+
+Settings come from the environment up.sh exports (CAPO_OS_*); nothing is printed that holds a
+secret.
+"""
+
+import os
+import sys
+
+import openstack
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+ENV = os.environ
+REGION = ENV["CAPO_OS_REGION"]
+KEYSTONE = ENV["CAPO_OS_KEYSTONE_URL"]
+SERVICE_PASS = ENV["CAPO_OS_SERVICE_PASS"]
+TENANT_PASS = ENV["CAPO_OS_TENANT_PASS"]
+APPCRED_SECRET = ENV["CAPO_OS_APPCRED_SECRET"]
+CLOUDS_YAML = ENV["CAPO_OS_CLOUDS_YAML"]
+IMAGE_FILE = ENV["CAPO_OS_IMAGE_FILE"]
+
+TENANT = "capo"
+SERVICE_PROJECT = "service"
+APPCRED = "capo-rs-tests"
+KEYPAIR = "capo-rs-test"
+IMAGE = "ubuntu-2404-kube-v1.33.4"
+# name: (vcpus, ram MiB, disk GiB)
+FLAVORS = {
+    "m1.tiny": (1, 512, 1),
+    "m1.small": (1, 2048, 20),
+    "m1.medium": (2, 4096, 40),
+    "m1.large": (4, 8192, 80),
+}
+EXTERNAL_NETWORK = "public"
+EXTERNAL_CIDR = "172.24.4.0/24"
+
+# type, name, URL
+CATALOG = [
+    ("identity", "keystone", KEYSTONE + "/v3"),
+    ("image", "glance", ENV["CAPO_OS_GLANCE_URL"]),
+    ("placement", "placement", ENV["CAPO_OS_PLACEMENT_URL"]),
+    ("compute", "nova", ENV["CAPO_OS_NOVA_URL"] + "/v2.1"),
+    ("network", "neutron", ENV["CAPO_OS_NEUTRON_URL"]),
+    ("block-storage", "cinder", ENV["CAPO_OS_CINDER_URL"] + "/v3"),
+    ("volumev3", "cinderv3", ENV["CAPO_OS_CINDER_URL"] + "/v3"),
+    ("load-balancer", "octavia", ENV["CAPO_OS_OCTAVIA_URL"]),
+]
+SERVICE_USERS = ["glance", "placement", "nova", "neutron", "cinder", "octavia"]
+TENANT_ROLES = ["member", "reader", "load-balancer_member"]
+
+
+def log(message):
+    print(f"[setup_cloud] {message}", file=sys.stderr, flush=True)
+
+
+def auth(username, password, project, **extra):
+    return dict(
+        auth=dict(
+            auth_url=KEYSTONE + "/v3",
+            username=username,
+            password=password,
+            project_name=project,
+            user_domain_name="Default",
+            project_domain_name="Default",
+        ),
+        region_name=REGION,
+        interface="public",
+        identity_api_version="3",
+        **extra,
+    )
+
+
+def admin():
+    return openstack.connect(**auth("admin", ENV["CAPO_OS_ADMIN_PASS"], "admin"))
+
+
+def tenant():
+    return openstack.connect(**auth(TENANT, TENANT_PASS, TENANT))
+
+
+def find_or(create, found):
+    return found if found is not None else create()
+
+
+def ensure_role(conn, name):
+    return find_or(lambda: conn.identity.create_role(name=name), conn.identity.find_role(name))
+
+
+def ensure_project(conn, name, description):
+    return find_or(
+        lambda: conn.identity.create_project(
+            name=name, domain_id="default", description=description
+        ),
+        conn.identity.find_project(name, domain_id="default"),
+    )
+
+
+def ensure_user(conn, name, password, project):
+    user = conn.identity.find_user(name, domain_id="default")
+    if user is None:
+        return conn.identity.create_user(
+            name=name, password=password, domain_id="default", default_project_id=project.id
+        )
+    # The password may have changed with a new run dir: set it again.
+    return conn.identity.update_user(user, password=password)
+
+
+def grant(conn, project, user, role):
+    conn.identity.assign_project_role_to_user(project, user, role)
+
+
+def ensure_endpoints(conn):
+    services = {s.type: s for s in conn.identity.services()}
+    endpoints = list(conn.identity.endpoints())
+    for service_type, name, url in CATALOG:
+        service = services.get(service_type) or conn.identity.create_service(
+            type=service_type, name=name, enabled=True
+        )
+        for interface in ("public", "internal", "admin"):
+            have = [
+                e
+                for e in endpoints
+                if e.service_id == service.id and e.interface == interface
+            ]
+            if any(e.url == url for e in have):
+                continue
+            for stale in have:
+                conn.identity.delete_endpoint(stale)
+            conn.identity.create_endpoint(
+                service_id=service.id, interface=interface, url=url, region_id=REGION
+            )
+
+
+def identity():
+    conn = admin()
+    ensure_endpoints(conn)
+    roles = {name: ensure_role(conn, name) for name in ["admin", "service", *TENANT_ROLES]}
+    service = ensure_project(conn, SERVICE_PROJECT, "OpenStack's own services")
+    for name in SERVICE_USERS:
+        user = ensure_user(conn, name, SERVICE_PASS, service)
+        grant(conn, service, user, roles["admin"])
+        grant(conn, service, user, roles["service"])
+    project = ensure_project(conn, TENANT, "capo-rs's tests")
+    user = ensure_user(conn, TENANT, TENANT_PASS, project)
+    for name in TENANT_ROLES:
+        grant(conn, project, user, roles[name])
+    log("catalog, service users and the tenant are in place")
+
+
+def ensure_flavors(conn):
+    have = {f.name for f in conn.compute.flavors(is_public=None)}
+    for name, (vcpus, ram, disk) in FLAVORS.items():
+        if name not in have:
+            conn.compute.create_flavor(name=name, vcpus=vcpus, ram=ram, disk=disk)
+
+
+def ensure_image(conn):
+    image = conn.image.find_image(IMAGE)
+    if image is not None and image.status == "active":
+        return
+    if image is not None:
+        conn.image.delete_image(image)
+    with open(IMAGE_FILE, "rb") as data:
+        conn.image.create_image(
+            name=IMAGE,
+            disk_format="raw",
+            container_format="bare",
+            visibility="public",
+            data=data,
+            validate_checksum=False,
+        )
+
+
+def ensure_external_network(conn):
+    network = conn.network.find_network(EXTERNAL_NETWORK)
+    if network is None:
+        network = conn.network.create_network(
+            name=EXTERNAL_NETWORK,
+            is_router_external=True,
+            provider_network_type="flat",
+            provider_physical_network="public",
+            is_shared=False,
+        )
+    if not list(conn.network.subnets(network_id=network.id)):
+        conn.network.create_subnet(
+            name=EXTERNAL_NETWORK + "-subnet",
+            network_id=network.id,
+            ip_version=4,
+            cidr=EXTERNAL_CIDR,
+            gateway_ip="172.24.4.1",
+            allocation_pools=[{"start": "172.24.4.10", "end": "172.24.4.250"}],
+            is_dhcp_enabled=False,
+        )
+
+
+def ensure_keypair(conn):
+    if conn.compute.find_keypair(KEYPAIR) is not None:
+        return
+    key = ed25519.Ed25519PrivateKey.generate().public_key()
+    public = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    conn.compute.create_keypair(name=KEYPAIR, public_key=public.decode() + " capo-rs-test")
+
+
+def ensure_appcred(conn):
+    user_id = conn.current_user_id
+    for cred in conn.identity.application_credentials(user=user_id):
+        if cred.name == APPCRED:
+            return cred.id
+    cred = conn.identity.create_application_credential(
+        user=user_id, name=APPCRED, secret=APPCRED_SECRET, description="capo-rs's real tier"
+    )
+    return cred.id
+
+
+def write_clouds_yaml(appcred_id):
+    common = (
+        f"    region_name: {REGION}\n"
+        "    interface: public\n"
+        "    identity_api_version: 3\n"
+    )
+    def password_cloud(name, user, password, project):
+        return (
+            f"  {name}:\n"
+            "    auth:\n"
+            f"      auth_url: {KEYSTONE}/v3\n"
+            f"      username: {user}\n"
+            f"      password: {password}\n"
+            f"      project_name: {project}\n"
+            "      user_domain_name: Default\n"
+            "      project_domain_name: Default\n" + common
+        )
+    text = (
+        "# generated by tests/openstack/up.sh: the test cloud's credentials\n"
+        "clouds:\n"
+        + password_cloud("capo", TENANT, TENANT_PASS, TENANT)
+        + "  capo-appcred:\n"
+        "    auth_type: v3applicationcredential\n"
+        "    auth:\n"
+        f"      auth_url: {KEYSTONE}/v3\n"
+        f"      application_credential_id: {appcred_id}\n"
+        f"      application_credential_secret: {APPCRED_SECRET}\n" + common
+        + password_cloud("capo-admin", "admin", ENV["CAPO_OS_ADMIN_PASS"], "admin")
+    )
+    tmp = CLOUDS_YAML + ".tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
+    os.replace(tmp, CLOUDS_YAML)
+
+
+def resources():
+    conn = admin()
+    ensure_flavors(conn)
+    ensure_image(conn)
+    ensure_external_network(conn)
+    user = tenant()
+    # Neutron makes a project's default security group on its first look: make it now, so a
+    # census taken before a test counts it.
+    list(user.network.security_groups())
+    ensure_keypair(user)
+    appcred_id = ensure_appcred(user)
+    write_clouds_yaml(appcred_id)
+    log(f"flavors, image, external network, key pair, application credential; {CLOUDS_YAML}")
+
+
+if __name__ == "__main__":
+    phases = {"identity": identity, "resources": resources}
+    if len(sys.argv) != 2 or sys.argv[1] not in phases:
+        sys.exit(f"usage: {sys.argv[0]} identity|resources")
+    phases[sys.argv[1]]()
