@@ -1,13 +1,14 @@
-//! Our Octavia client and the membership engine against a real Octavia (`tests/octavia/up.sh`:
-//! Octavia 19 with no-op drivers, MariaDB, RabbitMQ), and every scenario again against
-//! `sim::openstack`, so the simulator is held to what the real service does.
+//! Our Octavia client and the membership engine against a real Octavia (the real tier,
+//! `tests/openstack/up.sh`: Octavia 19 with no-op amphora and compute drivers, behind a real
+//! Keystone), and every scenario again against `sim::openstack`, so the simulator is held to what
+//! the real service does.
 //!
-//! The real tier reads the API's URL from `CAPO_REAL_OCTAVIA_URL` (up.sh prints it). Without it
-//! the `real_*` tests only print a notice, unless `CAPO_REQUIRE_REAL_OCTAVIA=1` (set by
-//! `.ci/run`) makes a missing stack a failure. Faults are injected with `tests/octavia/fault.sh`
-//! (MySQL triggers, SIGSTOP of the worker), so the real tests run one at a time.
+//! The real tier is found as [`crate::real_cloud`] says. Faults are injected with
+//! `tests/openstack/fault.sh` (MySQL triggers, SIGSTOP of the worker), so the real tests run one
+//! at a time.
 
 use crate::common;
+use crate::real_cloud::{PASSWORD_CLOUD, REAL, fault, real_cloud};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use async_trait::async_trait;
 use capo_provider::cloud::octavia::{
     ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
 };
-use capo_provider::cloud::{CloudClient, CloudError, CloudOptions, Clouds, NoAuthSession, Service};
+use capo_provider::cloud::neutron::Filter;
+use capo_provider::cloud::{CloudClient, CloudError, CloudOptions, Clouds, Service};
 use capo_provider::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
 use capo_sim::openstack::{
     CloudSettings, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
@@ -27,11 +29,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Any UUID will do as the VIP subnet with the no-op network driver (and in the simulator).
-const VIP_SUBNET: &str = "8f6b1e0a-3c55-4d0e-9a57-2f1f0c6a4b21";
+/// Any UUID will do as the VIP subnet in the simulator.
+const SIM_VIP_SUBNET: &str = "8f6b1e0a-3c55-4d0e-9a57-2f1f0c6a4b21";
 
-/// The project the tests act as (noauth Octavia takes it from `X-Project-Id`).
-const PROJECT: &str = "capo-rs-test";
+/// The tenant's subnet on the real tier where the tests' VIPs go (up.sh makes it): the VIP's
+/// port is real there.
+const REAL_VIP_SUBNET_NAME: &str = "capo-rs-lb-tests";
 
 /// How long scenario (a) holds a member PENDING while its LB is ACTIVE.
 const HOLD: Duration = Duration::from_secs(20);
@@ -40,6 +43,8 @@ const HOLD: Duration = Duration::from_secs(20);
 #[async_trait]
 trait Backend: Send + Sync {
     fn client(&self) -> CloudClient;
+    /// The subnet new load balancers take their VIP from.
+    fn vip_subnet(&self) -> String;
     /// Members named `prefix*` stay PENDING_CREATE while their LB goes ACTIVE.
     async fn hold_members(&self, prefix: &str);
     /// Held members finish (ACTIVE).
@@ -56,33 +61,18 @@ trait Backend: Send + Sync {
 
 struct RealOctavia {
     client: CloudClient,
+    vip_subnet: String,
+    clouds_yaml_path: PathBuf,
     _clouds: Arc<Clouds>,
-}
-
-fn fault_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/octavia/fault.sh")
-}
-
-/// Runs the fault helper; a fault that cannot be set is a failed test, not a quiet one.
-async fn fault(args: &[&str]) {
-    let output = tokio::process::Command::new("bash")
-        .arg(fault_script())
-        .args(args)
-        .output()
-        .await
-        .expect("run tests/octavia/fault.sh");
-    assert!(
-        output.status.success(),
-        "fault.sh {args:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 #[async_trait]
 impl Backend for RealOctavia {
     fn client(&self) -> CloudClient {
         self.client.clone()
+    }
+    fn vip_subnet(&self) -> String {
+        self.vip_subnet.clone()
     }
     async fn hold_members(&self, prefix: &str) {
         // Until released: the test decides when the member finishes.
@@ -106,36 +96,24 @@ impl Backend for RealOctavia {
     }
 }
 
-/// The real tests share one Octavia and its faults: one at a time.
-static REAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The real stack, or `None` (with a notice) when it is not running and not required.
-fn real_octavia() -> Option<RealOctavia> {
-    let required = std::env::var("CAPO_REQUIRE_REAL_OCTAVIA").is_ok_and(|v| v == "1");
-    let Some(url) = std::env::var("CAPO_REAL_OCTAVIA_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        assert!(
-            !required,
-            "CAPO_REQUIRE_REAL_OCTAVIA=1 but CAPO_REAL_OCTAVIA_URL is unset: start the stack with tests/octavia/up.sh"
-        );
-        eprintln!(
-            "NOTICE: CAPO_REAL_OCTAVIA_URL is unset; skipping the real Octavia tier (tests/octavia/up.sh starts it)"
-        );
-        return None;
-    };
-    let url = url::Url::parse(&url).expect("CAPO_REAL_OCTAVIA_URL is a URL");
-    let session = NoAuthSession::new([(Service::LoadBalancer, url)], Some(PROJECT.into()))
-        .expect("a noauth session");
-    let clouds = Clouds::new(
-        CloudOptions::default(),
-        &Registry::new(),
-        CancellationToken::new(),
-    )
-    .expect("clouds");
+/// The real tier's Octavia as the tenant sees it (password through Keystone), or `None` (with a
+/// notice) when the tier is not running and not required.
+async fn real_octavia() -> Option<RealOctavia> {
+    let real = real_cloud()?;
+    let (client, clouds) = real.client(PASSWORD_CLOUD).await;
+    let subnets = client
+        .neutron()
+        .list_subnets(&Filter::by_name(REAL_VIP_SUBNET_NAME))
+        .await
+        .expect("list subnets");
+    let vip_subnet = subnets
+        .first()
+        .map(|s| s.id.clone())
+        .expect("up.sh made the tenant's subnet capo-rs-lb-tests");
     Some(RealOctavia {
-        client: clouds.client(Arc::new(session)),
+        client,
+        vip_subnet,
+        clouds_yaml_path: real.clouds_yaml_path,
         _clouds: clouds,
     })
 }
@@ -143,8 +121,8 @@ fn real_octavia() -> Option<RealOctavia> {
 /// Runs a scenario on the real stack, alone, with faults cleared before and after.
 macro_rules! on_real_octavia {
     ($scenario:ident) => {{
-        let Some(real) = real_octavia() else { return };
         let _alone = REAL.lock().await;
+        let Some(real) = real_octavia().await else { return };
         real.clear().await;
         let outcome = tokio::time::timeout(Duration::from_secs(180), $scenario(&real)).await;
         real.clear().await;
@@ -211,6 +189,9 @@ impl Backend for Simulated {
     fn client(&self) -> CloudClient {
         self.client.clone()
     }
+    fn vip_subnet(&self) -> String {
+        SIM_VIP_SUBNET.to_owned()
+    }
     async fn hold_members(&self, prefix: &str) {
         self.rule(ObjectKind::Member, format!("{prefix}*"), Effect::Stuck);
     }
@@ -260,12 +241,13 @@ async fn settle(client: &CloudClient, lb: &str) {
 }
 
 /// An API load balancer as CAPO builds it: LB, TCP listener on 6443, its pool.
-async fn api_load_balancer(client: &CloudClient, name: &str) -> (String, String) {
+async fn api_load_balancer(backend: &dyn Backend, name: &str) -> (String, String) {
+    let client = &backend.client();
     let octavia = client.octavia();
     let lb = octavia
         .create_load_balancer(&LoadBalancerSpec {
             name: name.to_owned(),
-            vip_subnet_id: Some(VIP_SUBNET.into()),
+            vip_subnet_id: Some(backend.vip_subnet()),
             ..Default::default()
         })
         .await
@@ -347,7 +329,7 @@ impl Watched {
     async fn start(backend: &dyn Backend, prefix: &str, stuck_after: Duration) -> Watched {
         let client = backend.client();
         let name = unique(prefix);
-        let (lb, pool) = api_load_balancer(&client, &name).await;
+        let (lb, pool) = api_load_balancer(backend, &name).await;
         let (engine, registry) = fast_engine(stuck_after);
         let changes = engine.subscribe();
         Watched {
@@ -452,7 +434,7 @@ async fn lifecycle(backend: &dyn Backend) {
     let client = backend.client();
     let octavia = client.octavia();
     let name = unique("life");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (lb, pool) = api_load_balancer(backend, &name).await;
     let loaded = octavia.get_load_balancer(&lb).await.expect("get LB");
     assert_eq!(loaded.name, name);
     assert_eq!(loaded.provisioning_status, ProvisioningStatus::Active);
@@ -525,7 +507,7 @@ async fn lifecycle(backend: &dyn Backend) {
 async fn locked_lb_is_busy(backend: &dyn Backend) {
     let client = backend.client();
     let name = unique("busy");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (lb, pool) = api_load_balancer(backend, &name).await;
     backend.hold_worker().await;
     let first = create_member(&client, &lb, &pool, &format!("{name}-m0"), "10.0.0.5").await;
     let second = client
@@ -555,7 +537,7 @@ async fn not_found_shapes(backend: &dyn Backend) {
     let octavia = client.octavia();
     let missing = "00000000-0000-0000-0000-000000000000";
     let name = unique("nf");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (lb, pool) = api_load_balancer(backend, &name).await;
     // `{"faultcode": ..., "faultstring": "Member ... not found."}`
     match octavia.get_member(&pool, missing).await {
         Err(CloudError::NotFound(e)) => assert!(e.message.contains("not found"), "{e:?}"),
@@ -743,7 +725,7 @@ async fn next_second() {
 async fn lb_list_shows_what_changed(backend: &dyn Backend) {
     let client = backend.client();
     let name = unique("list");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (lb, pool) = api_load_balancer(backend, &name).await;
     let row = || async {
         let rows = client
             .octavia()
@@ -863,7 +845,7 @@ async fn list_sees_drift(backend: &dyn Backend) {
     let mut w = Watched::start(backend, "sweep", Duration::from_secs(600)).await;
     let (a, a_id) = w.add("m0", "10.0.6.5").await;
     let other = format!("{}-b", w.name);
-    let (lb_b, pool_b) = api_load_balancer(&w.client, &other).await;
+    let (lb_b, pool_b) = api_load_balancer(backend, &other).await;
     let b = format!("{other}-m0");
     let b_id = create_member(&w.client, &lb_b, &pool_b, &b, "10.0.6.6").await;
     settle(&w.client, &w.lb).await;
@@ -913,7 +895,7 @@ async fn restart_trusts_unchanged_rows(backend: &dyn Backend) {
     let w = Watched::start(backend, "recall", Duration::from_secs(600)).await;
     let (a, a_id) = w.add("m0", "10.0.7.5").await;
     let other = format!("{}-b", w.name);
-    let (lb_b, pool_b) = api_load_balancer(&w.client, &other).await;
+    let (lb_b, pool_b) = api_load_balancer(backend, &other).await;
     let b = format!("{other}-m0");
     let b_id = create_member(&w.client, &lb_b, &pool_b, &b, "10.0.7.6").await;
     settle(&w.client, &w.lb).await;
@@ -1044,8 +1026,8 @@ both!(
 /// one goes ERROR, 2 when one outstays the stuck threshold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_watch_lb() {
-    let Some(real) = real_octavia() else { return };
     let _alone = REAL.lock().await;
+    let Some(real) = real_octavia().await else { return };
     real.clear().await;
     let outcome = tokio::time::timeout(Duration::from_secs(180), watch_lb_exits(&real)).await;
     real.clear().await;
@@ -1053,10 +1035,10 @@ async fn real_watch_lb() {
 }
 
 async fn watch_lb_exits(real: &RealOctavia) {
-    let url = std::env::var("CAPO_REAL_OCTAVIA_URL").unwrap_or_default();
+    let clouds_yaml = real.clouds_yaml_path.to_string_lossy().into_owned();
     let client = real.client();
     let name = unique("watch");
-    let (lb, pool) = api_load_balancer(&client, &name).await;
+    let (lb, pool) = api_load_balancer(real, &name).await;
     let good = format!("{name}-good");
     real.hold_members(&good).await;
     create_member(&client, &lb, &pool, &good, "10.0.5.5").await;
@@ -1064,10 +1046,10 @@ async fn watch_lb_exits(real: &RealOctavia) {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capo-rs"));
         command.args([
             "watch-lb",
-            "--noauth-octavia-url",
-            &url,
-            "--project-id",
-            PROJECT,
+            "--clouds-yaml",
+            &clouds_yaml,
+            "--cloud",
+            PASSWORD_CLOUD,
             "--member-stuck-after",
             stuck_after,
         ]);
@@ -1112,7 +1094,7 @@ async fn watch_lb_exits(real: &RealOctavia) {
     assert_eq!(output.status.code(), Some(3), "{stdout}");
     assert!(String::from_utf8_lossy(&output.stderr).contains(&bad));
 
-    let (held_lb, held_pool) = api_load_balancer(&client, &format!("{name}-held")).await;
+    let (held_lb, held_pool) = api_load_balancer(real, &format!("{name}-held")).await;
     real.hold_worker().await;
     let stuck = format!("{name}-stuck");
     create_member(&client, &held_lb, &held_pool, &stuck, "10.0.5.7").await;

@@ -3,8 +3,9 @@
 Run by up.sh with the stack's venv, in two phases:
   identity   once Keystone answers: the catalog, the service users, the tenant `capo` (user
              `capo`) and its roles.
-  resources  once every service answers: flavors, an image, the external network, a key pair
-             and an application credential for `capo`; then the clouds.yaml the tests read.
+  resources  once every service answers: flavors, an image, the external network, the
+             tenant's network `capo-rs-lb-tests`, a key pair and an application credential for
+             `capo`; then the clouds.yaml the tests read.
 
 Settings come from the environment up.sh exports (CAPO_OS_*); nothing is printed that holds a
 secret.
@@ -40,6 +41,9 @@ FLAVORS = {
 }
 EXTERNAL_NETWORK = "public"
 EXTERNAL_CIDR = "172.24.4.0/24"
+# The tenant's own network, where the Octavia tests put their load balancers' VIPs.
+LB_TEST_NETWORK = "capo-rs-lb-tests"
+LB_TEST_CIDR = "10.254.0.0/24"
 
 # type, name, URL
 CATALOG = [
@@ -48,8 +52,9 @@ CATALOG = [
     ("placement", "placement", ENV["CAPO_OS_PLACEMENT_URL"]),
     ("compute", "nova", ENV["CAPO_OS_NOVA_URL"] + "/v2.1"),
     ("network", "neutron", ENV["CAPO_OS_NEUTRON_URL"]),
-    ("block-storage", "cinder", ENV["CAPO_OS_CINDER_URL"] + "/v3"),
-    ("volumev3", "cinderv3", ENV["CAPO_OS_CINDER_URL"] + "/v3"),
+    # As most clouds list Cinder: with the project in the path (Keystone fills it in).
+    ("block-storage", "cinder", ENV["CAPO_OS_CINDER_URL"] + "/v3/%(project_id)s"),
+    ("volumev3", "cinderv3", ENV["CAPO_OS_CINDER_URL"] + "/v3/%(project_id)s"),
     ("load-balancer", "octavia", ENV["CAPO_OS_OCTAVIA_URL"]),
 ]
 SERVICE_USERS = ["glance", "placement", "nova", "neutron", "cinder", "octavia"]
@@ -200,6 +205,16 @@ def ensure_external_network(conn):
         )
 
 
+def ensure_tenant_network(conn):
+    network = conn.network.find_network(LB_TEST_NETWORK)
+    if network is None:
+        network = conn.network.create_network(name=LB_TEST_NETWORK)
+    if not list(conn.network.subnets(network_id=network.id)):
+        conn.network.create_subnet(
+            name=LB_TEST_NETWORK, network_id=network.id, ip_version=4, cidr=LB_TEST_CIDR
+        )
+
+
 def ensure_keypair(conn):
     if conn.compute.find_keypair(KEYPAIR) is not None:
         return
@@ -263,6 +278,7 @@ def resources():
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.
     list(user.network.security_groups())
+    ensure_tenant_network(user)
     ensure_keypair(user)
     appcred_id = ensure_appcred(user)
     write_clouds_yaml(appcred_id)

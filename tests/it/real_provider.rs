@@ -1,0 +1,711 @@
+//! The whole provider on a real OpenStack (`tests/openstack/up.sh`, see [`crate::real_cloud`]):
+//! the real manager against the simulated Kubernetes API and the real cloud, credentials in a
+//! clouds.yaml Secret (a password or an application credential; no noauth anywhere), Cluster
+//! API played by the actor. Each scenario runs on the simulator too, so the two can be compared
+//! (the figures each prints) and the simulator is held to what the real cloud does.
+//!
+//! Every scenario ends with a census of the tenant, through the real APIs, compared with the
+//! one taken before it: nothing may be left behind.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use capo_api::capi::{self, Cluster, Machine};
+use capo_api::conditions::{self, types};
+use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackServer};
+use capo_provider::cloud::octavia::ProvisioningStatus;
+use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
+use capo_provider::controllers::gate;
+use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
+use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use prometheus::Registry;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::real_cloud::{
+    APPCRED_CLOUD, PASSWORD_CLOUD, REAL, RealCloud, census, fault, get_json, leaked, real_cloud,
+};
+use crate::server_controller::{base64, manager_config, timings};
+
+const NAMESPACE: &str = "default";
+const SECRET: &str = "cloud-config";
+const FLAVOR: &str = "m1.small";
+const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
+/// The key pair up.sh makes for the tenant.
+const KEY_PAIR: &str = "capo-rs-test";
+/// How long any one wait on the provider may take, on either cloud.
+const WAIT: Duration = Duration::from_secs(300);
+
+/// The provider, the simulated Kubernetes API, and a cloud: the real tier or the simulator.
+struct E2e {
+    label: &'static str,
+    kube: KubeSim,
+    client: kube::Client,
+    registry: Registry,
+    shutdown: CancellationToken,
+    manager: Option<JoinHandle<Result<(), ManagerError>>>,
+    /// The tenant, as a client of our own: to look at the cloud and take its census.
+    tenant: CloudClient,
+    _clouds: Arc<Clouds>,
+    /// The cloud's name in the Secret's clouds.yaml.
+    cloud_name: &'static str,
+    sim: Option<Arc<OpenStackSim>>,
+}
+
+/// The tenant's clouds of the real tier's clouds.yaml: the manager gets no admin credential.
+fn tenant_clouds_yaml(full: &str) -> String {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(full).expect("clouds.yaml parses");
+    if let Some(clouds) = doc.get_mut("clouds").and_then(|c| c.as_mapping_mut()) {
+        clouds.retain(|name, _| {
+            matches!(name.as_str(), Some(PASSWORD_CLOUD) | Some(APPCRED_CLOUD))
+        });
+    }
+    serde_yaml::to_string(&doc).expect("clouds.yaml serialises")
+}
+
+impl E2e {
+    async fn real(real: &RealCloud, cloud_name: &'static str) -> E2e {
+        let (tenant, clouds) = real.client(PASSWORD_CLOUD).await;
+        Self::start("real", tenant, clouds, None, &tenant_clouds_yaml(&real.clouds_yaml), cloud_name)
+            .await
+    }
+
+    async fn simulated(appcred: bool) -> E2e {
+        let sim = OpenStackSim::start(OpenStackSimConfig {
+            scenario: Scenario {
+                timings: timings(),
+                ..Scenario::default()
+            },
+            ..OpenStackSimConfig::default()
+        })
+        .await
+        .expect("simulator");
+        let clouds = Clouds::new(
+            CloudOptions::default(),
+            &Registry::new(),
+            CancellationToken::new(),
+        )
+        .expect("clouds");
+        let tenant = clouds.client(sim.session());
+        let yaml = sim.clouds_yaml();
+        let name = if appcred { "sim-appcred" } else { "sim" };
+        Self::start("sim", tenant, clouds, Some(Arc::new(sim)), &yaml, name).await
+    }
+
+    async fn start(
+        label: &'static str,
+        tenant: CloudClient,
+        clouds: Arc<Clouds>,
+        sim: Option<Arc<OpenStackSim>>,
+        clouds_yaml: &str,
+        cloud_name: &'static str,
+    ) -> E2e {
+        if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
+        let kube = KubeSim::start(KubeSimConfig::default()).await.expect("kube sim");
+        let crds: Vec<Value> = capo_api::crds::all()
+            .iter()
+            .chain(capo_api::capi::crds().iter())
+            .map(|crd| serde_json::to_value(crd).expect("CRD"))
+            .collect();
+        kube.install(&crds).expect("CRDs install");
+        let client = kube.client().expect("kube client");
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": NAMESPACE},
+            "data": {"clouds.yaml": base64(clouds_yaml)},
+        }))
+        .expect("secret");
+        Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret created");
+        let mut e2e = E2e {
+            label,
+            kube,
+            client,
+            registry: Registry::new(),
+            shutdown: CancellationToken::new(),
+            manager: None,
+            tenant,
+            _clouds: clouds,
+            cloud_name,
+            sim,
+        };
+        e2e.start_manager();
+        e2e
+    }
+
+    fn start_manager(&mut self) {
+        let config: ManagerConfig = manager_config(WatchScope::default());
+        self.registry = Registry::new();
+        self.shutdown = CancellationToken::new();
+        let (client, registry, shutdown) = (
+            self.client.clone(),
+            self.registry.clone(),
+            self.shutdown.clone(),
+        );
+        self.manager = Some(tokio::spawn(async move {
+            manager::run(client, config, &registry, shutdown).await
+        }));
+    }
+
+    /// Stops the manager as a rolling update or a crash would: `graceful` lets reconciles in
+    /// flight finish; otherwise the task is dropped where it stands.
+    async fn stop_manager(&mut self, graceful: bool) {
+        let Some(manager) = self.manager.take() else {
+            return;
+        };
+        if graceful {
+            self.shutdown.cancel();
+            tokio::time::timeout(Duration::from_secs(60), manager)
+                .await
+                .expect("the manager stops within a minute")
+                .expect("the manager's task")
+                .expect("the manager");
+        } else {
+            manager.abort();
+            let _ = manager.await;
+            self.shutdown.cancel();
+        }
+    }
+
+    fn clusters(&self) -> Api<OpenStackCluster> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    fn machines(&self) -> Api<OpenStackMachine> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    fn servers(&self) -> Api<OpenStackServer> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    /// OpenStack requests the manager made, by service, since it started.
+    fn requests(&self) -> BTreeMap<&'static str, u64> {
+        let mut by_service = BTreeMap::new();
+        for family in self.registry.gather() {
+            if family.name() != "capo_openstack_api_requests_total" {
+                continue;
+            }
+            for metric in family.get_metric() {
+                let request = metric
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == "request")
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default();
+                *by_service.entry(service_of(&request)).or_default() +=
+                    metric.get_counter().get_value() as u64;
+            }
+        }
+        by_service
+    }
+}
+
+/// The service a request metric label belongs to (`<resource>_<verb>`).
+fn service_of(request: &str) -> &'static str {
+    let resource = request.rsplit_once('_').map_or(request, |(r, _)| r);
+    match resource {
+        "token" => "identity",
+        "server" | "flavor" | "availability_zone" | "server_group" | "keypair" => "compute",
+        "image" => "image",
+        "volume" => "block-storage",
+        "loadbalancer" | "listener" | "pool" | "member" | "healthmonitor" | "provider"
+        | "loadbalancer_status" | "amphora" | "flavor_profile" | "lb_flavor" => "load-balancer",
+        _ if request.starts_with("loadbalancer") || request.starts_with("lb_") => "load-balancer",
+        _ => "network",
+    }
+}
+
+/// `after - before`, per service, with the total.
+fn spent(before: &BTreeMap<&'static str, u64>, after: &BTreeMap<&'static str, u64>) -> String {
+    let mut parts = Vec::new();
+    let mut total = 0;
+    for (service, count) in after {
+        let n = count - before.get(service).copied().unwrap_or(0);
+        if n > 0 {
+            parts.push(format!("{service} {n}"));
+            total += n;
+        }
+    }
+    format!("{total} ({})", parts.join(", "))
+}
+
+/// Waits until `name` satisfies `done`, for at most `within`; the last status on failure.
+async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, within: Duration, done: impl Fn(&K) -> bool)
+-> K
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let condition = move |object: Option<&K>| object.is_some_and(&done);
+    match tokio::time::timeout(within, await_condition(api.clone(), name, condition)).await {
+        Ok(Ok(Some(object))) => object,
+        other => {
+            let now = api.get_opt(name).await.ok().flatten();
+            panic!("{name}: never {what} within {within:?}: {other:?}\nlast seen: {now:#?}")
+        }
+    }
+}
+
+async fn wait_gone<K>(api: &Api<K>, name: &str, within: Duration)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let gone = await_condition(api.clone(), name, |object: Option<&K>| object.is_none());
+    match tokio::time::timeout(within, gone).await {
+        Ok(Ok(_)) => {}
+        other => {
+            let now = api.get_opt(name).await.ok().flatten();
+            panic!("{name}: still there after {within:?}: {other:?}\nlast seen: {now:#?}")
+        }
+    }
+}
+
+fn status_of(conditions: &[Condition], type_: &str) -> (String, String, String) {
+    conditions::find(conditions, type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
+fn cluster_is(type_: &'static str) -> impl Fn(&OpenStackCluster) -> bool {
+    move |cluster| {
+        cluster
+            .status
+            .as_ref()
+            .is_some_and(|s| status_of(&s.conditions, type_).0 == "True")
+    }
+}
+
+fn provisioned(cluster: &OpenStackCluster) -> bool {
+    cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .is_some_and(|i| i.provisioned == Some(true))
+}
+
+fn machine_template() -> OpenStackMachineSpec {
+    serde_json::from_value(json!({
+        "flavor": {"filter": {"name": FLAVOR}},
+        "image": {"filter": {"name": IMAGE}},
+        "sshKeyName": KEY_PAIR,
+    }))
+    .expect("machine template")
+}
+
+/// CAPO's default cluster template (cluster-template.yaml) as a user fills it in, with a
+/// bastion.
+fn cluster_spec(cloud_name: &str) -> Value {
+    json!({
+        "apiServer": {"managedLoadBalancer": {"enabled": true}},
+        "identityRef": {"name": SECRET, "cloudName": cloud_name},
+        "managedSecurityGroups": {
+            "allowAllInClusterTraffic": false,
+            "clusterNodesSecurityGroupRules": [
+                {"name": "BGP (Calico)", "description": "BGP between nodes, for Calico",
+                 "direction": "ingress", "etherType": "IPv4", "portRangeMin": 179,
+                 "portRangeMax": 179, "protocol": "tcp",
+                 "remoteManagedGroups": ["controlplane", "worker"]},
+                {"name": "IP-in-IP (Calico)", "description": "IP-in-IP between nodes, for Calico",
+                 "direction": "ingress", "etherType": "IPv4", "protocol": "4",
+                 "remoteManagedGroups": ["controlplane", "worker"]}
+            ]
+        },
+        "managedSubnets": [{"cidr": "10.6.0.0/24", "dnsNameservers": ["192.0.2.53"]}],
+        "bastion": {
+            "enabled": true,
+            "spec": {"flavor": {"filter": {"name": FLAVOR}}, "image": {"filter": {"name": IMAGE}},
+                     "sshKeyName": KEY_PAIR}
+        },
+        "tags": ["capo-rs-e2e"],
+    })
+}
+
+/// A Cluster API Cluster (with Cluster API's finalizer, so it stays while its parts go) and its
+/// OpenStackCluster.
+async fn create_cluster(e2e: &E2e, name: &str) {
+    let capi: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let owner: Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "finalizers": ["cluster.cluster.x-k8s.io"]},
+        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                        "kind": "OpenStackCluster", "name": name}}
+    }))
+    .expect("cluster");
+    capi.create(&PostParams::default(), &owner).await.expect("Cluster created");
+    let cluster: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": name}},
+        "spec": cluster_spec(e2e.cloud_name),
+    }))
+    .expect("OpenStackCluster");
+    e2e.clusters()
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("OpenStackCluster created");
+}
+
+/// Every member of the cluster's API pool on 6443, by address, with its provisioning status,
+/// from the real status tree.
+async fn api_members(tenant: &CloudClient, lb: &str) -> BTreeMap<String, ProvisioningStatus> {
+    let Ok(tree) = tenant.octavia().status_tree(lb).await else {
+        return BTreeMap::new();
+    };
+    let pools: Vec<String> = tree
+        .listeners
+        .iter()
+        .flat_map(|l| l.pools.iter().map(|p| p.id.clone()))
+        .collect();
+    let mut members = BTreeMap::new();
+    for pool in pools {
+        if let Ok(list) = tenant.octavia().list_members(&pool).await {
+            for member in list {
+                if member.protocol_port == 6443 {
+                    members.insert(member.address, member.provisioning_status);
+                }
+            }
+        }
+    }
+    members
+}
+
+/// What the watcher saw during the machines' life.
+#[derive(Debug, Default)]
+struct Seen {
+    samples: u64,
+    /// The fewest ACTIVE members the API pool had, once it first had one.
+    min_active: Option<usize>,
+    /// Control-plane machines seen with a providerID while their member was not ACTIVE.
+    released_early: Vec<String>,
+}
+
+/// Samples the machines, then the cloud's members, until `stop`: a machine seen released must
+/// have its member ACTIVE in the cloud read after (members only move forward to ACTIVE).
+fn watch_gate(e2e: &E2e, lb: String, stop: CancellationToken) -> (Arc<Mutex<Seen>>, JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (machines, tenant, record) = (e2e.machines(), e2e.tenant.clone(), seen.clone());
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let Ok(list) = machines.list(&ListParams::default()).await else {
+                continue;
+            };
+            let members = api_members(&tenant, &lb).await;
+            let active = members
+                .values()
+                .filter(|s| **s == ProvisioningStatus::Active)
+                .count();
+            let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+            seen.samples += 1;
+            if active > 0 || seen.min_active.is_some() {
+                seen.min_active = Some(seen.min_active.map_or(active, |min| min.min(active)));
+            }
+            for machine in &list.items {
+                let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
+                    && !gate::is_leaving(machine);
+                let Some(address) = gate::member_address(machine) else {
+                    continue;
+                };
+                let member_active = members.get(address) == Some(&ProvisioningStatus::Active);
+                let name = kube::ResourceExt::name_any(machine);
+                if joining
+                    && machine.spec.provider_id.is_some()
+                    && !member_active
+                    && !seen.released_early.contains(&name)
+                {
+                    seen.released_early.push(name);
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn actor(e2e: &E2e) -> CapiActor {
+    CapiActor::start(
+        e2e.client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_millis(100),
+            join_delay: Duration::from_millis(200),
+            wait_timeout: WAIT,
+        },
+        CancellationToken::new(),
+    )
+}
+
+fn plane(replicas: usize) -> ControlPlane {
+    ControlPlane {
+        cluster: "c1".into(),
+        replicas,
+        template: machine_template(),
+        version: "v1.33.4".into(),
+        failure_domains: Vec::new(),
+    }
+}
+
+/// Deletes the cluster as Cluster API does: the Cluster (it stays, deleting), its machines,
+/// then the infrastructure cluster; then lets the Cluster go.
+async fn delete_cluster(e2e: &E2e, actor: &CapiActor, name: &str) {
+    let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    clusters.delete(name, &DeleteParams::default()).await.expect("Cluster delete");
+    let all: Api<Machine> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let names: Vec<String> = all
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+        .iter()
+        .map(kube::ResourceExt::name_any)
+        .collect();
+    for machine in &names {
+        actor.delete_machine(machine).await.expect("machine delete");
+    }
+    for machine in &names {
+        actor.wait_gone(machine).await.expect("machine gone");
+    }
+    e2e.clusters()
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("OpenStackCluster delete");
+    wait_gone(&e2e.clusters(), name, WAIT).await;
+    let release = json!({"metadata": {"finalizers": null}});
+    clusters
+        .patch(name, &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("Cluster released");
+}
+
+/// The census after must equal the one before.
+async fn assert_nothing_left(e2e: &E2e, before: &BTreeMap<&'static str, Vec<String>>) {
+    let after = census(&e2e.tenant).await;
+    let left = leaked(before, &after);
+    assert!(left.is_empty(), "{}: left in the cloud: {left:?}", e2e.label);
+    let counts: BTreeMap<_, _> = after.iter().map(|(k, v)| (*k, v.len())).collect();
+    let before: BTreeMap<_, _> = before.iter().map(|(k, v)| (*k, v.len())).collect();
+    assert_eq!(counts, before, "{}: the census differs", e2e.label);
+}
+
+/// What CAPO's default template makes is there, in the cloud: the network and subnet on a
+/// router with a gateway on the external network, the security groups with their rules, the
+/// load balancer with its listener, pool and monitor, the API floating IP and the bastion.
+async fn assert_cluster_built(e2e: &E2e, cluster: &OpenStackCluster) {
+    let status = cluster.status.as_ref().expect("status");
+    let network = status.network.as_ref().expect("a network");
+    assert_eq!(network.subnets.len(), 1, "one subnet");
+    let router = status.router.as_ref().expect("a router");
+    let router_body = get_json(&e2e.tenant, Service::Network, &format!("routers/{}", router.id)).await;
+    let external = status.external_network.as_ref().expect("the external network");
+    assert_eq!(
+        router_body["router"]["external_gateway_info"]["network_id"].as_str(),
+        Some(external.id.as_str()),
+        "the router's gateway is on the external network"
+    );
+    for group in [
+        status.control_plane_security_group.as_ref(),
+        status.worker_security_group.as_ref(),
+        status.bastion_security_group.as_ref(),
+    ] {
+        let group = group.expect("a managed security group");
+        let body =
+            get_json(&e2e.tenant, Service::Network, &format!("security-groups/{}", group.id)).await;
+        let rules = body["security_group"]["security_group_rules"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert!(rules > 2, "{}: its rules are in place ({rules})", group.name);
+    }
+    let lb = status
+        .api_server_managed_load_balancer
+        .as_ref()
+        .expect("the API load balancer");
+    let tree = e2e.tenant.octavia().status_tree(&lb.id).await.expect("status tree");
+    let listener = tree.listeners.first().expect("a listener");
+    let pool = listener.pools.first().expect("a pool");
+    assert!(pool.health_monitor.is_some(), "the pool has a monitor");
+    assert_ne!(lb.ip, lb.internal_ip, "the API address is a floating IP");
+    let fips = get_json(&e2e.tenant, Service::Network, "floatingips").await;
+    assert!(
+        fips["floatingips"]
+            .as_array()
+            .is_some_and(|all| all.iter().any(|f| f["floating_ip_address"] == lb.ip.as_str())),
+        "the API floating IP {} exists",
+        lb.ip
+    );
+    let bastion = status.bastion.as_ref().expect("a bastion");
+    assert_eq!(bastion.state.as_deref(), Some("ACTIVE"), "the bastion is ACTIVE");
+    let server = e2e
+        .tenant
+        .nova()
+        .get_server(bastion.id.as_deref().expect("bastion id"))
+        .await
+        .expect("the bastion's server");
+    assert_eq!(server.status, "ACTIVE");
+}
+
+/// Each machine has an ACTIVE server with its port; control-plane ones an ACTIVE member.
+async fn assert_machines_built(e2e: &E2e, lb: &str) {
+    let members = api_members(&e2e.tenant, lb).await;
+    for machine in e2e.machines().list(&ListParams::default()).await.expect("machines").items {
+        let name = kube::ResourceExt::name_any(&machine);
+        let id = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.instance_id.clone())
+            .unwrap_or_else(|| panic!("{name}: no server id"));
+        let server = e2e.tenant.nova().get_server(&id).await.expect("server");
+        assert_eq!(server.status, "ACTIVE", "{name}'s server");
+        let ports = get_json(&e2e.tenant, Service::Network, &format!("ports?device_id={id}")).await;
+        assert_eq!(
+            ports["ports"].as_array().map_or(0, Vec::len),
+            1,
+            "{name}: one port"
+        );
+        if capi::is_control_plane(kube::ResourceExt::labels(&machine)) {
+            let address = gate::member_address(&machine).expect("an address");
+            assert_eq!(
+                members.get(address),
+                Some(&ProvisioningStatus::Active),
+                "{name}'s member"
+            );
+        }
+    }
+}
+
+/// CAPO's default template end to end: the cluster, 3 control-plane machines and a worker, a
+/// rollout of the whole control plane under the gate, deletion, and the census.
+async fn cluster_lifecycle(e2e: &mut E2e) {
+    let before = census(&e2e.tenant).await;
+    let started = Instant::now();
+    create_cluster(e2e, "c1").await;
+    let cluster = wait_for(&e2e.clusters(), "c1", "provisioned and Ready", WAIT, |c| {
+        provisioned(c) && cluster_is(types::READY)(c)
+    })
+    .await;
+    let to_provisioned = started.elapsed();
+    // The bastion comes once the rest is in place, as in CAPO.
+    let cluster = wait_for(&e2e.clusters(), "c1", "with its bastion ACTIVE", WAIT, |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.bastion.as_ref())
+            .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
+    })
+    .await;
+    let cluster_requests = e2e.requests();
+    assert_cluster_built(e2e, &cluster).await;
+    let lb = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+        .map(|lb| lb.id.clone())
+        .expect("the LB's id");
+
+    let actor = actor(e2e);
+    let stop = CancellationToken::new();
+    let (seen, watcher) = watch_gate(e2e, lb.clone(), stop.clone());
+    let plane = plane(3);
+    let machines_started = Instant::now();
+    actor.scale_control_plane(&plane).await.expect("3 control-plane machines");
+    let workers = actor
+        .create_workers("c1", 1, machine_template())
+        .await
+        .expect("a worker");
+    for worker in &workers {
+        actor.wait_joined(worker).await.expect("the worker joins");
+    }
+    let machines_took = machines_started.elapsed();
+    let machine_requests = e2e.requests();
+    assert_machines_built(e2e, &lb).await;
+
+    let rollout = actor.rollout(&plane, |_: RolloutStep| {}).await.expect("the rollout");
+    let rollout_requests = e2e.requests();
+    assert_eq!(rollout.replaced.len(), 3, "every control-plane machine replaced");
+    assert_machines_built(e2e, &lb).await;
+    stop.cancel();
+    watcher.await.expect("watcher");
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    assert!(seen.samples > 5, "the watcher sampled throughout");
+    assert_eq!(
+        seen.released_early,
+        Vec::<String>::new(),
+        "no machine released before its member was ACTIVE"
+    );
+    assert!(
+        seen.min_active.is_some_and(|min| min >= 1),
+        "the API pool always had an ACTIVE member: {:?}",
+        seen.min_active
+    );
+
+    let deleting = Instant::now();
+    delete_cluster(e2e, &actor, "c1").await;
+    let delete_took = deleting.elapsed();
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+    let deleted_requests = e2e.requests();
+    eprintln!(
+        "FIGURES e2e {}: apply to provisioned {:.1} s; cluster requests {}; 4 machines in {:.1} s, requests {}; rollout of 3 in {:.1} s, requests {}; delete in {:.1} s, requests {}; min ACTIVE members {:?}",
+        e2e.label,
+        to_provisioned.as_secs_f64(),
+        spent(&BTreeMap::new(), &cluster_requests),
+        machines_took.as_secs_f64(),
+        spent(&cluster_requests, &machine_requests),
+        rollout.elapsed.as_secs_f64(),
+        spent(&machine_requests, &rollout_requests),
+        delete_took.as_secs_f64(),
+        spent(&rollout_requests, &deleted_requests),
+        seen.min_active,
+    );
+}
+
+/// Runs a scenario on the real tier, alone, with faults cleared before and after.
+macro_rules! on_real {
+    ($scenario:ident, $cloud:expr) => {{
+        let Some(real) = real_cloud() else { return };
+        let _alone = REAL.lock().await;
+        fault(&["clear"]).await;
+        let mut e2e = E2e::real(&real, $cloud).await;
+        let outcome = tokio::time::timeout(Duration::from_secs(900), $scenario(&mut e2e)).await;
+        e2e.stop_manager(true).await;
+        outcome.expect("the scenario finished within 15 minutes");
+    }};
+}
+
+macro_rules! on_sim {
+    ($scenario:ident, $appcred:expr) => {{
+        let mut e2e = E2e::simulated($appcred).await;
+        let outcome = tokio::time::timeout(Duration::from_secs(600), $scenario(&mut e2e)).await;
+        e2e.stop_manager(true).await;
+        outcome.expect("the scenario finished within 10 minutes");
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_cluster_from_capo_template_rolls_under_the_gate_and_deletes_without_a_leak() {
+    on_real!(cluster_lifecycle, PASSWORD_CLOUD);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_cluster_from_capo_template_rolls_under_the_gate_and_deletes_without_a_leak() {
+    on_sim!(cluster_lifecycle, false);
+}
