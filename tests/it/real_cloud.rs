@@ -44,8 +44,12 @@ pub fn real_cloud() -> Option<RealCloud> {
         return None;
     };
     let path = PathBuf::from(path);
-    let clouds_yaml = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("CAPO_REAL_OPENSTACK_CLOUDS: cannot read {}: {e}", path.display()));
+    let clouds_yaml = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "CAPO_REAL_OPENSTACK_CLOUDS: cannot read {}: {e}",
+            path.display()
+        )
+    });
     Some(RealCloud {
         clouds_yaml_path: path,
         clouds_yaml,
@@ -118,46 +122,95 @@ pub async fn get_json(client: &CloudClient, service: Service, path: &str) -> ser
     serde_json::from_slice(response.body()).expect("JSON")
 }
 
-/// What a project holds, by kind: the ids of its servers, ports, networks, subnets, routers,
-/// security groups, floating IPs, volumes and load balancers, read through the real APIs.
-pub async fn census(client: &CloudClient) -> BTreeMap<&'static str, Vec<String>> {
+/// What a project holds: per kind, each object's id and name.
+pub type Census = BTreeMap<&'static str, BTreeMap<String, String>>;
+
+/// What a project holds, by kind: the ids and names of its servers, ports, networks, subnets,
+/// routers, security groups, floating IPs, volumes and load balancers, read through the real
+/// APIs (a floating IP's "name" is its address).
+pub async fn census(client: &CloudClient) -> Census {
     let kinds: [(&str, Service, &str, &str); 9] = [
         ("servers", Service::Compute, "servers", "servers"),
         ("ports", Service::Network, "ports", "ports"),
         ("networks", Service::Network, "networks", "networks"),
         ("subnets", Service::Network, "subnets", "subnets"),
         ("routers", Service::Network, "routers", "routers"),
-        ("security groups", Service::Network, "security-groups", "security_groups"),
-        ("floating IPs", Service::Network, "floatingips", "floatingips"),
+        (
+            "security groups",
+            Service::Network,
+            "security-groups",
+            "security_groups",
+        ),
+        (
+            "floating IPs",
+            Service::Network,
+            "floatingips",
+            "floatingips",
+        ),
         ("volumes", Service::BlockStorage, "volumes", "volumes"),
-        ("load balancers", Service::LoadBalancer, "lbaas/loadbalancers", "loadbalancers"),
+        (
+            "load balancers",
+            Service::LoadBalancer,
+            "lbaas/loadbalancers",
+            "loadbalancers",
+        ),
     ];
     let mut census = BTreeMap::new();
     for (kind, service, path, key) in kinds {
         let body = get_json(client, service, path).await;
-        let mut ids: Vec<String> = body[key]
+        let objects = body[key]
             .as_array()
             .unwrap_or_else(|| panic!("{path} lists {key}: {body}"))
             .iter()
-            .filter_map(|item| item["id"].as_str().map(str::to_owned))
+            .filter_map(|item| {
+                let id = item["id"].as_str()?.to_owned();
+                let name = item["name"]
+                    .as_str()
+                    .or(item["floating_ip_address"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                Some((id, name))
+            })
             .collect();
-        ids.sort();
-        census.insert(kind, ids);
+        census.insert(kind, objects);
     }
     census
 }
 
-/// What `after` holds that `before` did not, by kind (empty when nothing leaked).
-pub fn leaked(
-    before: &BTreeMap<&'static str, Vec<String>>,
-    after: &BTreeMap<&'static str, Vec<String>>,
-) -> BTreeMap<&'static str, Vec<String>> {
+/// What `after` holds that `before` did not, by kind, as `name (id)` (empty when nothing is
+/// new).
+pub fn new_objects(before: &Census, after: &Census) -> BTreeMap<&'static str, Vec<String>> {
     after
         .iter()
-        .filter_map(|(kind, ids)| {
-            let known = before.get(kind).cloned().unwrap_or_default();
-            let new: Vec<String> = ids.iter().filter(|id| !known.contains(id)).cloned().collect();
+        .filter_map(|(kind, objects)| {
+            let known = before.get(kind);
+            let new: Vec<String> = objects
+                .iter()
+                .filter(|(id, _)| known.is_none_or(|k| !k.contains_key(*id)))
+                .map(|(id, name)| format!("{name} ({id})"))
+                .collect();
             (!new.is_empty()).then_some((*kind, new))
         })
         .collect()
+}
+
+/// Names that more than one new object of a kind carries: what a provider that lost track of
+/// an object and made it again would leave.
+pub fn duplicated_names(before: &Census, after: &Census) -> Vec<String> {
+    let mut duplicated = Vec::new();
+    for (kind, objects) in after {
+        let mut seen = BTreeMap::<&str, usize>::new();
+        for (id, name) in objects {
+            if before.get(kind).is_some_and(|k| k.contains_key(id)) || name.is_empty() {
+                continue;
+            }
+            *seen.entry(name).or_default() += 1;
+        }
+        duplicated.extend(
+            seen.into_iter()
+                .filter(|(_, n)| *n > 1)
+                .map(|(name, n)| format!("{kind} {name:?} x{n}")),
+        );
+    }
+    duplicated
 }

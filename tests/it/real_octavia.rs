@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use capo_provider::cloud::neutron::Filter;
 use capo_provider::cloud::octavia::{
     ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
 };
-use capo_provider::cloud::neutron::Filter;
 use capo_provider::cloud::{CloudClient, CloudError, CloudOptions, Clouds, Service};
 use capo_provider::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
 use capo_sim::openstack::{
@@ -122,7 +122,9 @@ async fn real_octavia() -> Option<RealOctavia> {
 macro_rules! on_real_octavia {
     ($scenario:ident) => {{
         let _alone = REAL.lock().await;
-        let Some(real) = real_octavia().await else { return };
+        let Some(real) = real_octavia().await else {
+            return;
+        };
         real.clear().await;
         let outcome = tokio::time::timeout(Duration::from_secs(180), $scenario(&real)).await;
         real.clear().await;
@@ -1027,7 +1029,9 @@ both!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_watch_lb() {
     let _alone = REAL.lock().await;
-    let Some(real) = real_octavia().await else { return };
+    let Some(real) = real_octavia().await else {
+        return;
+    };
     real.clear().await;
     let outcome = tokio::time::timeout(Duration::from_secs(180), watch_lb_exits(&real)).await;
     real.clear().await;

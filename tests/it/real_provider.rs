@@ -12,15 +12,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capo_api::capi::{self, Cluster, Machine};
-use capo_api::conditions::{self, types};
+use capo_api::conditions::{self, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackServer};
+use capo_provider::cloud::neutron::{NetworkSpec, SubnetSpec};
 use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
 use capo_provider::controllers::gate;
 use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::{KubeSim, KubeSimConfig};
-use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
+use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Outage, Scenario, ServerErrorFault};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -31,9 +32,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::real_cloud::{
-    APPCRED_CLOUD, PASSWORD_CLOUD, REAL, RealCloud, census, fault, get_json, leaked, real_cloud,
+    APPCRED_CLOUD, Census, PASSWORD_CLOUD, REAL, RealCloud, census, duplicated_names, fault,
+    get_json, new_objects, real_cloud,
 };
-use crate::server_controller::{base64, manager_config, timings};
+use crate::server_controller::{base64, manager_config, metric_sum, timings};
 
 const NAMESPACE: &str = "default";
 const SECRET: &str = "cloud-config";
@@ -41,13 +43,15 @@ const FLAVOR: &str = "m1.small";
 const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
 /// The key pair up.sh makes for the tenant.
 const KEY_PAIR: &str = "capo-rs-test";
+/// The tenant's own network (up.sh makes it on the real tier).
+const TENANT_NETWORK: &str = "capo-rs-lb-tests";
 /// How long any one wait on the provider may take, on either cloud.
 const WAIT: Duration = Duration::from_secs(300);
 
 /// The provider, the simulated Kubernetes API, and a cloud: the real tier or the simulator.
 struct E2e {
     label: &'static str,
-    kube: KubeSim,
+    _kube: KubeSim,
     client: kube::Client,
     registry: Registry,
     shutdown: CancellationToken,
@@ -64,9 +68,8 @@ struct E2e {
 fn tenant_clouds_yaml(full: &str) -> String {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(full).expect("clouds.yaml parses");
     if let Some(clouds) = doc.get_mut("clouds").and_then(|c| c.as_mapping_mut()) {
-        clouds.retain(|name, _| {
-            matches!(name.as_str(), Some(PASSWORD_CLOUD) | Some(APPCRED_CLOUD))
-        });
+        clouds
+            .retain(|name, _| matches!(name.as_str(), Some(PASSWORD_CLOUD) | Some(APPCRED_CLOUD)));
     }
     serde_yaml::to_string(&doc).expect("clouds.yaml serialises")
 }
@@ -74,8 +77,15 @@ fn tenant_clouds_yaml(full: &str) -> String {
 impl E2e {
     async fn real(real: &RealCloud, cloud_name: &'static str) -> E2e {
         let (tenant, clouds) = real.client(PASSWORD_CLOUD).await;
-        Self::start("real", tenant, clouds, None, &tenant_clouds_yaml(&real.clouds_yaml), cloud_name)
-            .await
+        Self::start(
+            "real",
+            tenant,
+            clouds,
+            None,
+            &tenant_clouds_yaml(&real.clouds_yaml),
+            cloud_name,
+        )
+        .await
     }
 
     async fn simulated(appcred: bool) -> E2e {
@@ -95,6 +105,27 @@ impl E2e {
         )
         .expect("clouds");
         let tenant = clouds.client(sim.session());
+        // As up.sh makes on the real tier: the tenant's own network.
+        let network = tenant
+            .neutron()
+            .create_network(&NetworkSpec {
+                name: TENANT_NETWORK.into(),
+                admin_state_up: true,
+                ..NetworkSpec::default()
+            })
+            .await
+            .expect("network");
+        tenant
+            .neutron()
+            .create_subnet(&SubnetSpec {
+                name: TENANT_NETWORK.into(),
+                network_id: network.id,
+                cidr: "10.254.0.0/24".into(),
+                ip_version: 4,
+                ..SubnetSpec::default()
+            })
+            .await
+            .expect("subnet");
         let yaml = sim.clouds_yaml();
         let name = if appcred { "sim-appcred" } else { "sim" };
         Self::start("sim", tenant, clouds, Some(Arc::new(sim)), &yaml, name).await
@@ -114,7 +145,9 @@ impl E2e {
                 .with_test_writer()
                 .try_init();
         }
-        let kube = KubeSim::start(KubeSimConfig::default()).await.expect("kube sim");
+        let kube = KubeSim::start(KubeSimConfig::default())
+            .await
+            .expect("kube sim");
         let crds: Vec<Value> = capo_api::crds::all()
             .iter()
             .chain(capo_api::capi::crds().iter())
@@ -134,7 +167,7 @@ impl E2e {
             .expect("secret created");
         let mut e2e = E2e {
             label,
-            kube,
+            _kube: kube,
             client,
             registry: Registry::new(),
             shutdown: CancellationToken::new(),
@@ -224,8 +257,16 @@ fn service_of(request: &str) -> &'static str {
         "server" | "flavor" | "availability_zone" | "server_group" | "keypair" => "compute",
         "image" => "image",
         "volume" => "block-storage",
-        "loadbalancer" | "listener" | "pool" | "member" | "healthmonitor" | "provider"
-        | "loadbalancer_status" | "amphora" | "flavor_profile" | "lb_flavor" => "load-balancer",
+        "loadbalancer"
+        | "listener"
+        | "pool"
+        | "member"
+        | "healthmonitor"
+        | "provider"
+        | "loadbalancer_status"
+        | "amphora"
+        | "flavor_profile"
+        | "lb_flavor" => "load-balancer",
         _ if request.starts_with("loadbalancer") || request.starts_with("lb_") => "load-balancer",
         _ => "network",
     }
@@ -246,8 +287,13 @@ fn spent(before: &BTreeMap<&'static str, u64>, after: &BTreeMap<&'static str, u6
 }
 
 /// Waits until `name` satisfies `done`, for at most `within`; the last status on failure.
-async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, within: Duration, done: impl Fn(&K) -> bool)
--> K
+async fn wait_for<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&K) -> bool,
+) -> K
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,
@@ -349,7 +395,9 @@ async fn create_cluster(e2e: &E2e, name: &str) {
                                         "kind": "OpenStackCluster", "name": name}}
     }))
     .expect("cluster");
-    capi.create(&PostParams::default(), &owner).await.expect("Cluster created");
+    capi.create(&PostParams::default(), &owner)
+        .await
+        .expect("Cluster created");
     let cluster: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
         "metadata": {"name": name, "namespace": NAMESPACE,
@@ -399,7 +447,11 @@ struct Seen {
 
 /// Samples the machines, then the cloud's members, until `stop`: a machine seen released must
 /// have its member ACTIVE in the cloud read after (members only move forward to ACTIVE).
-fn watch_gate(e2e: &E2e, lb: String, stop: CancellationToken) -> (Arc<Mutex<Seen>>, JoinHandle<()>) {
+fn watch_gate(
+    e2e: &E2e,
+    lb: String,
+    stop: CancellationToken,
+) -> (Arc<Mutex<Seen>>, JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let (machines, tenant, record) = (e2e.machines(), e2e.tenant.clone(), seen.clone());
     let task = tokio::spawn(async move {
@@ -443,6 +495,12 @@ fn watch_gate(e2e: &E2e, lb: String, stop: CancellationToken) -> (Arc<Mutex<Seen
     (seen, task)
 }
 
+/// A cluster name of its own for each run: a run that failed leaves its objects behind, and a
+/// cluster of the same name would adopt them.
+fn unique_cluster_name(prefix: &str) -> String {
+    format!("{prefix}-{:04x}", fastrand::u16(..))
+}
+
 fn actor(e2e: &E2e) -> CapiActor {
     CapiActor::start(
         e2e.client.clone(),
@@ -456,9 +514,9 @@ fn actor(e2e: &E2e) -> CapiActor {
     )
 }
 
-fn plane(replicas: usize) -> ControlPlane {
+fn plane(cluster: &str, replicas: usize) -> ControlPlane {
     ControlPlane {
-        cluster: "c1".into(),
+        cluster: cluster.into(),
         replicas,
         template: machine_template(),
         version: "v1.33.4".into(),
@@ -470,7 +528,10 @@ fn plane(replicas: usize) -> ControlPlane {
 /// then the infrastructure cluster; then lets the Cluster go.
 async fn delete_cluster(e2e: &E2e, actor: &CapiActor, name: &str) {
     let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
-    clusters.delete(name, &DeleteParams::default()).await.expect("Cluster delete");
+    clusters
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("Cluster delete");
     let all: Api<Machine> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     let names: Vec<String> = all
         .list(&ListParams::default())
@@ -499,10 +560,14 @@ async fn delete_cluster(e2e: &E2e, actor: &CapiActor, name: &str) {
 }
 
 /// The census after must equal the one before.
-async fn assert_nothing_left(e2e: &E2e, before: &BTreeMap<&'static str, Vec<String>>) {
+async fn assert_nothing_left(e2e: &E2e, before: &Census) {
     let after = census(&e2e.tenant).await;
-    let left = leaked(before, &after);
-    assert!(left.is_empty(), "{}: left in the cloud: {left:?}", e2e.label);
+    let left = new_objects(before, &after);
+    assert!(
+        left.is_empty(),
+        "{}: left in the cloud: {left:#?}",
+        e2e.label
+    );
     let counts: BTreeMap<_, _> = after.iter().map(|(k, v)| (*k, v.len())).collect();
     let before: BTreeMap<_, _> = before.iter().map(|(k, v)| (*k, v.len())).collect();
     assert_eq!(counts, before, "{}: the census differs", e2e.label);
@@ -516,8 +581,16 @@ async fn assert_cluster_built(e2e: &E2e, cluster: &OpenStackCluster) {
     let network = status.network.as_ref().expect("a network");
     assert_eq!(network.subnets.len(), 1, "one subnet");
     let router = status.router.as_ref().expect("a router");
-    let router_body = get_json(&e2e.tenant, Service::Network, &format!("routers/{}", router.id)).await;
-    let external = status.external_network.as_ref().expect("the external network");
+    let router_body = get_json(
+        &e2e.tenant,
+        Service::Network,
+        &format!("routers/{}", router.id),
+    )
+    .await;
+    let external = status
+        .external_network
+        .as_ref()
+        .expect("the external network");
     assert_eq!(
         router_body["router"]["external_gateway_info"]["network_id"].as_str(),
         Some(external.id.as_str()),
@@ -529,32 +602,49 @@ async fn assert_cluster_built(e2e: &E2e, cluster: &OpenStackCluster) {
         status.bastion_security_group.as_ref(),
     ] {
         let group = group.expect("a managed security group");
-        let body =
-            get_json(&e2e.tenant, Service::Network, &format!("security-groups/{}", group.id)).await;
+        let body = get_json(
+            &e2e.tenant,
+            Service::Network,
+            &format!("security-groups/{}", group.id),
+        )
+        .await;
         let rules = body["security_group"]["security_group_rules"]
             .as_array()
             .map_or(0, Vec::len);
-        assert!(rules > 2, "{}: its rules are in place ({rules})", group.name);
+        assert!(
+            rules > 2,
+            "{}: its rules are in place ({rules})",
+            group.name
+        );
     }
     let lb = status
         .api_server_managed_load_balancer
         .as_ref()
         .expect("the API load balancer");
-    let tree = e2e.tenant.octavia().status_tree(&lb.id).await.expect("status tree");
+    let tree = e2e
+        .tenant
+        .octavia()
+        .status_tree(&lb.id)
+        .await
+        .expect("status tree");
     let listener = tree.listeners.first().expect("a listener");
     let pool = listener.pools.first().expect("a pool");
     assert!(pool.health_monitor.is_some(), "the pool has a monitor");
     assert_ne!(lb.ip, lb.internal_ip, "the API address is a floating IP");
     let fips = get_json(&e2e.tenant, Service::Network, "floatingips").await;
     assert!(
-        fips["floatingips"]
-            .as_array()
-            .is_some_and(|all| all.iter().any(|f| f["floating_ip_address"] == lb.ip.as_str())),
+        fips["floatingips"].as_array().is_some_and(|all| all
+            .iter()
+            .any(|f| f["floating_ip_address"] == lb.ip.as_str())),
         "the API floating IP {} exists",
         lb.ip
     );
     let bastion = status.bastion.as_ref().expect("a bastion");
-    assert_eq!(bastion.state.as_deref(), Some("ACTIVE"), "the bastion is ACTIVE");
+    assert_eq!(
+        bastion.state.as_deref(),
+        Some("ACTIVE"),
+        "the bastion is ACTIVE"
+    );
     let server = e2e
         .tenant
         .nova()
@@ -567,7 +657,13 @@ async fn assert_cluster_built(e2e: &E2e, cluster: &OpenStackCluster) {
 /// Each machine has an ACTIVE server with its port; control-plane ones an ACTIVE member.
 async fn assert_machines_built(e2e: &E2e, lb: &str) {
     let members = api_members(&e2e.tenant, lb).await;
-    for machine in e2e.machines().list(&ListParams::default()).await.expect("machines").items {
+    for machine in e2e
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+    {
         let name = kube::ResourceExt::name_any(&machine);
         let id = machine
             .status
@@ -576,7 +672,12 @@ async fn assert_machines_built(e2e: &E2e, lb: &str) {
             .unwrap_or_else(|| panic!("{name}: no server id"));
         let server = e2e.tenant.nova().get_server(&id).await.expect("server");
         assert_eq!(server.status, "ACTIVE", "{name}'s server");
-        let ports = get_json(&e2e.tenant, Service::Network, &format!("ports?device_id={id}")).await;
+        let ports = get_json(
+            &e2e.tenant,
+            Service::Network,
+            &format!("ports?device_id={id}"),
+        )
+        .await;
         assert_eq!(
             ports["ports"].as_array().map_or(0, Vec::len),
             1,
@@ -596,21 +697,25 @@ async fn assert_machines_built(e2e: &E2e, lb: &str) {
 /// CAPO's default template end to end: the cluster, 3 control-plane machines and a worker, a
 /// rollout of the whole control plane under the gate, deletion, and the census.
 async fn cluster_lifecycle(e2e: &mut E2e) {
+    let name = unique_cluster_name("c1");
     let before = census(&e2e.tenant).await;
     let started = Instant::now();
-    create_cluster(e2e, "c1").await;
-    let cluster = wait_for(&e2e.clusters(), "c1", "provisioned and Ready", WAIT, |c| {
-        provisioned(c) && cluster_is(types::READY)(c)
-    })
-    .await;
+    create_cluster(e2e, &name).await;
+    wait_provisioned(e2e, &name).await;
     let to_provisioned = started.elapsed();
     // The bastion comes once the rest is in place, as in CAPO.
-    let cluster = wait_for(&e2e.clusters(), "c1", "with its bastion ACTIVE", WAIT, |c| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.bastion.as_ref())
-            .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
-    })
+    let cluster = wait_for(
+        &e2e.clusters(),
+        &name,
+        "with its bastion ACTIVE",
+        WAIT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.bastion.as_ref())
+                .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
+        },
+    )
     .await;
     let cluster_requests = e2e.requests();
     assert_cluster_built(e2e, &cluster).await;
@@ -624,11 +729,14 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
     let actor = actor(e2e);
     let stop = CancellationToken::new();
     let (seen, watcher) = watch_gate(e2e, lb.clone(), stop.clone());
-    let plane = plane(3);
+    let plane = plane(&name, 3);
     let machines_started = Instant::now();
-    actor.scale_control_plane(&plane).await.expect("3 control-plane machines");
+    actor
+        .scale_control_plane(&plane)
+        .await
+        .expect("3 control-plane machines");
     let workers = actor
-        .create_workers("c1", 1, machine_template())
+        .create_workers(&name, 1, machine_template())
         .await
         .expect("a worker");
     for worker in &workers {
@@ -638,9 +746,16 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
     let machine_requests = e2e.requests();
     assert_machines_built(e2e, &lb).await;
 
-    let rollout = actor.rollout(&plane, |_: RolloutStep| {}).await.expect("the rollout");
+    let rollout = actor
+        .rollout(&plane, |_: RolloutStep| {})
+        .await
+        .expect("the rollout");
     let rollout_requests = e2e.requests();
-    assert_eq!(rollout.replaced.len(), 3, "every control-plane machine replaced");
+    assert_eq!(
+        rollout.replaced.len(),
+        3,
+        "every control-plane machine replaced"
+    );
     assert_machines_built(e2e, &lb).await;
     stop.cancel();
     watcher.await.expect("watcher");
@@ -658,7 +773,7 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
     );
 
     let deleting = Instant::now();
-    delete_cluster(e2e, &actor, "c1").await;
+    delete_cluster(e2e, &actor, &name).await;
     let delete_took = deleting.elapsed();
     actor.stop().await;
     assert_nothing_left(e2e, &before).await;
@@ -676,6 +791,425 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
         spent(&rollout_requests, &deleted_requests),
         seen.min_active,
     );
+}
+
+/// An OpenStackServer with a root volume, an extra volume and a trunk reaches Ready with each
+/// in the cloud, and deletes cleanly.
+async fn server_with_volumes(e2e: &mut E2e) {
+    let before = census(&e2e.tenant).await;
+    let name = unique_cluster_name("vols");
+    let server: OpenStackServer = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "flavor": FLAVOR,
+            "image": {"filter": {"name": IMAGE}},
+            "sshKeyName": KEY_PAIR,
+            "identityRef": {"name": SECRET, "cloudName": e2e.cloud_name},
+            "ports": [{"network": {"filter": {"name": TENANT_NETWORK}}}],
+            "trunk": true,
+            "rootVolume": {"sizeGiB": 5},
+            "additionalBlockDevices": [
+                {"name": "etcd", "sizeGiB": 1, "storage": {"type": "Volume"}}
+            ],
+            "tags": ["capo-rs-e2e"],
+        }
+    }))
+    .expect("OpenStackServer");
+    let started = Instant::now();
+    e2e.servers()
+        .create(&PostParams::default(), &server)
+        .await
+        .expect("OpenStackServer created");
+    let ready = wait_for(&e2e.servers(), &name, "Ready", WAIT, |s| {
+        s.status
+            .as_ref()
+            .is_some_and(|st| status_of(&st.conditions, types::READY).0 == "True")
+    })
+    .await;
+    let to_ready = started.elapsed();
+    let status = ready.status.expect("status");
+    let id = status.instance_id.expect("a server id");
+    let server = e2e.tenant.nova().get_server(&id).await.expect("server");
+    assert_eq!(server.status, "ACTIVE");
+    let volumes = status.resources.expect("resources").volumes;
+    let names: Vec<String> = volumes.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(names, [format!("{name}-root"), format!("{name}-etcd")]);
+    for volume in &volumes {
+        let body = get_json(
+            &e2e.tenant,
+            Service::BlockStorage,
+            &format!("volumes/{}", volume.id),
+        )
+        .await;
+        assert_eq!(
+            body["volume"]["status"], "in-use",
+            "{} is attached",
+            volume.name
+        );
+        assert_eq!(
+            body["volume"]["attachments"][0]["server_id"].as_str(),
+            Some(id.as_str()),
+            "{} is attached to the server",
+            volume.name
+        );
+    }
+    let ports = get_json(
+        &e2e.tenant,
+        Service::Network,
+        &format!("ports?device_id={id}"),
+    )
+    .await;
+    let port = ports["ports"][0]["id"]
+        .as_str()
+        .expect("the server's port")
+        .to_owned();
+    let trunks = get_json(
+        &e2e.tenant,
+        Service::Network,
+        &format!("trunks?port_id={port}"),
+    )
+    .await;
+    assert_eq!(
+        trunks["trunks"].as_array().map_or(0, Vec::len),
+        1,
+        "a trunk on its port"
+    );
+    let requests = e2e.requests();
+    e2e.servers()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(&e2e.servers(), &name, WAIT).await;
+    assert_nothing_left(e2e, &before).await;
+    eprintln!(
+        "FIGURES e2e {} server with volumes ({}): Ready in {:.1} s, requests {}; delete, requests {}",
+        e2e.label,
+        e2e.cloud_name,
+        to_ready.as_secs_f64(),
+        spent(&BTreeMap::new(), &requests),
+        spent(&requests, &e2e.requests()),
+    );
+}
+
+/// The cluster without a bastion: what the fault and restart scenarios build.
+async fn create_plain_cluster(e2e: &E2e, name: &str) {
+    create_cluster(e2e, name).await;
+    let drop_bastion = json!({"spec": {"bastion": null}});
+    e2e.clusters()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&drop_bastion))
+        .await
+        .expect("no bastion");
+}
+
+async fn wait_provisioned(e2e: &E2e, name: &str) -> OpenStackCluster {
+    wait_for(&e2e.clusters(), name, "provisioned and Ready", WAIT, |c| {
+        provisioned(c) && cluster_is(types::READY)(c)
+    })
+    .await
+}
+
+/// Deletes a cluster that has no machines, and lets its Cluster go.
+async fn delete_bare_cluster(e2e: &E2e, name: &str) {
+    let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    clusters
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("Cluster delete");
+    e2e.clusters()
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("OpenStackCluster delete");
+    wait_gone(&e2e.clusters(), name, WAIT).await;
+    let release = json!({"metadata": {"finalizers": null}});
+    clusters
+        .patch(name, &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("Cluster released");
+}
+
+/// Polls the census until `kind` has a new object (bounded).
+async fn until_new(e2e: &E2e, before: &Census, kind: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = census(&e2e.tenant).await;
+        if new_objects(before, &now).contains_key(kind) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: no new {kind} appeared",
+            e2e.label
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn assert_no_duplicates(e2e: &E2e, before: &Census, after: &Census) {
+    let duplicated = duplicated_names(before, after);
+    assert!(
+        duplicated.is_empty(),
+        "{}: made twice: {duplicated:?}\nnew: {:#?}",
+        e2e.label,
+        new_objects(before, after)
+    );
+}
+
+/// A controller killed in the middle of bring-up (while its load balancer is being built,
+/// and again while the bastion's server builds) and started again duplicates nothing.
+async fn restart_during_bring_up(e2e: &mut E2e) {
+    let name = unique_cluster_name("c2");
+    let before = census(&e2e.tenant).await;
+    create_cluster(e2e, &name).await;
+    until_new(e2e, &before, "load balancers").await;
+    e2e.stop_manager(false).await;
+    e2e.start_manager();
+    until_new(e2e, &before, "servers").await;
+    e2e.stop_manager(false).await;
+    e2e.start_manager();
+    wait_provisioned(e2e, &name).await;
+    wait_for(
+        &e2e.clusters(),
+        &name,
+        "with its bastion ACTIVE",
+        WAIT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.bastion.as_ref())
+                .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
+        },
+    )
+    .await;
+    let during = census(&e2e.tenant).await;
+    assert_no_duplicates(e2e, &before, &during);
+    let new = new_objects(&before, &during);
+    for (kind, count) in [
+        ("networks", 1),
+        ("routers", 1),
+        ("load balancers", 1),
+        ("servers", 1),
+    ] {
+        assert_eq!(
+            new.get(kind).map_or(0, Vec::len),
+            count,
+            "{}: {kind} after two restarts: {new:#?}",
+            e2e.label
+        );
+    }
+    delete_bare_cluster(e2e, &name).await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+/// A service taken away during a scenario.
+#[derive(Clone, Copy, Debug)]
+enum Down {
+    Keystone,
+    NovaApi,
+    NeutronApi,
+}
+
+impl Down {
+    /// The service's name in tests/openstack (fault.sh).
+    fn process(self) -> &'static str {
+        match self {
+            Down::Keystone => "keystone",
+            Down::NovaApi => "nova-api",
+            Down::NeutronApi => "neutron-api",
+        }
+    }
+
+    /// How the provider names it in its errors (the catalog type).
+    fn catalog(self) -> &'static str {
+        match self {
+            Down::Keystone => "identity",
+            Down::NovaApi => "compute",
+            Down::NeutronApi => "network",
+        }
+    }
+}
+
+impl E2e {
+    /// The real tier stops the service (its port refuses connections); the simulator answers
+    /// its requests 503.
+    async fn take_down(&self, down: Down) {
+        match &self.sim {
+            None => fault(&["stop", down.process()]).await,
+            Some(sim) => {
+                let mut scenario = Scenario {
+                    timings: timings(),
+                    ..Scenario::default()
+                };
+                match down {
+                    Down::Keystone => scenario.keystone_outages.push(Outage {
+                        from: 0.0,
+                        until: f64::MAX,
+                    }),
+                    Down::NovaApi | Down::NeutronApi => {
+                        scenario.server_errors.push(ServerErrorFault {
+                            service: Some(down.catalog().into()),
+                            probability: 1.0,
+                            status: 503,
+                        })
+                    }
+                }
+                sim.set_scenario(scenario);
+            }
+        }
+    }
+
+    async fn bring_back(&self, down: Down) {
+        match &self.sim {
+            None => fault(&["start", down.process()]).await,
+            Some(sim) => sim.set_scenario(Scenario {
+                timings: timings(),
+                ..Scenario::default()
+            }),
+        }
+    }
+
+    fn terminal_errors(&self) -> f64 {
+        metric_sum(
+            &self.registry,
+            "controller_runtime_terminal_reconcile_errors_total",
+        )
+    }
+}
+
+/// Whether any condition of these says the cloud is unavailable and names `service`.
+fn says_unavailable(conditions: &[Condition], service: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.reason == reasons::OPENSTACK_UNAVAILABLE && c.message.contains(service))
+}
+
+fn cluster_says_unavailable(service: &'static str) -> impl Fn(&OpenStackCluster) -> bool {
+    move |c| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| says_unavailable(&s.conditions, service))
+    }
+}
+
+/// Keystone stopped for 30 s while a fresh controller brings a cluster up: the cluster says
+/// so, nothing turns terminal, and it converges once Keystone is back.
+async fn keystone_outage(e2e: &mut E2e) {
+    let name = unique_cluster_name("c3");
+    let before = census(&e2e.tenant).await;
+    let down = Down::Keystone;
+    e2e.take_down(down).await;
+    let stopped = Instant::now();
+    create_plain_cluster(e2e, &name).await;
+    let seen = wait_for(
+        &e2e.clusters(),
+        &name,
+        "saying Keystone is unavailable",
+        WAIT,
+        cluster_says_unavailable(down.catalog()),
+    )
+    .await;
+    eprintln!(
+        "{}: while Keystone is down: {:?}",
+        e2e.label,
+        seen.status.map(|s| s.conditions)
+    );
+    let outage = Duration::from_secs(30);
+    tokio::time::sleep(outage.saturating_sub(stopped.elapsed())).await;
+    e2e.bring_back(down).await;
+    let back = Instant::now();
+    wait_provisioned(e2e, &name).await;
+    eprintln!(
+        "FIGURES e2e {}: provisioned {:.1} s after Keystone came back",
+        e2e.label,
+        back.elapsed().as_secs_f64()
+    );
+    assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
+    assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
+    delete_bare_cluster(e2e, &name).await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+/// The Nova API stopped while the machines' servers build (a worker's server in BUILD, and a
+/// control-plane machine asked for while Nova is away): the machines say so, nothing turns
+/// terminal, and both join once it is back; nothing is made twice.
+async fn nova_outage_while_servers_build(e2e: &mut E2e) {
+    let name = unique_cluster_name("c4");
+    let before = census(&e2e.tenant).await;
+    create_plain_cluster(e2e, &name).await;
+    wait_provisioned(e2e, &name).await;
+    let actor = actor(e2e);
+    let plane = plane(&name, 1);
+    let workers = actor
+        .create_workers(&name, 1, machine_template())
+        .await
+        .expect("a worker");
+    until_new(e2e, &before, "servers").await;
+    let down = Down::NovaApi;
+    e2e.take_down(down).await;
+    let stopped = Instant::now();
+    let outage = async {
+        until_a_machine(e2e, "says Nova is unavailable", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| says_unavailable(&s.conditions, down.catalog()))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(20).saturating_sub(stopped.elapsed())).await;
+        e2e.bring_back(down).await;
+    };
+    let (scaled, ()) = tokio::join!(actor.scale_control_plane(&plane), outage);
+    scaled.expect("the control-plane machine");
+    for worker in &workers {
+        actor.wait_joined(worker).await.expect("the worker joins");
+    }
+    assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
+    assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
+    delete_cluster(e2e, &actor, &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+/// Polls the OpenStackMachines until one satisfies `done` (bounded).
+async fn until_a_machine(e2e: &E2e, what: &str, done: impl Fn(&OpenStackMachine) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = e2e.machines().list(&ListParams::default()).await;
+        if list.as_ref().is_ok_and(|l| l.items.iter().any(&done)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: no machine {what}: {list:#?}",
+            e2e.label
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Neutron stopped while the cluster's network is being built: the cluster says so, nothing
+/// turns terminal, and it converges once Neutron is back; nothing is made twice.
+async fn neutron_outage_during_bring_up(e2e: &mut E2e) {
+    let name = unique_cluster_name("c5");
+    let before = census(&e2e.tenant).await;
+    create_plain_cluster(e2e, &name).await;
+    until_new(e2e, &before, "networks").await;
+    let down = Down::NeutronApi;
+    e2e.take_down(down).await;
+    wait_for(
+        &e2e.clusters(),
+        &name,
+        "saying Neutron is unavailable",
+        WAIT,
+        cluster_says_unavailable(down.catalog()),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    e2e.bring_back(down).await;
+    wait_provisioned(e2e, &name).await;
+    assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
+    assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
+    delete_bare_cluster(e2e, &name).await;
+    assert_nothing_left(e2e, &before).await;
 }
 
 /// Runs a scenario on the real tier, alone, with faults cleared before and after.
@@ -699,6 +1233,56 @@ macro_rules! on_sim {
         outcome.expect("the scenario finished within 10 minutes");
     }};
 }
+
+macro_rules! both {
+    ($scenario:ident, $cloud:expr, $appcred:expr, $real:ident, $sim:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $real() {
+            on_real!($scenario, $cloud);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sim() {
+            on_sim!($scenario, $appcred);
+        }
+    };
+}
+
+both!(
+    server_with_volumes,
+    APPCRED_CLOUD,
+    true,
+    real_server_with_root_and_extra_volumes_and_a_trunk_by_application_credential,
+    sim_server_with_root_and_extra_volumes_and_a_trunk_by_application_credential
+);
+both!(
+    restart_during_bring_up,
+    PASSWORD_CLOUD,
+    false,
+    real_restarts_in_the_middle_of_bring_up_duplicate_nothing,
+    sim_restarts_in_the_middle_of_bring_up_duplicate_nothing
+);
+both!(
+    keystone_outage,
+    PASSWORD_CLOUD,
+    false,
+    real_keystone_stopped_for_30_s_is_said_and_the_cluster_converges,
+    sim_keystone_stopped_for_30_s_is_said_and_the_cluster_converges
+);
+both!(
+    nova_outage_while_servers_build,
+    PASSWORD_CLOUD,
+    false,
+    real_nova_api_stopped_while_servers_build_is_said_and_machines_converge,
+    sim_nova_api_stopped_while_servers_build_is_said_and_machines_converge
+);
+both!(
+    neutron_outage_during_bring_up,
+    PASSWORD_CLOUD,
+    false,
+    real_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges,
+    sim_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_cluster_from_capo_template_rolls_under_the_gate_and_deletes_without_a_leak() {

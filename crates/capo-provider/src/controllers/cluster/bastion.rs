@@ -24,6 +24,18 @@ pub fn enabled(spec: &OpenStackClusterSpec) -> bool {
         .is_some_and(|b| b.enabled != Some(false) && b.spec.is_some())
 }
 
+/// Whether the bastion is as the spec wants it, by the status alone: none when disabled; when
+/// enabled, its server ACTIVE and, with an external network, its floating IP attached.
+pub fn in_place(spec: &OpenStackClusterSpec, status: &OpenStackClusterStatus) -> bool {
+    if !enabled(spec) {
+        return status.bastion.is_none();
+    }
+    status.bastion.as_ref().is_some_and(|bastion| {
+        bastion.state.as_deref() == Some("ACTIVE")
+            && (status.external_network.is_none() || bastion.floating_ip.is_some())
+    })
+}
+
 /// The bastion's OpenStackServer spec: the bastion's machine spec on the cluster network,
 /// in the bastion security group, with the cluster's credentials and tags.
 pub fn server_spec(
@@ -275,4 +287,69 @@ async fn release_floating_ip(
         bastion.floating_ip = None;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capo_api::cluster::Bastion;
+    use capo_api::common::NetworkStatus;
+
+    fn spec(bastion: Option<bool>) -> OpenStackClusterSpec {
+        OpenStackClusterSpec {
+            bastion: bastion.map(|enabled| Bastion {
+                enabled: Some(enabled),
+                spec: Some(Default::default()),
+                ..Bastion::default()
+            }),
+            ..OpenStackClusterSpec::default()
+        }
+    }
+
+    fn status(
+        state: Option<&str>,
+        floating_ip: Option<&str>,
+        external: bool,
+    ) -> OpenStackClusterStatus {
+        OpenStackClusterStatus {
+            bastion: state.map(|state| BastionStatus {
+                state: Some(state.into()),
+                floating_ip: floating_ip.map(Into::into),
+                ..BastionStatus::default()
+            }),
+            external_network: external.then(|| NetworkStatus {
+                id: "ext".into(),
+                name: "public".into(),
+                ..NetworkStatus::default()
+            }),
+            ..OpenStackClusterStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_bastion_is_in_place_once_running_with_its_floating_ip() {
+        assert!(in_place(&spec(None), &status(None, None, true)));
+        assert!(in_place(
+            &spec(Some(true)),
+            &status(Some("ACTIVE"), Some("172.24.4.9"), true)
+        ));
+        assert!(in_place(
+            &spec(Some(true)),
+            &status(Some("ACTIVE"), None, false)
+        ));
+        // Still building, running without its address, or to be removed: not yet.
+        assert!(!in_place(&spec(Some(true)), &status(None, None, true)));
+        assert!(!in_place(
+            &spec(Some(true)),
+            &status(Some("BUILD"), None, true)
+        ));
+        assert!(!in_place(
+            &spec(Some(true)),
+            &status(Some("ACTIVE"), None, true)
+        ));
+        assert!(!in_place(
+            &spec(Some(false)),
+            &status(Some("ACTIVE"), None, true)
+        ));
+    }
 }

@@ -195,7 +195,9 @@ const FAILURE_DOMAINS: &str = "failure-domains";
 const COMPLETE_PASS: &[&str] = &[COMPLETE, NETWORK, SECURITY_GROUPS, FAILURE_DOMAINS];
 
 /// Whether the status says a complete pass at the current generation found everything in
-/// place: provisioned and Ready, nothing being deleted.
+/// place: provisioned and Ready, the bastion as wanted, nothing being deleted. (Ready does not
+/// wait for the bastion, which comes last: a restart while it builds must not take the cluster
+/// for settled, or its floating IP would wait a whole sync period.)
 fn settled_at_its_generation(cluster: &OpenStackCluster) -> bool {
     let Some(status) = &cluster.status else {
         return false;
@@ -205,6 +207,7 @@ fn settled_at_its_generation(cluster: &OpenStackCluster) -> bool {
         && status.observed_generation == cluster.meta().generation
         && Initialization::is_provisioned(status.initialization.as_ref())
         && conditions::status_of(&status.conditions, types::READY) == Status::True
+        && bastion::in_place(&cluster.spec, status)
 }
 
 /// Everything one pass knows.
