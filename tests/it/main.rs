@@ -14,6 +14,7 @@ mod crds;
 mod demo;
 mod membership;
 mod packaging;
+mod real_answers;
 mod real_cloud;
 mod real_octavia;
 mod real_provider;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use capo_api::capi::{self, Cluster, Machine};
 use capo_api::conditions::{self, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackServer};
-use capo_provider::cloud::neutron::{NetworkSpec, SubnetSpec};
+use capo_provider::cloud::neutron::{Filter, NetworkSpec, SubnetSpec};
 use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
 use capo_provider::controllers::gate;
@@ -61,6 +61,8 @@ struct E2e {
     _clouds: Arc<Clouds>,
     /// The cloud's name in the Secret's clouds.yaml.
     cloud_name: &'static str,
+    /// The external network `public`, as CAPO's template names it (by id).
+    external_network: String,
     sim: Option<Arc<OpenStackSim>>,
 }
 
@@ -165,6 +167,16 @@ impl E2e {
             .create(&PostParams::default(), &secret)
             .await
             .expect("secret created");
+        let externals = tenant
+            .neutron()
+            .list_networks(&Filter::by_name("public").with("router:external", "true"))
+            .await
+            .expect("external networks");
+        let external_network = externals
+            .first()
+            .expect("the external network `public`")
+            .id
+            .clone();
         let mut e2e = E2e {
             label,
             _kube: kube,
@@ -175,6 +187,7 @@ impl E2e {
             tenant,
             _clouds: clouds,
             cloud_name,
+            external_network,
             sim,
         };
         e2e.start_manager();
@@ -357,9 +370,10 @@ fn machine_template() -> OpenStackMachineSpec {
 
 /// CAPO's default cluster template (cluster-template.yaml) as a user fills it in, with a
 /// bastion.
-fn cluster_spec(cloud_name: &str) -> Value {
+fn cluster_spec(cloud_name: &str, external_network: &str) -> Value {
     json!({
         "apiServer": {"managedLoadBalancer": {"enabled": true}},
+        "externalNetwork": {"id": external_network},
         "identityRef": {"name": SECRET, "cloudName": cloud_name},
         "managedSecurityGroups": {
             "allowAllInClusterTraffic": false,
@@ -402,7 +416,7 @@ async fn create_cluster(e2e: &E2e, name: &str) {
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
         "metadata": {"name": name, "namespace": NAMESPACE,
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
-        "spec": cluster_spec(e2e.cloud_name),
+        "spec": cluster_spec(e2e.cloud_name, &e2e.external_network),
     }))
     .expect("OpenStackCluster");
     e2e.clusters()
@@ -703,20 +717,7 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
     create_cluster(e2e, &name).await;
     wait_provisioned(e2e, &name).await;
     let to_provisioned = started.elapsed();
-    // The bastion comes once the rest is in place, as in CAPO.
-    let cluster = wait_for(
-        &e2e.clusters(),
-        &name,
-        "with its bastion ACTIVE",
-        WAIT,
-        |c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.bastion.as_ref())
-                .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
-        },
-    )
-    .await;
+    let cluster = wait_bastion(e2e, &name).await;
     let cluster_requests = e2e.requests();
     assert_cluster_built(e2e, &cluster).await;
     let lb = cluster
@@ -902,6 +903,23 @@ async fn create_plain_cluster(e2e: &E2e, name: &str) {
         .expect("no bastion");
 }
 
+/// The bastion comes once the rest is in place, as in CAPO: running, with its floating IP.
+async fn wait_bastion(e2e: &E2e, name: &str) -> OpenStackCluster {
+    wait_for(
+        &e2e.clusters(),
+        name,
+        "with its bastion ACTIVE",
+        WAIT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.bastion.as_ref())
+                .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
+        },
+    )
+    .await
+}
+
 async fn wait_provisioned(e2e: &E2e, name: &str) -> OpenStackCluster {
     wait_for(&e2e.clusters(), name, "provisioned and Ready", WAIT, |c| {
         provisioned(c) && cluster_is(types::READY)(c)
@@ -968,19 +986,7 @@ async fn restart_during_bring_up(e2e: &mut E2e) {
     e2e.stop_manager(false).await;
     e2e.start_manager();
     wait_provisioned(e2e, &name).await;
-    wait_for(
-        &e2e.clusters(),
-        &name,
-        "with its bastion ACTIVE",
-        WAIT,
-        |c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.bastion.as_ref())
-                .is_some_and(|b| b.state.as_deref() == Some("ACTIVE") && b.floating_ip.is_some())
-        },
-    )
-    .await;
+    wait_bastion(e2e, &name).await;
     let during = census(&e2e.tenant).await;
     assert_no_duplicates(e2e, &before, &during);
     let new = new_objects(&before, &during);

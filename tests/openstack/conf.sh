@@ -196,31 +196,17 @@ discover_hosts_in_cells_interval = 2
 [conductor]
 workers = 1
 
-[cinder]
-catalog_info = block-storage:cinder:publicURL
-os_region_name = $REGION
-auth_url = $KEYSTONE_URL/v3
-auth_type = password
-project_domain_name = Default
-user_domain_name = Default
-project_name = service
-username = nova
-password = $SERVICE_PASS
-
 [vnc]
 enabled = false
 
-[service_user]
-send_service_user_token = true
-auth_url = $KEYSTONE_URL/v3
-auth_type = password
-project_domain_name = Default
-user_domain_name = Default
-project_name = service
-username = nova
-password = $SERVICE_PASS
-
 EOF
+        auth_section cinder nova
+        echo "catalog_info = block-storage:cinder:publicURL"
+        echo "os_region_name = $REGION"
+        echo
+        auth_section service_user nova
+        echo "send_service_user_token = true"
+        echo
         auth_section keystone_authtoken nova
         auth_section placement nova
         auth_section neutron nova
@@ -272,7 +258,7 @@ mechanism_drivers = capo_bind_all
 extension_drivers = port_security
 
 [ml2_type_flat]
-flat_networks = public
+flat_networks = public,tiny
 
 [ml2_type_vxlan]
 vni_ranges = 1:1000

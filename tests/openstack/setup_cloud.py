@@ -3,9 +3,11 @@
 Run by up.sh with the stack's venv, in two phases:
   identity   once Keystone answers: the catalog, the service users, the tenant `capo` (user
              `capo`) and its roles.
-  resources  once every service answers: flavors, an image, the external network, the
-             tenant's network `capo-rs-lb-tests`, a key pair and an application credential for
-             `capo`; then the clouds.yaml the tests read.
+  resources  once every service answers: flavors, an image, the external networks `public`
+             and `capo-rs-tiny-external` (one address), the tenant's network
+             `capo-rs-lb-tests`, a key pair and an application credential for `capo`, no room
+             for ports, servers or volumes in project `capo-rs-quota`; then the clouds.yaml the
+             tests read (clouds `capo`, `capo-appcred`, `capo-quota`, `capo-admin`).
 
 Settings come from the environment up.sh exports (CAPO_OS_*); nothing is printed that holds a
 secret.
@@ -28,6 +30,9 @@ CLOUDS_YAML = ENV["CAPO_OS_CLOUDS_YAML"]
 IMAGE_FILE = ENV["CAPO_OS_IMAGE_FILE"]
 
 TENANT = "capo"
+# A second project of the tenant's user with no room for ports, servers or volumes: where the
+# recorded answers take Neutron's, Nova's and Cinder's quota errors.
+QUOTA_PROJECT = "capo-rs-quota"
 SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
@@ -41,6 +46,10 @@ FLAVORS = {
 }
 EXTERNAL_NETWORK = "public"
 EXTERNAL_CIDR = "172.24.4.0/24"
+# An external network with a single address to hand out: where the recorded answers take
+# Neutron's "no more addresses" error.
+TINY_EXTERNAL_NETWORK = "capo-rs-tiny-external"
+TINY_EXTERNAL_CIDR = "172.24.5.0/30"
 # The tenant's own network, where the Octavia tests put their load balancers' VIPs.
 LB_TEST_NETWORK = "capo-rs-lb-tests"
 LB_TEST_CIDR = "10.254.0.0/24"
@@ -156,6 +165,9 @@ def identity():
     user = ensure_user(conn, TENANT, TENANT_PASS, project)
     for name in TENANT_ROLES:
         grant(conn, project, user, roles[name])
+    quota_project = ensure_project(conn, QUOTA_PROJECT, "no room: quota errors")
+    for name in TENANT_ROLES:
+        grant(conn, quota_project, user, roles[name])
     log("catalog, service users and the tenant are in place")
 
 
@@ -169,12 +181,15 @@ def ensure_flavors(conn):
 def ensure_image(conn):
     image = conn.image.find_image(IMAGE)
     if image is not None and image.status == "active":
+        if "capi" not in image.tags:
+            conn.image.add_tag(image, "capi")
         return
     if image is not None:
         conn.image.delete_image(image)
     with open(IMAGE_FILE, "rb") as data:
         conn.image.create_image(
             name=IMAGE,
+            tags=["capi"],
             disk_format="raw",
             container_format="bare",
             visibility="public",
@@ -183,26 +198,27 @@ def ensure_image(conn):
         )
 
 
-def ensure_external_network(conn):
-    network = conn.network.find_network(EXTERNAL_NETWORK)
+def ensure_external_network(conn, name, physnet, cidr):
+    """A flat external network on `physnet` with one subnet of `cidr` (gateway .1)."""
+    network = conn.network.find_network(name)
     if network is None:
         network = conn.network.create_network(
-            name=EXTERNAL_NETWORK,
+            name=name,
             is_router_external=True,
             provider_network_type="flat",
-            provider_physical_network="public",
-            is_shared=False,
+            provider_physical_network=physnet,
         )
     if not list(conn.network.subnets(network_id=network.id)):
         conn.network.create_subnet(
-            name=EXTERNAL_NETWORK + "-subnet",
-            network_id=network.id,
-            ip_version=4,
-            cidr=EXTERNAL_CIDR,
-            gateway_ip="172.24.4.1",
-            allocation_pools=[{"start": "172.24.4.10", "end": "172.24.4.250"}],
-            is_dhcp_enabled=False,
+            name=name, network_id=network.id, ip_version=4, cidr=cidr, is_dhcp_enabled=False
         )
+
+
+def ensure_no_room(conn):
+    project = conn.identity.find_project(QUOTA_PROJECT, domain_id="default")
+    conn.network.update_quota(project.id, ports=0)
+    conn.set_compute_quotas(project.id, instances=0)
+    conn.set_volume_quotas(project.id, volumes=0)
 
 
 def ensure_tenant_network(conn):
@@ -261,6 +277,7 @@ def write_clouds_yaml(appcred_id):
         f"      auth_url: {KEYSTONE}/v3\n"
         f"      application_credential_id: {appcred_id}\n"
         f"      application_credential_secret: {APPCRED_SECRET}\n" + common
+        + password_cloud("capo-quota", TENANT, TENANT_PASS, QUOTA_PROJECT)
         + password_cloud("capo-admin", "admin", ENV["CAPO_OS_ADMIN_PASS"], "admin")
     )
     tmp = CLOUDS_YAML + ".tmp"
@@ -273,7 +290,10 @@ def resources():
     conn = admin()
     ensure_flavors(conn)
     ensure_image(conn)
-    ensure_external_network(conn)
+    ensure_external_network(conn, EXTERNAL_NETWORK, "public", EXTERNAL_CIDR)
+    # A /30: the gateway takes .1, so .2 is the only address to hand out.
+    ensure_external_network(conn, TINY_EXTERNAL_NETWORK, "tiny", TINY_EXTERNAL_CIDR)
+    ensure_no_room(conn)
     user = tenant()
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.

@@ -19,10 +19,10 @@
 #                         (capo_vip_port, drivers/)
 # The WSGI services run under gunicorn (1 worker x 8 threads).
 #
-# Then setup_cloud.py fills the cloud: flavors m1.tiny..m1.large, the image
-# ubuntu-2404-kube-v1.33.4, the external network `public` (172.24.4.0/24), the key pair
-# capo-rs-test and an application credential of the tenant, and writes $RUN/clouds.yaml with
-# clouds `capo` (password), `capo-appcred` and `capo-admin`.
+# Then setup_cloud.py fills the cloud (see its docstring): flavors, an image, external networks,
+# the tenant's network, a key pair, an application credential, a project with no room; and
+# writes $RUN/clouds.yaml with clouds `capo` (password), `capo-appcred`, `capo-quota` and
+# `capo-admin`.
 #
 # Idempotent: installed packages, the venv, the databases and running services are reused; a
 # service restarts only when its configuration or the venv changed. Every wait is bounded by

@@ -5,6 +5,8 @@
 use std::fmt;
 
 use openstack_sdk::config::{CloudConfig, ConfigFile, get_config_identity_hash};
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
 
 use super::CloudError;
 
@@ -46,7 +48,9 @@ pub struct ResolvedCloud {
     pub auth_url: String,
     pub region: String,
     pub auth_type: String,
-    /// Identifies the credential (a hash, never the secret itself): one token per identity.
+    /// Identifies the credential and its scope (a digest, never the secret itself): one session
+    /// per identity, and the objects one identity lists are the objects every session of it
+    /// sees.
     pub identity: String,
 }
 
@@ -112,15 +116,7 @@ impl CloudCredentials {
         // Never read or write the SDK's on-disk token cache (~/.osc): tokens stay in memory.
         config.auth_cache = Some(false);
         let region = config.region_name.clone().unwrap_or_default();
-        let identity = format!(
-            "{}|{}|{}|{}|{:?}|{}",
-            get_config_identity_hash(&config),
-            auth_type,
-            region,
-            config.interface.as_deref().unwrap_or("public"),
-            config.verify,
-            self.cacert.as_deref().map(fingerprint).unwrap_or_default(),
-        );
+        let identity = identity_of(&config, &auth_type, &region, self.cacert.as_deref());
         Ok(ResolvedCloud {
             config,
             auth_url,
@@ -131,12 +127,60 @@ impl CloudCredentials {
     }
 }
 
-/// A short non-cryptographic fingerprint; the CA bundle is public data.
-fn fingerprint(text: &str) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
+/// The digest of everything that decides who a session acts as and what it sees: the user, the
+/// scope (project or domain), the secret, the region, the interface and the trust settings.
+/// The SDK's own identity hash leaves the scope and the secret out (it names a user for its
+/// token cache), so on its own two clusters authenticating the same user into two projects
+/// would share one session, and a rotated password would keep the old one.
+fn identity_of(
+    config: &CloudConfig,
+    auth_type: &str,
+    region: &str,
+    cacert: Option<&str>,
+) -> String {
+    let mut digest = Sha256::new();
+    let mut field = |name: &str, value: Option<&str>| {
+        digest.update(name.as_bytes());
+        digest.update([0]);
+        if let Some(value) = value {
+            digest.update(value.as_bytes());
+        }
+        digest.update([0xff]);
+    };
+    field("user", Some(&get_config_identity_hash(config)));
+    if let Some(auth) = &config.auth {
+        field("project_id", auth.project_id.as_deref());
+        field("project_name", auth.project_name.as_deref());
+        field("project_domain_id", auth.project_domain_id.as_deref());
+        field("project_domain_name", auth.project_domain_name.as_deref());
+        field("domain_id", auth.domain_id.as_deref());
+        field("domain_name", auth.domain_name.as_deref());
+        for (name, secret) in [
+            ("password", &auth.password),
+            ("token", &auth.token),
+            (
+                "application_credential_secret",
+                &auth.application_credential_secret,
+            ),
+        ] {
+            field(name, secret.as_ref().map(ExposeSecret::expose_secret));
+        }
+    }
+    field("auth_type", Some(auth_type));
+    field("region", Some(region));
+    field(
+        "interface",
+        Some(config.interface.as_deref().unwrap_or("public")),
+    );
+    field(
+        "verify",
+        config.verify.map(|v| if v { "true" } else { "false" }),
+    );
+    field("cacert", cacert);
+    digest.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -195,6 +239,27 @@ clouds:
         let other = creds("openstack", Some("RegionTwo")).resolve().unwrap();
         assert_eq!(other.region, "RegionTwo");
         assert_ne!(base.identity, other.identity);
+    }
+
+    #[test]
+    fn another_project_or_secret_is_another_identity_and_the_same_entry_the_same() {
+        let other_project = CloudCredentials {
+            clouds_yaml: CLOUDS.replace("project_name: demo", "project_name: other"),
+            ..creds("openstack", None)
+        };
+        let rotated = CloudCredentials {
+            clouds_yaml: CLOUDS.replace("hunter2-secret", "hunter3-secret"),
+            ..creds("openstack", None)
+        };
+        let base = creds("openstack", None).resolve().unwrap().identity;
+        assert_eq!(base, creds("openstack", None).resolve().unwrap().identity);
+        assert_ne!(base, other_project.resolve().unwrap().identity);
+        assert_ne!(base, rotated.resolve().unwrap().identity);
+        let with_ca = CloudCredentials {
+            cacert: Some("-----BEGIN CERTIFICATE-----".into()),
+            ..creds("openstack", None)
+        };
+        assert_ne!(base, with_ca.resolve().unwrap().identity);
     }
 
     #[test]

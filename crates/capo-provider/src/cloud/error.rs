@@ -78,6 +78,11 @@ impl CloudError {
         )
     }
 
+    /// Whether the cloud refused for want of quota (a person must raise it or free room).
+    pub fn is_quota(&self) -> bool {
+        matches!(self, CloudError::Forbidden(ctx) if is_quota(&ctx.message))
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self, CloudError::NotFound(_))
     }
@@ -146,7 +151,7 @@ pub fn classify_response(
     match status.as_u16() {
         404 => CloudError::NotFound(ctx),
         409 if is_immutable(&ctx.message) => CloudError::Busy(ctx),
-        409 if is_quota(&ctx.message) => CloudError::Forbidden(ctx),
+        409 | 413 if is_quota(&ctx.message) => CloudError::Forbidden(ctx),
         409 => CloudError::Conflict(ctx),
         429 => CloudError::RateLimited {
             ctx,
@@ -185,9 +190,17 @@ fn is_immutable(message: &str) -> bool {
     message.contains("is immutable")
 }
 
+/// Quota refusals as the services word them (recorded from the real tier): Neutron's 409
+/// "Quota exceeded for resources: ['port']."; Nova's 403 "Quota exceeded for instances: ..." and,
+/// when the ports a server needs do not fit Neutron's quota, "Maximum number of ports exceeded";
+/// Cinder's 413 "VolumeLimitExceeded: Maximum number of volumes allowed (0) exceeded for quota
+/// 'volumes'."
 fn is_quota(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
-    lower.contains("quota exceeded") || lower.contains("quota has been met")
+    lower.contains("quota exceeded")
+        || lower.contains("quota has been met")
+        || lower.contains("exceeded for quota")
+        || (lower.contains("maximum number of") && lower.contains("exceeded"))
 }
 
 /// The human message inside an OpenStack error body. Handles Octavia's two shapes
@@ -302,6 +315,23 @@ mod tests {
             r#"{"itemNotFound":{"code":404,"message":"Flavor m1.huge could not be found."}}"#,
         );
         assert_eq!(nova.message(), "Flavor m1.huge could not be found.");
+        assert!(neutron.is_quota());
+        // Nova and Cinder, as the real tier answers them.
+        let nova_ports = classify(
+            403,
+            r#"{"forbidden":{"code":403,"message":"Maximum number of ports exceeded"}}"#,
+        );
+        assert!(nova_ports.is_quota(), "{nova_ports:?}");
+        let cinder = classify(
+            413,
+            r#"{"overLimit":{"code":413,"message":"VolumeLimitExceeded: Maximum number of volumes allowed (0) exceeded for quota 'volumes'."}}"#,
+        );
+        assert!(cinder.is_quota(), "{cinder:?}");
+        let policy = classify(
+            403,
+            r#"{"NeutronError":{"type":"PolicyNotAuthorized","message":"rule:delete_port is disallowed by policy","detail":""}}"#,
+        );
+        assert!(matches!(policy, CloudError::Forbidden(_)) && !policy.is_quota());
         let plain = classify(502, "<html>Bad Gateway</html>");
         assert!(matches!(plain, CloudError::Transient(_)));
         assert_eq!(plain.message(), "<html>Bad Gateway</html>");

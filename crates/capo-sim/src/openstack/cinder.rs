@@ -228,6 +228,7 @@ fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -
     let image = request["imageRef"]
         .as_str()
         .and_then(|i| world.glance.find(i));
+    let project = world.settings.project_id.clone();
     let mut body = json!({
         "id": id, "name": request["name"].as_str(), "description": request["description"].as_str(),
         "status": status, "size": size,
@@ -235,9 +236,10 @@ fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -
         "volume_type": volume_type, "bootable": if image.is_some() { "true" } else { "false" },
         "encrypted": false, "multiattach": false, "attachments": [],
         "metadata": request.get("metadata").filter(|m| m.is_object()).cloned().unwrap_or(json!({})),
-        "links": [], "created_at": now, "updated_at": null, "snapshot_id": null,
-        "source_volid": null, "consistencygroup_id": null, "group_id": null,
-        "replication_status": null, "migration_status": null,
+        "links": [{"rel": "self", "href": format!("/volume/v3/{project}/volumes/{id}")},
+                  {"rel": "bookmark", "href": format!("/volume/{project}/volumes/{id}")}],
+        "created_at": now, "updated_at": null, "snapshot_id": null,
+        "source_volid": null, "consistencygroup_id": null, "replication_status": null,
         "user_id": format!("{}-id", world.settings.username),
         "os-vol-tenant-attr:tenant_id": world.settings.project_id,
     });
@@ -269,6 +271,19 @@ fn create_volume(world: &mut World, body: &Value) -> Reply {
         Ok(volume_type) => volume_type,
         Err(reply) => return reply,
     };
+    if let Some(limit) = world
+        .settings
+        .quotas
+        .volumes
+        .filter(|limit| world.cinder.volumes.len() >= *limit)
+    {
+        return Reply::json(
+            413,
+            json!({"overLimit": {"code": 413, "retryAfter": "0", "message": format!(
+                "VolumeLimitExceeded: Maximum number of volumes allowed ({limit}) exceeded for quota 'volumes'."
+            )}}),
+        );
+    }
     let id = insert(world, request, &volume_type, "creating");
     let name = request["name"].as_str().unwrap_or_default();
     let pending = plan(world, name, Next::Available);
@@ -279,7 +294,14 @@ fn create_volume(world: &mut World, body: &Value) -> Reply {
         world.schedule(due - Instant::now(), Timer::Volume(id.clone()));
     }
     match world.cinder.get(&id) {
-        Some(volume) => Reply::json(202, json!({"volume": volume})),
+        // The create answer leaves the owner out (a GET shows it).
+        Some(volume) => {
+            let mut volume = volume.clone();
+            if let Some(fields) = volume.as_object_mut() {
+                fields.remove("os-vol-tenant-attr:tenant_id");
+            }
+            Reply::json(202, json!({"volume": volume}))
+        }
         None => not_found(&id),
     }
 }
@@ -311,7 +333,7 @@ fn list_volumes(world: &World, query: &[(String, String)], detail: bool) -> Repl
             if detail {
                 v.body.clone()
             } else {
-                json!({"id": v.body["id"], "name": v.body["name"], "links": []})
+                json!({"id": v.body["id"], "name": v.body["name"], "links": v.body["links"]})
             }
         })
         .collect();

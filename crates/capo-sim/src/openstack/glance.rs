@@ -37,7 +37,10 @@ pub fn add_image(world: &mut World, name: &str, tags: &[&str]) -> String {
     world.glance.images.push(json!({
         "id": id, "name": name, "status": "active", "tags": tags, "visibility": "public",
         "disk_format": "qcow2", "container_format": "bare", "min_disk": 0, "min_ram": 0,
-        "size": 1_073_741_824u64, "protected": false, "os_hidden": false,
+        "size": 1_073_741_824u64, "virtual_size": 1_073_741_824u64, "protected": false, "os_hidden": false,
+        "checksum": "b6d81b360a5672d80c27430f39153e2c", "os_hash_algo": "sha512",
+        "os_hash_value": "d6292685b380e338e025b3415a90fe8f9d39a46e7bdba8cb78c50a338cefca741f69e4e46411c32de1afdedfb268e579a51f81ff85e56f55b0ee7c33fe8c25c9",
+        "stores": "fs",
         "created_at": now, "updated_at": now, "self": format!("/v2/images/{id}"),
         "file": format!("/v2/images/{id}/file"), "schema": "/v2/schemas/image",
         "owner": world.settings.project_id,

@@ -113,7 +113,7 @@ fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
     let expires = now + chrono::TimeDelta::from_std(lifetime).unwrap_or_default();
     let stamp = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
     let settings = &world.settings;
-    let body = json!({"token": {
+    let mut body = json!({"token": {
         "methods": methods,
         "expires_at": stamp(expires),
         "issued_at": stamp(now),
@@ -126,6 +126,10 @@ fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
         "is_domain": false,
         "catalog": catalog(base, &settings.region),
     }});
+    if methods.contains(&"application_credential") {
+        body["token"]["application_credential"] = json!({
+            "id": settings.app_credential_id, "name": "capo-rs", "restricted": true});
+    }
     Reply::json(201, body).header("x-subject-token", token)
 }
 

@@ -28,7 +28,7 @@ pub use faults::{
     Delay, Effect, LatencyFault, ObjectKind, Outage, RateLimitFault, Rule, Scenario,
     ServerErrorFault, Timings,
 };
-pub use world::{CloudSettings, RequestLog};
+pub use world::{CloudSettings, Quotas, RequestLog};
 
 /// One member as the simulator holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,6 +163,12 @@ impl OpenStackSim {
         let mut world = self.shared.world();
         change(&mut world.scenario);
         world.release_stuck();
+    }
+
+    /// Adds an external network with one subnet of `cidr` (as an admin would): where floating
+    /// IPs come from; a small one runs out of addresses.
+    pub fn add_external_network(&self, name: &str, cidr: &str) {
+        neutron::add_external_network(&mut self.shared.world(), name, cidr);
     }
 
     /// Adds one fault rule.

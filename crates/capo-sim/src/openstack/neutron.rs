@@ -40,6 +40,15 @@ fn is_router_interface(port: &Value) -> bool {
         .is_some_and(|o| o.starts_with("network:router_interface"))
 }
 
+/// Ports that only their service may delete (a router's, a floating IP's): Neutron refuses a
+/// DELETE of them through the port API.
+fn is_service_owned(owner: &str) -> bool {
+    owner.starts_with("network:router_interface")
+        || owner == "network:router_gateway"
+        || owner == "network:floatingip"
+        || owner == "network:router_ha_interface"
+}
+
 /// Ports Neutron makes and removes itself (DHCP), which do not hold a network or subnet.
 fn is_auto_deleted(port: &Value) -> bool {
     port["device_owner"]
@@ -101,22 +110,27 @@ fn not_found(kind: &str, id: &str) -> Reply {
 
 /// The external network, its subnet and the project's default security group.
 pub fn seed(world: &mut World) {
-    let network = create_object(
-        world,
-        "networks",
-        json!({"name": "public", "router:external": true}),
-    );
-    let network_id = network["id"].as_str().unwrap_or_default().to_owned();
-    create_object(
-        world,
-        "subnets",
-        json!({"name": "public-subnet", "network_id": network_id, "cidr": "172.24.4.0/24", "ip_version": 4}),
-    );
+    add_external_network(world, "public", "172.24.4.0/24");
     // Named `default`, it gets the default group's rules too (see `default_rules`).
     create_object(
         world,
         "security-groups",
         json!({"name": "default", "description": "Default security group"}),
+    );
+}
+
+/// An external network and its subnet (`<name>-subnet`).
+pub fn add_external_network(world: &mut World, name: &str, cidr: &str) {
+    let network = create_object(
+        world,
+        "networks",
+        json!({"name": name, "router:external": true}),
+    );
+    let network_id = network["id"].as_str().unwrap_or_default().to_owned();
+    create_object(
+        world,
+        "subnets",
+        json!({"name": format!("{name}-subnet"), "network_id": network_id, "cidr": cidr, "ip_version": 4}),
     );
 }
 
@@ -156,22 +170,22 @@ pub fn handle(
                 .all(path)
                 .iter()
                 .filter(|o| filters::matches(o, query))
-                .cloned()
+                .map(|o| shown(world, path, o))
                 .collect();
             Reply::ok(json!({ path.replace('-', "_"): items }))
         }
         ("POST", []) => match body.get(key) {
             Some(object) if object.is_object() => match validate(world, path, object) {
-                Ok(()) => Reply::json(
-                    201,
-                    json!({ key: create_object(world, path, object.clone()) }),
-                ),
+                Ok(()) => Reply::json(201, {
+                    let created = create_object(world, path, object.clone());
+                    json!({ key: shown(world, path, &created) })
+                }),
                 Err(reply) => reply,
             },
             _ => Reply::neutron(400, "BadRequest", format!("Resource body required: {key}")),
         },
         ("GET", [id]) => match world.neutron.find(path, id) {
-            Some(object) => Reply::ok(json!({ key: object })),
+            Some(object) => Reply::ok(json!({ key: shown(world, path, object) })),
             None => not_found(kind, id),
         },
         ("PUT", [id]) => update(world, path, key, kind, id, &body[key]),
@@ -187,6 +201,39 @@ pub fn handle(
         }
         _ => Reply::neutron(404, "HTTPNotFound", "The resource could not be found."),
     }
+}
+
+/// An object as a project member sees it: a port's binding details other than its VNIC type
+/// are for administrators (Neutron's policy hides them), and no `propagate_uplink_status`
+/// (an extension ML2 loads only with the drivers that support it).
+fn shown(world: &World, path: &str, object: &Value) -> Value {
+    let mut object = object.clone();
+    if path == "floatingips" {
+        // The port a floating IP points at, as the `fip-port-details` extension shows it.
+        let port = object["port_id"]
+            .as_str()
+            .and_then(|port| world.neutron.find("ports", port));
+        object["port_details"] = port.map_or(Value::Null, |port| {
+            json!({"name": port["name"], "network_id": port["network_id"],
+                   "mac_address": port["mac_address"], "admin_state_up": port["admin_state_up"],
+                   "status": port["status"], "device_id": port["device_id"],
+                   "device_owner": port["device_owner"]})
+        });
+    }
+    if path == "ports"
+        && let Some(fields) = object.as_object_mut()
+    {
+        for hidden in [
+            "binding:host_id",
+            "binding:profile",
+            "binding:vif_type",
+            "binding:vif_details",
+            "propagate_uplink_status",
+        ] {
+            fields.remove(hidden);
+        }
+    }
+    object
 }
 
 /// The trunk whose parent is `port`, if any.
@@ -212,17 +259,58 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
         "subnets" => {
             network_exists("network_id")?;
             let cidr = object["cidr"].as_str().unwrap_or_default();
-            parse_cidr(cidr).map(|_| ()).ok_or_else(|| {
+            let range = parse_cidr(cidr).ok_or_else(|| {
                 Reply::neutron(
                     400,
                     "InvalidInput",
                     format!("Invalid input for cidr. Reason: '{cidr}' is not a valid IP subnet."),
                 )
-            })
+            })?;
+            let network = object["network_id"].as_str().unwrap_or_default();
+            let overlaps = world
+                .neutron
+                .all("subnets")
+                .iter()
+                .filter(|s| s["network_id"] == network)
+                .filter_map(|s| parse_cidr(s["cidr"].as_str()?))
+                .any(|other| ranges_overlap(range, other));
+            if overlaps {
+                return Err(Reply::neutron(
+                    400,
+                    "InvalidInput",
+                    format!(
+                        "Invalid input for operation: Requested subnet with cidr: {cidr} for \
+                         network: {network} overlaps with another subnet."
+                    ),
+                ));
+            }
+            Ok(())
         }
         "ports" => {
             network_exists("network_id")?;
+            if world
+                .settings
+                .quotas
+                .ports
+                .is_some_and(|limit| world.neutron.all("ports").len() >= limit)
+            {
+                return Err(Reply::neutron(
+                    409,
+                    "OverQuota",
+                    "Quota exceeded for resources: ['port'].",
+                ));
+            }
             let network = object["network_id"].as_str().unwrap_or_default();
+            for want in object["fixed_ips"].as_array().into_iter().flatten() {
+                if let Some(ip) = want["ip_address"].as_str() {
+                    let subnet = want["subnet_id"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .or_else(|| subnet_for_ip(world, network, ip))
+                        .unwrap_or_default();
+                    free_ip(world, &subnet, ip, None)?;
+                }
+            }
             match object["mac_address"].as_str() {
                 Some(mac)
                     if world
@@ -591,6 +679,13 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
                 ("shared", json!(false)),
                 ("mtu", json!(1450)),
                 ("port_security_enabled", json!(true)),
+                ("availability_zone_hints", json!([])),
+                ("availability_zones", json!([])),
+                ("ipv4_address_scope", Value::Null),
+                ("ipv6_address_scope", Value::Null),
+                ("is_default", json!(false)),
+                ("qinq", json!(false)),
+                ("vlan_transparent", json!(false)),
             ] {
                 object.entry(key).or_insert(value);
             }
@@ -598,8 +693,16 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
         "subnets" => subnet_defaults(world, &mut object),
         "ports" => port_defaults(world, &mut object),
         "routers" => {
-            object.entry("status").or_insert(json!("ACTIVE"));
-            object.entry("admin_state_up").or_insert(json!(true));
+            for (key, value) in [
+                ("status", json!("ACTIVE")),
+                ("admin_state_up", json!(true)),
+                ("availability_zone_hints", json!([])),
+                ("availability_zones", json!([])),
+                ("flavor_id", Value::Null),
+                ("routes", json!([])),
+            ] {
+                object.entry(key).or_insert(value);
+            }
             let info = object
                 .remove("external_gateway_info")
                 .unwrap_or(Value::Null);
@@ -608,11 +711,24 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
         }
         "security-groups" => {
             object.insert("security_group_rules".into(), json!([]));
+            object.entry("shared").or_insert(json!(false));
+            object.entry("stateful").or_insert(json!(true));
         }
         "security-group-rules" => {
-            // Rules have no name and take no tags.
+            // Rules have no name and take no tags; a rule made without a description has none.
             object.remove("name");
             object.remove("tags");
+            if object.get("description").is_some_and(|d| d == "") {
+                object.insert("description".into(), Value::Null);
+            }
+            let default_group = world
+                .neutron
+                .find(
+                    "security-groups",
+                    object["security_group_id"].as_str().unwrap_or_default(),
+                )
+                .is_some_and(|g| g["name"] == "default");
+            object.insert("belongs_to_default_sg".into(), json!(default_group));
             for (key, value) in [
                 ("ethertype", json!("IPv4")),
                 ("protocol", Value::Null),
@@ -634,6 +750,7 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
         "trunks" => {
             object.entry("sub_ports").or_insert(json!([]));
             object.entry("status").or_insert(json!("ACTIVE"));
+            object.entry("admin_state_up").or_insert(json!(true));
         }
         _ => {}
     }
@@ -734,15 +851,24 @@ fn subnet_defaults(world: &mut World, object: &mut Map<String, Value>) {
         object.entry("gateway_ip").or_insert(json!(gateway));
         object.entry("allocation_pools").or_insert(json!([{"start": Ipv4Addr::from(base + 2).to_string(), "end": Ipv4Addr::from(last).to_string()}]));
     }
+    let external = object
+        .get("network_id")
+        .and_then(Value::as_str)
+        .and_then(|network| world.neutron.find("networks", network))
+        .is_some_and(|network| network["router:external"] == true);
     for (key, value) in [
         ("ip_version", json!(4)),
         ("enable_dhcp", json!(true)),
         ("dns_nameservers", json!([])),
         ("host_routes", json!([])),
+        ("ipv6_address_mode", Value::Null),
+        ("ipv6_ra_mode", Value::Null),
+        ("router:external", json!(external)),
+        ("service_types", json!([])),
+        ("subnetpool_id", Value::Null),
     ] {
         object.entry(key).or_insert(value);
     }
-    let _ = world;
 }
 
 fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
@@ -813,12 +939,15 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
         ("binding:vif_details", json!({})),
         ("propagate_uplink_status", json!(false)),
         ("port_security_enabled", json!(true)),
+        ("extra_dhcp_opts", json!([])),
     ] {
         object.entry(key).or_insert(value);
     }
 }
 
 fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
+    // Floating IPs have no name.
+    object.remove("name");
     let network = object
         .get("floating_network_id")
         .and_then(Value::as_str)
@@ -873,6 +1002,13 @@ fn router_for(world: &World, network: &str, port: &str) -> Option<String> {
         })
         .and_then(|r| r["id"].as_str())
         .map(str::to_owned)
+}
+
+/// Whether two `(base, prefix)` ranges share an address.
+fn ranges_overlap((a, a_prefix): (u32, u32), (b, b_prefix): (u32, u32)) -> bool {
+    let prefix = a_prefix.min(b_prefix);
+    let mask = u32::MAX << (32 - prefix);
+    a & mask == b & mask
 }
 
 fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
@@ -1027,6 +1163,24 @@ fn update(
                 None => first_ip(world, port).unwrap_or_default(),
             };
             let network = current["floating_network_id"].as_str().unwrap_or_default();
+            let taken = world.neutron.all("floatingips").iter().any(|f| {
+                f["id"] != id
+                    && f["port_id"] == port.as_str()
+                    && f["fixed_ip_address"] == fixed.as_str()
+                    && f["floating_network_id"] == network
+            });
+            if taken {
+                let address = current["floating_ip_address"].as_str().unwrap_or_default();
+                return Reply::neutron(
+                    409,
+                    "FloatingIPPortAlreadyAssociated",
+                    format!(
+                        "Cannot associate floating IP {address} ({id}) with port {port} using \
+                         fixed IP {fixed}, as that fixed IP already has a floating IP on external \
+                         network {network}."
+                    ),
+                );
+            }
             Some((json!(fixed), json!(router_for(world, network, port))))
         }
         ("floatingips", Some(Value::Null)) => Some((Value::Null, Value::Null)),
@@ -1063,7 +1217,8 @@ fn update(
     object["updated_at"] = json!(now);
     let revision = object["revision_number"].as_u64().unwrap_or(0) + 1;
     object["revision_number"] = json!(revision);
-    Reply::ok(json!({ key: object.clone() }))
+    let object = object.clone();
+    Reply::ok(json!({ key: shown(world, path, &object) }))
 }
 
 /// A router's `external_gateway_info` after a PUT: set, moved or cleared, as Neutron does it
@@ -1121,6 +1276,20 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
             409,
             "PortInUseAsTrunkParent",
             format!("Port {id} is currently a parent port for trunk {trunk}."),
+        );
+    }
+    if path == "ports"
+        && let Some(owner) = world.neutron.find(path, id).and_then(|p| {
+            let owner = p["device_owner"].as_str()?;
+            is_service_owned(owner).then(|| owner.to_owned())
+        })
+    {
+        return Reply::neutron(
+            409,
+            "ServicePortInUse",
+            format!(
+                "Port {id} cannot be deleted directly via the port API: has device owner {owner}."
+            ),
         );
     }
     if let Some(refused) = in_use(world, path, id) {
@@ -1204,24 +1373,30 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
 /// Neutron's 409 for deleting what is still used: a network with ports (its DHCP ports
 /// aside), a subnet with IPs on it, a router with interfaces, a security group on a port.
 fn in_use(world: &World, path: &str, id: &str) -> Option<Reply> {
-    let held_by = |holds: &dyn Fn(&Value) -> bool| {
+    let holders = |holds: &dyn Fn(&Value) -> bool| -> Vec<String> {
         world
             .neutron
             .all("ports")
             .iter()
-            .any(|p| !is_auto_deleted(p) && holds(p))
+            .filter(|p| !is_auto_deleted(p) && holds(p))
+            .filter_map(|p| p["id"].as_str().map(str::to_owned))
+            .collect()
     };
+    let held_by = |holds: &dyn Fn(&Value) -> bool| !holders(holds).is_empty();
+    let on_network = |p: &Value| p["network_id"] == id;
     let on_subnet = |p: &Value| {
         p["fixed_ips"]
             .as_array()
             .is_some_and(|ips| ips.iter().any(|ip| ip["subnet_id"] == id))
     };
     let (kind, message) = match path {
-        "networks" if held_by(&|p| p["network_id"] == id) => (
+        "networks" if held_by(&on_network) => (
             "NetworkInUse",
             format!(
                 "Unable to complete operation on network {id}. \
-                 There are one or more ports still in use on the network."
+                 There are one or more ports still in use on the network, id for these ports \
+                 is: {}.",
+                holders(&on_network).join(", ")
             ),
         ),
         "subnets" if held_by(&on_subnet) => (
@@ -1248,14 +1423,21 @@ fn in_use(world: &World, path: &str, id: &str) -> Option<Reply> {
     Some(Reply::neutron(409, kind, message))
 }
 
-/// A security group shows its rules inline.
+/// A security group shows its rules inline, as Neutron's database holds them (with their tags
+/// and standard attribute id, which the rule API does not show).
 fn sync_rules(world: &mut World, group: &str) {
     let rules: Vec<Value> = world
         .neutron
         .all("security-group-rules")
         .iter()
         .filter(|r| r["security_group_id"] == group)
-        .cloned()
+        .enumerate()
+        .map(|(n, rule)| {
+            let mut rule = rule.clone();
+            rule["tags"] = json!([]);
+            rule["standard_attr_id"] = json!(n + 1);
+            rule
+        })
         .collect();
     if let Some(group) = world.neutron.find_mut("security-groups", group) {
         group["security_group_rules"] = Value::Array(rules);
@@ -1304,7 +1486,7 @@ fn add_interface(world: &mut World, router: &str, body: &Value) -> Reply {
     let project = world.settings.project_id.clone();
     Reply::ok(
         json!({"id": router, "subnet_id": subnet_id, "subnet_ids": [subnet_id], "port_id": port["id"],
-                     "network_id": subnet["network_id"], "project_id": project, "tenant_id": project}),
+                     "network_id": subnet["network_id"], "project_id": project}),
     )
 }
 
@@ -1329,6 +1511,6 @@ fn remove_interface(world: &mut World, router: &str, body: &Value) -> Reply {
     let project = world.settings.project_id.clone();
     Reply::ok(
         json!({"id": router, "subnet_id": subnet_id, "subnet_ids": [subnet_id], "port_id": port_id,
-                     "network_id": port["network_id"], "project_id": project, "tenant_id": project}),
+                     "network_id": port["network_id"], "project_id": project}),
     )
 }

@@ -3,6 +3,7 @@
 //! availability zones.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{Value, json};
@@ -18,6 +19,9 @@ enum Next {
     Error,
     Gone,
 }
+
+/// How long a deleted server still reads DELETED before Nova answers 404.
+const DELETED_FOR: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
 struct Server {
@@ -50,7 +54,15 @@ impl Nova {
     }
 
     pub fn count(&self) -> usize {
-        self.servers.len()
+        self.live_servers()
+    }
+
+    /// Servers not yet deleted (a DELETED one is on its way out).
+    fn live_servers(&self) -> usize {
+        self.servers
+            .values()
+            .filter(|s| s.body["status"] != "DELETED")
+            .count()
     }
 
     /// By id, else the oldest server with this name.
@@ -96,9 +108,13 @@ pub fn seed(world: &mut World) {
         .iter()
         .enumerate()
         .map(|(i, (name, vcpus, ram, disk))| {
-            json!({"id": format!("{}", i + 1), "name": name, "vcpus": vcpus, "ram": ram, "disk": disk,
-                   "OS-FLV-EXT-DATA:ephemeral": 0, "swap": 0, "os-flavor-access:is_public": true,
-                   "rxtx_factor": 1.0, "description": null, "extra_specs": {}})
+            // As Nova shows a flavor at microversion 2.53 (no description or extra specs
+            // before 2.55 and 2.61; `swap` is "" when there is none).
+            let id = format!("{}", i + 1);
+            json!({"id": id, "name": name, "vcpus": vcpus, "ram": ram, "disk": disk,
+                   "OS-FLV-EXT-DATA:ephemeral": 0, "swap": "", "os-flavor-access:is_public": true,
+                   "OS-FLV-DISABLED:disabled": false, "rxtx_factor": 1.0,
+                   "links": links("flavors", &id)})
         })
         .collect();
 }
@@ -174,6 +190,34 @@ pub fn handle(
     }
 }
 
+/// Nova's quota checks, in its order: the ports the server's networks need must fit Neutron's
+/// port quota, then the server must fit the instance quota.
+fn over_quota(world: &World, request: &Value) -> Option<Reply> {
+    let quotas = &world.settings.quotas;
+    let ports_needed = request["networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n.get("port").is_none())
+        .count();
+    let ports_used = world.neutron.all("ports").len();
+    if ports_needed > 0
+        && quotas
+            .ports
+            .is_some_and(|limit| ports_used + ports_needed > limit)
+    {
+        return Some(Reply::nova(403, "Maximum number of ports exceeded"));
+    }
+    let used = world.nova.live_servers();
+    let limit = quotas.instances.filter(|limit| used >= *limit)?;
+    Some(Reply::nova(
+        403,
+        format!(
+            "Quota exceeded for instances: Requested 1, but already used {used} of {limit} instances"
+        ),
+    ))
+}
+
 fn create_server(world: &mut World, body: &Value) -> Reply {
     let request = &body["server"];
     let name = request["name"].as_str().unwrap_or_default().to_owned();
@@ -199,6 +243,9 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     }
     if !image_ref.is_empty() && !world.glance.exists(image_ref) {
         return Reply::nova(400, format!("Image {image_ref} could not be found."));
+    }
+    if let Some(refused) = over_quota(world, request) {
+        return refused;
     }
     // `zone:host` forces a host; the zone part is what Nova checks.
     let zone = request["availability_zone"]
@@ -261,11 +308,15 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     }
     let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let addresses = addresses(world, own_ports.iter().chain(&given_ports));
+    let self_links = links("servers", &id);
     let server = json!({
         "id": id, "name": name, "status": "BUILD", "OS-EXT-STS:vm_state": "building",
         "OS-EXT-STS:task_state": "scheduling", "OS-EXT-STS:power_state": 0,
-        "flavor": {"original_name": flavor["name"], "vcpus": flavor["vcpus"], "ram": flavor["ram"], "disk": flavor["disk"]},
-        "image": if image.is_empty() { json!("") } else { json!({"id": image}) },
+        "flavor": {"original_name": flavor["name"], "vcpus": flavor["vcpus"], "ram": flavor["ram"], "disk": flavor["disk"],
+                   "ephemeral": 0, "swap": 0, "extra_specs": {}},
+        "image": if image.is_empty() { json!("") } else { json!({"id": image, "links": links("images", &image)}) },
+        "links": self_links, "locked": false, "description": null, "accessIPv4": "", "accessIPv6": "",
+        "OS-DCF:diskConfig": "MANUAL", "OS-SRV-USG:launched_at": null, "OS-SRV-USG:terminated_at": null,
         "addresses": addresses, "key_name": request["key_name"], "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
         "tags": request.get("tags").cloned().unwrap_or(json!([])),
         "OS-EXT-AZ:availability_zone": zone.map(str::to_owned).or_else(|| world.settings.availability_zones.first().cloned())
@@ -297,9 +348,19 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     let _ = world;
     Reply::json(
         202,
-        json!({"server": {"id": id, "links": [], "OS-DCF:diskConfig": "MANUAL",
+        json!({"server": {"id": id, "links": links("servers", &id), "OS-DCF:diskConfig": "MANUAL",
                                        "security_groups": [{"name": "default"}], "adminPass": "simulated"}}),
     )
+}
+
+/// An object's `links` as Nova lists them: itself, and its bookmark (paths; nothing follows
+/// them).
+fn links(collection: &str, id: &str) -> Value {
+    let base = "/compute";
+    json!([
+        {"rel": "self", "href": format!("{base}/v2.1/{collection}/{id}")},
+        {"rel": "bookmark", "href": format!("{base}/{collection}/{id}")},
+    ])
 }
 
 /// Reads and checks `block_device_mapping_v2` as Nova's API does, changing nothing.
@@ -524,6 +585,8 @@ fn list_servers(world: &World, query: &[(String, String)], detail: bool) -> Repl
     let items: Vec<Value> = servers
         .into_iter()
         .map(|s| &s.body)
+        // Nova lists deleted servers only when asked (`deleted=true`).
+        .filter(|s| s["status"] != "DELETED")
         .filter(|s| {
             name_pattern
                 .as_ref()
@@ -534,7 +597,8 @@ fn list_servers(world: &World, query: &[(String, String)], detail: bool) -> Repl
             if detail {
                 s.clone()
             } else {
-                json!({"id": s["id"], "name": s["name"], "links": []})
+                json!({"id": s["id"], "name": s["name"],
+                       "links": links("servers", s["id"].as_str().unwrap_or_default())})
             }
         })
         .collect();
@@ -574,21 +638,35 @@ pub fn on_server_timer(world: &mut World, id: &str) {
     let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
     match next {
         Next::Gone => {
-            if let Some(server) = world.nova.servers.remove(id) {
-                cleanup(world, &server.own_ports, &server.given_ports);
-                for (volume, delete) in &server.volumes {
-                    if *delete {
-                        cinder::delete_for_server(world, volume, id);
-                    } else {
-                        cinder::detach(world, volume, id);
-                    }
-                }
-                for group in &mut world.nova.groups {
-                    if let Some(members) = group["members"].as_array_mut() {
-                        members.retain(|m| m != id);
-                    }
-                }
+            // As Nova: the server reads DELETED (its ports and volumes already let go) for a
+            // moment before it is gone.
+            let deleted = world
+                .nova
+                .servers
+                .get(id)
+                .is_some_and(|s| s.body["status"] == "DELETED");
+            // A clock that jumped past the DELETED moment too (tests on a paused clock) finds
+            // the server gone, as a poll that came late would.
+            if deleted || Instant::now() >= due + DELETED_FOR {
+                release(world, id);
+                world.nova.servers.remove(id);
+                return;
             }
+            let Some(server) = world.nova.servers.get_mut(id) else {
+                return;
+            };
+            let body = &mut server.body;
+            body["status"] = json!("DELETED");
+            body["OS-EXT-STS:vm_state"] = json!("deleted");
+            body["OS-EXT-STS:task_state"] = Value::Null;
+            body["OS-SRV-USG:terminated_at"] = json!(now);
+            body["updated"] = json!(now);
+            server.next = Some((Next::Gone, Some(due + DELETED_FOR)));
+            world.schedule(
+                (due + DELETED_FOR).saturating_duration_since(Instant::now()),
+                Timer::Server(id.to_owned()),
+            );
+            release(world, id);
         }
         Next::Active | Next::Error => {
             if next == Next::Error {
@@ -609,6 +687,7 @@ pub fn on_server_timer(world: &mut World, id: &str) {
                 body["OS-EXT-STS:task_state"] = Value::Null;
                 if next == Next::Active {
                     body["status"] = json!("ACTIVE");
+                    body["OS-SRV-USG:launched_at"] = json!(now.trim_end_matches('Z'));
                     body["OS-EXT-STS:vm_state"] = json!("active");
                     body["OS-EXT-STS:power_state"] = json!(1);
                     body["progress"] = json!(100);
@@ -619,6 +698,30 @@ pub fn on_server_timer(world: &mut World, id: &str) {
                 }
                 server.next = None;
             }
+        }
+    }
+}
+
+/// What a deleted server lets go: the ports Nova made for it (its given ports unbound), its
+/// volumes (deleted or detached, as each mapping says) and its server-group places. Once.
+fn release(world: &mut World, id: &str) {
+    let Some(server) = world.nova.servers.get_mut(id) else {
+        return;
+    };
+    let own_ports = std::mem::take(&mut server.own_ports);
+    let given_ports = std::mem::take(&mut server.given_ports);
+    let volumes = std::mem::take(&mut server.volumes);
+    cleanup(world, &own_ports, &given_ports);
+    for (volume, delete) in &volumes {
+        if *delete {
+            cinder::delete_for_server(world, volume, id);
+        } else {
+            cinder::detach(world, volume, id);
+        }
+    }
+    for group in &mut world.nova.groups {
+        if let Some(members) = group["members"].as_array_mut() {
+            members.retain(|m| m != id);
         }
     }
 }

@@ -75,7 +75,9 @@ impl Reply {
         let kind = match status {
             400 => "badRequest",
             404 => "itemNotFound",
+            403 => "forbidden",
             409 => "conflictingRequest",
+            413 => "overLimit",
             _ => "computeFault",
         };
         Reply::json(
@@ -228,6 +230,19 @@ pub struct CloudSettings {
     /// Octavia's `[api_settings] pagination_max_limit`: its default page size and the most
     /// one list answers at once.
     pub octavia_page_max: usize,
+    /// The project's quotas; `None` is unlimited.
+    pub quotas: Quotas,
+}
+
+/// A project's quotas, where the services check them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quotas {
+    /// Neutron ports (and so servers Nova would make ports for).
+    pub ports: Option<usize>,
+    /// Nova servers.
+    pub instances: Option<usize>,
+    /// Cinder volumes.
+    pub volumes: Option<usize>,
 }
 
 impl Default for CloudSettings {
@@ -247,6 +262,7 @@ impl Default for CloudSettings {
             availability_zones: vec!["nova".into()],
             lb_list_refused: false,
             octavia_page_max: 1000,
+            quotas: Quotas::default(),
         }
     }
 }

@@ -114,10 +114,7 @@ impl ServerError {
         match self {
             ServerError::FloatingIpPool(_) => reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
             ServerError::VolumeFailed(_) => reasons::VOLUME_ERROR,
-            ServerError::Cloud {
-                source: CloudError::Forbidden(ctx),
-                ..
-            } if ctx.message.contains("uota") => reasons::QUOTA_EXCEEDED,
+            ServerError::Cloud { source, .. } if source.is_quota() => reasons::QUOTA_EXCEEDED,
             _ => self.category().reason(),
         }
     }
