@@ -353,14 +353,29 @@ fn clouds() -> Arc<Clouds> {
     .expect("clouds")
 }
 
-/// A step's result: its value, or the error the cloud answered (also recorded).
-async fn step<T>(
+/// A step that must succeed: its value.
+async fn must<T>(
     recorder: &Recorder,
     label: &str,
     call: impl Future<Output = Result<T, CloudError>>,
-) -> Result<T, CloudError> {
+) -> T {
     recorder.step(label);
     call.await
+        .unwrap_or_else(|error| panic!("{label}: {error}"))
+}
+
+/// A step that must fail on the real cloud. A cloud that accepts it anyway (the simulator,
+/// before it learnt that error) shows up as a different status in the comparison, and the
+/// exercise goes on.
+async fn refused<T: std::fmt::Debug>(
+    recorder: &Recorder,
+    label: &str,
+    call: impl Future<Output = Result<T, CloudError>>,
+) {
+    recorder.step(label);
+    if let Ok(value) = call.await {
+        eprintln!("{label}: expected an error, got {value:?}");
+    }
 }
 
 /// Polls `probe` until it returns `Some` (bounded), recording each state it reports.
@@ -386,28 +401,63 @@ async fn poll_states<T>(
     }
 }
 
-/// A step that must fail on the real cloud. A cloud that accepts it anyway (the simulator,
-/// before it learnt that error) shows up as a different status in the comparison, and the
-/// exercise goes on.
-fn expect_err<T: std::fmt::Debug>(label: &str, result: Result<T, CloudError>) {
-    if let Ok(value) = result {
-        eprintln!("{label}: expected an error, got {value:?}");
-    }
+/// Polls a GET until it answers 404, recording each state on the way.
+async fn poll_until_gone<T>(
+    recorder: &Recorder,
+    object: &str,
+    label: &str,
+    mut get: impl AsyncFnMut() -> Result<T, CloudError>,
+    state: impl Fn(&T) -> String,
+) {
+    poll_states(recorder, object, label, async || match get().await {
+        Ok(got) => (state(&got), None),
+        Err(CloudError::NotFound(_)) => ("(gone)".into(), Some(())),
+        Err(error) => panic!("{object}: {error}"),
+    })
+    .await;
+}
+
+/// What the exercise made, for the steps after and the teardown.
+struct Made {
+    image: String,
+    flavor: String,
+    public: String,
+    tiny: String,
+    network: String,
+    subnet: String,
+    router: String,
+    group: String,
+    rule: String,
+    port: String,
+    trunk: String,
+    server: String,
+    volume: String,
+    floating_ips: Vec<String>,
 }
 
 /// Every kind of request the provider makes, in the order a cluster's life makes them, plus
 /// the errors it must understand. Names carry `tag` so that runs never meet each other.
 async fn exercise(target: &Target, tag: &str) {
     let (c, r) = (&target.client, &*target.recorder);
-    let neutron = c.neutron();
-    let nova = c.nova();
-    // A run that failed halfway left its floating IPs: the tiny network's one address must be
-    // free again.
+    free_leftover_addresses(c, r).await;
+    let mut made = lookups(c, r).await;
+    cluster_network(c, r, tag, &mut made).await;
+    security_group(c, r, tag, &mut made).await;
+    machine(c, r, tag, &mut made).await;
+    floating_ips(c, r, &mut made).await;
+    no_room(target, tag, &made).await;
+    teardown(c, r, &made).await;
+}
+
+/// A run that failed halfway left its floating IPs: the tiny network's one address must be free
+/// again.
+async fn free_leftover_addresses(c: &CloudClient, r: &Recorder) {
     r.step("(cleanup)");
     let ours = Filter {
         description: Some(FIP_DESCRIPTION.into()),
         ..Filter::default()
     };
+    let neutron = c.neutron();
     for left in neutron
         .list_floating_ips(&ours)
         .await
@@ -418,163 +468,139 @@ async fn exercise(target: &Target, tag: &str) {
             .await
             .expect("delete a leftover");
     }
+}
 
-    // Glance and Nova lookups.
-    let images = step(r, "image_list", c.glance().list_images(Some(IMAGE), &[]))
-        .await
-        .expect("images");
+/// Glance's and Nova's lookups, and the external networks.
+async fn lookups(c: &CloudClient, r: &Recorder) -> Made {
+    let nova = c.nova();
+    let images = must(r, "image_list", c.glance().list_images(Some(IMAGE), &[])).await;
     let image = images.first().expect("the image").id.clone();
-    step(r, "image_get", c.glance().get_image(&image))
-        .await
-        .expect("image");
-    let flavor = step(r, "flavor_list", nova.flavor_by_name(FLAVOR))
-        .await
-        .expect("flavor");
-    step(r, "flavor_get", nova.get_flavor(&flavor.id))
-        .await
-        .expect("flavor");
-    step(r, "availability_zone_list", nova.list_availability_zones())
-        .await
-        .expect("zones");
-    step(r, "server_group_list", nova.list_server_groups(None))
-        .await
-        .expect("groups");
-
-    // The cluster's network, subnet, router and security groups.
-    let externals = step(
+    must(r, "image_get", c.glance().get_image(&image)).await;
+    let flavor = must(r, "flavor_list", nova.flavor_by_name(FLAVOR)).await.id;
+    must(r, "flavor_get", nova.get_flavor(&flavor)).await;
+    must(r, "availability_zone_list", nova.list_availability_zones()).await;
+    must(r, "server_group_list", nova.list_server_groups(None)).await;
+    let external = Filter::default().with("router:external", "true");
+    let externals = must(
         r,
         "network_list (external)",
-        neutron.list_networks(&Filter::default().with("router:external", "true")),
-    )
-    .await
-    .expect("externals");
-    let public = externals
-        .iter()
-        .find(|n| n.name == "public")
-        .expect("public")
-        .id
-        .clone();
-    let network = step(
-        r,
-        "network_create",
-        neutron.create_network(&NetworkSpec {
-            name: format!("{tag}-net"),
-            admin_state_up: true,
-            ..NetworkSpec::default()
-        }),
-    )
-    .await
-    .expect("network");
-    step(
-        r,
-        "tags_replace (network)",
-        neutron.set_tags("networks", &network.id, &[tag.to_owned()]),
-    )
-    .await
-    .expect("tags");
-    step(r, "network_get", neutron.get_network(&network.id))
-        .await
-        .expect("network");
-    step(
-        r,
-        "network_list (by name)",
-        neutron.list_networks(&Filter::by_name(format!("{tag}-net"))),
-    )
-    .await
-    .expect("networks");
-    let subnet = step(
-        r,
-        "subnet_create",
-        neutron.create_subnet(&SubnetSpec {
-            name: format!("{tag}-subnet"),
-            network_id: network.id.clone(),
-            cidr: "10.77.0.0/24".into(),
-            ip_version: 4,
-            dns_nameservers: vec!["192.0.2.53".into()],
-            ..SubnetSpec::default()
-        }),
-    )
-    .await
-    .expect("subnet");
-    step(r, "subnet_get", neutron.get_subnet(&subnet.id))
-        .await
-        .expect("subnet");
-    step(
-        r,
-        "subnet_list",
-        neutron.list_subnets(&Filter::default().with("network_id", network.id.clone())),
-    )
-    .await
-    .expect("subnets");
-    step(
-        r,
-        "subnet_update (dns)",
-        neutron.update_subnet_dns(&subnet.id, &["192.0.2.54".into()]),
-    )
-    .await
-    .expect("dns");
-    let overlap = step(
-        r,
-        "subnet_create (overlapping cidr)",
-        neutron.create_subnet(&SubnetSpec {
-            name: format!("{tag}-overlap"),
-            network_id: network.id.clone(),
-            cidr: "10.77.0.0/25".into(),
-            ip_version: 4,
-            ..SubnetSpec::default()
-        }),
+        c.neutron().list_networks(&external),
     )
     .await;
-    expect_err("overlapping subnet", overlap);
-    let router = step(
+    let named = |name: &str| {
+        externals
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("the external network {name}"))
+            .id
+            .clone()
+    };
+    Made {
+        image,
+        flavor,
+        public: named("public"),
+        tiny: named(TINY_EXTERNAL),
+        network: String::new(),
+        subnet: String::new(),
+        router: String::new(),
+        group: String::new(),
+        rule: String::new(),
+        port: String::new(),
+        trunk: String::new(),
+        server: String::new(),
+        volume: String::new(),
+        floating_ips: Vec::new(),
+    }
+}
+
+fn subnet_spec(name: String, network: &str, cidr: &str) -> SubnetSpec {
+    SubnetSpec {
+        name,
+        network_id: network.to_owned(),
+        cidr: cidr.into(),
+        ip_version: 4,
+        ..SubnetSpec::default()
+    }
+}
+
+/// The cluster's network, subnet and router, and what Neutron refuses of them.
+async fn cluster_network(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Made) {
+    let neutron = c.neutron();
+    let spec = NetworkSpec {
+        name: format!("{tag}-net"),
+        admin_state_up: true,
+        ..NetworkSpec::default()
+    };
+    let network = must(r, "network_create", neutron.create_network(&spec))
+        .await
+        .id;
+    let tags = [tag.to_owned()];
+    must(
         r,
-        "router_create",
-        neutron.create_router(&RouterSpec {
-            name: format!("{tag}-router"),
-            ..RouterSpec::default()
-        }),
+        "tags_replace (network)",
+        neutron.set_tags("networks", &network, &tags),
     )
-    .await
-    .expect("router");
-    step(
+    .await;
+    must(r, "network_get", neutron.get_network(&network)).await;
+    let by_name = Filter::by_name(format!("{tag}-net"));
+    must(r, "network_list (by name)", neutron.list_networks(&by_name)).await;
+    let spec = SubnetSpec {
+        dns_nameservers: vec!["192.0.2.53".into()],
+        ..subnet_spec(format!("{tag}-subnet"), &network, "10.77.0.0/24")
+    };
+    let subnet = must(r, "subnet_create", neutron.create_subnet(&spec))
+        .await
+        .id;
+    must(r, "subnet_get", neutron.get_subnet(&subnet)).await;
+    let on_network = Filter::default().with("network_id", network.clone());
+    must(r, "subnet_list", neutron.list_subnets(&on_network)).await;
+    let dns = ["192.0.2.54".to_owned()];
+    must(
+        r,
+        "subnet_update (dns)",
+        neutron.update_subnet_dns(&subnet, &dns),
+    )
+    .await;
+    let overlap = subnet_spec(format!("{tag}-overlap"), &network, "10.77.0.0/25");
+    refused(
+        r,
+        "subnet_create (overlapping cidr)",
+        neutron.create_subnet(&overlap),
+    )
+    .await;
+    let spec = RouterSpec {
+        name: format!("{tag}-router"),
+        ..RouterSpec::default()
+    };
+    let router = must(r, "router_create", neutron.create_router(&spec))
+        .await
+        .id;
+    let gateway = GatewayInfo {
+        network_id: made.public.clone(),
+        ..GatewayInfo::default()
+    };
+    must(
         r,
         "router_update (gateway)",
-        neutron.set_router_gateway(
-            &router.id,
-            &GatewayInfo {
-                network_id: public.clone(),
-                ..GatewayInfo::default()
-            },
-        ),
+        neutron.set_router_gateway(&router, &gateway),
     )
-    .await
-    .expect("gateway");
-    step(
+    .await;
+    must(
         r,
         "router_interface_add",
-        neutron.add_router_interface(&router.id, &subnet.id),
+        neutron.add_router_interface(&router, &subnet),
     )
-    .await
-    .expect("interface");
-    step(
-        r,
-        "router_list",
-        neutron.list_routers(&Filter::by_name(format!("{tag}-router"))),
-    )
-    .await
-    .expect("routers");
-    let interface = step(
+    .await;
+    let by_name = Filter::by_name(format!("{tag}-router"));
+    must(r, "router_list", neutron.list_routers(&by_name)).await;
+    let of_router = on_network.clone().with("device_id", router.clone());
+    let interfaces = must(
         r,
         "port_list (router interface)",
-        neutron.list_ports(
-            &Filter::default()
-                .with("device_id", router.id.clone())
-                .with("network_id", network.id.clone()),
-        ),
+        neutron.list_ports(&of_router),
     )
-    .await
-    .expect("ports");
-    let interface = interface
+    .await;
+    let interface = interfaces
         .first()
         .expect("the router's interface port")
         .id
@@ -589,160 +615,133 @@ async fn exercise(target: &Target, tag: &str) {
         },
     )
     .await;
-    let owned = step(
+    refused(
         r,
         "port_delete (router interface)",
         neutron.delete_port(&interface),
     )
     .await;
-    expect_err("deleting a router's port", owned);
-    let in_use = step(
+    refused(
         r,
         "network_delete (in use)",
-        neutron.delete_network(&network.id),
+        neutron.delete_network(&network),
     )
     .await;
-    expect_err("deleting a network in use", in_use);
+    (made.network, made.subnet, made.router) = (network, subnet, router);
+}
 
-    let group = step(
+/// A security group and a rule, and what Neutron refuses of them.
+async fn security_group(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Made) {
+    let neutron = c.neutron();
+    let name = format!("{tag}-sg");
+    let group = must(
         r,
         "security_group_create",
-        neutron.create_security_group(&format!("{tag}-sg"), FIP_DESCRIPTION),
+        neutron.create_security_group(&name, "capo-rs recorded answers"),
     )
     .await
-    .expect("group");
-    step(
+    .id;
+    must(
         r,
         "security_group_list",
-        neutron.list_security_groups(&Filter::by_name(format!("{tag}-sg"))),
+        neutron.list_security_groups(&Filter::by_name(name)),
     )
-    .await
-    .expect("groups");
-    let rule = step(
+    .await;
+    let rule = SecurityGroupRule {
+        id: String::new(),
+        security_group_id: group.clone(),
+        direction: "ingress".into(),
+        ethertype: Some("IPv4".into()),
+        protocol: Some("tcp".into()),
+        port_range_min: Some(6443),
+        port_range_max: Some(6443),
+        remote_ip_prefix: None,
+        remote_group_id: None,
+        description: Some("Kubernetes API".into()),
+    };
+    let created = must(
         r,
         "security_group_rule_create",
-        neutron.create_security_group_rule(&SecurityGroupRule {
-            id: String::new(),
-            security_group_id: group.id.clone(),
-            direction: "ingress".into(),
-            ethertype: Some("IPv4".into()),
-            protocol: Some("tcp".into()),
-            port_range_min: Some(6443),
-            port_range_max: Some(6443),
-            remote_ip_prefix: None,
-            remote_group_id: None,
-            description: Some("Kubernetes API".into()),
-        }),
+        neutron.create_security_group_rule(&rule),
     )
-    .await
-    .expect("rule");
-    let duplicate = step(
+    .await;
+    refused(
         r,
         "security_group_rule_create (duplicate)",
         neutron.create_security_group_rule(&rule),
     )
     .await;
-    expect_err("a duplicate rule", duplicate);
-    step(
+    let of_group = Filter::default().with("security_group_id", group.clone());
+    must(
         r,
         "security_group_rule_list",
-        neutron.list_security_group_rules(
-            &Filter::default().with("security_group_id", group.id.clone()),
-        ),
+        neutron.list_security_group_rules(&of_group),
     )
-    .await
-    .expect("rules");
+    .await;
+    (made.group, made.rule) = (group, created.id);
+}
 
-    // A machine: its port, trunk and server; a volume; floating IPs.
-    let port = step(
-        r,
-        "port_create",
-        neutron.create_port(&PortSpec {
-            name: format!("{tag}-port"),
-            network_id: network.id.clone(),
-            security_groups: Some(vec![group.id.clone()]),
-            fixed_ips: vec![FixedIp {
-                subnet_id: Some(subnet.id.clone()),
-                ip_address: None,
-            }],
-            ..PortSpec::default()
-        }),
-    )
-    .await
-    .expect("port");
-    let taken = port
-        .fixed_ips
-        .first()
-        .and_then(|ip| ip.ip_address.clone())
-        .expect("an address");
-    let clash = step(
+/// A machine: its port (and an address clash), trunk, server and a volume.
+async fn machine(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Made) {
+    let neutron = c.neutron();
+    let at = |ip_address: Option<String>| FixedIp {
+        subnet_id: Some(made.subnet.clone()),
+        ip_address,
+    };
+    let spec = PortSpec {
+        name: format!("{tag}-port"),
+        network_id: made.network.clone(),
+        security_groups: Some(vec![made.group.clone()]),
+        fixed_ips: vec![at(None)],
+        ..PortSpec::default()
+    };
+    let port = must(r, "port_create", neutron.create_port(&spec)).await;
+    let taken = port.fixed_ips.first().and_then(|ip| ip.ip_address.clone());
+    let clash = PortSpec {
+        name: format!("{tag}-clash"),
+        network_id: made.network.clone(),
+        fixed_ips: vec![at(taken)],
+        ..PortSpec::default()
+    };
+    refused(
         r,
         "port_create (address in use)",
-        neutron.create_port(&PortSpec {
-            name: format!("{tag}-clash"),
-            network_id: network.id.clone(),
-            fixed_ips: vec![FixedIp {
-                subnet_id: Some(subnet.id.clone()),
-                ip_address: Some(taken),
-            }],
-            ..PortSpec::default()
-        }),
+        neutron.create_port(&clash),
     )
     .await;
-    expect_err("an address in use", clash);
-    step(
-        r,
-        "port_list (by name)",
-        neutron.list_ports(&Filter::by_name(format!("{tag}-port"))),
-    )
-    .await
-    .expect("ports");
-    let trunk = step(
+    let by_name = Filter::by_name(format!("{tag}-port"));
+    must(r, "port_list (by name)", neutron.list_ports(&by_name)).await;
+    let trunk_name = format!("{tag}-trunk");
+    let trunk = must(
         r,
         "trunk_create",
-        neutron.create_trunk(
-            &format!("{tag}-trunk"),
-            &port.id,
-            "capo-rs recorded answers",
-            &[],
-        ),
-    )
-    .await
-    .expect("trunk");
-    step(
-        r,
-        "trunk_list",
-        neutron.list_trunks(&Filter::default().with("port_id", port.id.clone())),
-    )
-    .await
-    .expect("trunks");
-    let group_in_use = step(
-        r,
-        "security_group_delete (in use)",
-        neutron.delete_security_group(&group.id),
+        neutron.create_trunk(&trunk_name, &port.id, "capo-rs recorded answers", &[]),
     )
     .await;
-    expect_err("deleting a group in use", group_in_use);
-
-    let server = step(
+    let on_port = Filter::default().with("port_id", port.id.clone());
+    must(r, "trunk_list", neutron.list_trunks(&on_port)).await;
+    refused(
         r,
-        "server_create",
-        nova.create_server(&ServerSpec {
-            name: format!("{tag}-server"),
-            flavor_ref: flavor.id.clone(),
-            image_ref: image.clone(),
-            networks: vec![ServerNetwork {
-                port: Some(port.id.clone()),
-                uuid: None,
-            }],
-            tags: vec![tag.to_owned()],
-            ..ServerSpec::default()
-        }),
+        "security_group_delete (in use)",
+        neutron.delete_security_group(&made.group),
     )
-    .await
-    .expect("server");
+    .await;
+    let spec = ServerSpec {
+        name: format!("{tag}-server"),
+        flavor_ref: made.flavor.clone(),
+        image_ref: made.image.clone(),
+        networks: vec![ServerNetwork {
+            port: Some(port.id.clone()),
+            uuid: None,
+        }],
+        tags: vec![tag.to_owned()],
+        ..ServerSpec::default()
+    };
+    let server = must(r, "server_create", c.nova().create_server(&spec))
+        .await
+        .id;
     poll_states(r, "server", "server_get (building)", async || {
-        let got = c.nova().get_server(&server.id).await.expect("server");
+        let got = c.nova().get_server(&server).await.expect("server");
         let done = (got.status != "BUILD").then_some(());
         (got.status, done)
     })
@@ -753,76 +752,78 @@ async fn exercise(target: &Target, tag: &str) {
         (got.status, done)
     })
     .await;
-    step(
+    let name = format!("{tag}-server");
+    let tags = [tag.to_owned()];
+    must(
         r,
         "server_list (by name)",
-        nova.list_servers_by_name(&format!("{tag}-server"), &[tag.to_owned()]),
+        c.nova().list_servers_by_name(&name, &tags),
     )
-    .await
-    .expect("servers");
-
-    let volume = step(
-        r,
-        "volume_create",
-        c.cinder().create_volume(&VolumeSpec {
-            name: format!("{tag}-volume"),
-            size: 1,
-            ..VolumeSpec::default()
-        }),
-    )
-    .await
-    .expect("volume");
+    .await;
+    let spec = VolumeSpec {
+        name: format!("{tag}-volume"),
+        size: 1,
+        ..VolumeSpec::default()
+    };
+    let volume = must(r, "volume_create", c.cinder().create_volume(&spec))
+        .await
+        .id;
     poll_states(r, "volume", "volume_get (creating)", async || {
-        let got = c.cinder().get_volume(&volume.id).await.expect("volume");
+        let got = c.cinder().get_volume(&volume).await.expect("volume");
         let done = (got.status != "creating").then_some(());
         (got.status, done)
     })
     .await;
-    step(
+    let name = format!("{tag}-volume");
+    must(
         r,
         "volume_list (by name)",
-        c.cinder().list_volumes_by_name(&format!("{tag}-volume")),
-    )
-    .await
-    .expect("volumes");
-
-    let fip = step(
-        r,
-        "floating_ip_create",
-        neutron.create_floating_ip(&public, None, FIP_DESCRIPTION),
-    )
-    .await
-    .expect("floating IP");
-    r.state("floating ip", &fip.status);
-    step(
-        r,
-        "floating_ip_update (associate)",
-        neutron.associate_floating_ip(&fip.id, Some(&port.id)),
-    )
-    .await
-    .expect("associate");
-    let second = step(
-        r,
-        "floating_ip_create (second)",
-        neutron.create_floating_ip(&public, None, FIP_DESCRIPTION),
-    )
-    .await
-    .expect("second floating IP");
-    let twice = step(
-        r,
-        "floating_ip_update (port already has one)",
-        neutron.associate_floating_ip(&second.id, Some(&port.id)),
+        c.cinder().list_volumes_by_name(&name),
     )
     .await;
-    expect_err("a port with a floating IP already", twice);
+    (made.port, made.trunk, made.server, made.volume) = (port.id, trunk.id, server, volume);
+}
+
+/// Floating IPs: associated and let go, a port that has one already, and an external network
+/// with no address left.
+async fn floating_ips(c: &CloudClient, r: &Recorder, made: &mut Made) {
+    let neutron = c.neutron();
+    let (public, tiny) = (made.public.as_str(), made.tiny.as_str());
+    let fip = must(
+        r,
+        "floating_ip_create",
+        neutron.create_floating_ip(public, None, FIP_DESCRIPTION),
+    )
+    .await;
+    r.state("floating ip", &fip.status);
+    let port = Some(made.port.as_str());
+    must(
+        r,
+        "floating_ip_update (associate)",
+        neutron.associate_floating_ip(&fip.id, port),
+    )
+    .await;
+    let second = must(
+        r,
+        "floating_ip_create (second)",
+        neutron.create_floating_ip(public, None, FIP_DESCRIPTION),
+    )
+    .await;
+    refused(
+        r,
+        "floating_ip_update (port already has one)",
+        neutron.associate_floating_ip(&second.id, port),
+    )
+    .await;
     poll_states(
         r,
         "floating ip",
         "floating_ip_list (associated)",
         async || {
+            let on_port = Filter::default().with("port_id", made.port.clone());
             let list = c
                 .neutron()
-                .list_floating_ips(&Filter::default().with("port_id", port.id.clone()))
+                .list_floating_ips(&on_port)
                 .await
                 .expect("floating IPs");
             let got = list.into_iter().next().expect("the floating IP");
@@ -830,188 +831,139 @@ async fn exercise(target: &Target, tag: &str) {
         },
     )
     .await;
-    step(
+    must(
         r,
         "floating_ip_update (disassociate)",
         neutron.associate_floating_ip(&fip.id, None),
     )
-    .await
-    .expect("disassociate");
-
-    // The external network with one address: the second allocation finds none.
-    let tiny = externals
-        .iter()
-        .find(|n| n.name == TINY_EXTERNAL)
-        .expect("the tiny external network")
-        .id
-        .clone();
-    let only = step(
+    .await;
+    let only = must(
         r,
         "floating_ip_create (last address)",
-        neutron.create_floating_ip(&tiny, None, FIP_DESCRIPTION),
+        neutron.create_floating_ip(tiny, None, FIP_DESCRIPTION),
     )
-    .await
-    .expect("the one address");
-    let none_left = step(
+    .await;
+    refused(
         r,
         "floating_ip_create (none left)",
-        neutron.create_floating_ip(&tiny, None, FIP_DESCRIPTION),
+        neutron.create_floating_ip(tiny, None, FIP_DESCRIPTION),
     )
     .await;
-    expect_err("an exhausted external network", none_left);
+    made.floating_ips = vec![only.id, second.id, fip.id];
+}
 
-    // Quota: the tenant's other project has no room.
-    let (q, qr) = (&target.no_room, &*target.no_room_recorder);
-    let quota_network = step(
-        qr,
+/// Quota: the tenant's other project has no room for a port, a server or a volume.
+async fn no_room(target: &Target, tag: &str, made: &Made) {
+    let (q, r) = (&target.no_room, &*target.no_room_recorder);
+    let spec = NetworkSpec {
+        name: format!("{tag}-quota-net"),
+        admin_state_up: true,
+        ..NetworkSpec::default()
+    };
+    let network = must(
+        r,
         "network_create (no room)",
-        q.neutron().create_network(&NetworkSpec {
-            name: format!("{tag}-quota-net"),
-            admin_state_up: true,
-            ..NetworkSpec::default()
-        }),
+        q.neutron().create_network(&spec),
     )
     .await
-    .expect("a network");
-    step(
-        qr,
+    .id;
+    let subnet = subnet_spec(format!("{tag}-quota-subnet"), &network, "10.78.0.0/24");
+    must(
+        r,
         "subnet_create (no room)",
-        q.neutron().create_subnet(&SubnetSpec {
-            name: format!("{tag}-quota-subnet"),
-            network_id: quota_network.id.clone(),
-            cidr: "10.78.0.0/24".into(),
-            ip_version: 4,
-            ..SubnetSpec::default()
-        }),
+        q.neutron().create_subnet(&subnet),
     )
-    .await
-    .expect("a subnet");
-    let no_port = step(
-        qr,
+    .await;
+    let port = PortSpec {
+        name: format!("{tag}-quota-port"),
+        network_id: network.clone(),
+        ..PortSpec::default()
+    };
+    refused(
+        r,
         "port_create (over quota)",
-        q.neutron().create_port(&PortSpec {
-            name: format!("{tag}-quota-port"),
-            network_id: quota_network.id.clone(),
-            ..PortSpec::default()
-        }),
+        q.neutron().create_port(&port),
     )
     .await;
-    expect_err("a port over quota", no_port);
-    let no_server = step(
-        qr,
+    let server = ServerSpec {
+        name: format!("{tag}-quota-server"),
+        flavor_ref: made.flavor.clone(),
+        image_ref: made.image.clone(),
+        networks: vec![ServerNetwork {
+            port: None,
+            uuid: Some(network.clone()),
+        }],
+        ..ServerSpec::default()
+    };
+    refused(
+        r,
         "server_create (over quota)",
-        q.nova().create_server(&ServerSpec {
-            name: format!("{tag}-quota-server"),
-            flavor_ref: flavor.id.clone(),
-            image_ref: image.clone(),
-            networks: vec![ServerNetwork {
-                port: None,
-                uuid: Some(quota_network.id.clone()),
-            }],
-            ..ServerSpec::default()
-        }),
+        q.nova().create_server(&server),
     )
     .await;
-    expect_err("a server over quota", no_server);
-    let no_volume = step(
-        qr,
+    let volume = VolumeSpec {
+        name: format!("{tag}-quota-volume"),
+        size: 1,
+        ..VolumeSpec::default()
+    };
+    refused(
+        r,
         "volume_create (over quota)",
-        q.cinder().create_volume(&VolumeSpec {
-            name: format!("{tag}-quota-volume"),
-            size: 1,
-            ..VolumeSpec::default()
-        }),
+        q.cinder().create_volume(&volume),
     )
     .await;
-    expect_err("a volume over quota", no_volume);
-    step(
-        qr,
+    must(
+        r,
         "network_delete (no room)",
-        q.neutron().delete_network(&quota_network.id),
+        q.neutron().delete_network(&network),
     )
-    .await
-    .expect("delete");
+    .await;
+}
 
-    // Tear down, in the order a cluster's deletion goes.
-    step(
-        r,
-        "floating_ip_delete",
-        neutron.delete_floating_ip(&only.id),
-    )
-    .await
-    .expect("delete");
-    step(
-        r,
-        "floating_ip_delete",
-        neutron.delete_floating_ip(&second.id),
-    )
-    .await
-    .expect("delete");
-    step(r, "floating_ip_delete", neutron.delete_floating_ip(&fip.id))
-        .await
-        .expect("delete");
-    step(r, "volume_delete", c.cinder().delete_volume(&volume.id))
-        .await
-        .expect("delete");
-    poll_states(r, "volume", "volume_get (deleting)", async || {
-        match c.cinder().get_volume(&volume.id).await {
-            Ok(got) => (got.status, None),
-            Err(CloudError::NotFound(_)) => ("(gone)".into(), Some(())),
-            Err(error) => panic!("volume: {error}"),
-        }
+/// Everything goes, in the order a cluster's deletion takes it.
+async fn teardown(c: &CloudClient, r: &Recorder, made: &Made) {
+    let neutron = c.neutron();
+    for fip in &made.floating_ips {
+        must(r, "floating_ip_delete", neutron.delete_floating_ip(fip)).await;
+    }
+    must(r, "volume_delete", c.cinder().delete_volume(&made.volume)).await;
+    let volume = async || c.cinder().get_volume(&made.volume).await;
+    poll_until_gone(r, "volume", "volume_get (deleting)", volume, |v| {
+        v.status.clone()
     })
     .await;
-    step(r, "server_delete", nova.delete_server(&server.id))
-        .await
-        .expect("delete");
-    poll_states(r, "server", "server_get (deleting)", async || {
-        match c.nova().get_server(&server.id).await {
-            Ok(got) => (got.status, None),
-            Err(CloudError::NotFound(_)) => ("(gone)".into(), Some(())),
-            Err(error) => panic!("server: {error}"),
-        }
+    must(r, "server_delete", c.nova().delete_server(&made.server)).await;
+    let server = async || c.nova().get_server(&made.server).await;
+    poll_until_gone(r, "server", "server_get (deleting)", server, |s| {
+        s.status.clone()
     })
     .await;
-    step(r, "trunk_delete", neutron.delete_trunk(&trunk.id))
-        .await
-        .expect("delete");
-    step(r, "port_delete", neutron.delete_port(&port.id))
-        .await
-        .expect("delete");
-    let gone = step(r, "port_get (gone)", neutron.get_port(&port.id)).await;
-    expect_err("a deleted port", gone);
-    step(
+    must(r, "trunk_delete", neutron.delete_trunk(&made.trunk)).await;
+    must(r, "port_delete", neutron.delete_port(&made.port)).await;
+    refused(r, "port_get (gone)", neutron.get_port(&made.port)).await;
+    must(
         r,
         "security_group_rule_delete",
-        neutron.delete_security_group_rule(&rule.id),
+        neutron.delete_security_group_rule(&made.rule),
     )
-    .await
-    .expect("delete");
-    step(
+    .await;
+    must(
         r,
         "security_group_delete",
-        neutron.delete_security_group(&group.id),
+        neutron.delete_security_group(&made.group),
     )
-    .await
-    .expect("delete");
-    step(
+    .await;
+    let (router, subnet) = (&made.router, &made.subnet);
+    must(
         r,
         "router_interface_remove",
-        neutron.remove_router_interface(&router.id, &subnet.id),
+        neutron.remove_router_interface(router, subnet),
     )
-    .await
-    .expect("remove");
-    step(r, "router_delete", neutron.delete_router(&router.id))
-        .await
-        .expect("delete");
-    step(r, "subnet_delete", neutron.delete_subnet(&subnet.id))
-        .await
-        .expect("delete");
-    step(r, "network_delete", neutron.delete_network(&network.id))
-        .await
-        .expect("delete");
-    let gone = step(r, "network_get (gone)", neutron.get_network(&network.id)).await;
-    expect_err("a deleted network", gone);
+    .await;
+    must(r, "router_delete", neutron.delete_router(router)).await;
+    must(r, "subnet_delete", neutron.delete_subnet(subnet)).await;
+    must(r, "network_delete", neutron.delete_network(&made.network)).await;
+    refused(r, "network_get (gone)", neutron.get_network(&made.network)).await;
 }
 
 /// Keystone as the provider's SDK meets it: version discovery, a token for a password and for
