@@ -538,28 +538,30 @@ fn plane(cluster: &str, replicas: usize) -> ControlPlane {
     }
 }
 
-/// Deletes the cluster as Cluster API does: the Cluster (it stays, deleting), its machines,
-/// then the infrastructure cluster; then lets the Cluster go.
-async fn delete_cluster(e2e: &E2e, actor: &CapiActor, name: &str) {
+/// Deletes the cluster as Cluster API does: the Cluster (it stays, deleting), its machines (the
+/// actor's, if any), then the infrastructure cluster; then lets the Cluster go.
+async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &str) {
     let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     clusters
         .delete(name, &DeleteParams::default())
         .await
         .expect("Cluster delete");
-    let all: Api<Machine> = Api::namespaced(e2e.client.clone(), NAMESPACE);
-    let names: Vec<String> = all
-        .list(&ListParams::default())
-        .await
-        .expect("machines")
-        .items
-        .iter()
-        .map(kube::ResourceExt::name_any)
-        .collect();
-    for machine in &names {
-        actor.delete_machine(machine).await.expect("machine delete");
-    }
-    for machine in &names {
-        actor.wait_gone(machine).await.expect("machine gone");
+    if let Some(actor) = actor {
+        let all: Api<Machine> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+        let names: Vec<String> = all
+            .list(&ListParams::default())
+            .await
+            .expect("machines")
+            .items
+            .iter()
+            .map(kube::ResourceExt::name_any)
+            .collect();
+        for machine in &names {
+            actor.delete_machine(machine).await.expect("machine delete");
+        }
+        for machine in &names {
+            actor.wait_gone(machine).await.expect("machine gone");
+        }
     }
     e2e.clusters()
         .delete(name, &DeleteParams::default())
@@ -774,7 +776,7 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
     );
 
     let deleting = Instant::now();
-    delete_cluster(e2e, &actor, &name).await;
+    delete_cluster(e2e, Some(&actor), &name).await;
     let delete_took = deleting.elapsed();
     actor.stop().await;
     assert_nothing_left(e2e, &before).await;
@@ -927,25 +929,6 @@ async fn wait_provisioned(e2e: &E2e, name: &str) -> OpenStackCluster {
     .await
 }
 
-/// Deletes a cluster that has no machines, and lets its Cluster go.
-async fn delete_bare_cluster(e2e: &E2e, name: &str) {
-    let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
-    clusters
-        .delete(name, &DeleteParams::default())
-        .await
-        .expect("Cluster delete");
-    e2e.clusters()
-        .delete(name, &DeleteParams::default())
-        .await
-        .expect("OpenStackCluster delete");
-    wait_gone(&e2e.clusters(), name, WAIT).await;
-    let release = json!({"metadata": {"finalizers": null}});
-    clusters
-        .patch(name, &PatchParams::default(), &Patch::Merge(&release))
-        .await
-        .expect("Cluster released");
-}
-
 /// Polls the census until `kind` has a new object (bounded).
 async fn until_new(e2e: &E2e, before: &Census, kind: &str) {
     let deadline = Instant::now() + WAIT;
@@ -1003,7 +986,7 @@ async fn restart_during_bring_up(e2e: &mut E2e) {
             e2e.label
         );
     }
-    delete_bare_cluster(e2e, &name).await;
+    delete_cluster(e2e, None, &name).await;
     assert_nothing_left(e2e, &before).await;
 }
 
@@ -1131,7 +1114,7 @@ async fn keystone_outage(e2e: &mut E2e) {
     );
     assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
     assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
-    delete_bare_cluster(e2e, &name).await;
+    delete_cluster(e2e, None, &name).await;
     assert_nothing_left(e2e, &before).await;
 }
 
@@ -1170,7 +1153,7 @@ async fn nova_outage_while_servers_build(e2e: &mut E2e) {
     }
     assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
     assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
-    delete_cluster(e2e, &actor, &name).await;
+    delete_cluster(e2e, Some(&actor), &name).await;
     actor.stop().await;
     assert_nothing_left(e2e, &before).await;
 }
@@ -1214,7 +1197,7 @@ async fn neutron_outage_during_bring_up(e2e: &mut E2e) {
     wait_provisioned(e2e, &name).await;
     assert_eq!(e2e.terminal_errors(), 0.0, "nothing turned terminal");
     assert_no_duplicates(e2e, &before, &census(&e2e.tenant).await);
-    delete_bare_cluster(e2e, &name).await;
+    delete_cluster(e2e, None, &name).await;
     assert_nothing_left(e2e, &before).await;
 }
 
