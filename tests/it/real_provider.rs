@@ -18,7 +18,7 @@ use capo_provider::cloud::neutron::{Filter, NetworkSpec, SubnetSpec};
 use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
 use capo_provider::controllers::gate;
-use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
+use capo_provider::manager::{ManagerError, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Outage, Scenario, ServerErrorFault};
@@ -35,7 +35,7 @@ use crate::real_cloud::{
     APPCRED_CLOUD, Census, PASSWORD_CLOUD, REAL, RealCloud, census, duplicated_names, fault,
     get_json, new_objects, real_cloud,
 };
-use crate::server_controller::{base64, manager_config, metric_sum, timings};
+use crate::server_controller::{base64, manager_config, metric_sum, spawn_manager, timings};
 
 const NAMESPACE: &str = "default";
 const SECRET: &str = "cloud-config";
@@ -195,17 +195,10 @@ impl E2e {
     }
 
     fn start_manager(&mut self) {
-        let config: ManagerConfig = manager_config(WatchScope::default());
-        self.registry = Registry::new();
-        self.shutdown = CancellationToken::new();
-        let (client, registry, shutdown) = (
-            self.client.clone(),
-            self.registry.clone(),
-            self.shutdown.clone(),
-        );
-        self.manager = Some(tokio::spawn(async move {
-            manager::run(client, config, &registry, shutdown).await
-        }));
+        let config = manager_config(WatchScope::default());
+        let (registry, shutdown, manager) = spawn_manager(&self.client, config);
+        (self.registry, self.shutdown) = (registry, shutdown);
+        self.manager = Some(manager);
     }
 
     /// Stops the manager as a rolling update or a crash would: `graceful` lets reconciles in

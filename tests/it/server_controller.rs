@@ -160,16 +160,9 @@ impl World {
     }
 
     pub(crate) fn start_manager_with(&mut self, config: ManagerConfig) {
-        self.registry = Registry::new();
-        self.shutdown = CancellationToken::new();
-        let (client, registry, shutdown) = (
-            self.client.clone(),
-            self.registry.clone(),
-            self.shutdown.clone(),
-        );
-        self.manager = Some(tokio::spawn(async move {
-            manager::run(client, config, &registry, shutdown).await
-        }));
+        let (registry, shutdown, manager) = spawn_manager(&self.client, config);
+        (self.registry, self.shutdown) = (registry, shutdown);
+        self.manager = Some(manager);
     }
 
     /// Graceful shutdown: returns once reconciles in flight have finished.
@@ -267,6 +260,21 @@ impl World {
     pub(crate) fn request_total(&self) -> u64 {
         self.cloud.request_log()["total"].as_u64().unwrap_or(0) - self.baseline
     }
+}
+
+/// The manager running on its own task, with a fresh registry and shutdown token.
+pub(crate) fn spawn_manager(
+    client: &kube::Client,
+    config: ManagerConfig,
+) -> (
+    Registry,
+    CancellationToken,
+    JoinHandle<Result<(), ManagerError>>,
+) {
+    let (registry, shutdown) = (Registry::new(), CancellationToken::new());
+    let (client, metrics, stop) = (client.clone(), registry.clone(), shutdown.clone());
+    let manager = tokio::spawn(async move { manager::run(client, config, &metrics, stop).await });
+    (registry, shutdown, manager)
 }
 
 pub(crate) fn base64(text: &str) -> String {
