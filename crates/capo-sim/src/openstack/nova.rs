@@ -53,12 +53,8 @@ impl Nova {
             .map(|server| server.body["name"].as_str().unwrap_or_default())
     }
 
-    pub fn count(&self) -> usize {
-        self.live_servers()
-    }
-
     /// Servers not yet deleted (a DELETED one is on its way out).
-    fn live_servers(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.servers
             .values()
             .filter(|s| s.body["status"] != "DELETED")
@@ -208,7 +204,7 @@ fn over_quota(world: &World, request: &Value) -> Option<Reply> {
     {
         return Some(Reply::nova(403, "Maximum number of ports exceeded"));
     }
-    let used = world.nova.live_servers();
+    let used = world.nova.count();
     let limit = quotas.instances.filter(|limit| used >= *limit)?;
     Some(Reply::nova(
         403,
