@@ -7,15 +7,12 @@ use crate::common;
 
 use std::collections::BTreeMap;
 
-use capo_api::crds;
 use capo_api::{
     OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
     OpenStackMachineTemplate, OpenStackServer,
 };
 use capo_sim::structural::{apply_defaults, prune, validate};
-use common::{
-    KINDS, capo_reference_dir, our_schema, sample_documents, storage_schema, yaml_documents,
-};
+use common::{KINDS, capo_reference_dir, our_crd, our_schema, sample_documents, yaml_documents};
 use kube::core::cel::Validator;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -172,54 +169,104 @@ fn walk(node: &Value, path: &str, required: bool, out: &mut BTreeMap<String, Fie
     }
 }
 
+/// The schema of `version` in a CRD (as JSON), if it serves that version.
+fn version_schema(crd: &Value, version: &str) -> Option<Value> {
+    crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == version)
+        .map(|v| v["schema"]["openAPIV3Schema"].clone())
+}
+
 #[test]
 fn our_spec_field_paths_equal_capos() {
     let Some(dir) = capo_reference_dir() else {
         return;
     };
     let mut differences = Vec::new();
+    let mut compared = 0;
     for (kind, _) in KINDS {
         // CAPO's files follow the same `<group>_<plural>.yaml` convention as ours.
-        let ours_crd = crds::all()
-            .into_iter()
-            .find(|c| c.spec.names.kind == kind)
-            .expect("our CRD");
-        let file = dir.join("crds").join(crds::file_name(&ours_crd));
+        let ours_crd = our_crd(kind);
+        let file = dir.join("crds").join(format!(
+            "{}_{}.yaml",
+            ours_crd["spec"]["group"].as_str().unwrap_or_default(),
+            ours_crd["spec"]["names"]["plural"]
+                .as_str()
+                .unwrap_or_default()
+        ));
         let reference = yaml_documents(&std::fs::read_to_string(&file).expect("CAPO CRD file"));
-        let theirs = spec_fields(&storage_schema(&reference[0]));
-        let ours = spec_fields(&our_schema(kind));
-        assert!(theirs.len() > 1, "{kind}: reference has spec fields");
-        for (path, their_shape) in &theirs {
-            let Some(our_shape) = ours.get(path) else {
-                differences.push(format!("{kind} {path}: missing"));
+        let their_versions: Vec<String> = reference[0]["spec"]["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for version in &their_versions {
+            let Some(our_schema) = version_schema(&ours_crd, version) else {
+                differences.push(format!("{kind} {version}: not served"));
                 continue;
             };
-            let comparable = FieldShape {
-                list_type: if their_shape.list_type.is_null() {
-                    Value::Null
-                } else {
-                    our_shape.list_type.clone()
-                },
-                // The root `spec` is required in our CRDs (see README); CAPO leaves it optional.
-                required: if path == "spec" {
-                    their_shape.required
-                } else {
-                    our_shape.required
-                },
-                ..our_shape.clone()
-            };
-            if &comparable != their_shape {
-                differences.push(format!(
-                    "{kind} {path}: ours {our_shape:?} vs CAPO {their_shape:?}"
-                ));
-            }
+            let theirs = spec_fields(&version_schema(&reference[0], version).expect("listed"));
+            let ours = spec_fields(&our_schema);
+            differences.extend(compare_spec_fields(
+                &format!("{kind} {version}"),
+                &theirs,
+                &ours,
+            ));
+            compared += theirs.len();
         }
-        eprintln!("{kind}: {} spec field paths compared", theirs.len());
-        differences.extend(
-            ours.keys()
-                .filter(|p| !theirs.contains_key(*p))
-                .map(|p| format!("{kind} {p}: not in CAPO")),
+        let served: Vec<&str> = ours_crd["spec"]["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert_eq!(
+            served, their_versions,
+            "{kind}: the versions CAPO main serves"
         );
     }
+    eprintln!("{compared} spec field paths compared over every served version");
     assert!(differences.is_empty(), "{}", differences.join("\n"));
+}
+
+fn compare_spec_fields(
+    at: &str,
+    theirs: &BTreeMap<String, FieldShape>,
+    ours: &BTreeMap<String, FieldShape>,
+) -> Vec<String> {
+    assert!(theirs.len() > 1, "{at}: reference has spec fields");
+    let mut differences = Vec::new();
+    for (path, their_shape) in theirs {
+        let Some(our_shape) = ours.get(path) else {
+            differences.push(format!("{at} {path}: missing"));
+            continue;
+        };
+        let comparable = FieldShape {
+            list_type: if their_shape.list_type.is_null() {
+                Value::Null
+            } else {
+                our_shape.list_type.clone()
+            },
+            // The root `spec` is required in our CRDs (see README); CAPO leaves it optional.
+            required: if path == "spec" {
+                their_shape.required
+            } else {
+                our_shape.required
+            },
+            ..our_shape.clone()
+        };
+        if &comparable != their_shape {
+            differences.push(format!(
+                "{at} {path}: ours {our_shape:?} vs CAPO {their_shape:?}"
+            ));
+        }
+    }
+    differences.extend(
+        ours.keys()
+            .filter(|p| !theirs.contains_key(*p))
+            .map(|p| format!("{at} {p}: not in CAPO")),
+    );
+    differences
 }

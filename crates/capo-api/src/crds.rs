@@ -10,6 +10,7 @@ use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 use super::cel_cost;
+use super::conversion;
 use super::{
     OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
     OpenStackMachineTemplate, OpenStackServer,
@@ -39,14 +40,38 @@ pub enum CrdError {
 /// Every CRD, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
-        finish(OpenStackCluster::crd(), &[cluster_rules]),
-        finish(OpenStackClusterTemplate::crd(), &[]),
-        finish(OpenStackMachine::crd(), &[machine_rules]),
-        finish(OpenStackMachineTemplate::crd(), &[]),
-        finish(OpenStackServer::crd(), &[server_rules]),
-        finish(OpenStackClusterIdentity::crd(), &[]),
+        finish(
+            OpenStackCluster::crd(),
+            &[cluster_rules],
+            Some(&[spoke_cluster_rules]),
+        ),
+        finish(
+            OpenStackClusterTemplate::crd(),
+            &[],
+            Some(&[spoke_cluster_template_rules]),
+        ),
+        finish(
+            OpenStackMachine::crd(),
+            &[machine_rules],
+            Some(&[machine_rules, spoke_machine_rules]),
+        ),
+        finish(
+            OpenStackMachineTemplate::crd(),
+            &[],
+            Some(&[spoke_machine_template_rules]),
+        ),
+        finish(OpenStackServer::crd(), &[server_rules], None),
+        finish(OpenStackClusterIdentity::crd(), &[], None),
     ]
 }
+
+/// The namespace and name of the cert-manager Certificate whose CA the conversion
+/// webhook's clients trust (cert-manager's cainjector copies it into the CRDs).
+pub const CERTIFICATE: (&str, &str) = ("capo-rs-system", "capo-rs-serving-cert");
+/// The Service in front of the webhook server.
+pub const WEBHOOK_SERVICE: (&str, &str) = ("capo-rs-system", "capo-rs-webhook-service");
+/// The path the conversion webhook answers on.
+pub const CONVERT_PATH: &str = "/convert";
 
 /// Why kube-apiserver would refuse a CRD: a CEL rule over the cost budget, or one that does
 /// not compile (see [`cel_cost`]). One line per finding, worded as `kubectl` shows it.
@@ -196,32 +221,169 @@ pub fn kustomization(crds: &[CustomResourceDefinition]) -> String {
 
 type SchemaEdit = fn(&mut Value);
 
-fn finish(crd: CustomResourceDefinition, edits: &[SchemaEdit]) -> CustomResourceDefinition {
+/// Finishes a derived CRD: `edits` on the v1beta2 schema; with `spoke_edits`, a v1beta1
+/// version beside it (served, not stored; its schema derived from v1beta2's, see
+/// [`conversion::schema`]) and the conversion webhook.
+fn finish(
+    crd: CustomResourceDefinition,
+    edits: &[SchemaEdit],
+    spoke_edits: Option<&[SchemaEdit]>,
+) -> CustomResourceDefinition {
     let mut value = serde_json::to_value(&crd).expect("a CRD always serialises to JSON");
+    if spoke_edits.is_some() {
+        add_spoke_version(&mut value);
+    }
     for version in value["spec"]["versions"]
         .as_array_mut()
         .into_iter()
         .flatten()
     {
+        let is_spoke = version["name"] == conversion::SPOKE;
         let schema = &mut version["schema"]["openAPIV3Schema"];
         tidy(schema);
         add_type_meta(schema);
         if let Some(status) = schema.pointer_mut("/properties/status") {
             status["default"] = json!({"observedGeneration": -1});
+            if status.pointer("/properties/ready").is_some() {
+                // v1beta1 requires `ready`.
+                status["default"]["ready"] = json!(false);
+            }
         }
+        let edits = if is_spoke {
+            spoke_edits.unwrap_or_default()
+        } else {
+            edits
+        };
         for edit in edits {
             edit(schema);
         }
     }
+    // The label names the versions that satisfy Cluster API's v1beta2 contract: v1beta1 is
+    // the v1beta1 contract's version, served only for its existing clients.
     let versions: Vec<&str> = value["spec"]["versions"]
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|v| v["name"] != conversion::SPOKE)
         .filter_map(|v| v["name"].as_str())
         .collect();
     let contract = versions.join("_");
     value["metadata"]["labels"] = json!({ CONTRACT_LABEL: contract });
     serde_json::from_value(value).expect("an edited CRD is still a CRD")
+}
+
+/// Adds v1beta1 before v1beta2 (served, not stored), with its schema derived from
+/// v1beta2's, and makes the API server convert between them through the webhook.
+fn add_spoke_version(crd: &mut Value) {
+    let kind = crd["spec"]["names"]["kind"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let Some(hub) = crd["spec"]["versions"]
+        .as_array()
+        .and_then(|versions| versions.first())
+        .cloned()
+    else {
+        return;
+    };
+    let mut spoke = hub.clone();
+    spoke["name"] = json!(conversion::SPOKE);
+    spoke["storage"] = json!(false);
+    spoke["served"] = json!(true);
+    let schema = &mut spoke["schema"]["openAPIV3Schema"];
+    *schema = conversion::schema::spoke_schema(&kind, schema);
+    if matches!(kind.as_str(), "OpenStackCluster" | "OpenStackMachine")
+        && let Some(Value::Array(columns)) = spoke.get_mut("additionalPrinterColumns")
+    {
+        let at = columns.len().min(1);
+        let what = if kind == "OpenStackCluster" {
+            "Cluster infrastructure"
+        } else {
+            "Machine"
+        };
+        columns.insert(
+            at,
+            json!({"name": "Ready", "type": "string", "jsonPath": ".status.ready",
+                   "description": format!("{what} is ready (v1beta1's status.ready)")}),
+        );
+    }
+    if let Some(Value::Array(versions)) = crd.pointer_mut("/spec/versions") {
+        versions.insert(0, spoke);
+    }
+    let (cert_ns, cert) = CERTIFICATE;
+    crd["metadata"]["annotations"] =
+        json!({"cert-manager.io/inject-ca-from": format!("{cert_ns}/{cert}")});
+    let (namespace, name) = WEBHOOK_SERVICE;
+    crd["spec"]["conversion"] = json!({
+        "strategy": "Webhook",
+        "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": {"service": {"namespace": namespace, "name": name, "path": CONVERT_PATH, "port": 443}},
+        },
+    });
+}
+
+/// v1beta1 OpenStackCluster: the cluster spec's rules in v1beta1's field names.
+fn spoke_cluster_rules(schema: &mut Value) {
+    spoke_cluster_spec_rules(&mut schema["properties"]["spec"]);
+    let spec = &mut schema["properties"]["spec"];
+    add_rule(
+        spec,
+        "has(self.apiServerLoadBalancer) == has(oldSelf.apiServerLoadBalancer)".into(),
+        "apiServerLoadBalancer cannot be added or removed",
+    );
+    let lb = &mut spec["properties"]["apiServerLoadBalancer"];
+    let rule = unchanged_except(lb, &["allowedCIDRs", "monitor"]);
+    add_rule(
+        lb,
+        rule,
+        "apiServerLoadBalancer is immutable except allowedCIDRs and monitor",
+    );
+}
+
+fn spoke_cluster_template_rules(schema: &mut Value) {
+    spoke_cluster_spec_rules(
+        &mut schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"],
+    );
+}
+
+/// The rules v1beta2 states with `enableExternalNetwork` and `apiServer`, restated with
+/// v1beta1's `disable*` fields; and the bastion's flavor.
+fn spoke_cluster_spec_rules(spec: &mut Value) {
+    if let Some(map) = spec.as_object_mut() {
+        map.remove("x-kubernetes-validations");
+    }
+    let external_off = "has(self.disableExternalNetwork) && self.disableExternalNetwork";
+    add_rule(
+        spec,
+        format!("{external_off} ? !has(self.bastion) || !has(self.bastion.floatingIP) : true"),
+        "bastion.floatingIP needs the external network (disableExternalNetwork is true)",
+    );
+    add_rule(
+        spec,
+        format!(
+            "{external_off} ? has(self.disableAPIServerFloatingIP) && self.disableAPIServerFloatingIP : true"
+        ),
+        "disableAPIServerFloatingIP must be true when disableExternalNetwork is true",
+    );
+    flavor_rule(&mut spec["properties"]["bastion"]["properties"]["spec"]);
+}
+
+/// v1beta1 OpenStackMachine: a flavor by name or ID.
+fn spoke_machine_rules(schema: &mut Value) {
+    flavor_rule(&mut schema["properties"]["spec"]);
+}
+
+fn spoke_machine_template_rules(schema: &mut Value) {
+    flavor_rule(&mut schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"]);
+}
+
+fn flavor_rule(machine_spec: &mut Value) {
+    add_rule(
+        machine_spec,
+        "has(self.flavor) || has(self.flavorID)".into(),
+        "a flavor is needed: set flavor (a name) or flavorID",
+    );
 }
 
 /// The label that maps Cluster API's contract to the CRD's versions that satisfy it

@@ -6,6 +6,7 @@ pub mod cel_cost;
 pub mod cluster;
 pub mod common;
 pub mod conditions;
+pub mod conversion;
 pub mod crds;
 pub mod identity;
 pub mod machine;
