@@ -194,6 +194,15 @@ pub struct RunArgs {
     /// every address).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = capo_provider::manager::admin::parse_address)]
     pub admin_address: SocketAddr,
+    /// Where the webhook server listens over HTTPS: the CRDs' conversion webhook
+    /// (v1beta1 <-> v1beta2) and validating webhooks (HOST:PORT, or :PORT; the manifests use
+    /// :9443). Off when not given. Every replica serves it, leading or not.
+    #[arg(long, value_parser = capo_provider::manager::admin::parse_address)]
+    pub webhook_address: Option<SocketAddr>,
+    /// The directory holding the webhook's tls.crt and tls.key (the cert-manager Secret,
+    /// mounted); read again whenever the files change.
+    #[arg(long, default_value = capo_provider::manager::manifests::WEBHOOK_CERT_DIR)]
+    pub webhook_cert_dir: std::path::PathBuf,
     /// Requests per second to the Kubernetes API server (client-go's token bucket).
     #[arg(long, default_value_t = 20.0, value_parser = positive_rate)]
     pub kube_api_qps: f64,
@@ -330,6 +339,27 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
     let _admin_stops_last = admin_stop.clone().drop_guard();
+    // Like the admin server, the webhook serves from start to exit, leader or not: the API
+    // server needs it to read the version an object is not stored in.
+    let webhook = match args.webhook_address {
+        None => None,
+        Some(address) => {
+            let config = manager::webhook::WebhookConfig {
+                address,
+                cert_dir: args.webhook_cert_dir.clone(),
+                reload_every: manager::webhook::CERT_RELOAD_PERIOD,
+            };
+            let metrics = manager::webhook::WebhookMetrics::register(&registry)?;
+            let (_, task) = manager::webhook::serve(
+                config,
+                metrics,
+                manager::webhook::Validators::default(),
+                admin_stop.clone(),
+            )
+            .await?;
+            Some(task)
+        }
+    };
     tracing::info!(%identity, version = env!("CARGO_PKG_VERSION"), "capo-rs starting");
     let shutdown = CancellationToken::new();
     let manager =
@@ -350,6 +380,9 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     };
     admin_stop.cancel();
     let _ = admin.await;
+    if let Some(webhook) = webhook {
+        let _ = webhook.await;
+    }
     result
 }
 

@@ -4,6 +4,7 @@
 //! small Cluster API actor that plays CAPI's controllers through the API ([`capi`]).
 
 pub mod capi;
+pub mod certs;
 pub mod kube;
 pub mod openstack;
 pub mod structural;

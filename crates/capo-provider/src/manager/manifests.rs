@@ -1,11 +1,15 @@
 //! What installs capo-rs in a management cluster, generated from one description
 //! (`capo-rs manifests`):
 //!
-//! - `deploy/`: a kustomize base (Namespace, ServiceAccount, RBAC, the Deployment, the
-//!   metrics Service; the CRDs from `crds/`), and `deploy/servicemonitor/`, an optional
+//! - `deploy/`: a kustomize base (Namespace, ServiceAccount, RBAC, the Deployment and its
+//!   PodDisruptionBudget, the metrics and webhook Services, the webhook's cert-manager Issuer
+//!   and Certificate; the CRDs from `crds/`), and `deploy/servicemonitor/`, an optional
 //!   component for the Prometheus Operator;
 //! - `deploy/clusterctl/`: `infrastructure-components.yaml` (the same objects, the tunables
 //!   as clusterctl `${VAR:=default}` variables) and `metadata.yaml`.
+//!
+//! Like every Cluster API provider's, the manifests need cert-manager: it issues the
+//! certificate the conversion webhook (v1beta1 <-> v1beta2) serves with.
 //!
 //! The RBAC rules are the least the controllers need: a test replays a whole cluster's life
 //! against the simulated API server and compares its request log with them, both ways.
@@ -23,6 +27,22 @@ pub const ACCOUNT: &str = "capo-rs-manager";
 pub const IMAGE: &str = "localhost/capo-rs:0.1.0";
 /// The admin server's port (/metrics, /healthz, /readyz).
 pub const ADMIN_PORT: u16 = 8080;
+/// The Service the API server calls to convert between v1beta1 and v1beta2 (the CRDs'
+/// `spec.conversion` names it).
+pub const WEBHOOK_SERVICE: &str = capo_api::crds::WEBHOOK_SERVICE.1;
+/// The webhook server's port in the pod (controller-runtime's default, as other providers).
+pub const WEBHOOK_PORT: u16 = 9443;
+/// Where the pod finds the serving certificate (`tls.crt`, `tls.key`): controller-runtime's
+/// default directory, so the layout is the one Cluster API users know.
+pub const WEBHOOK_CERT_DIR: &str = "/tmp/k8s-webhook-server/serving-certs";
+/// The Secret cert-manager writes the serving certificate to, mounted at [`WEBHOOK_CERT_DIR`].
+pub const WEBHOOK_SECRET: &str = "capo-rs-webhook-service-cert";
+/// The cert-manager Certificate; the CRDs' `cert-manager.io/inject-ca-from` names it, so
+/// cert-manager's CA injector writes its CA into their conversion config.
+pub const CERTIFICATE: &str = capo_api::crds::CERTIFICATE.1;
+/// The self-signed cert-manager Issuer that signs [`CERTIFICATE`] (the API server trusts it
+/// through the injected CA bundle, nothing else has to).
+pub const ISSUER: &str = "capo-rs-selfsigned-issuer";
 
 /// One RBAC rule: verbs on resources of a group.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +124,18 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions"],
         verbs: &["get"],
+    },
+    // The storage migration (v1beta1 stored by CAPO 0.14 to v1beta2): a no-op patch of
+    // every object of our two-version kinds, then the CRD's storedVersions.
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackclustertemplates", "openstackmachinetemplates"],
+        verbs: &["list", "patch"],
+    },
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions/status"],
+        verbs: &["patch"],
     },
 ];
 
@@ -287,19 +319,33 @@ fn deployment(flavor: Flavor) -> Value {
             .map(|t| format!("--{}={}", t.flag, flavor.value(t.variable, t.default))),
     );
     args.push(format!("--admin-address=:{ADMIN_PORT}"));
+    // Addresses and paths are not tunables: the Service and the volume below name them.
+    args.push(format!("--webhook-address=:{WEBHOOK_PORT}"));
+    args.push(format!("--webhook-cert-dir={WEBHOOK_CERT_DIR}"));
     let field = |path: &str| json!({"valueFrom": {"fieldRef": {"fieldPath": path}}});
     let mut pod_name = field("metadata.name");
     pod_name["name"] = json!("POD_NAME");
     let mut pod_namespace = field("metadata.namespace");
     pod_namespace["name"] = json!("POD_NAMESPACE");
     let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": "admin"}, "periodSeconds": period, "failureThreshold": 3});
+    // Preferably on two nodes, so one node's loss leaves the webhook up; soft, so a one-node
+    // management cluster still runs both.
+    let spread = json!({
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": labels()},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    });
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels()},
         "spec": {
-            // One works at a time (the Lease); more replicas only stand by.
-            "replicas": 1,
+            // Two, because while no replica answers the conversion webhook every read of the
+            // version not stored fails. Every replica serves the webhook, leading or not; the
+            // Lease lets one run the controllers (so `--leader-elect` must stay on).
+            "replicas": 2,
             "selector": {"matchLabels": labels()},
             "template": {
                 "metadata": {"labels": labels()},
@@ -316,12 +362,18 @@ fn deployment(flavor: Flavor) -> Value {
                     "tolerations": [
                         {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
                     ],
+                    "affinity": {"podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [spread],
+                    }},
                     "containers": [{
                         "name": "manager",
                         "image": flavor.value("CAPO_RS_IMAGE", IMAGE),
                         "args": args,
                         "env": [pod_name, pod_namespace],
-                        "ports": [{"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"}],
+                        "ports": [
+                            {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
+                            {"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
+                        ],
                         "livenessProbe": probe("/healthz", 20),
                         "readinessProbe": probe("/readyz", 10),
                         "resources": {
@@ -335,10 +387,19 @@ fn deployment(flavor: Flavor) -> Value {
                             "runAsNonRoot": true,
                             "capabilities": {"drop": ["ALL"]},
                         },
-                        // A cloud's CA bundle is handed to the OpenStack SDK as a file.
-                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        // A cloud's CA bundle is handed to the OpenStack SDK as a file; the
+                        // webhook's certificate is mounted inside /tmp (after it, so on top).
+                        "volumeMounts": [
+                            {"name": "tmp", "mountPath": "/tmp"},
+                            {"name": "cert", "mountPath": WEBHOOK_CERT_DIR, "readOnly": true},
+                        ],
                     }],
-                    "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
+                    "volumes": [
+                        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+                        // Until cert-manager has written the Secret the pod waits to start:
+                        // a webhook without its certificate could not serve.
+                        {"name": "cert", "secret": {"secretName": WEBHOOK_SECRET}},
+                    ],
                 },
             },
         },
@@ -359,6 +420,57 @@ fn metrics_service() -> Value {
     })
 }
 
+/// The conversion webhook's Service: it selects every replica (leading or standing by); no
+/// `part-of` label, so the ServiceMonitor does not pick it up.
+fn webhook_service() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": WEBHOOK_SERVICE, "namespace": NAMESPACE, "labels": labels()},
+        "spec": {
+            "selector": labels(),
+            "ports": [{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}],
+            // Reachable before a pod is Ready: the leader's readiness waits for its caches,
+            // whose first list may need this very webhook (objects stored as v1beta1).
+            "publishNotReadyAddresses": true,
+        },
+    })
+}
+
+/// A drain evicts one replica at a time: the conversion webhook keeps an answering pod.
+fn disruption_budget() -> Value {
+    json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels()},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": labels()}},
+    })
+}
+
+/// The webhook's serving certificate, for the Service's in-cluster names, from a self-signed
+/// Issuer in our namespace: what Cluster API's providers ship.
+fn certificate() -> Vec<Value> {
+    let service = format!("{WEBHOOK_SERVICE}.{NAMESPACE}.svc");
+    vec![
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Issuer",
+            "metadata": {"name": ISSUER, "namespace": NAMESPACE, "labels": labels()},
+            "spec": {"selfSigned": {}},
+        }),
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": {"name": CERTIFICATE, "namespace": NAMESPACE, "labels": labels()},
+            "spec": {
+                "dnsNames": [service.clone(), format!("{service}.cluster.local")],
+                "issuerRef": {"kind": "Issuer", "name": ISSUER},
+                "secretName": WEBHOOK_SECRET,
+            },
+        }),
+    ]
+}
+
 fn service_monitor() -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
@@ -371,12 +483,16 @@ fn service_monitor() -> Value {
     })
 }
 
-/// Every object but the CRDs, in apply order.
+/// Every object but the CRDs, in apply order (the certificate early, so its Secret is there
+/// when the pods start).
 pub fn objects(flavor: Flavor) -> Vec<Value> {
     let mut all = vec![namespace()];
     all.extend(rbac());
+    all.extend(certificate());
     all.push(deployment(flavor));
     all.push(metrics_service());
+    all.push(webhook_service());
+    all.push(disruption_budget());
     all
 }
 
@@ -391,43 +507,46 @@ fn yaml(objects: &[Value]) -> String {
 const GENERATED: &str =
     "# Generated by `capo-rs manifests --out deploy`: edit src, not this file.\n";
 
+/// One generated file of `deploy/`: the header, then the objects.
+fn generated(objects: &[Value]) -> String {
+    format!("{GENERATED}{}", yaml(objects))
+}
+
 /// The files of `deploy/` (path relative to it, contents).
 pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
-    let plain = objects(Flavor::Kustomize);
-    let (namespace, rest) = plain.split_at(1);
-    let (rbac, rest) = rest.split_at(5);
-    let (manager, service) = rest.split_at(1);
     let kustomization = format!(
         "{GENERATED}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n\
-         - namespace.yaml\n- ../crds\n- rbac.yaml\n- manager.yaml\n- service.yaml\n\
+         - namespace.yaml\n- ../crds\n- rbac.yaml\n- certificate.yaml\n- manager.yaml\n\
+         - service.yaml\n- webhook-service.yaml\n- pdb.yaml\n\
+         # certificate.yaml holds cert-manager objects: install cert-manager first.\n\
          # Prometheus Operator users: add `components: [servicemonitor]` in an overlay.\n"
     );
     let component = format!(
         "{GENERATED}apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources:\n- servicemonitor.yaml\n"
     );
-    let mut components = format!("{GENERATED}{}", yaml(&objects_with_crds(crds_yaml)));
+    let mut components = generated(&objects_with_crds(crds_yaml));
     if !components.ends_with('\n') {
         components.push('\n');
     }
     vec![
         ("kustomization.yaml".into(), kustomization),
-        (
-            "namespace.yaml".into(),
-            format!("{GENERATED}{}", yaml(namespace)),
-        ),
-        ("rbac.yaml".into(), format!("{GENERATED}{}", yaml(rbac))),
+        ("namespace.yaml".into(), generated(&[namespace()])),
+        ("rbac.yaml".into(), generated(&rbac())),
+        ("certificate.yaml".into(), generated(&certificate())),
         (
             "manager.yaml".into(),
-            format!("{GENERATED}{}", yaml(manager)),
+            generated(&[deployment(Flavor::Kustomize)]),
         ),
+        ("service.yaml".into(), generated(&[metrics_service()])),
         (
-            "service.yaml".into(),
-            format!("{GENERATED}{}", yaml(service)),
+            "webhook-service.yaml".into(),
+            generated(&[webhook_service()]),
         ),
+        ("pdb.yaml".into(), generated(&[disruption_budget()])),
         ("servicemonitor/kustomization.yaml".into(), component),
         (
             "servicemonitor/servicemonitor.yaml".into(),
-            format!("{GENERATED}{}", yaml(&[service_monitor()])),
+            generated(&[service_monitor()]),
         ),
         (
             "clusterctl/infrastructure-components.yaml".into(),
@@ -491,6 +610,130 @@ mod tests {
         assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
         assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
         assert!(container["resources"]["limits"]["memory"].is_string());
+    }
+
+    fn named<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
+        list.as_array()?.iter().find(|item| item["name"] == name)
+    }
+
+    #[test]
+    fn every_replica_serves_the_webhook_with_the_certificate_from_its_secret() {
+        for flavor in [Flavor::Kustomize, Flavor::Clusterctl] {
+            let deployment = deployment(flavor);
+            assert_eq!(deployment["spec"]["replicas"], 2);
+            let pod = &deployment["spec"]["template"]["spec"];
+            let container = &pod["containers"][0];
+            let port = named(&container["ports"], "webhook").expect("a port named webhook");
+            assert_eq!(port["containerPort"], WEBHOOK_PORT);
+            let args: Vec<&str> = container["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let address = format!("--webhook-address=:{WEBHOOK_PORT}");
+            let cert_dir = format!("--webhook-cert-dir={WEBHOOK_CERT_DIR}");
+            assert!(args.contains(&address.as_str()), "{args:?}");
+            assert!(args.contains(&cert_dir.as_str()), "{args:?}");
+            let volume = pod["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["secret"]["secretName"] == WEBHOOK_SECRET)
+                .expect("a volume from the webhook's Secret");
+            let name = volume["name"].as_str().unwrap_or_default();
+            let mount = named(&container["volumeMounts"], name).expect("the Secret is mounted");
+            assert_eq!(mount["mountPath"], WEBHOOK_CERT_DIR);
+            assert_eq!(mount["readOnly"], true);
+            // Both replicas preferably on two nodes, by the pods' own labels.
+            let anti = &pod["affinity"]["podAntiAffinity"];
+            let spread = &anti["preferredDuringSchedulingIgnoredDuringExecution"][0];
+            assert_eq!(
+                spread["podAffinityTerm"]["topologyKey"],
+                "kubernetes.io/hostname"
+            );
+            assert_eq!(
+                spread["podAffinityTerm"]["labelSelector"]["matchLabels"],
+                deployment["spec"]["template"]["metadata"]["labels"]
+            );
+        }
+    }
+
+    #[test]
+    fn the_crds_name_this_namespace_for_the_webhook_service_and_certificate() {
+        assert_eq!(capo_api::crds::WEBHOOK_SERVICE.0, NAMESPACE);
+        assert_eq!(capo_api::crds::CERTIFICATE.0, NAMESPACE);
+    }
+
+    #[test]
+    fn the_certificate_names_the_webhook_service_in_our_namespace() {
+        let objects = certificate();
+        let [issuer, certificate] = objects.as_slice() else {
+            panic!("an Issuer and a Certificate: {objects:?}");
+        };
+        assert_eq!(issuer["kind"], "Issuer");
+        assert_eq!(issuer["metadata"]["name"], ISSUER);
+        assert_eq!(issuer["spec"]["selfSigned"], json!({}));
+        assert_eq!(certificate["kind"], "Certificate");
+        assert_eq!(certificate["metadata"]["name"], CERTIFICATE);
+        assert_eq!(certificate["metadata"]["namespace"], NAMESPACE);
+        assert_eq!(
+            certificate["spec"]["dnsNames"],
+            json!([
+                "capo-rs-webhook-service.capo-rs-system.svc",
+                "capo-rs-webhook-service.capo-rs-system.svc.cluster.local",
+            ])
+        );
+        assert_eq!(
+            certificate["spec"]["issuerRef"],
+            json!({"kind": "Issuer", "name": ISSUER})
+        );
+        assert_eq!(certificate["spec"]["secretName"], WEBHOOK_SECRET);
+
+        // The Service those names resolve to reaches the pods' webhook port, and the budget
+        // covers the same pods.
+        let service = webhook_service();
+        assert_eq!(service["metadata"]["name"], WEBHOOK_SERVICE);
+        assert_eq!(service["metadata"]["namespace"], NAMESPACE);
+        let port = named(&service["spec"]["ports"], "webhook").expect("a port named webhook");
+        assert_eq!(port["port"], 443);
+        assert_eq!(port["targetPort"], "webhook");
+        let deployment = deployment(Flavor::Kustomize);
+        let pods = &deployment["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(&service["spec"]["selector"], pods);
+        assert_eq!(
+            service["spec"]["selector"],
+            metrics_service()["spec"]["selector"]
+        );
+        let budget = disruption_budget();
+        assert_eq!(budget["spec"]["minAvailable"], 1);
+        assert_eq!(&budget["spec"]["selector"]["matchLabels"], pods);
+    }
+
+    #[test]
+    fn the_kustomize_base_lists_every_file_and_holds_every_object() {
+        let files = files("");
+        let kustomization = &files
+            .iter()
+            .find(|(path, _)| path == "kustomization.yaml")
+            .expect("a kustomization")
+            .1;
+        let mut listed: Vec<Value> = Vec::new();
+        for (path, text) in &files {
+            if path.contains('/') || path == "kustomization.yaml" {
+                continue;
+            }
+            assert!(
+                kustomization.contains(&format!("\n- {path}\n")),
+                "{path} is not a resource of the kustomization"
+            );
+            listed.extend(
+                serde_yaml::Deserializer::from_str(text)
+                    .filter_map(|document| serde::Deserialize::deserialize(document).ok())
+                    .filter(|value: &Value| !value.is_null()),
+            );
+        }
+        assert_eq!(listed, objects(Flavor::Kustomize));
     }
 
     #[test]

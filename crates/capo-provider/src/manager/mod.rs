@@ -14,8 +14,10 @@ pub mod health;
 pub mod kube_client;
 pub mod leader;
 pub mod manifests;
+pub mod migration;
 pub mod shared;
 pub mod wakeups;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,13 +104,27 @@ pub enum ManagerError {
     LeadershipLost,
 }
 
+/// Our CRDs' names.
+pub fn our_crds() -> Vec<String> {
+    capo_api::crds::all()
+        .iter()
+        .filter_map(|crd| crd.metadata.name.clone())
+        .collect()
+}
+
+/// Aborts a task when dropped (a task owned by the scope that spawned it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The CRDs the controllers watch: ours, and Cluster API's Cluster (`spec.paused`,
 /// ownership) and Machine (a machine's owner, its bootstrap data and deletion hooks).
 pub fn required_crds() -> Vec<String> {
-    let mut names: Vec<String> = capo_api::crds::all()
-        .iter()
-        .filter_map(|crd| crd.metadata.name.clone())
-        .collect();
+    let mut names = our_crds();
     names.push(format!("clusters.{}", capo_api::capi::GROUP));
     names.push(format!("machines.{}", capo_api::capi::GROUP));
     names
@@ -215,6 +231,14 @@ pub async fn run_with_health(
         }
     };
     health.set_phase(Phase::Leading);
+    // The leader alone migrates storage; the controllers start beside it.
+    let migration = tokio::spawn(migration::migrate_until_done(
+        client.clone(),
+        our_crds(),
+        migration::MigrationMetrics::register(registry)?,
+        shutdown.child_token(),
+    ));
+    let _migration_ends_with_us = AbortOnDrop(migration);
     let controllers = run_controllers(client, &config, registry, &health, shutdown.clone());
     let Some(leadership) = leadership else {
         return controllers.await;

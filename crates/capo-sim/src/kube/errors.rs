@@ -212,6 +212,21 @@ impl ApiError {
         .with_details(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}))
     }
 
+    /// 500 with no reason: what a read gets when its conversion fails (the converter's error
+    /// is not a Status, so the server answers `StatusReasonUnknown`).
+    pub fn conversion_failed(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
+    }
+
+    /// 500 InternalError, as a watch's ERROR event carries a failed conversion.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
+    }
+
     /// The `metav1.Status` body.
     pub fn status(&self) -> Value {
         let mut status = json!({

@@ -5,6 +5,7 @@
 //! What it does and what it leaves out is listed in the README (section "Simulated
 //! Kubernetes API").
 
+pub mod conversion;
 pub mod errors;
 pub mod managed;
 pub mod openapi;
@@ -99,6 +100,7 @@ impl KubeSim {
             bookmark_interval: config.bookmark_interval,
             shutdown: shutdown.clone(),
             requests: Mutex::new(Vec::new()),
+            converter: conversion::Converter::default(),
         });
         let app = server::router(shared.clone());
         let stop = shutdown.clone();
@@ -120,6 +122,11 @@ impl KubeSim {
             shutdown,
             tasks: vec![task, collector],
         })
+    }
+
+    /// Where conversion webhooks are reached (route a webhook Service here).
+    pub fn converter(&self) -> &conversion::Converter {
+        &self.shared.converter
     }
 
     /// The bound address.

@@ -65,6 +65,19 @@ impl Patch {
         }
     }
 
+    /// Whether the patch names a resourceVersion (then a lost race is the client's 409,
+    /// never retried by the server).
+    pub fn sets_resource_version(&self) -> bool {
+        match self {
+            Self::Merge(patch) | Self::Apply(patch) => {
+                patch.pointer("/metadata/resourceVersion").is_some()
+            }
+            Self::Json(patch) => patch.0.iter().any(|op| {
+                serde_json::to_string(op).is_ok_and(|t| t.contains("/metadata/resourceVersion"))
+            }),
+        }
+    }
+
     /// Applies a merge or JSON patch to an object's current state. Server-side apply is the
     /// store's ([`super::store::Store::apply`]): it needs field ownership.
     pub fn apply_to(&self, current: &Value) -> Result<Value, ApiError> {

@@ -81,6 +81,8 @@ pub struct ResourceDef {
     pub storage_version: String,
     /// Served from a CRD: generation is tracked and schemas apply.
     pub custom: bool,
+    /// How objects change version (`spec.conversion`).
+    pub conversion: super::conversion::Strategy,
 }
 
 impl ResourceDef {
@@ -133,6 +135,7 @@ impl ResourceDef {
             }],
             storage_version: version.to_owned(),
             custom: false,
+            conversion: super::conversion::Strategy::None,
         }
     }
 
@@ -191,6 +194,9 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
         ResourceDef::builtin("", "v1", "ServiceAccount", "serviceaccounts", true)
             .with_short_names(&["sa"]),
         ResourceDef::builtin("", "v1", "Service", "services", true).with_short_names(&["svc"]),
+        ResourceDef::builtin("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", true)
+            .with_status()
+            .with_short_names(&["pdb"]),
         ResourceDef::builtin("apps", "v1", "Deployment", "deployments", true)
             .with_status()
             .with_short_names(&["deploy"]),
@@ -385,6 +391,7 @@ pub fn from_crd(crd: &Value, old: Option<&Value>) -> Result<ResourceDef, Vec<Cau
             versions.push(def);
         }
     }
+    let conversion = super::conversion::Strategy::from_crd(crd, &mut causes);
     // Like the real server, CEL rules are costed only once the schemas are sound.
     if causes.is_empty() {
         causes.extend(cel_cost_causes(crd, old));
@@ -413,6 +420,7 @@ pub fn from_crd(crd: &Value, old: Option<&Value>) -> Result<ResourceDef, Vec<Cau
         versions,
         storage_version: storage.first().copied().unwrap_or_default().to_owned(),
         custom: true,
+        conversion,
     })
 }
 

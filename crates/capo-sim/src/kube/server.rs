@@ -39,6 +39,8 @@ pub struct Shared {
     pub shutdown: CancellationToken,
     /// Every resource request, as an authorizer sees it.
     pub requests: Mutex<Vec<RequestRecord>>,
+    /// Calls CRDs' conversion webhooks.
+    pub converter: super::conversion::Converter,
 }
 
 /// One resource request as kube-apiserver's authorizer sees it (its RequestInfo), and who
@@ -216,7 +218,7 @@ async fn handle(
         headers: &headers,
         body: &body,
     };
-    let response = match dispatch(&shared, &request) {
+    let response = match dispatch(&shared, &request).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
@@ -378,7 +380,7 @@ struct ResourcePath<'a> {
     subresource: Option<&'a str>,
 }
 
-fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, ApiError> {
+async fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, ApiError> {
     let segments: Vec<&str> = request.path.split('/').filter(|s| !s.is_empty()).collect();
     let get_only = |value: Option<Value>| -> Result<Response, ApiError> {
         if request.method != Method::GET {
@@ -438,7 +440,7 @@ fn dispatch(shared: &Arc<Shared>, request: &Request<'_>) -> Result<Response, Api
         name,
         subresource,
     };
-    resource_request(shared, &registry, request, &path)
+    resource_request(shared, &registry, request, &path).await
 }
 
 fn version_info() -> Value {
@@ -450,7 +452,7 @@ fn version_info() -> Value {
     })
 }
 
-fn resource_request(
+async fn resource_request(
     shared: &Arc<Shared>,
     registry: &Registry,
     request: &Request<'_>,
@@ -488,7 +490,8 @@ fn resource_request(
     match (method, path.name) {
         (Method::GET, Some(name)) => {
             let output = negotiate()?;
-            let object = shared.store().get(&target, name)?;
+            let stored = shared.store().get(&target, name)?;
+            let object = in_version(shared, &target, &stored).await?;
             Ok(object_response(
                 &target,
                 &object,
@@ -500,30 +503,32 @@ fn resource_request(
         (Method::GET, None) if request.flag("watch") => {
             watch(shared, request, &target, path.namespace, negotiate()?)
         }
-        (Method::GET, None) => list(shared, request, &target, path.namespace, negotiate()?),
+        (Method::GET, None) => list(shared, request, &target, path.namespace, negotiate()?).await,
         (Method::POST, None) if def.namespaced && path.namespace.is_none() => {
             Err(ApiError::method_not_allowed())
         }
         (Method::POST, None) => {
             let output = negotiate()?;
             let opts = request.write_options()?;
-            let written = shared
-                .store()
-                .create(&target, request.json_body()?, &opts)?;
+            let (stored_as, body) = to_storage(shared, &target, request.json_body()?).await?;
+            let written = shared.store().create(&stored_as, body, &opts)?;
+            let written = written_in(shared, &target, written).await?;
             Ok(written_response(&target, written, request, output))
         }
         (Method::PUT, Some(name)) => {
             let output = negotiate()?;
             let opts = request.write_options()?;
-            let written =
-                shared
-                    .store()
-                    .update(&target, name, request.json_body()?, status, &opts)?;
+            reencode(shared, &target, name).await?;
+            let (stored_as, body) = to_storage(shared, &target, request.json_body()?).await?;
+            let written = shared
+                .store()
+                .update(&stored_as, name, body, status, &opts)?;
+            let written = written_in(shared, &target, written).await?;
             Ok(written_response(&target, written, request, output))
         }
         (Method::PATCH, Some(name)) => {
             let output = negotiate()?;
-            patch(shared, request, &target, name, status, output)
+            patch(shared, request, &target, name, status, output).await
         }
         (Method::DELETE, Some(name)) => {
             let output = negotiate()?;
@@ -534,6 +539,7 @@ fn resource_request(
                     json_response(StatusCode::OK, &deleted_status(&def, &object))
                 }
                 Deletion::Pending(object) => {
+                    let object = in_version(shared, &target, &object).await?;
                     // 202 only when the client asked for cascading deletion the old way.
                     let code = if opts.orphan_dependents == Some(false) {
                         StatusCode::ACCEPTED
@@ -550,16 +556,21 @@ fn resource_request(
         (Method::DELETE, None) => {
             let output = negotiate()?;
             let opts = delete_options(request)?;
-            let (labels, fields) = selectors(request, &target)?;
-            let filter = |o: &Value| labels.matches(o) && fields.matches(o);
-            let deleted =
+            let deleted = {
+                let (labels, fields) = selectors(request, &target)?;
+                let filter = |o: &Value| labels.matches(o) && fields.matches(o);
                 shared
                     .store()
-                    .delete_collection(&target, path.namespace, &filter, &opts)?;
-            let items: Vec<Value> = deleted
-                .iter()
-                .map(|o| present(&def, &target.version, o))
-                .collect();
+                    .delete_collection(&target, path.namespace, &filter, &opts)?
+            };
+            let mut items = Vec::with_capacity(deleted.len());
+            for object in &deleted {
+                items.push(present(
+                    &def,
+                    &target.version,
+                    &in_version(shared, &target, object).await?,
+                ));
+            }
             let rv = shared.store().resource_version();
             let body = list_body(
                 &target,
@@ -635,7 +646,7 @@ fn written_response(
     )
 }
 
-fn patch(
+async fn patch(
     shared: &Arc<Shared>,
     request: &Request<'_>,
     target: &Target,
@@ -645,6 +656,7 @@ fn patch(
 ) -> Result<Response, ApiError> {
     let patch = Patch::parse(request.content_type(), request.body, target.def.custom)?;
     let opts = request.write_options()?;
+    reencode(shared, target, name).await?;
     if let Patch::Apply(config) = patch {
         if request.param("fieldManager").is_none() {
             return Err(ApiError::bad_request(
@@ -652,9 +664,11 @@ fn patch(
             ));
         }
         let force = request.flag("force");
+        let (stored_as, config) = to_storage(shared, target, config).await?;
         let written = shared
             .store()
-            .apply(target, name, config, status, &opts, force)?;
+            .apply(&stored_as, name, config, status, &opts, force)?;
+        let written = written_in(shared, target, written).await?;
         return Ok(written_response(target, written, request, output));
     }
     if request.param("force").is_some() {
@@ -662,13 +676,113 @@ fn patch(
             "force=true is only allowed for server-side apply",
         ));
     }
-    let mut store = shared.store();
-    let current = store.get(target, name)?;
-    let presented = present(&target.def, &target.version, &current);
-    let patched = patch.apply_to(&presented)?;
-    let written = store.update(target, name, patched, status, &opts)?;
-    drop(store);
-    Ok(written_response(target, written, request, output))
+    if target.version == target.def.storage_version {
+        let mut store = shared.store();
+        let current = store.get(target, name)?;
+        let presented = present(&target.def, &target.version, &current);
+        let patched = patch.apply_to(&presented)?;
+        let written = store.update(target, name, patched, status, &opts)?;
+        drop(store);
+        return Ok(written_response(target, written, request, output));
+    }
+    // In another version than the stored one: the patch applies to the object converted to
+    // the request's version, and the result is converted back. As the real server's
+    // GuaranteedUpdate, a write that lost a race is tried again on the newer object.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let current = shared.store().get(target, name)?;
+        let presented = present(
+            &target.def,
+            &target.version,
+            &in_version(shared, target, &current).await?,
+        );
+        let patched = patch.apply_to(&presented)?;
+        let (stored_as, body) = to_storage(shared, target, patched).await?;
+        let updated = shared.store().update(&stored_as, name, body, status, &opts);
+        match updated {
+            Err(error) if error.code == 409 && attempts < 5 && !patch.sets_resource_version() => {
+                continue;
+            }
+            Err(error) => return Err(error),
+            Ok(written) => {
+                let written = written_in(shared, target, written).await?;
+                return Ok(written_response(target, written, request, output));
+            }
+        }
+    }
+}
+
+/// A stored object as a client of `target.version` sees it (before defaults).
+async fn in_version(
+    shared: &Arc<Shared>,
+    target: &Target,
+    stored: &Value,
+) -> Result<Value, ApiError> {
+    shared
+        .converter
+        .convert(&target.def, stored, &target.version)
+        .await
+}
+
+/// A write's result, in the client's version.
+async fn written_in(
+    shared: &Arc<Shared>,
+    target: &Target,
+    mut written: super::store::Written,
+) -> Result<super::store::Written, ApiError> {
+    if written.object["apiVersion"] != target.def.api_version(&target.version).as_str() {
+        written.object = Arc::new(in_version(shared, target, &written.object).await?);
+    }
+    Ok(written)
+}
+
+/// A request body of `target.version`, pruned and defaulted by that version's schema (as the
+/// server decodes it), converted to the storage version; with the target to store it under.
+async fn to_storage(
+    shared: &Arc<Shared>,
+    target: &Target,
+    mut body: Value,
+) -> Result<(Target, Value), ApiError> {
+    let def = &target.def;
+    if target.version == def.storage_version || !body.is_object() {
+        return Ok((target.clone(), body));
+    }
+    if let Some(schema) = def.version(&target.version).and_then(|v| v.schema.as_ref()) {
+        crate::structural::drop_nulls(&mut body, schema);
+        crate::structural::prune(&mut body, schema);
+        crate::structural::apply_defaults(&mut body, schema);
+    }
+    body["apiVersion"] = Value::String(def.api_version(&target.version));
+    body["kind"] = Value::String(def.kind.clone());
+    let converted = shared
+        .converter
+        .convert(def, &body, &def.storage_version)
+        .await?;
+    let stored_as = Target {
+        version: def.storage_version.clone(),
+        ..target.clone()
+    };
+    Ok((stored_as, converted))
+}
+
+/// Before a write, an object still stored in an older version is read into the storage
+/// version (the real server decodes it on every update), so the write stores it anew even
+/// when nothing else changes: how a no-op write migrates storage.
+async fn reencode(shared: &Arc<Shared>, target: &Target, name: &str) -> Result<(), ApiError> {
+    let def = &target.def;
+    let Ok(stored) = shared.store().get(target, name) else {
+        return Ok(());
+    };
+    if stored["apiVersion"] == def.api_version(&def.storage_version).as_str() {
+        return Ok(());
+    }
+    let converted = shared
+        .converter
+        .convert(def, &stored, &def.storage_version)
+        .await?;
+    shared.store().reencode(target, name, &stored, converted);
+    Ok(())
 }
 
 fn delete_options(request: &Request<'_>) -> Result<DeleteOptions, ApiError> {
@@ -745,7 +859,7 @@ fn list_body(
     })
 }
 
-fn list(
+async fn list(
     shared: &Arc<Shared>,
     request: &Request<'_>,
     target: &Target,
@@ -760,21 +874,28 @@ fn list(
                 .map_err(|_| ApiError::bad_request(format!("invalid limit {text:?}")))?,
         ),
     };
-    let filter = |o: &Value| labels.matches(o) && fields.matches(o);
-    let query = ListQuery {
-        namespace,
-        filter: &filter,
-        limit,
-        continue_token: request.param("continue"),
-        resource_version: request.param("resourceVersion"),
-        exact: request.param("resourceVersionMatch") == Some("Exact"),
+    let page = {
+        let filter = |o: &Value| labels.matches(o) && fields.matches(o);
+        let query = ListQuery {
+            namespace,
+            filter: &filter,
+            limit,
+            continue_token: request.param("continue"),
+            resource_version: request.param("resourceVersion"),
+            exact: request.param("resourceVersionMatch") == Some("Exact"),
+        };
+        shared.store().list(&target.def.key, &query)?
     };
-    let page = shared.store().list(&target.def.key, &query)?;
-    let items: Vec<Value> = page
-        .items
-        .iter()
-        .map(|o| present(&target.def, &target.version, o))
-        .collect();
+    // One conversion per object stored in another version, as the real server decodes a
+    // list item by item.
+    let mut items = Vec::with_capacity(page.items.len());
+    for object in &page.items {
+        items.push(present(
+            &target.def,
+            &target.version,
+            &in_version(shared, target, object).await?,
+        ));
+    }
     let mut metadata = json!({"resourceVersion": page.rv.to_string()});
     if let Some(token) = page.continue_token {
         metadata["continue"] = token.into();
@@ -802,9 +923,9 @@ impl WatchView {
         self.labels.matches(object) && self.fields.matches(object)
     }
 
-    /// The event a change becomes for this watcher, if any: objects moving into the
+    /// The event type a change becomes for this watcher, if any: objects moving into the
     /// selection are ADDED, moving out are DELETED.
-    fn event_for(&self, change: &Change) -> Option<Value> {
+    fn event_type(&self, change: &Change) -> Option<EventType> {
         if change.key != self.def.key
             || self
                 .namespace
@@ -815,15 +936,14 @@ impl WatchView {
         }
         let now = self.matches(&change.object);
         let before = change.previous.as_ref().is_some_and(|p| self.matches(p));
-        let kind = match change.kind {
+        Some(match change.kind {
             EventType::Added if now => EventType::Added,
             EventType::Modified if now && before => EventType::Modified,
             EventType::Modified if now => EventType::Added,
             EventType::Modified if before => EventType::Deleted,
             EventType::Deleted if now || before => EventType::Deleted,
             _ => return None,
-        };
-        Some(self.event(kind.as_str(), &change.object))
+        })
     }
 
     fn event(&self, kind: &str, object: &Value) -> Value {
@@ -905,6 +1025,7 @@ fn watch(
     )?;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let stream = WatchStream {
+        shared: shared.clone(),
         view,
         tx,
         bookmarks,
@@ -927,6 +1048,7 @@ fn watch(
 }
 
 struct WatchStream {
+    shared: Arc<Shared>,
     view: WatchView,
     tx: mpsc::Sender<Bytes>,
     bookmarks: bool,
@@ -940,6 +1062,27 @@ impl WatchStream {
         let mut line = event.to_string();
         line.push('\n');
         self.tx.send(Bytes::from(line)).await.is_ok()
+    }
+
+    /// Sends the change's event, if this watcher sees it, converted to the watch's version;
+    /// `false` when the watch is over (the client left, or a conversion failed: the real
+    /// server ends the watch with an ERROR event).
+    async fn forward(&self, change: &Change) -> bool {
+        let Some(kind) = self.view.event_type(change) else {
+            return true;
+        };
+        let converted = self
+            .shared
+            .converter
+            .convert(&self.view.def, &change.object, &self.view.version)
+            .await;
+        match converted {
+            Ok(object) => self.send(&self.view.event(kind.as_str(), &object)).await,
+            Err(error) => {
+                self.expire(&ApiError::internal(error.message)).await;
+                false
+            }
+        }
     }
 
     async fn expire(&self, error: &ApiError) {
@@ -959,9 +1102,7 @@ impl WatchStream {
             return;
         }
         for change in &initial {
-            if let Some(event) = self.view.event_for(change)
-                && !self.send(&event).await
-            {
+            if !self.forward(change).await {
                 return;
             }
         }
@@ -978,9 +1119,7 @@ impl WatchStream {
                 received = live.recv() => match received {
                     Ok(change) => {
                         progress = progress.max(change.rv);
-                        if let Some(event) = self.view.event_for(&change)
-                            && !self.send(&event).await
-                        {
+                        if !self.forward(&change).await {
                             return;
                         }
                     }

@@ -285,6 +285,9 @@ pub struct Store {
     registry: Arc<Registry>,
     crds: BTreeMap<String, Arc<ResourceDef>>,
     objects: BTreeMap<ObjKey, Arc<Value>>,
+    /// Objects read into the storage version that the next write must store (see
+    /// [`Store::reencode`]).
+    reencoded: HashSet<ObjKey>,
     uids: HashMap<String, ObjKey>,
     orphaning: HashSet<String>,
     /// Objects deleted in the foreground, for the garbage collector to finish.
@@ -499,6 +502,7 @@ impl Store {
             registry: Arc::new(Registry::new([])),
             crds: BTreeMap::new(),
             objects: BTreeMap::new(),
+            reencoded: HashSet::new(),
             uids: HashMap::new(),
             orphaning: HashSet::new(),
             foreground: BTreeSet::new(),
@@ -538,6 +542,7 @@ impl Store {
     }
 
     fn commit(&mut self, key: ObjKey, mut object: Value, kind: EventType) -> Arc<Value> {
+        self.reencoded.remove(&key);
         self.rv += 1;
         metadata_mut(&mut object).insert("resourceVersion".into(), self.rv.to_string().into());
         let object = Arc::new(object);
@@ -571,6 +576,18 @@ impl Store {
         // No receivers is fine: nobody is watching.
         let _ = self.changes.send(change);
         object
+    }
+
+    /// Replaces a stored object, still encoded in an older version, by its conversion to the
+    /// storage version (`was` must still be what is stored), without a write: the next write
+    /// stores it even when it changes nothing, as the real server re-encodes on update.
+    pub fn reencode(&mut self, target: &Target, name: &str, was: &Value, now: Value) {
+        let key = target.key(name);
+        let unchanged = self.objects.get(&key).is_some_and(|o| **o == *was);
+        if unchanged {
+            self.objects.insert(key.clone(), Arc::new(now));
+            self.reencoded.insert(key);
+        }
     }
 
     /// Reads one object.
@@ -1025,7 +1042,7 @@ impl Store {
                     list.push(CRD_CLEANUP_FINALIZER.to_owned());
                 }
                 metadata_mut(body).insert("finalizers".into(), json!(list));
-                body["status"] = crd_status(body, &resource, None);
+                body["status"] = crd_status(body, &resource, None, Vec::new(), true);
                 Ok(Some(resource))
             }
             _ => Ok(None),
@@ -1132,7 +1149,7 @@ impl Store {
             }
         }
         let warnings = self.admit(target, &mut new, Some(&old_view), opts)?;
-        let crd = self.prepare_builtin_update(&def, &mut new, &old_view)?;
+        let crd = self.prepare_builtin_update(&def, &mut new, &old_view, status)?;
         let entries = match ownership {
             Ownership::Record => managed::record_update(
                 &target.trackable(&old_view, status),
@@ -1156,7 +1173,7 @@ impl Store {
         }
         new["apiVersion"] = Value::String(def.api_version(&def.storage_version));
         let finished = is_deleting(&new) && finalizers(&new).is_empty();
-        if new == *old && !finished {
+        if new == *old && !finished && !self.reencoded.contains(&key) {
             return Ok(Written {
                 object: old,
                 warnings,
@@ -1289,13 +1306,21 @@ impl Store {
         def: &ResourceDef,
         new: &mut Value,
         old: &Value,
+        status: bool,
     ) -> Result<Option<ResourceDef>, ApiError> {
         if def.key.group.is_empty() && def.key.plural == "secrets" {
             fold_string_data(new);
         }
         if def.key.group == APIEXTENSIONS && def.key.plural == "customresourcedefinitions" {
             let resource = resources::check_crd(new, Some(old))?;
-            new["status"] = crd_status(new, &resource, Some(old));
+            // Through /status the client's storedVersions stand unchecked (how a storage
+            // migration ends); an update of the CRD keeps the old ones, adds the storage
+            // version, and refuses to drop a version still stored.
+            let stored = resources::strings(new.pointer("/status/storedVersions"));
+            if !status {
+                check_stored_versions(new, &stored)?;
+            }
+            new["status"] = crd_status(new, &resource, Some(old), stored, !status);
             return Ok(Some(resource));
         }
         Ok(None)
@@ -1731,9 +1756,14 @@ fn set_condition(object: &mut Value, type_: &str, status: &str, reason: &str) {
 
 /// A CRD's status as the apiextensions server keeps it: names accepted, established, and
 /// every version ever used for storage.
-fn crd_status(crd: &Value, resource: &ResourceDef, old: Option<&Value>) -> Value {
-    let mut stored = resources::strings(old.and_then(|o| o.pointer("/status/storedVersions")));
-    if !stored.contains(&resource.storage_version) {
+fn crd_status(
+    crd: &Value,
+    resource: &ResourceDef,
+    old: Option<&Value>,
+    mut stored: Vec<String>,
+    add_storage_version: bool,
+) -> Value {
+    if add_storage_version && !stored.contains(&resource.storage_version) {
         stored.push(resource.storage_version.clone());
     }
     let mut names = crd.pointer("/spec/names").cloned().unwrap_or_default();
@@ -1754,6 +1784,41 @@ fn crd_status(crd: &Value, resource: &ResourceDef, old: Option<&Value>) -> Value
         }
     }
     status
+}
+
+/// apiextensions' `ValidateCustomResourceDefinitionStoredVersions` on an update: a version
+/// objects may still be stored in cannot leave `spec.versions`.
+fn check_stored_versions(crd: &Value, stored: &[String]) -> Result<(), ApiError> {
+    let declared: Vec<&str> = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let causes: Vec<Cause> = stored
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !declared.contains(&v.as_str()))
+        .map(|(i, v)| {
+            cause(
+                "FieldValueInvalid",
+                &format!("status.storedVersions[{i}]"),
+                format!(
+                    "Invalid value: {v:?}: missing from spec.versions; {v} was previously a storage version, and must remain in spec.versions until a storage migration ensures no data remains persisted in {v} and removes {v} from status.storedVersions"
+                ),
+            )
+        })
+        .collect();
+    if causes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        APIEXTENSIONS,
+        "CustomResourceDefinition",
+        meta_str(crd, "name").unwrap_or_default(),
+        causes,
+    ))
 }
 
 fn encode_continue(id: u64, offset: usize) -> String {

@@ -1,0 +1,144 @@
+//! The webhook's serving certificate, read from a directory (`tls.crt`, `tls.key`: the
+//! Secret cert-manager writes, mounted as a volume) and read again when it changes, so a
+//! rotated certificate is served without a restart. The kubelet swaps a Secret volume's
+//! files atomically; a half-written pair that does not parse is ignored until it does.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::{Digest, Sha256};
+
+/// The certificate chain's file in the directory.
+pub const CERT_FILE: &str = "tls.crt";
+/// The private key's file in the directory.
+pub const KEY_FILE: &str = "tls.key";
+
+/// Why a certificate could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: {reason}")]
+    Key { path: PathBuf, reason: String },
+}
+
+/// What was loaded, and from which bytes (to see a change without parsing).
+struct Loaded {
+    source: Vec<u8>,
+    key: Arc<CertifiedKey>,
+}
+
+/// Serves the most recently loaded certificate to every TLS client.
+pub struct CertificateStore {
+    dir: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<Option<Loaded>>,
+}
+
+impl std::fmt::Debug for CertificateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertificateStore")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`CertificateStore::reload`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The files are what is served already.
+    Unchanged,
+    /// A new certificate is served; its leaf's SHA-256, shortened.
+    Loaded { fingerprint: String },
+}
+
+impl CertificateStore {
+    /// A store for `dir`, empty until [`reload`](Self::reload) succeeds.
+    pub fn new(dir: &Path, provider: Arc<CryptoProvider>) -> Self {
+        CertificateStore {
+            dir: dir.to_owned(),
+            provider,
+            current: RwLock::new(None),
+        }
+    }
+
+    /// The directory read.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads the files; a pair that differs from the one served and parses replaces it.
+    /// On an error the previous certificate stays served.
+    pub fn reload(&self) -> Result<Reload, CertError> {
+        let read = |name: &str| {
+            let path = self.dir.join(name);
+            std::fs::read(&path).map_err(|source| CertError::Read { path, source })
+        };
+        let (chain, key) = (read(CERT_FILE)?, read(KEY_FILE)?);
+        let source = [chain.as_slice(), b"\0", key.as_slice()].concat();
+        if self.read_current(|loaded| loaded.is_some_and(|l| l.source == source)) {
+            return Ok(Reload::Unchanged);
+        }
+        let certified = self.parse(&chain, &key)?;
+        let fingerprint = certified
+            .cert
+            .first()
+            .map(|leaf| hex(&Sha256::digest(leaf.as_ref())[..8]))
+            .unwrap_or_default();
+        let loaded = Loaded {
+            source,
+            key: Arc::new(certified),
+        };
+        match self.current.write() {
+            Ok(mut current) => *current = Some(loaded),
+            Err(poisoned) => *poisoned.into_inner() = Some(loaded),
+        }
+        Ok(Reload::Loaded { fingerprint })
+    }
+
+    fn read_current<T>(&self, f: impl FnOnce(Option<&Loaded>) -> T) -> T {
+        match self.current.read() {
+            Ok(current) => f(current.as_ref()),
+            Err(poisoned) => f(poisoned.into_inner().as_ref()),
+        }
+    }
+
+    fn parse(&self, chain: &[u8], key: &[u8]) -> Result<CertifiedKey, CertError> {
+        let cert_path = self.dir.join(CERT_FILE);
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain)
+            .filter_map(Result::ok)
+            .collect();
+        if certs.is_empty() {
+            return Err(CertError::NoCertificate { path: cert_path });
+        }
+        let key_path = self.dir.join(KEY_FILE);
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| CertError::Key {
+            path: key_path.clone(),
+            reason: format!("no PEM private key: {e}"),
+        })?;
+        CertifiedKey::from_der(certs, key, &self.provider).map_err(|e| CertError::Key {
+            path: key_path,
+            reason: format!("the key does not sign for the certificate: {e}"),
+        })
+    }
+}
+
+impl ResolvesServerCert for CertificateStore {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.read_current(|loaded| loaded.map(|l| l.key.clone()))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
