@@ -225,6 +225,16 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The conversion webhook's latency per conversion (one object per ConversionReview, as
+    /// the API server sends them), over HTTPS and in process.
+    Webhook {
+        /// Conversions measured per case (four cases: two kinds, two directions).
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(10..))]
+        requests: u32,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cost of the OpenStack request path per call, without the network.
     RequestPath {
         /// Calls per measurement.
@@ -543,6 +553,14 @@ pub fn bench(
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 report.print();
+            }
+        }
+        BenchCommand::Webhook { requests, json } => {
+            let results = runtime()?.block_on(capo_bench::webhook::run(requests as usize))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&results)?);
+            } else {
+                capo_bench::webhook::print(&results);
             }
         }
         BenchCommand::RateLimit {

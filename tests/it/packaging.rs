@@ -244,7 +244,13 @@ pub(crate) fn used_by_the_storage_migration() -> BTreeSet<(String, String, Strin
         ("patch", "openstackmachinetemplates"),
     ]
     .into_iter()
-    .map(|(v, r)| (v.to_owned(), "infrastructure.cluster.x-k8s.io".to_owned(), r.to_owned()))
+    .map(|(v, r)| {
+        (
+            v.to_owned(),
+            "infrastructure.cluster.x-k8s.io".to_owned(),
+            r.to_owned(),
+        )
+    })
     .chain([(
         "patch".to_owned(),
         "apiextensions.k8s.io".to_owned(),
@@ -292,7 +298,10 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
 pub(crate) fn assert_granted(log: &[RequestRecord]) -> BTreeSet<(String, String, String)> {
     let used = used_by_capo_rs(log);
     let refused: Vec<_> = used.difference(&granted()).collect();
-    assert!(refused.is_empty(), "capo-rs needs, and the ClusterRole lacks: {refused:?}");
+    assert!(
+        refused.is_empty(),
+        "capo-rs needs, and the ClusterRole lacks: {refused:?}"
+    );
     used
 }
 

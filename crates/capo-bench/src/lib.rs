@@ -8,5 +8,6 @@ pub mod scale;
 pub mod servers;
 pub mod sim_status_tree;
 pub mod strategies;
+pub mod webhook;
 
 pub use strategies::Strategy;

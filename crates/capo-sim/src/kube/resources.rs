@@ -194,9 +194,15 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
         ResourceDef::builtin("", "v1", "ServiceAccount", "serviceaccounts", true)
             .with_short_names(&["sa"]),
         ResourceDef::builtin("", "v1", "Service", "services", true).with_short_names(&["svc"]),
-        ResourceDef::builtin("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", true)
-            .with_status()
-            .with_short_names(&["pdb"]),
+        ResourceDef::builtin(
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+        )
+        .with_status()
+        .with_short_names(&["pdb"]),
         ResourceDef::builtin("apps", "v1", "Deployment", "deployments", true)
             .with_status()
             .with_short_names(&["deploy"]),
