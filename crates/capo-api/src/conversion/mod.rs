@@ -249,4 +249,6 @@ pub fn review(body: &Value) -> Value {
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
