@@ -282,7 +282,7 @@ my_ip = 127.0.0.1
 state_path = $RUN/cinder
 api_paste_config = $ETC/cinder/api-paste.ini
 image_conversion_dir = $RUN/cinder/conversion
-# Which list filters the API accepts (without it, none: `volumes?name=` is a 400).
+# Which list filters the API accepts (without it, none: "volumes?name=" is a 400).
 resource_query_filters_file = $VENV/etc/cinder/resource_filters.json
 enabled_backends = nostorage
 
