@@ -36,28 +36,33 @@ fn service_names() -> Vec<String> {
 pub struct WebhookWorld {
     pub sim: KubeSim,
     pub client: Client,
+    pub webhook: ServedWebhook,
+}
+
+/// capo-rs's webhook server, serving with a fresh certificate, behind the simulated API
+/// server's webhook Service.
+pub struct ServedWebhook {
     pub certs: WebhookCerts,
     pub cert_dir: tempfile::TempDir,
     pub registry: prometheus::Registry,
-    pub webhook_address: std::net::SocketAddr,
-    stop: CancellationToken,
+    pub address: std::net::SocketAddr,
+    pub stop: CancellationToken,
 }
 
-impl Drop for WebhookWorld {
+impl Drop for ServedWebhook {
     fn drop(&mut self) {
         self.stop.cancel();
     }
 }
 
-impl WebhookWorld {
-    /// Our CRDs installed (with `crds` in place of ours when given: CAPO 0.14's).
-    pub async fn start(crds: Option<Vec<Value>>) -> Self {
+impl ServedWebhook {
+    pub async fn start(sim: &KubeSim) -> Self {
         let certs = WebhookCerts::issue(&service_names()).expect("certificates");
         let cert_dir = tempfile::tempdir().expect("a temporary directory");
         certs.write(cert_dir.path()).expect("certificates written");
         let registry = prometheus::Registry::new();
         let stop = CancellationToken::new();
-        let (webhook_address, _task) = webhook::serve(
+        let (address, _task) = webhook::serve(
             WebhookConfig {
                 address: "127.0.0.1:0".parse().expect("an address"),
                 cert_dir: cert_dir.path().to_owned(),
@@ -69,12 +74,45 @@ impl WebhookWorld {
         )
         .await
         .expect("the webhook server starts");
+        let (namespace, name) = capo_api::crds::WEBHOOK_SERVICE;
+        sim.converter().route(namespace, name, address);
+        ServedWebhook {
+            certs,
+            cert_dir,
+            registry,
+            address,
+            stop,
+        }
+    }
+
+    /// Our CRDs applied over what is installed (server-side, taking the fields over), as
+    /// cert-manager leaves them: the CA injected.
+    pub async fn upgrade_crds(&self, client: &Client) {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in our_crds(&self.certs) {
+            let name = crd["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            crds.patch(
+                &name,
+                &PatchParams::apply("kubectl").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}
+
+impl WebhookWorld {
+    /// Our CRDs installed (with `crds` in place of ours when given: CAPO 0.14's).
+    pub async fn start(crds: Option<Vec<Value>>) -> Self {
         let sim = KubeSim::start(KubeSimConfig::default())
             .await
             .expect("simulator");
-        let (namespace, name) = capo_api::crds::WEBHOOK_SERVICE;
-        sim.converter().route(namespace, name, webhook_address);
-        let crds = crds.unwrap_or_else(|| our_crds(&certs));
+        let webhook = ServedWebhook::start(&sim).await;
+        let crds = crds.unwrap_or_else(|| our_crds(&webhook.certs));
         sim.install(&crds).expect("CRDs installed");
         sim.install(&[json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})])
             .expect("namespace");
@@ -82,11 +120,7 @@ impl WebhookWorld {
         WebhookWorld {
             sim,
             client,
-            certs,
-            cert_dir,
-            registry,
-            webhook_address,
-            stop,
+            webhook,
         }
     }
 
@@ -324,11 +358,11 @@ async fn a_webhook_down_fails_reads_of_the_other_version_as_kube_apiserver_does(
         .await
         .expect("the stored version reads without the webhook");
     // The Service answers again, from a server that was stopped: connection refused.
-    world.stop.cancel();
+    world.webhook.stop.cancel();
     world
         .sim
         .converter()
-        .route(namespace, name, world.webhook_address);
+        .route(namespace, name, world.webhook.address);
     let error = loop {
         match world.api("OpenStackMachine", SPOKE).get("m").await {
             Err(kube::Error::Api(status)) if status.message.contains("onnection refused") => {
@@ -352,7 +386,9 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     // cert-manager renews with a new CA: the Secret's files change, then the injector
     // updates the CRDs.
     let rotated = WebhookCerts::issue(&service_names()).expect("new certificates");
-    rotated.write(world.cert_dir.path()).expect("rotated files");
+    rotated
+        .write(world.webhook.cert_dir.path())
+        .expect("rotated files");
     let crds: Api<CustomResourceDefinition> = Api::all(world.client.clone());
     let name = "openstackmachines.infrastructure.cluster.x-k8s.io";
     let ca_bundle = json!({"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": rotated.ca_bundle()}}}}});
@@ -382,6 +418,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         }
     }
     let loads = world
+        .webhook
         .registry
         .gather()
         .into_iter()
@@ -426,7 +463,7 @@ async fn a_crd_that_drops_a_version_still_stored_is_refused_until_storage_is_mig
             .expect("stored as v1beta1");
     }
     // The upgrade: v1beta2 stored, v1beta1 served. storedVersions now lists both.
-    let ours = our_crds(&world.certs);
+    let ours = our_crds(&world.webhook.certs);
     let crds: Api<CustomResourceDefinition> = Api::all(world.client.clone());
     for crd in &ours {
         crds.patch(

@@ -25,3 +25,4 @@ mod server_controller;
 mod sim_kube;
 mod sim_kubectl;
 mod sim_openstack;
+mod takeover;

@@ -235,7 +235,7 @@ fn used_by_capo_rs(log: &[RequestRecord]) -> BTreeSet<(String, String, String)> 
 }
 
 /// Grants only the storage migration uses (a CRD that still lists v1beta1 in
-/// storedVersions, after CAPO 0.14): the takeover test shows capo-rs using each.
+/// storedVersions, after CAPO 0.14): the takeover scenario shows each used.
 pub(crate) fn used_by_the_storage_migration() -> BTreeSet<(String, String, String)> {
     [
         ("list", "openstackclustertemplates"),
@@ -292,17 +292,6 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
         .filter(|grant| !elsewhere.contains(*grant))
         .collect();
     assert!(idle.is_empty(), "granted but never used: {idle:?}");
-}
-
-/// Every grant `log` shows capo-rs using is granted (the takeover's half of the check).
-pub(crate) fn assert_granted(log: &[RequestRecord]) -> BTreeSet<(String, String, String)> {
-    let used = used_by_capo_rs(log);
-    let refused: Vec<_> = used.difference(&granted()).collect();
-    assert!(
-        refused.is_empty(),
-        "capo-rs needs, and the ClusterRole lacks: {refused:?}"
-    );
-    used
 }
 
 /// A `capo-rs run` process and its JSON log lines.

@@ -221,6 +221,37 @@ impl E2e {
         }
     }
 
+    /// Points the manager and the tests at another API server (the manager must be stopped).
+    fn move_to(&mut self, kube: KubeSim) {
+        assert!(self.manager.is_none(), "stop the manager first");
+        self.client = kube.client().expect("kube client");
+        self._kube = kube;
+    }
+
+    /// OpenStack requests the manager made that change something (not a GET or a list),
+    /// by request, since it started.
+    fn writes(&self) -> BTreeMap<String, u64> {
+        let mut writes = BTreeMap::new();
+        for family in self.registry.gather() {
+            if family.name() != "capo_openstack_api_requests_total" {
+                continue;
+            }
+            for metric in family.get_metric() {
+                let request = metric
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == "request")
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default();
+                let count = metric.get_counter().get_value() as u64;
+                if !is_read(&request) && count > 0 {
+                    *writes.entry(request).or_default() += count;
+                }
+            }
+        }
+        writes
+    }
+
     fn clusters(&self) -> Api<OpenStackCluster> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
@@ -253,6 +284,12 @@ impl E2e {
         }
         by_service
     }
+}
+
+/// A `<resource>_<verb>` that changes nothing in the tenant: a read, or Keystone issuing
+/// the manager's token.
+fn is_read(request: &str) -> bool {
+    request.ends_with("_get") || request.ends_with("_list") || request == "token_create"
 }
 
 /// The service a request metric label belongs to (`<resource>_<verb>`).
@@ -1195,6 +1232,330 @@ async fn neutron_outage_during_bring_up(e2e: &mut E2e) {
 }
 
 /// Runs a scenario on the real tier, alone, with faults cleared before and after.
+/// The templates CAPO's cluster templates make (a ClusterClass's cluster template, the
+/// machines' template), named after the cluster.
+fn templates(e2e: &E2e, name: &str) -> [(&'static str, Value); 2] {
+    let machine = serde_json::to_value(machine_template()).expect("spec");
+    let cluster = cluster_spec(e2e.cloud_name, &e2e.external_network);
+    [
+        (
+            "OpenStackClusterTemplate",
+            json!({"template": {"spec": cluster}}),
+        ),
+        (
+            "OpenStackMachineTemplate",
+            json!({"template": {"spec": machine}}),
+        ),
+    ]
+    .map(|(kind, spec)| {
+        (
+            kind,
+            json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": kind,
+                      "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}),
+        )
+    })
+}
+
+async fn create_templates(e2e: &E2e, name: &str) {
+    for (kind, template) in templates(e2e, name) {
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            e2e.client.clone(),
+            NAMESPACE,
+            &crate::conversion::resource(kind, "v1beta2"),
+        );
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(template).expect("template"),
+        )
+        .await
+        .expect("template created");
+    }
+}
+
+/// Every API member's (address, id), from the status tree.
+async fn member_ids(tenant: &CloudClient, lb: &str) -> BTreeMap<String, String> {
+    let tree = tenant.octavia().status_tree(lb).await.expect("status tree");
+    let mut members = BTreeMap::new();
+    for pool in tree.listeners.iter().flat_map(|l| l.pools.iter()) {
+        for member in tenant
+            .octavia()
+            .list_members(&pool.id)
+            .await
+            .expect("members")
+        {
+            members.insert(
+                format!("{}:{}", member.address, member.protocol_port),
+                member.id,
+            );
+        }
+    }
+    members
+}
+
+/// What a takeover must leave as it was: every machine's providerID and provisioned flag,
+/// and the cluster's.
+async fn released_state(e2e: &E2e) -> BTreeMap<String, (Option<String>, bool)> {
+    let mut state = BTreeMap::new();
+    for machine in e2e
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+    {
+        let provisioned = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .is_some_and(|i| i.provisioned == Some(true));
+        state.insert(
+            kube::ResourceExt::name_any(&machine),
+            (machine.spec.provider_id.clone(), provisioned),
+        );
+    }
+    state
+}
+
+/// CAPO 0.14 ran the cluster (3 control-plane machines, a worker, a bastion); capo-rs
+/// replaces it: CRDs upgraded, storage migrated, controllers started, with no OpenStack
+/// write; then a rollout under the gate, and a deletion that leaves nothing.
+async fn takeover_from_capo(e2e: &mut E2e) {
+    let name = unique_cluster_name("capo");
+    let before = census(&e2e.tenant).await;
+    // The cloud as CAPO builds it (capo-rs gives every resource CAPO's name and tags).
+    create_cluster(e2e, &name).await;
+    wait_provisioned(e2e, &name).await;
+    let cluster = wait_bastion(e2e, &name).await;
+    let lb = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+        .map(|lb| lb.id.clone())
+        .expect("the LB's id");
+    let builder = actor(e2e);
+    let plane = plane(&name, 3);
+    builder
+        .scale_control_plane(&plane)
+        .await
+        .expect("3 control-plane machines");
+    for worker in builder
+        .create_workers(&name, 1, machine_template())
+        .await
+        .expect("a worker")
+    {
+        builder
+            .wait_joined(&worker)
+            .await
+            .expect("the worker joins");
+    }
+    create_templates(e2e, &name).await;
+    builder.stop().await;
+    e2e.stop_manager(true).await;
+
+    // The management cluster as CAPO 0.14 leaves it: its CRDs, v1beta1 objects stored.
+    let objects = crate::takeover::snapshot(&e2e.client, NAMESPACE).await;
+    let capo_objects: Vec<Value> = objects
+        .iter()
+        .map(crate::takeover::as_capo_left_it)
+        .collect();
+    let kube = KubeSim::start(KubeSimConfig::default())
+        .await
+        .expect("kube sim");
+    let mut crds: Vec<Value> = capo_api::capi::crds()
+        .iter()
+        .map(|c| serde_json::to_value(c).expect("CRD"))
+        .collect();
+    crds.extend(crate::takeover::capo_crds());
+    kube.install(&crds).expect("CAPO 0.14's CRDs");
+    crate::takeover::recreate(&kube.client().expect("client"), NAMESPACE, &capo_objects).await;
+    let webhook = crate::conversion::ServedWebhook::start(&kube).await;
+    e2e.move_to(kube);
+    let members_before = member_ids(&e2e.tenant, &lb).await;
+    assert_eq!(
+        members_before.len(),
+        3,
+        "three API members: {members_before:?}"
+    );
+    let cloud_before = census(&e2e.tenant).await;
+    let sim_log = |e2e: &E2e| {
+        e2e.sim
+            .as_ref()
+            .map(|sim| sim.request_log()["by_operation"].clone())
+    };
+    let sim_before = sim_log(e2e);
+
+    // The takeover.
+    let started = Instant::now();
+    webhook.upgrade_crds(&e2e.client).await;
+    e2e.start_manager();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(e2e.client.clone());
+    for kind in capo_api::conversion::CONVERTIBLE_KINDS {
+        let crd = format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP);
+        let migrated = await_condition(crds.clone(), &crd, |c: Option<&k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>| {
+            c.and_then(|c| c.status.as_ref()).and_then(|s| s.stored_versions.as_ref()).is_some_and(|v| v == &vec!["v1beta2".to_owned()])
+        });
+        tokio::time::timeout(WAIT, migrated)
+            .await
+            .expect("storage migrated in time")
+            .expect("watch");
+    }
+    let migrated_in = started.elapsed();
+    // Settled: every object's Ready written by capo-rs (CAPO's had no reason).
+    let ours = |conditions: &[Condition]| {
+        conditions.iter().any(|c| {
+            c.type_ == types::READY
+                && c.reason != capo_api::conversion::NO_REASON
+                && c.observed_generation.is_some()
+        })
+    };
+    wait_for(
+        &e2e.clusters(),
+        &name,
+        "capo-rs's Ready",
+        WAIT,
+        |c: &OpenStackCluster| c.status.as_ref().is_some_and(|s| ours(&s.conditions)),
+    )
+    .await;
+    for machine in e2e
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("machines")
+        .items
+    {
+        let machine_name = kube::ResourceExt::name_any(&machine);
+        wait_for(
+            &e2e.machines(),
+            &machine_name,
+            "capo-rs's Ready",
+            WAIT,
+            |m: &OpenStackMachine| m.status.as_ref().is_some_and(|s| ours(&s.conditions)),
+        )
+        .await;
+    }
+    let settled_in = started.elapsed();
+    let writes = e2e.writes();
+    assert_eq!(
+        writes,
+        BTreeMap::new(),
+        "{}: OpenStack writes during the takeover",
+        e2e.label
+    );
+    if let (Some(before), Some(after)) = (sim_before, sim_log(e2e)) {
+        let changed: Vec<String> = after
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(op, n)| {
+                !is_read(op) && !op.starts_with("identity ") && before.get(op.as_str()) != Some(n)
+            })
+            .map(|(op, n)| format!("{op}: {n}"))
+            .collect();
+        assert!(changed.is_empty(), "the cloud saw writes: {changed:?}");
+    }
+    assert_eq!(
+        member_ids(&e2e.tenant, &lb).await,
+        members_before,
+        "no member removed or re-created"
+    );
+    assert!(
+        new_objects(&cloud_before, &census(&e2e.tenant).await).is_empty(),
+        "nothing new in the cloud"
+    );
+    for (machine, (provider_id, provisioned)) in released_state(e2e).await {
+        let was = capo_objects
+            .iter()
+            .find(|o| o["kind"] == "OpenStackMachine" && o["metadata"]["name"] == machine.as_str())
+            .expect("CAPO's machine");
+        assert_eq!(
+            provider_id.as_deref(),
+            was["spec"]["providerID"].as_str(),
+            "{machine}: providerID unchanged"
+        );
+        assert!(provisioned, "{machine}: still provisioned");
+    }
+    for cluster in e2e
+        .clusters()
+        .list(&ListParams::default())
+        .await
+        .expect("clusters")
+        .items
+    {
+        let status = cluster.status.expect("status");
+        assert_eq!(
+            status.initialization.as_ref().and_then(|i| i.provisioned),
+            Some(true),
+            "the cluster stays provisioned"
+        );
+        for condition in &status.conditions {
+            assert!(
+                !condition.reason.is_empty() && condition.observed_generation.is_some(),
+                "v1beta2 shape: {condition:?}"
+            );
+        }
+    }
+    // The manager shares the test's client here: the grants only the migration needs show
+    // in the log (the test itself sends none of them).
+    let sent: std::collections::BTreeSet<(String, String, String)> = e2e
+        ._kube
+        .requests()
+        .into_iter()
+        .map(|r| (r.verb, r.group, r.resource))
+        .collect();
+    for grant in crate::packaging::used_by_the_storage_migration() {
+        assert!(sent.contains(&grant), "the migration uses {grant:?}");
+    }
+
+    // Afterwards, under capo-rs: a rollout under the gate, and a deletion.
+    let actor = actor(e2e);
+    let stop = CancellationToken::new();
+    let (seen, watcher) = watch_gate(e2e, lb.clone(), stop.clone());
+    let rollout = actor
+        .rollout(&plane, |_: RolloutStep| {})
+        .await
+        .expect("the rollout");
+    assert_eq!(
+        rollout.replaced.len(),
+        3,
+        "every control-plane machine replaced"
+    );
+    stop.cancel();
+    watcher.await.expect("watcher");
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    assert_eq!(
+        seen.released_early,
+        Vec::<String>::new(),
+        "no machine released before its member was ACTIVE"
+    );
+    assert!(
+        seen.min_active.is_some_and(|min| min >= 1),
+        "the API pool always had an ACTIVE member: {:?}",
+        seen.min_active
+    );
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    for (kind, _) in templates(e2e, &name) {
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            e2e.client.clone(),
+            NAMESPACE,
+            &crate::conversion::resource(kind, "v1beta2"),
+        );
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .expect("template deleted");
+    }
+    assert_nothing_left(e2e, &before).await;
+    eprintln!(
+        "FIGURES takeover {}: storage migrated in {:.1} s, settled in {:.1} s; OpenStack writes {}; webhook conversions {}",
+        e2e.label,
+        migrated_in.as_secs_f64(),
+        settled_in.as_secs_f64(),
+        writes.values().sum::<u64>(),
+        e2e._kube.converter().calls(),
+    );
+    drop(webhook);
+}
+
 macro_rules! on_real {
     ($scenario:ident, $cloud:expr) => {{
         let Some(real) = real_cloud() else { return };
@@ -1264,6 +1625,14 @@ both!(
     false,
     real_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges,
     sim_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges
+);
+
+both!(
+    takeover_from_capo,
+    PASSWORD_CLOUD,
+    false,
+    real_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes,
+    sim_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

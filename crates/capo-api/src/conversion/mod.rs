@@ -19,6 +19,8 @@ pub mod fields;
 pub mod schema;
 mod sections;
 
+pub use sections::NO_REASON;
+
 use serde_json::{Map, Value, json};
 
 use fields::Direction;

@@ -19,7 +19,9 @@ fn string(node: &Value) -> BoxedStrategy<Value> {
             .boxed();
     }
     // Letters first: fits CamelCase reasons, names and most patterns.
-    "[A-Za-z][A-Za-z0-9.-]{0,10}".prop_map(Value::String).boxed()
+    "[A-Za-z][A-Za-z0-9.-]{0,10}"
+        .prop_map(Value::String)
+        .boxed()
 }
 
 fn integer(node: &Value) -> BoxedStrategy<Value> {
@@ -33,7 +35,9 @@ fn value(node: &Value, depth: usize) -> BoxedStrategy<Value> {
     if let Some(choices) = node["enum"].as_array().filter(|c| !c.is_empty()) {
         return prop::sample::select(choices.clone()).boxed();
     }
-    if node["x-kubernetes-int-or-string"] == true || node["x-kubernetes-preserve-unknown-fields"] == true && node.get("properties").is_none() {
+    if node["x-kubernetes-int-or-string"] == true
+        || node["x-kubernetes-preserve-unknown-fields"] == true && node.get("properties").is_none()
+    {
         return string(node);
     }
     match node["type"].as_str() {
@@ -55,11 +59,20 @@ fn value(node: &Value, depth: usize) -> BoxedStrategy<Value> {
 fn object(node: &Value, depth: usize) -> BoxedStrategy<Value> {
     if let Some(values) = node.get("additionalProperties").filter(|v| v.is_object()) {
         let most = if depth >= DEPTH { 0 } else { 2 };
-        return prop::collection::btree_map("[a-z][a-z0-9-]{0,6}", value(values, depth + 1), 0..=most)
-            .prop_map(|m| Value::Object(m.into_iter().collect()))
-            .boxed();
+        return prop::collection::btree_map(
+            "[a-z][a-z0-9-]{0,6}",
+            value(values, depth + 1),
+            0..=most,
+        )
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
+        .boxed();
     }
-    let required: Vec<&str> = node["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let required: Vec<&str> = node["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     let fields: Vec<BoxedStrategy<Option<(String, Value)>>> = node["properties"]
         .as_object()
         .into_iter()
@@ -101,7 +114,11 @@ fn objects(kind: &'static str, version: &'static str) -> impl Strategy<Value = V
     let schema = version_schema(kind, version);
     let spec = value(&schema["properties"]["spec"], 1);
     let status = prop::option::of(value(&schema["properties"]["status"], 1));
-    let annotations = prop::collection::btree_map("[a-z]{1,5}\\.example\\.com/[a-z]{1,5}", "[ -~]{0,12}", 0..=2);
+    let annotations = prop::collection::btree_map(
+        "[a-z]{1,5}\\.example\\.com/[a-z]{1,5}",
+        "[ -~]{0,12}",
+        0..=2,
+    );
     (spec, status, 1i64..6, annotations).prop_map(move |(spec, status, generation, annotations)| {
         let mut object = json!({
             "apiVersion": format!("{}/{version}", crate::GROUP), "kind": kind,
@@ -120,15 +137,34 @@ fn objects(kind: &'static str, version: &'static str) -> impl Strategy<Value = V
 }
 
 fn round_trips(kind: &'static str, from: &'static str, via: &'static str) {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(64);
-    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(64);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
     let result = runner.run(&objects(kind, from), |object| {
         let target = format!("{}/{via}", crate::GROUP);
         let there = convert(&object, &target).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(there["apiVersion"].as_str(), Some(target.as_str()));
-        let back = convert(&there, &format!("{}/{from}", crate::GROUP)).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        prop_assert_eq!(&back, &object, "{} {} -> {} -> {} changed it", kind, from, via, from);
-        prop_assert!(back["metadata"]["annotations"].get(DATA_ANNOTATION).is_none());
+        let back = convert(&there, &format!("{}/{from}", crate::GROUP))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(
+            &back,
+            &object,
+            "{} {} -> {} -> {} changed it",
+            kind,
+            from,
+            via,
+            from
+        );
+        prop_assert!(
+            back["metadata"]["annotations"]
+                .get(DATA_ANNOTATION)
+                .is_none()
+        );
         Ok(())
     });
     if let Err(failure) = result {

@@ -1,0 +1,268 @@
+//! A management cluster as CAPO 0.14 leaves it, for the takeover scenario
+//! (`real_provider::takeover_from_capo`): CAPO 0.14's CRDs (v1beta1 alone, stored), and the
+//! objects of a running cluster stored as v1beta1 with CAPO's finalizers, its v1beta1 status
+//! and its conditions (severity, no reason on True), next to Cluster API's own objects.
+//!
+//! The cloud side is the cluster a provider built under CAPO's names and tags (capo-rs names
+//! every resource as CAPO does: `docs/migrating-from-capo.md`); the Kubernetes side is
+//! rewritten here as CAPO 0.14 would have stored it, then created in a fresh API server
+//! through the v1beta1 API, so it is stored as v1beta1.
+
+use std::collections::BTreeMap;
+
+use capo_api::conversion::{self, DATA_ANNOTATION, SPOKE};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+
+use crate::conversion::v1beta1_only;
+
+/// CAPO 0.14's CRDs: its own files when the reference material is there, else ours cut
+/// down to v1beta1 (the same schema, field for field: the parity test holds it to CAPO's).
+pub fn capo_crds() -> Vec<Value> {
+    if let Some(dir) = crate::common::shared_reference(
+        "capo/v0.14.7/crds",
+        "CAPO 0.14's CRD files (ours cut down to v1beta1 stand in)",
+    ) {
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("CRDs")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        return files
+            .iter()
+            .flat_map(|f| {
+                crate::common::yaml_documents(&std::fs::read_to_string(f).expect("CRD file"))
+            })
+            .collect();
+    }
+    capo_api::crds::all()
+        .into_iter()
+        .map(|crd| v1beta1_only(&serde_json::to_value(crd).expect("CRD")))
+        .collect()
+}
+
+/// The kinds copied, owners before what they own, with the version CAPO 0.14's world
+/// serves them in.
+const KINDS: [(&str, &str, &str, &str); 8] = [
+    ("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        SPOKE,
+        "OpenStackCluster",
+        "openstackclusters",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        SPOKE,
+        "OpenStackClusterTemplate",
+        "openstackclustertemplates",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        SPOKE,
+        "OpenStackMachineTemplate",
+        "openstackmachinetemplates",
+    ),
+    ("cluster.x-k8s.io", "v1beta2", "Machine", "machines"),
+    ("", "v1", "Secret", "secrets"),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        SPOKE,
+        "OpenStackMachine",
+        "openstackmachines",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "OpenStackServer",
+        "openstackservers",
+    ),
+];
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Every object of the copied kinds in `namespace`, as JSON (infrastructure kinds in v1beta2
+/// where they have it: what capo-rs stored).
+pub async fn snapshot(client: &Client, namespace: &str) -> Vec<Value> {
+    let mut objects = Vec::new();
+    for (group, version, kind, plural) in KINDS {
+        let version = if version == SPOKE {
+            conversion::HUB
+        } else {
+            version
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            namespace,
+            &resource(group, version, kind, plural),
+        );
+        for object in api.list(&ListParams::default()).await.expect("list").items {
+            let mut object = serde_json::to_value(object).expect("JSON");
+            object["apiVersion"] = json!(if group.is_empty() {
+                version.to_owned()
+            } else {
+                format!("{group}/{version}")
+            });
+            object["kind"] = json!(kind);
+            objects.push(object);
+        }
+    }
+    objects
+}
+
+/// Conditions as CAPO 0.14 writes them (Cluster API v1beta1: True without a reason).
+fn capo_conditions(types: &[&str], at: &str) -> Value {
+    Value::Array(
+        types
+            .iter()
+            .map(|t| json!({"type": t, "status": "True", "lastTransitionTime": at}))
+            .collect(),
+    )
+}
+
+/// Status fields CAPO 0.14 has no place for (capo-rs's additions).
+fn drop_ours(status: &mut Value) {
+    for path in [
+        "/apiServerLoadBalancer",
+        "/bastion/resources",
+        "/resources",
+        "",
+    ] {
+        if let Some(Value::Object(map)) = status.pointer_mut(path) {
+            for extra in [
+                "members",
+                "membersAsOf",
+                "pools",
+                "volumes",
+                "observedGeneration",
+                "failureDomain",
+            ] {
+                map.remove(extra);
+            }
+        }
+    }
+}
+
+/// One of capo-rs's objects (v1beta2) as CAPO 0.14 stores it (v1beta1), or a Cluster API
+/// object as it is.
+pub fn as_capo_left_it(object: &Value) -> Value {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let mut out = if conversion::CONVERTIBLE_KINDS.contains(&kind) {
+        conversion::convert(object, &format!("{}/{SPOKE}", capo_api::GROUP)).expect("converts")
+    } else {
+        object.clone()
+    };
+    if let Some(Value::Object(annotations)) = out.pointer_mut("/metadata/annotations") {
+        annotations.remove(DATA_ANNOTATION);
+    }
+    let at = "2026-11-20T08:00:00Z";
+    let conditions: &[&str] = match kind {
+        "OpenStackCluster" => &[
+            "Ready",
+            "NetworkReady",
+            "RouterReady",
+            "SecurityGroupsReady",
+            "APIEndpointReady",
+        ],
+        "OpenStackMachine"
+            if object["metadata"]["labels"]
+                .get("cluster.x-k8s.io/control-plane")
+                .is_some() =>
+        {
+            &["Ready", "InstanceReady", "APIServerIngressReadyCondition"]
+        }
+        "OpenStackMachine" => &["Ready", "InstanceReady"],
+        "OpenStackServer" => &["Ready", "InstanceReady"],
+        _ => &[],
+    };
+    if let Some(status) = out.get_mut("status").filter(|s| s.is_object()) {
+        drop_ours(status);
+        if !conditions.is_empty() {
+            status["conditions"] = capo_conditions(conditions, at);
+        }
+        if kind == "OpenStackServer" {
+            let provisioned = status
+                .pointer("/initialization/provisioned")
+                .cloned()
+                .unwrap_or(json!(false));
+            if let Some(map) = status.as_object_mut() {
+                map.remove("initialization");
+            }
+            status["ready"] = provisioned;
+        }
+    }
+    out
+}
+
+/// Creates `objects` (owners first) through the API in `namespace`, their owner references
+/// pointing at the new owners, then writes their status.
+pub async fn recreate(client: &Client, namespace: &str, objects: &[Value]) {
+    let mut uids: BTreeMap<String, String> = BTreeMap::new();
+    for (group, version, kind, plural) in KINDS {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            namespace,
+            &resource(group, version, kind, plural),
+        );
+        for object in objects.iter().filter(|o| o["kind"] == kind) {
+            let mut fresh = object.clone();
+            let old_uid = object["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let metadata = fresh["metadata"].as_object_mut().expect("metadata");
+            for system in [
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "generation",
+                "managedFields",
+            ] {
+                metadata.remove(system);
+            }
+            if let Some(Value::Array(owners)) = metadata.get_mut("ownerReferences") {
+                for owner in owners.iter_mut() {
+                    let uid = owner["uid"].as_str().unwrap_or_default();
+                    owner["uid"] = json!(uids.get(uid).cloned().unwrap_or_default());
+                }
+            }
+            let status = fresh.as_object_mut().and_then(|o| o.remove("status"));
+            let name = fresh["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let created = api
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(fresh).expect("object"),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
+            uids.insert(old_uid, created.metadata.uid.clone().unwrap_or_default());
+            if let Some(status) = status.filter(|_| kind != "Secret") {
+                api.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{kind} {name} status: {e}"));
+            }
+        }
+    }
+}
