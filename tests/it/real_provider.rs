@@ -428,15 +428,21 @@ fn cluster_spec(cloud_name: &str, external_network: &str) -> Value {
 }
 
 /// A Cluster API Cluster (with Cluster API's finalizer, so it stays while its parts go) and its
-/// OpenStackCluster.
+/// OpenStackCluster of the same name.
 async fn create_cluster(e2e: &E2e, name: &str) {
+    create_cluster_as(e2e, name, name).await;
+}
+
+/// [`create_cluster`] with the OpenStackCluster named `infra` (as ClusterClass names it,
+/// `<cluster>-<suffix>`).
+async fn create_cluster_as(e2e: &E2e, name: &str, infra: &str) {
     let capi: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     let owner: Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
         "metadata": {"name": name, "namespace": NAMESPACE,
                      "finalizers": ["cluster.cluster.x-k8s.io"]},
         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                        "kind": "OpenStackCluster", "name": name}}
+                                        "kind": "OpenStackCluster", "name": infra}}
     }))
     .expect("cluster");
     capi.create(&PostParams::default(), &owner)
@@ -444,7 +450,7 @@ async fn create_cluster(e2e: &E2e, name: &str) {
         .expect("Cluster created");
     let cluster: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": name, "namespace": NAMESPACE,
+        "metadata": {"name": infra, "namespace": NAMESPACE,
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
         "spec": cluster_spec(e2e.cloud_name, &e2e.external_network),
     }))
@@ -571,6 +577,11 @@ fn plane(cluster: &str, replicas: usize) -> ControlPlane {
 /// Deletes the cluster as Cluster API does: the Cluster (it stays, deleting), its machines (the
 /// actor's, if any), then the infrastructure cluster; then lets the Cluster go.
 async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &str) {
+    delete_cluster_as(e2e, actor, name, name).await;
+}
+
+/// [`delete_cluster`] of a Cluster whose OpenStackCluster is named `infra`.
+async fn delete_cluster_as(e2e: &E2e, actor: Option<&CapiActor>, name: &str, infra: &str) {
     let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     clusters
         .delete(name, &DeleteParams::default())
@@ -594,10 +605,10 @@ async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &str) {
         }
     }
     e2e.clusters()
-        .delete(name, &DeleteParams::default())
+        .delete(infra, &DeleteParams::default())
         .await
         .expect("OpenStackCluster delete");
-    wait_gone(&e2e.clusters(), name, WAIT).await;
+    wait_gone(&e2e.clusters(), infra, WAIT).await;
     let release = json!({"metadata": {"finalizers": null}});
     clusters
         .patch(name, &PatchParams::default(), &Patch::Merge(&release))
@@ -1272,6 +1283,49 @@ async fn create_templates(e2e: &E2e, name: &str) {
     }
 }
 
+/// The cloud's resources carry CAPO's names, built on the Cluster API Cluster's name
+/// (`pkg/utils/names` and the services of CAPO 0.14, restated here from its formats).
+async fn assert_capo_names(e2e: &E2e, capi: &str, cluster: &OpenStackCluster) {
+    let resource = format!("{NAMESPACE}-{capi}");
+    let status = cluster.status.as_ref().expect("status");
+    let network = status.network.as_ref().expect("network");
+    assert_eq!(network.name, format!("k8s-clusterapi-cluster-{resource}"));
+    let lb = status
+        .api_server_managed_load_balancer
+        .as_ref()
+        .expect("LB");
+    assert_eq!(
+        lb.name,
+        format!("k8s-clusterapi-cluster-{resource}-kubeapi")
+    );
+    for (group, role) in [
+        (&status.control_plane_security_group, "controlplane"),
+        (&status.worker_security_group, "worker"),
+        (&status.bastion_security_group, "bastion"),
+    ] {
+        assert_eq!(
+            group.as_ref().expect("group").name,
+            format!("k8s-cluster-{resource}-secgroup-{role}")
+        );
+    }
+    let bastion = status.bastion.as_ref().expect("bastion");
+    assert_eq!(
+        bastion.name.as_deref(),
+        Some(format!("{capi}-bastion").as_str())
+    );
+    let listeners = e2e
+        .tenant
+        .octavia()
+        .list_listeners(&lb.id, None)
+        .await
+        .expect("listeners");
+    let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![format!("k8s-clusterapi-cluster-{resource}-kubeapi-6443").as_str()]
+    );
+}
+
 /// Every API member's (address, id), from the status tree.
 async fn member_ids(tenant: &CloudClient, lb: &str) -> BTreeMap<String, String> {
     let tree = tenant.octavia().status_tree(lb).await.expect("status tree");
@@ -1320,12 +1374,16 @@ async fn released_state(e2e: &E2e) -> BTreeMap<String, (Option<String>, bool)> {
 /// replaces it: CRDs upgraded, storage migrated, controllers started, with no OpenStack
 /// write; then a rollout under the gate, and a deletion that leaves nothing.
 async fn takeover_from_capo(e2e: &mut E2e) {
+    // As ClusterClass names them: the OpenStackCluster is not named as the Cluster. CAPO
+    // names the cloud's resources after the Cluster.
     let name = unique_cluster_name("capo");
+    let infra = format!("{name}-x7k2p");
     let before = census(&e2e.tenant).await;
     // The cloud as CAPO builds it (capo-rs gives every resource CAPO's name and tags).
-    create_cluster(e2e, &name).await;
-    wait_provisioned(e2e, &name).await;
-    let cluster = wait_bastion(e2e, &name).await;
+    create_cluster_as(e2e, &name, &infra).await;
+    wait_provisioned(e2e, &infra).await;
+    let cluster = wait_bastion(e2e, &infra).await;
+    assert_capo_names(e2e, &name, &cluster).await;
     let lb = cluster
         .status
         .as_ref()
@@ -1410,7 +1468,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     };
     wait_for(
         &e2e.clusters(),
-        &name,
+        &infra,
         "capo-rs's Ready",
         WAIT,
         |c: &OpenStackCluster| c.status.as_ref().is_some_and(|s| ours(&s.conditions)),
@@ -1532,7 +1590,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
         "the API pool always had an ACTIVE member: {:?}",
         seen.min_active
     );
-    delete_cluster(e2e, Some(&actor), &name).await;
+    delete_cluster_as(e2e, Some(&actor), &name, &infra).await;
     actor.stop().await;
     for (kind, _) in templates(e2e, &name) {
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(

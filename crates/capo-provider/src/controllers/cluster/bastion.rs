@@ -36,8 +36,9 @@ pub fn in_place(spec: &OpenStackClusterSpec, status: &OpenStackClusterStatus) ->
     })
 }
 
-/// The bastion's OpenStackServer spec: the bastion's machine spec on the cluster network,
-/// in the bastion security group, with the cluster's credentials and tags.
+/// The bastion's OpenStackServer spec, as CAPO builds it (`bastionToOpenStackServerSpec`):
+/// the bastion's machine spec on the cluster network, in the bastion security group, always
+/// with the cluster's credentials. A bastion CAPO made compares equal and is kept.
 pub fn server_spec(
     spec: &OpenStackClusterSpec,
     status: &OpenStackClusterStatus,
@@ -52,8 +53,7 @@ pub fn server_spec(
         user_data: None,
     };
     let mut server = machine::plan::server_spec(machine, &placement);
-    // A bastion takes no floating IP from a pool: the cluster attaches its own.
-    server.floating_ip_pool_ref = None;
+    server.identity_ref = spec.identity_ref.clone();
     Some(server)
 }
 

@@ -305,7 +305,9 @@ async fn reconcile_cluster(
         cluster,
         ctx,
         key,
-        names: Names::new(&namespace, &cluster.name_any()),
+        // CAPO names everything after the Cluster API Cluster, not the OpenStackCluster (they
+        // differ under ClusterClass): a cluster CAPO built is found under the same names.
+        names: Names::new(&namespace, &capi_name),
         capi_name,
         generation,
         now,

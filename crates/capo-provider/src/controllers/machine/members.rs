@@ -73,10 +73,24 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
     Some(LbRef {
         id: recorded.id.clone(),
         pools,
-        names: Names::new(&infra.namespace().unwrap_or_default(), &infra.name_any()),
+        names: Names::new(
+            &infra.namespace().unwrap_or_default(),
+            &capi_cluster_name(owners, infra),
+        ),
         identity: infra.spec.identity_ref.clone(),
         cluster_deleting,
     })
+}
+
+/// The Cluster API Cluster's name, which every name of the cluster's resources is built on
+/// (as CAPO builds them; see `cluster::plan::Names`).
+fn capi_cluster_name(owners: &Owners, infra: &OpenStackCluster) -> String {
+    owners
+        .cluster
+        .as_ref()
+        .map(ResourceExt::name_any)
+        .or_else(|| capi::cluster_name(infra.labels()).map(str::to_owned))
+        .unwrap_or_else(|| infra.name_any())
 }
 
 /// The gate for a control-plane machine whose server runs: join, or leave when its Machine

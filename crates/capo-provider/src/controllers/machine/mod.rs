@@ -414,10 +414,23 @@ async fn release(pass: &Pass<'_>, status: &mut InstanceStatus) -> Result<bool, M
     status.initialization = Some(Initialization {
         provisioned: Some(true),
     });
-    let provider_id = format!("openstack:///{instance}");
-    if pass.osm.spec.provider_id.as_deref() == Some(provider_id.as_str()) {
+    // Set once (the CRD refuses a change): one already there, CAPO's included, stays.
+    if pass
+        .osm
+        .spec
+        .provider_id
+        .as_deref()
+        .is_some_and(|id| !id.is_empty())
+    {
         return Ok(false);
     }
+    let region = pass
+        .osm
+        .spec
+        .identity_ref
+        .as_ref()
+        .and_then(|i| i.region.as_deref());
+    let provider_id = plan::provider_id(region, &instance);
     let api: Api<OpenStackMachine> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
     let patch = Patch::Merge(json!({ "spec": { "providerID": provider_id } }));
     api.patch(&pass.name, &PatchParams::default(), &patch)

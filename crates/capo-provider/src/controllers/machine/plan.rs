@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use capo_api::OpenStackMachineSpec;
 use capo_api::cluster::OpenStackClusterStatus;
-use capo_api::common::{IdOrFilter, PortOpts};
+use capo_api::common::{FixedIp, IdOrFilter, PortOpts};
 use capo_api::conditions::{Desired, Status, reasons, types};
 use capo_api::server::LocalObjectReference;
 use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
@@ -26,49 +26,68 @@ pub struct Placement<'a> {
     pub user_data: Option<String>,
 }
 
-/// An OpenStackServer spec from a machine spec, as CAPO builds it: ports without a network
-/// go on the cluster network (one such port when none are given), the role's managed
-/// security group is added, tags are the machine's and the cluster's, the credentials are
-/// the machine's or else the cluster's.
+/// An OpenStackServer spec from a machine spec, exactly as CAPO builds it
+/// (`openStackMachineSpecToOpenStackServerSpec`), so that the OpenStackServers of a cluster
+/// CAPO built compare equal and are kept: one port when none are given; a port without a
+/// network goes on the cluster network with a fixed IP in each of the cluster's `subnets`;
+/// each port with port security gets the role's managed group unless it names groups, then
+/// the machine's groups; tags are the machine's then the cluster's, first seen kept, in
+/// order; the credentials are the machine's or else the cluster's.
 pub fn server_spec(
     machine: &OpenStackMachineSpec,
     placement: &Placement<'_>,
 ) -> OpenStackServerSpec {
     let network = placement.status.network.as_ref().map(|n| n.id.clone());
+    let subnets: Vec<FixedIp> = placement
+        .cluster
+        .subnets
+        .iter()
+        .map(|subnet| FixedIp {
+            subnet: Some(subnet.clone()),
+            ip_address: None,
+        })
+        .collect();
     let mut ports = machine.ports.clone();
     if ports.is_empty() {
         ports.push(PortOpts::default());
     }
     for port in &mut ports {
-        if port.network.is_none() {
-            port.network = network.clone().map(|id| IdOrFilter {
-                id: Some(id),
+        if port.network.is_none()
+            && let Some(id) = &network
+        {
+            port.network = Some(IdOrFilter {
+                id: Some(id.clone()),
                 filter: None,
             });
+            port.fixed_ips = subnets.clone();
+        }
+        let security_off = port.enable_port_security == Some(false);
+        if !security_off
+            && port.security_groups.is_empty()
+            && let Some(group) = &placement.role_security_group
+        {
+            port.security_groups = vec![IdOrFilter {
+                id: Some(group.clone()),
+                filter: None,
+            }];
+        }
+        port.security_groups
+            .extend(machine.security_groups.iter().cloned());
+    }
+    let mut tags: Vec<String> = Vec::new();
+    for tag in machine.tags.iter().chain(&placement.cluster.tags) {
+        if !tags.contains(tag) {
+            tags.push(tag.clone());
         }
     }
-    let mut security_groups = machine.security_groups.clone();
-    if let Some(group) = &placement.role_security_group {
-        let own = IdOrFilter {
-            id: Some(group.clone()),
-            filter: None,
-        };
-        if !security_groups.contains(&own) {
-            security_groups.push(own);
-        }
-    }
-    let mut tags = machine.tags.clone();
-    tags.extend(placement.cluster.tags.iter().cloned());
-    tags.sort();
-    tags.dedup();
     OpenStackServerSpec {
         flavor: machine.flavor.filter.as_ref().and_then(|f| f.name.clone()),
         flavor_id: machine.flavor.id.clone(),
         image: machine.image.clone(),
         ssh_key_name: machine.ssh_key_name.clone().unwrap_or_default(),
         ports,
-        security_groups,
-        trunk: machine.trunk,
+        security_groups: Vec::new(),
+        trunk: machine.trunk.filter(|t| *t),
         tags,
         server_metadata: machine.server_metadata.clone(),
         config_drive: machine.config_drive,
@@ -87,6 +106,12 @@ pub fn server_spec(
             .clone()
             .map(|name| LocalObjectReference { name: Some(name) }),
     }
+}
+
+/// A machine's `spec.providerID`, as CAPO writes it: `openstack://<region>/<server ID>`, the
+/// region of the machine's own credentials (none: `openstack:///<server ID>`).
+pub fn provider_id(region: Option<&str>, instance: &str) -> String {
+    format!("openstack://{}/{instance}", region.unwrap_or_default())
 }
 
 /// The managed security group of a machine's role, if the cluster manages them.
@@ -391,6 +416,15 @@ pub const CREATE_UNSEEN_FOR: Duration = Duration::from_secs(60);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_ids_read_as_capo_writes_them() {
+        assert_eq!(provider_id(None, "abc"), "openstack:///abc");
+        assert_eq!(
+            provider_id(Some("RegionTwo"), "abc"),
+            "openstack://RegionTwo/abc"
+        );
+    }
 
     fn view(port: u16, verdict: MemberVerdict) -> MemberView {
         MemberView {

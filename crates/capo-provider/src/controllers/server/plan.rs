@@ -58,12 +58,13 @@ pub fn port_names(server: &str, spec: &OpenStackServerSpec) -> Vec<String> {
         .collect()
 }
 
-/// The description of what we create, unless the spec gives one.
+/// The description of what we create, unless the spec gives one: CAPO's, so that ports
+/// read the same whichever provider made them.
 pub fn default_description(cluster: Option<&str>) -> String {
-    match cluster {
-        Some(cluster) => format!("Created by capo-rs for cluster {cluster}"),
-        None => "Created by capo-rs".to_owned(),
-    }
+    format!(
+        "Created by cluster-api-provider-openstack cluster {}",
+        cluster.unwrap_or_default()
+    )
 }
 
 /// What a port resolved to, once its network, subnets and security groups are UUIDs.
@@ -660,7 +661,7 @@ mod tests {
         assert_eq!(port.trunk, Some(false), "inherited from the server");
         assert_eq!(
             port.description.as_deref(),
-            Some("Created by capo-rs for cluster c1")
+            Some("Created by cluster-api-provider-openstack cluster c1")
         );
         let request = port_request(&port);
         assert_eq!(request.security_groups, Some(vec!["sg".to_owned()]));
