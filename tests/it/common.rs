@@ -96,20 +96,23 @@ fn plausible(var: &str) -> String {
     value.to_owned()
 }
 
+/// The `.yaml` files of a directory, in name order.
+pub fn yaml_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// Every document of ours in CAPO's sample templates, with the file it came from.
 pub fn sample_documents() -> Option<Vec<(String, Value)>> {
     let dir = capo_reference_dir()?.join("templates");
     let mut docs = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("templates dir")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    for path in files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-    {
+    for path in &yaml_files(&dir) {
         let text = substitute(&std::fs::read_to_string(path).expect("readable template"));
         for doc in yaml_documents(&text) {
             let kind = doc["kind"].as_str().unwrap_or_default();

@@ -582,13 +582,7 @@ async fn every_capo_v1beta1_template_converts() {
     };
     let world = WebhookWorld::start(None).await;
     let mut checked = 0;
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("templates")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    for path in files {
+    for path in crate::common::yaml_files(&dir) {
         let text = crate::common::substitute(&std::fs::read_to_string(&path).expect("template"));
         for doc in crate::common::yaml_documents(&text) {
             let kind = doc["kind"].as_str().unwrap_or_default().to_owned();

@@ -228,30 +228,6 @@ impl E2e {
         self._kube = kube;
     }
 
-    /// OpenStack requests the manager made that change something (not a GET or a list),
-    /// by request, since it started.
-    fn writes(&self) -> BTreeMap<String, u64> {
-        let mut writes = BTreeMap::new();
-        for family in self.registry.gather() {
-            if family.name() != "capo_openstack_api_requests_total" {
-                continue;
-            }
-            for metric in family.get_metric() {
-                let request = metric
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == "request")
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default();
-                let count = metric.get_counter().get_value() as u64;
-                if !is_read(&request) && count > 0 {
-                    *writes.entry(request).or_default() += count;
-                }
-            }
-        }
-        writes
-    }
-
     fn clusters(&self) -> Api<OpenStackCluster> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
@@ -264,9 +240,9 @@ impl E2e {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
-    /// OpenStack requests the manager made, by service, since it started.
-    fn requests(&self) -> BTreeMap<&'static str, u64> {
-        let mut by_service = BTreeMap::new();
+    /// OpenStack requests the manager made, by `request` label, since it started.
+    fn request_counts(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
         for family in self.registry.gather() {
             if family.name() != "capo_openstack_api_requests_total" {
                 continue;
@@ -278,11 +254,28 @@ impl E2e {
                     .find(|l| l.name() == "request")
                     .map(|l| l.value().to_owned())
                     .unwrap_or_default();
-                *by_service.entry(service_of(&request)).or_default() +=
-                    metric.get_counter().get_value() as u64;
+                *counts.entry(request).or_default() += metric.get_counter().get_value() as u64;
             }
         }
+        counts
+    }
+
+    /// OpenStack requests the manager made, by service, since it started.
+    fn requests(&self) -> BTreeMap<&'static str, u64> {
+        let mut by_service = BTreeMap::new();
+        for (request, count) in self.request_counts() {
+            *by_service.entry(service_of(&request)).or_default() += count;
+        }
         by_service
+    }
+
+    /// OpenStack requests the manager made that change something (not a GET or a list),
+    /// by request, since it started.
+    fn writes(&self) -> BTreeMap<String, u64> {
+        self.request_counts()
+            .into_iter()
+            .filter(|(request, count)| !is_read(request) && *count > 0)
+            .collect()
     }
 }
 
@@ -545,6 +538,30 @@ fn watch_gate(
     (seen, task)
 }
 
+/// Stops the gate watcher and checks what it saw: no machine released before its member was
+/// ACTIVE, and always an ACTIVE member in the API pool.
+async fn gate_held(
+    stop: CancellationToken,
+    watcher: JoinHandle<()>,
+    seen: Arc<Mutex<Seen>>,
+) -> Seen {
+    stop.cancel();
+    watcher.await.expect("watcher");
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    assert!(seen.samples > 5, "the watcher sampled throughout");
+    assert_eq!(
+        seen.released_early,
+        Vec::<String>::new(),
+        "no machine released before its member was ACTIVE"
+    );
+    assert!(
+        seen.min_active.is_some_and(|min| min >= 1),
+        "the API pool always had an ACTIVE member: {:?}",
+        seen.min_active
+    );
+    seen
+}
+
 /// A cluster name of its own for each run: a run that failed leaves its objects behind, and a
 /// cluster of the same name would adopt them.
 fn unique_cluster_name(prefix: &str) -> String {
@@ -801,20 +818,7 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
         "every control-plane machine replaced"
     );
     assert_machines_built(e2e, &lb).await;
-    stop.cancel();
-    watcher.await.expect("watcher");
-    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
-    assert!(seen.samples > 5, "the watcher sampled throughout");
-    assert_eq!(
-        seen.released_early,
-        Vec::<String>::new(),
-        "no machine released before its member was ACTIVE"
-    );
-    assert!(
-        seen.min_active.is_some_and(|min| min >= 1),
-        "the API pool always had an ACTIVE member: {:?}",
-        seen.min_active
-    );
+    let seen = gate_held(stop, watcher, seen).await;
 
     let deleting = Instant::now();
     delete_cluster(e2e, Some(&actor), &name).await;
@@ -1577,19 +1581,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
         3,
         "every control-plane machine replaced"
     );
-    stop.cancel();
-    watcher.await.expect("watcher");
-    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
-    assert_eq!(
-        seen.released_early,
-        Vec::<String>::new(),
-        "no machine released before its member was ACTIVE"
-    );
-    assert!(
-        seen.min_active.is_some_and(|min| min >= 1),
-        "the API pool always had an ACTIVE member: {:?}",
-        seen.min_active
-    );
+    gate_held(stop, watcher, seen).await;
     delete_cluster_as(e2e, Some(&actor), &name, &infra).await;
     actor.stop().await;
     for (kind, _) in templates(e2e, &name) {

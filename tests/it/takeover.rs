@@ -25,13 +25,7 @@ pub fn capo_crds() -> Vec<Value> {
         "capo/v0.14.7/crds",
         "CAPO 0.14's CRD files (ours cut down to v1beta1 stand in)",
     ) {
-        let mut files: Vec<_> = std::fs::read_dir(&dir)
-            .expect("CRDs")
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        files.sort();
-        return files
+        return crate::common::yaml_files(&dir)
             .iter()
             .flat_map(|f| {
                 crate::common::yaml_documents(&std::fs::read_to_string(f).expect("CRD file"))

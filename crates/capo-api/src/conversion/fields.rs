@@ -37,11 +37,9 @@ const fn flipped(
     doc: &'static str,
 ) -> Field {
     Field {
-        at,
-        spoke,
-        hub,
         flip: true,
         doc,
+        ..moved(at, spoke, hub)
     }
 }
 
