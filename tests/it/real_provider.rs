@@ -1497,6 +1497,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     }
     let settled_in = started.elapsed();
     let writes = e2e.writes();
+    let takeover_requests = e2e.requests();
     assert_eq!(
         writes,
         BTreeMap::new(),
@@ -1596,10 +1597,11 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     }
     assert_nothing_left(e2e, &before).await;
     eprintln!(
-        "FIGURES takeover {}: storage migrated in {:.1} s, settled in {:.1} s; OpenStack writes {}; webhook conversions {}",
+        "FIGURES takeover {}: storage migrated in {:.1} s, settled in {:.1} s; OpenStack requests {}, of which writes {}; webhook conversions {}",
         e2e.label,
         migrated_in.as_secs_f64(),
         settled_in.as_secs_f64(),
+        spent(&BTreeMap::new(), &takeover_requests),
         writes.values().sum::<u64>(),
         e2e._kube.converter().calls(),
     );
