@@ -8,8 +8,8 @@ use crate::common;
 use std::collections::BTreeMap;
 
 use capo_api::{
-    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
-    OpenStackMachineTemplate, OpenStackServer,
+    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackFloatingIPPool,
+    OpenStackMachine, OpenStackMachineTemplate, OpenStackServer,
 };
 use capo_sim::structural::{apply_defaults, prune, validate};
 use common::{KINDS, capo_reference_dir, our_crd, our_schema, sample_documents, yaml_documents};
@@ -40,6 +40,7 @@ fn round_trip(kind: &str, doc: &Value) -> Result<Value, String> {
         "OpenStackMachineTemplate" => strict_round_trip::<OpenStackMachineTemplate>(doc),
         "OpenStackServer" => strict_round_trip::<OpenStackServer>(doc),
         "OpenStackClusterIdentity" => strict_round_trip::<OpenStackClusterIdentity>(doc),
+        "OpenStackFloatingIPPool" => strict_round_trip::<OpenStackFloatingIPPool>(doc),
         other => Err(format!("not our kind: {other}")),
     }
 }

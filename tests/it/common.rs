@@ -60,13 +60,14 @@ pub fn yaml_documents(text: &str) -> Vec<Value> {
 }
 
 /// Our kinds with the API version their sample documents must use.
-pub const KINDS: [(&str, &str); 6] = [
+pub const KINDS: [(&str, &str); 7] = [
     ("OpenStackCluster", "v1beta2"),
     ("OpenStackClusterTemplate", "v1beta2"),
     ("OpenStackMachine", "v1beta2"),
     ("OpenStackMachineTemplate", "v1beta2"),
     ("OpenStackServer", "v1alpha1"),
     ("OpenStackClusterIdentity", "v1alpha1"),
+    ("OpenStackFloatingIPPool", "v1alpha1"),
 ];
 
 /// Replaces `${VAR}` and `${VAR:=default}` with the default or a plausible value.

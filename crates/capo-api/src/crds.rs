@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use super::cel_cost;
 use super::conversion;
 use super::{
-    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackMachine,
-    OpenStackMachineTemplate, OpenStackServer,
+    OpenStackCluster, OpenStackClusterIdentity, OpenStackClusterTemplate, OpenStackFloatingIPPool,
+    OpenStackMachine, OpenStackMachineTemplate, OpenStackServer,
 };
 
 /// Errors writing CRD files.
@@ -62,6 +62,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ),
         finish(OpenStackServer::crd(), &[server_rules], None),
         finish(OpenStackClusterIdentity::crd(), &[], None),
+        finish(OpenStackFloatingIPPool::crd(), &[], None),
     ]
 }
 
@@ -516,6 +517,6 @@ mod tests {
         assert!(
             names.contains(&"infrastructure.cluster.x-k8s.io_openstackclusters.yaml".to_owned())
         );
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 7);
     }
 }

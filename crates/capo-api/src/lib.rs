@@ -8,6 +8,7 @@ pub mod common;
 pub mod conditions;
 pub mod conversion;
 pub mod crds;
+pub mod floating_ip_pool;
 pub mod identity;
 pub mod machine;
 pub mod schema;
@@ -16,6 +17,7 @@ pub mod server;
 pub use cluster::{
     OpenStackCluster, OpenStackClusterSpec, OpenStackClusterStatus, OpenStackClusterTemplate,
 };
+pub use floating_ip_pool::OpenStackFloatingIPPool;
 pub use identity::OpenStackClusterIdentity;
 pub use machine::{
     OpenStackMachine, OpenStackMachineSpec, OpenStackMachineStatus, OpenStackMachineTemplate,

@@ -39,6 +39,11 @@ pub fn port_number(_: &mut SchemaGenerator) -> Schema {
     json_schema!({"type": "integer", "minimum": 0, "maximum": 65535})
 }
 
+/// An integer as Go's `int` declares it: no format, no bounds.
+pub fn plain_integer(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "integer"})
+}
+
 /// A map of resource quantities (`resource.Quantity` values), e.g. template capacity.
 pub fn quantity_map(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
