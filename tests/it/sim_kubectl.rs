@@ -110,7 +110,11 @@ async fn kubectl_installs_our_crds_and_applies_capo_samples() {
     };
     let crd_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
     let applied = h.ok(&["apply", "-f", crd_dir]).await;
-    assert_eq!(applied.matches(" created").count(), 6, "{applied}");
+    assert_eq!(
+        applied.matches(" created").count(),
+        capo_api::crds::all().len(),
+        "{applied}"
+    );
     let resources = h
         .ok(&[
             "api-resources",
@@ -130,7 +134,11 @@ async fn kubectl_installs_our_crds_and_applies_capo_samples() {
         assert!(resources.contains(plural), "{plural} in {resources}");
     }
     let again = h.ok(&["apply", "-f", crd_dir]).await;
-    assert_eq!(again.matches(" unchanged").count(), 6, "{again}");
+    assert_eq!(
+        again.matches(" unchanged").count(),
+        capo_api::crds::all().len(),
+        "{again}"
+    );
 
     let Some(samples) = common::sample_documents() else {
         return;
