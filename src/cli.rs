@@ -353,7 +353,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
             let (_, task) = manager::webhook::serve(
                 config,
                 metrics,
-                manager::webhook::Validators::default(),
+                manager::webhook::capo_rules::capo_validators(),
                 admin_stop.clone(),
             )
             .await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use capo_api::conversion::{DATA_ANNOTATION, HUB, SPOKE};
 use capo_provider::manager::migration::{self, MigrationMetrics};
-use capo_provider::manager::webhook::{self, Validators, WebhookConfig, WebhookMetrics};
+use capo_provider::manager::webhook::{self, WebhookConfig, WebhookMetrics};
 use capo_sim::certs::WebhookCerts;
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use futures::StreamExt;
@@ -69,7 +69,7 @@ impl ServedWebhook {
                 reload_every: Duration::from_millis(20),
             },
             WebhookMetrics::register(&registry).expect("metrics"),
-            Validators::default(),
+            webhook::capo_rules::capo_validators(),
             stop.clone(),
         )
         .await

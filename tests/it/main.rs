@@ -10,6 +10,7 @@ mod cloud;
 mod cluster_controller;
 mod common;
 mod controllers;
+mod admission;
 mod conversion;
 mod crds;
 mod demo;

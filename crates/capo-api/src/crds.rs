@@ -9,6 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
+use super::admission::{self, add_rule, unchanged_except};
 use super::cel_cost;
 use super::conversion;
 use super::{
@@ -42,25 +43,25 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         finish(
             OpenStackCluster::crd(),
-            &[cluster_rules],
+            &[admission::cluster_rules],
             Some(&[spoke_cluster_rules]),
         ),
         finish(
             OpenStackClusterTemplate::crd(),
-            &[],
-            Some(&[spoke_cluster_template_rules]),
+            &[admission::cluster_template_rules],
+            Some(&[spoke_cluster_template_rules, admission::cluster_template_rules]),
         ),
         finish(
             OpenStackMachine::crd(),
-            &[machine_rules],
-            Some(&[machine_rules, spoke_machine_rules]),
+            &[admission::machine_rules],
+            Some(&[admission::machine_rules, spoke_machine_rules]),
         ),
         finish(
             OpenStackMachineTemplate::crd(),
-            &[],
-            Some(&[spoke_machine_template_rules]),
+            &[admission::machine_template_rules],
+            Some(&[spoke_machine_template_rules, admission::machine_template_rules]),
         ),
-        finish(OpenStackServer::crd(), &[server_rules], None),
+        finish(OpenStackServer::crd(), &[], None),
         finish(OpenStackClusterIdentity::crd(), &[], None),
         finish(OpenStackFloatingIPPool::crd(), &[], None),
     ]
@@ -421,95 +422,9 @@ fn add_type_meta(schema: &mut Value) {
     properties["metadata"] = json!({"type": "object"});
 }
 
-fn add_rule(node: &mut Value, rule: String, message: &str) {
-    let rules = node
-        .as_object_mut()
-        .expect("schema nodes are objects")
-        .entry("x-kubernetes-validations")
-        .or_insert(json!([]));
-    rules
-        .as_array_mut()
-        .expect("validations are a list")
-        .push(json!({"rule": rule, "message": message}));
-}
-
-/// A CEL expression that holds when property `f` is unchanged: present in both with the same
-/// value, or absent in both.
-fn unchanged(f: &str) -> String {
-    format!("(has(self.{f}) ? has(oldSelf.{f}) && self.{f} == oldSelf.{f} : !has(oldSelf.{f}))")
-}
-
-/// A CEL expression that holds when every property of `node` except `mutable` is unchanged.
-/// Generated from the schema so that new fields are immutable by default.
-fn unchanged_except(node: &Value, mutable: &[&str]) -> String {
-    let fields = node["properties"]
-        .as_object()
-        .expect("an object schema with properties");
-    fields
-        .keys()
-        .filter(|k| !mutable.contains(&k.as_str()))
-        .map(|k| unchanged(k))
-        .collect::<Vec<_>>()
-        .join(" && ")
-}
-
-/// OpenStackMachine: the spec is immutable, except `identityRef` (its region has its own
-/// rule) and `providerID`, which the controller sets once when the machine may serve.
-fn machine_rules(schema: &mut Value) {
-    let spec = &mut schema["properties"]["spec"];
-    let rule = unchanged_except(spec, &["identityRef", "providerID"]);
-    add_rule(
-        spec,
-        rule,
-        "spec is immutable (except identityRef); replace the machine instead",
-    );
-    add_rule(
-        spec,
-        "!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)".into(),
-        "providerID can be set once and never changed",
-    );
-}
-
-/// OpenStackServer: the whole spec is immutable.
-fn server_rules(schema: &mut Value) {
-    add_rule(
-        &mut schema["properties"]["spec"],
-        "self == oldSelf".into(),
-        "spec is immutable; replace the server instead",
-    );
-}
-
-/// OpenStackCluster: the API load balancer cannot be added, removed or changed, except its
-/// allowed CIDRs and health monitor.
-fn cluster_rules(schema: &mut Value) {
-    let spec = &mut schema["properties"]["spec"];
-    let has_lb =
-        |s: &str| format!("(has({s}.apiServer) && has({s}.apiServer.managedLoadBalancer))");
-    add_rule(
-        spec,
-        format!("{} == {}", has_lb("self"), has_lb("oldSelf")),
-        "apiServer.managedLoadBalancer cannot be added or removed",
-    );
-    let lb = &mut spec["properties"]["apiServer"]["properties"]["managedLoadBalancer"];
-    let rule = unchanged_except(lb, &["allowedCIDRs", "monitor"]);
-    add_rule(
-        lb,
-        rule,
-        "apiServer.managedLoadBalancer is immutable except allowedCIDRs and monitor",
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unchanged_except_lists_every_other_field() {
-        let node = json!({"properties": {"a": {}, "b": {}, "c": {}}});
-        let rule = unchanged_except(&node, &["b"]);
-        assert!(rule.contains("self.a == oldSelf.a") && rule.contains("self.c == oldSelf.c"));
-        assert!(!rule.contains("self.b"));
-    }
 
     #[test]
     fn file_names_follow_the_group_plural_convention() {

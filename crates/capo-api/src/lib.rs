@@ -1,6 +1,7 @@
 //! The Kubernetes API of capo-rs: CRD types compatible with CAPO's v1beta2 API, the
 //! condition vocabulary, and the generated CRDs.
 
+pub mod admission;
 pub mod capi;
 pub mod cel_cost;
 pub mod cluster;

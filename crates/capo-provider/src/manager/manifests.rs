@@ -437,6 +437,46 @@ fn webhook_service() -> Value {
     })
 }
 
+/// The validating webhooks: CAPO's admission rules that the CRDs' CEL rules do not cover
+/// (see `capo_api::admission`). Registered for the stored version with `matchPolicy:
+/// Equivalent`, so that the API server sends v1beta1 requests too, converted. `Fail`: an
+/// edit is never admitted unchecked.
+fn validating_webhooks() -> Value {
+    let webhooks: Vec<Value> = capo_api::crds::all()
+        .iter()
+        .filter(|crd| capo_api::admission::VALIDATED.contains(&crd.spec.names.plural.as_str()))
+        .map(|crd| {
+            let plural = &crd.spec.names.plural;
+            let kind = crd.spec.names.kind.to_lowercase();
+            let stored: Vec<&str> = crd
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.storage)
+                .map(|v| v.name.as_str())
+                .collect();
+            json!({
+                "name": format!("validation.{kind}.{INFRASTRUCTURE}"),
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"service": {"namespace": NAMESPACE, "name": WEBHOOK_SERVICE,
+                    "path": format!("/validate/{plural}"), "port": 443}},
+                "failurePolicy": "Fail",
+                "matchPolicy": "Equivalent",
+                "sideEffects": "None",
+                "rules": [{"apiGroups": [INFRASTRUCTURE], "apiVersions": stored,
+                    "operations": ["CREATE", "UPDATE"], "resources": [plural]}],
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "capo-rs-validating-webhook-configuration", "labels": labels(),
+            "annotations": {"cert-manager.io/inject-ca-from": format!("{NAMESPACE}/{CERTIFICATE}")}},
+        "webhooks": webhooks,
+    })
+}
+
 /// A drain evicts one replica at a time: the conversion webhook keeps an answering pod.
 fn disruption_budget() -> Value {
     json!({
@@ -492,6 +532,7 @@ pub fn objects(flavor: Flavor) -> Vec<Value> {
     all.push(deployment(flavor));
     all.push(metrics_service());
     all.push(webhook_service());
+    all.push(validating_webhooks());
     all.push(disruption_budget());
     all
 }
@@ -517,7 +558,7 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
     let kustomization = format!(
         "{GENERATED}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n\
          - namespace.yaml\n- ../crds\n- rbac.yaml\n- certificate.yaml\n- manager.yaml\n\
-         - service.yaml\n- webhook-service.yaml\n- pdb.yaml\n\
+         - service.yaml\n- webhook-service.yaml\n- validating-webhook.yaml\n- pdb.yaml\n\
          # certificate.yaml holds cert-manager objects: install cert-manager first.\n\
          # Prometheus Operator users: add `components: [servicemonitor]` in an overlay.\n"
     );
@@ -541,6 +582,10 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
         (
             "webhook-service.yaml".into(),
             generated(&[webhook_service()]),
+        ),
+        (
+            "validating-webhook.yaml".into(),
+            generated(&[validating_webhooks()]),
         ),
         ("pdb.yaml".into(), generated(&[disruption_budget()])),
         ("servicemonitor/kustomization.yaml".into(), component),

@@ -96,6 +96,22 @@ fn webhook(webhook: &Value, causes: &mut Vec<Cause>) -> Strategy {
             "Invalid value: must include at least one of v1, v1beta1 (the simulator speaks v1 only)".into(),
         ));
     }
+    match client_config(config, "spec.conversion.webhook.clientConfig", causes) {
+        Some((endpoint, ca_bundle)) => Strategy::Webhook {
+            endpoint,
+            ca_bundle,
+        },
+        None => Strategy::None,
+    }
+}
+
+/// A webhook's `clientConfig` (at field path `at`): where it is and the CA it is trusted
+/// with (PEM); `None`, with the cause, when the real server would refuse it.
+pub fn client_config(
+    config: &Value,
+    at: &str,
+    causes: &mut Vec<Cause>,
+) -> Option<(Endpoint, Option<String>)> {
     let endpoint = match (config["url"].as_str(), config["service"].as_object()) {
         (Some(url), None) => Endpoint::Url(url.to_owned()),
         (None, Some(service)) => Endpoint::Service {
@@ -123,10 +139,10 @@ fn webhook(webhook: &Value, causes: &mut Vec<Cause>) -> Strategy {
         _ => {
             causes.push(cause(
                 "FieldValueRequired",
-                "spec.conversion.webhook.clientConfig",
+                at,
                 "Required value: exactly one of url or service is required".into(),
             ));
-            return Strategy::None;
+            return None;
         }
     };
     let ca_bundle = config["caBundle"].as_str().filter(|b| !b.trim().is_empty());
@@ -137,16 +153,13 @@ fn webhook(webhook: &Value, causes: &mut Vec<Cause>) -> Strategy {
             Some(Err(_)) => {
                 causes.push(cause(
                     "FieldValueInvalid",
-                    "spec.conversion.webhook.clientConfig.caBundle",
+                    &format!("{at}.caBundle"),
                     "Invalid value: not base64".into(),
                 ));
                 None
             }
         };
-    Strategy::Webhook {
-        endpoint,
-        ca_bundle,
-    }
+    Some((endpoint, ca_bundle))
 }
 
 /// Calls conversion webhooks for the API server.
@@ -202,9 +215,6 @@ impl Converter {
         let failed = |why: String| {
             ApiError::conversion_failed(format!("conversion webhook for {gvk} failed: {why}"))
         };
-        let (url, client) = self
-            .client(endpoint, ca_bundle.as_deref())
-            .map_err(failed)?;
         *lock(&self.calls) += 1;
         let uid = uuid::Uuid::new_v4().to_string();
         let review = json!({
@@ -212,28 +222,38 @@ impl Converter {
             "request": {"uid": uid, "desiredAPIVersion": desired, "objects": [object]},
             "response": {},
         });
-        let answer: Value = async {
-            let response = client
-                .post(format!("{url}?timeout=30s"))
-                .json(&review)
-                .send()
-                .await
-                .map_err(|e| format!("Post \"{url}?timeout=30s\": {}", error_chain(&e)))?;
-            if !response.status().is_success() {
-                return Err(format!(
-                    "the server responded with status {}",
-                    response.status().as_u16()
-                ));
-            }
-            response.json::<Value>().await.map_err(|e| error_chain(&e))
-        }
-        .await
-        .map_err(failed)?;
+        let answer = self
+            .post(endpoint, ca_bundle.as_deref(), &review)
+            .await
+            .map_err(failed)?;
         let converted = check_answer(&answer, &uid).map_err(failed)?;
         let converted = check_object(object, converted, &desired, &def.kind).map_err(|why| {
             ApiError::conversion_failed(format!("conversion webhook for {gvk} {why}"))
         })?;
         Ok(converted)
+    }
+
+    /// POSTs `body` to a webhook, as the API server does (30 s timeout); its JSON answer.
+    pub async fn post(
+        &self,
+        endpoint: &Endpoint,
+        ca_bundle: Option<&str>,
+        body: &Value,
+    ) -> Result<Value, String> {
+        let (url, client) = self.client(endpoint, ca_bundle)?;
+        let response = client
+            .post(format!("{url}?timeout=30s"))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| format!("Post \"{url}?timeout=30s\": {}", error_chain(&e)))?;
+        if !response.status().is_success() {
+            return Err(format!(
+                "the server responded with status {}",
+                response.status().as_u16()
+            ));
+        }
+        response.json::<Value>().await.map_err(|e| error_chain(&e))
     }
 
     fn client(

@@ -5,6 +5,7 @@
 //! What it does and what it leaves out is listed in the README (section "Simulated
 //! Kubernetes API").
 
+pub mod admission;
 pub mod conversion;
 pub mod errors;
 pub mod managed;

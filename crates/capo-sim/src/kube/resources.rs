@@ -228,6 +228,14 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
             "rolebindings",
             true,
         ),
+        // Read by the simulated API server: it calls the webhooks they name.
+        ResourceDef::builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+            false,
+        ),
         ResourceDef::builtin(
             APIEXTENSIONS,
             "v1",

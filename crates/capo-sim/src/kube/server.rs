@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{self, Write};
 use super::errors::ApiError;
 use super::output::{self, Output};
 use super::patch::Patch;
@@ -121,6 +122,14 @@ pub fn authorization_attributes(
 }
 
 impl Shared {
+    /// What admission needs of the server.
+    pub fn admission(&self) -> admission::Server<'_> {
+        admission::Server {
+            store: &self.store,
+            converter: &self.converter,
+        }
+    }
+
     /// The store, even if a panicking request poisoned the lock (every write is applied
     /// whole or not at all, so the data stays consistent).
     pub fn store(&self) -> MutexGuard<'_, Store> {
@@ -510,7 +519,16 @@ async fn resource_request(
         (Method::POST, None) => {
             let output = negotiate()?;
             let opts = request.write_options()?;
-            let (stored_as, body) = to_storage(shared, &target, request.json_body()?).await?;
+            let body = request.json_body()?;
+            let write = Write {
+                target: &target,
+                operation: "CREATE",
+                object: &body,
+                old: None,
+                dry_run: opts.dry_run,
+            };
+            admission::admit(shared.admission(), &write).await?;
+            let (stored_as, body) = to_storage(shared, &target, body).await?;
             let written = shared.store().create(&stored_as, body, &opts)?;
             let written = written_in(shared, &target, written).await?;
             Ok(written_response(&target, written, request, output))
@@ -519,7 +537,11 @@ async fn resource_request(
             let output = negotiate()?;
             let opts = request.write_options()?;
             reencode(shared, &target, name).await?;
-            let (stored_as, body) = to_storage(shared, &target, request.json_body()?).await?;
+            let body = request.json_body()?;
+            if !status {
+                admit_update(shared, &target, name, &body, opts.dry_run).await?;
+            }
+            let (stored_as, body) = to_storage(shared, &target, body).await?;
             let written = shared
                 .store()
                 .update(&stored_as, name, body, status, &opts)?;
@@ -676,7 +698,7 @@ async fn patch(
             "force=true is only allowed for server-side apply",
         ));
     }
-    if target.version == target.def.storage_version {
+    if target.version == target.def.storage_version && (status || !target.def.custom) {
         let mut store = shared.store();
         let current = store.get(target, name)?;
         let presented = present(&target.def, &target.version, &current);
@@ -698,6 +720,16 @@ async fn patch(
             &in_version(shared, target, &current).await?,
         );
         let patched = patch.apply_to(&presented)?;
+        if !status {
+            let write = Write {
+                target,
+                operation: "UPDATE",
+                object: &patched,
+                old: Some(&presented),
+                dry_run: opts.dry_run,
+            };
+            admission::admit(shared.admission(), &write).await?;
+        }
         let (stored_as, body) = to_storage(shared, target, patched).await?;
         let updated = shared.store().update(&stored_as, name, body, status, &opts);
         match updated {
@@ -711,6 +743,29 @@ async fn patch(
             }
         }
     }
+}
+
+/// Admits a PUT of `body` over the stored object (a PUT of a missing one fails later, as
+/// the real server's does for custom resources).
+async fn admit_update(
+    shared: &Arc<Shared>,
+    target: &Target,
+    name: &str,
+    body: &Value,
+    dry_run: bool,
+) -> Result<(), ApiError> {
+    let Ok(stored) = shared.store().get(target, name) else {
+        return Ok(());
+    };
+    let old = present(&target.def, &target.version, &in_version(shared, target, &stored).await?);
+    let write = Write {
+        target,
+        operation: "UPDATE",
+        object: body,
+        old: Some(&old),
+        dry_run,
+    };
+    admission::admit(shared.admission(), &write).await
 }
 
 /// A stored object as a client of `target.version` sees it (before defaults).

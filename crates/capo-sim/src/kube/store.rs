@@ -590,6 +590,68 @@ impl Store {
         }
     }
 
+    /// Every stored object of a resource, in every namespace.
+    pub fn all_of(&self, group: &str, plural: &str) -> Vec<Arc<Value>> {
+        self.objects
+            .iter()
+            .filter(|((key, _, _), _)| key.group == group && key.plural == plural)
+            .map(|(_, object)| object.clone())
+            .collect()
+    }
+
+    /// Checks an object against the schema and CEL rules of the version it was sent in, with
+    /// the old object (in that version) for transition rules: the API server validates a
+    /// request in its own version, before it converts it for storage.
+    pub fn check_in_version(
+        &self,
+        target: &Target,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let causes = self.validation_causes(target, object, old);
+        if causes.is_empty() {
+            return Ok(());
+        }
+        let name = meta_str(object, "name").unwrap_or_default();
+        Err(ApiError::invalid(
+            &target.def.key.group,
+            &target.def.kind,
+            name,
+            causes,
+        ))
+    }
+
+    /// What the schema and then the CEL rules of `target.version` find wrong (CEL only when
+    /// the schema finds nothing, as the API server skips rules on an invalid object).
+    fn validation_causes(&self, target: &Target, object: &Value, old: Option<&Value>) -> Vec<Cause> {
+        let mut causes = Vec::new();
+        let version = target.def.version(&target.version);
+        if let Some(schema) = version.and_then(|v| v.schema.as_ref()) {
+            for e in structural::validate(object, schema) {
+                let reason = if e.message == "Required value" {
+                    "FieldValueRequired"
+                } else {
+                    "FieldValueInvalid"
+                };
+                causes.push(cause(reason, &e.path, e.message));
+            }
+        }
+        if causes.is_empty()
+            && let Some(cel) = version.and_then(|v| v.cel.as_ref())
+            && let Err(errors) = self.validator.validate_compiled(cel, object, old)
+        {
+            for e in errors.into_vec() {
+                let field = e.field_path.trim_start_matches('.').to_owned();
+                causes.push(cause(
+                    "FieldValueInvalid",
+                    &field,
+                    format!("Invalid value: {}", e.message),
+                ));
+            }
+        }
+        causes
+    }
+
     /// Reads one object.
     pub fn get(&self, target: &Target, name: &str) -> Result<Arc<Value>, ApiError> {
         self.objects
@@ -865,28 +927,8 @@ impl Store {
                 _ => {}
             }
             structural::apply_defaults(object, schema);
-            for e in structural::validate(object, schema) {
-                let reason = if e.message == "Required value" {
-                    "FieldValueRequired"
-                } else {
-                    "FieldValueInvalid"
-                };
-                causes.push(cause(reason, &e.path, e.message));
-            }
         }
-        if causes.is_empty()
-            && let Some(cel) = version.and_then(|v| v.cel.as_ref())
-            && let Err(errors) = self.validator.validate_compiled(cel, object, old)
-        {
-            for e in errors.into_vec() {
-                let field = e.field_path.trim_start_matches('.').to_owned();
-                causes.push(cause(
-                    "FieldValueInvalid",
-                    &field,
-                    format!("Invalid value: {}", e.message),
-                ));
-            }
-        }
+        causes.extend(self.validation_causes(target, object, old));
         if causes.is_empty() {
             Ok(warnings)
         } else {

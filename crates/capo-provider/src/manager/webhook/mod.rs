@@ -7,6 +7,7 @@
 //! every such read fails. The certificate is read again whenever its files change.
 
 pub mod admission;
+pub mod capo_rules;
 pub mod tls;
 
 use std::net::SocketAddr;
