@@ -237,3 +237,41 @@ async fn every_case_of_capos_webhook_tests_gets_capos_verdict() {
     assert!(cases.len() >= 60, "every case is replayed: {}", cases.len());
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
 }
+
+/// The first finding, in v1beta1 (what CAPO 0.14's users send): a managed subnet's
+/// CIDR edit is refused, its DNS servers' edit admitted. v1beta1's schema does not restate
+/// the rule; the webhook applies the stored version's rules to the converted objects.
+#[tokio::test]
+async fn a_v1beta1_edit_is_admitted_by_the_same_rules_as_v1beta2() {
+    let world = admitting_world().await;
+    let spoke = world.api("OpenStackCluster", capo_api::conversion::SPOKE);
+    let sent = crate::conversion::spoke_cluster("edited");
+    let sent: DynamicObject = serde_json::from_value(sent).expect("a DynamicObject");
+    spoke
+        .create(&PostParams::default(), &sent)
+        .await
+        .expect("created in v1beta1");
+    let edit = |subnet: Value| {
+        let spoke = spoke.clone();
+        async move {
+            let mut current = spoke.get("edited").await.expect("reads back");
+            current.data["spec"]["managedSubnets"] = json!([subnet]);
+            spoke.replace("edited", &PostParams::default(), &current).await
+        }
+    };
+    let refused = edit(json!({"cidr": "10.7.0.0/24", "dnsNameservers": ["8.8.8.8"]}))
+        .await
+        .expect_err("a CIDR edit is refused");
+    let kube::Error::Api(status) = refused else {
+        panic!("an API error: {refused}")
+    };
+    assert!(
+        status.message.contains("admission webhook")
+            && status.message.contains("cannot change a subnet's CIDR"),
+        "{}",
+        status.message
+    );
+    edit(json!({"cidr": "10.6.0.0/24", "dnsNameservers": ["1.1.1.1"]}))
+        .await
+        .expect("a DNS servers' edit is admitted");
+}

@@ -185,7 +185,7 @@ fn spoke_machine(name: &str) -> Value {
     })
 }
 
-fn spoke_cluster(name: &str) -> Value {
+pub fn spoke_cluster(name: &str) -> Value {
     json!({
         "apiVersion": format!("{}/{SPOKE}", capo_api::GROUP), "kind": "OpenStackCluster",
         "metadata": {"name": name, "namespace": NS},

@@ -104,8 +104,9 @@ async fn the_manifests_render_with_kustomize_and_apply_to_the_api_server() {
     let components = with_defaults(&components);
     assert!(!components.contains("${"), "every variable has a default");
     let wanted = documents(&components);
-    // 7 CRDs; Namespace, 5 RBAC objects, Issuer, Certificate, Deployment, 2 Services, PDB.
-    assert_eq!(wanted.len(), 19, "{:?}", wanted.keys());
+    // 7 CRDs; Namespace, 5 RBAC objects, Issuer, Certificate, Deployment, 2 Services,
+    // ValidatingWebhookConfiguration, PDB.
+    assert_eq!(wanted.len(), 20, "{:?}", wanted.keys());
     for crd in wanted
         .values()
         .filter(|o| o["kind"] == "CustomResourceDefinition")
