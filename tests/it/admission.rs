@@ -44,7 +44,11 @@ async fn admitting_world() -> WebhookWorld {
             webhook["clientConfig"]["caBundle"] = json!(world.webhook.certs.ca_bundle());
         }
     }
-    assert_eq!(configurations.len(), 1, "deploy/ registers one configuration");
+    assert_eq!(
+        configurations.len(),
+        1,
+        "deploy/ registers one configuration"
+    );
     world
         .sim
         .install(&configurations)
@@ -83,9 +87,9 @@ fn is_uuid(text: &str) -> bool {
 }
 
 fn uuid_from(text: &str) -> String {
-    let hash = text
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
     format!("00000000-0000-4000-8000-{:012x}", hash & 0xffff_ffff_ffff)
 }
 
@@ -125,7 +129,11 @@ async fn our_verdict(api: &Api<DynamicObject>, case: &Case, name: &str) -> Resul
             dry_run: case.dry_run,
             ..PostParams::default()
         };
-        return api.create(&params, &as_dynamic(new)).await.map(drop).map_err(refused);
+        return api
+            .create(&params, &as_dynamic(new))
+            .await
+            .map(drop)
+            .map_err(refused);
     }
     let old = object_of(case, &case.old, name);
     api.create(&PostParams::default(), &as_dynamic(old))
@@ -230,7 +238,10 @@ async fn every_case_of_capos_webhook_tests_gets_capos_verdict() {
             case.case
         ));
         if ours != case.capo {
-            disagreements.push(format!("#{i} {}: CAPO {}, ours {ours}: {why}", case.case, case.capo));
+            disagreements.push(format!(
+                "#{i} {}: CAPO {}, ours {ours}: {why}",
+                case.case, case.capo
+            ));
         }
     }
     println!("{table}");
@@ -256,7 +267,9 @@ async fn a_v1beta1_edit_is_admitted_by_the_same_rules_as_v1beta2() {
         async move {
             let mut current = spoke.get("edited").await.expect("reads back");
             current.data["spec"]["managedSubnets"] = json!([subnet]);
-            spoke.replace("edited", &PostParams::default(), &current).await
+            spoke
+                .replace("edited", &PostParams::default(), &current)
+                .await
         }
     };
     let refused = edit(json!({"cidr": "10.7.0.0/24", "dnsNameservers": ["8.8.8.8"]}))

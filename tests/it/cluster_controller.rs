@@ -1038,3 +1038,59 @@ async fn additional_ports_fixed_and_floating_ips_are_as_the_spec_says() {
         "a floating IP the spec named is the user's: kept"
     );
 }
+
+/// An OpenStackCluster annotated `cluster.x-k8s.io/managed-by` is its manager's: capo-rs
+/// makes nothing for it and writes no status, while a cluster beside it is built; deleted, it
+/// goes without a cloud call.
+#[tokio::test]
+async fn an_externally_managed_cluster_is_left_to_its_manager() {
+    let world = World::start().await;
+    let capi: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": "theirs", "namespace": NAMESPACE},
+        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                        "kind": "OpenStackCluster", "name": "theirs"}}
+    }))
+    .unwrap();
+    capi.create(&PostParams::default(), &owner).await.unwrap();
+    let theirs: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": "theirs", "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": "theirs"},
+                     "annotations": {"cluster.x-k8s.io/managed-by": "someone-else"}},
+        "spec": cluster_spec(),
+    }))
+    .unwrap();
+    clusters(&world)
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    create_cluster(&world, "ours", cluster_spec()).await;
+    wait_cluster(&world, "ours", "settled", settled).await;
+    let theirs = clusters(&world).get("theirs").await.unwrap();
+    assert!(
+        theirs
+            .status
+            .as_ref()
+            .is_none_or(|s| s.conditions.is_empty()),
+        "no status written: {:?}",
+        theirs.status
+    );
+    assert!(
+        theirs.metadata.finalizers.is_none_or(|f| f.is_empty()),
+        "no finalizer"
+    );
+    let networks = world.cloud.object_counts();
+    clusters(&world)
+        .delete("theirs", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_cluster_gone(&world, "theirs").await;
+    assert_eq!(
+        world.cloud.object_counts(),
+        networks,
+        "nothing made or removed for it"
+    );
+    delete_cluster(&world, "ours").await;
+}

@@ -4,13 +4,13 @@
 //! Shared builders live in [`common`] and in `capo_sim::support`; nothing here reaches into
 //! production code that exists only for tests.
 
+mod admission;
 mod capi_actor;
 mod capo_compat;
 mod cloud;
 mod cluster_controller;
 mod common;
 mod controllers;
-mod admission;
 mod conversion;
 mod crds;
 mod demo;

@@ -18,6 +18,7 @@ use capo_provider::cloud::neutron::{Filter, NetworkSpec, SubnetSpec};
 use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
 use capo_provider::controllers::gate;
+use capo_provider::controllers::machine::ADDRESS_PAIRS_ANNOTATION;
 use capo_provider::manager::{ManagerError, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::{KubeSim, KubeSimConfig};
@@ -943,11 +944,16 @@ async fn server_with_volumes(e2e: &mut E2e) {
 /// The cluster without a bastion: what the fault and restart scenarios build.
 async fn create_plain_cluster(e2e: &E2e, name: &str) {
     create_cluster(e2e, name).await;
-    let drop_bastion = json!({"spec": {"bastion": null}});
-    e2e.clusters()
-        .patch(name, &PatchParams::default(), &Patch::Merge(&drop_bastion))
-        .await
-        .expect("no bastion");
+    // Disabled first: as CAPO's webhook, the CRD refuses removing an enabled bastion.
+    for patch in [
+        json!({"spec": {"bastion": {"enabled": false}}}),
+        json!({"spec": {"bastion": null}}),
+    ] {
+        e2e.clusters()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("no bastion");
+    }
 }
 
 /// The bastion comes once the rest is in place, as in CAPO: running, with its floating IP.
@@ -1218,6 +1224,91 @@ async fn until_a_machine(e2e: &E2e, what: &str, done: impl Fn(&OpenStackMachine)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A worker's `allowedAddressPairs` edit (the one machine spec edit CAPO admits, #3056)
+/// reaches its existing port, once; Neutron gives each pair the port's MAC.
+async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
+    let name = unique_cluster_name("pairs");
+    let before = census(&e2e.tenant).await;
+    create_plain_cluster(e2e, &name).await;
+    wait_provisioned(e2e, &name).await;
+    let actor = actor(e2e);
+    let pairs = |ips: &[&str]| -> Value { ips.iter().map(|ip| json!({"ipAddress": ip})).collect() };
+    let mut template = serde_json::to_value(machine_template()).expect("spec");
+    template["ports"] = json!([{"allowedAddressPairs": pairs(&["10.6.0.250"])}]);
+    let template = serde_json::from_value(template).expect("a machine spec");
+    let workers = actor
+        .create_workers(&name, 1, template)
+        .await
+        .expect("a worker");
+    let worker = workers.first().expect("one worker");
+    actor.wait_joined(worker).await.expect("the worker joins");
+    let port_of = async |e2e: &E2e| {
+        let machine = e2e.machines().get(worker).await.expect("the machine");
+        let port = machine
+            .status
+            .and_then(|s| s.resources)
+            .and_then(|r| r.ports.first().map(|p| p.id.clone()))
+            .expect("the machine's port");
+        e2e.tenant
+            .neutron()
+            .get_port(&port)
+            .await
+            .expect("the port")
+    };
+    let ips = |port: &capo_provider::cloud::neutron::Port| -> Vec<String> {
+        port.allowed_address_pairs
+            .iter()
+            .filter_map(|p| p["ip_address"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        ips(&port_of(e2e).await),
+        ["10.6.0.250"],
+        "{}: made with the pair",
+        e2e.label
+    );
+
+    let wanted = pairs(&["10.6.0.250", "10.6.0.251/32"]);
+    let mut machine = e2e.machines().get(worker).await.expect("the machine");
+    machine.spec.ports[0].allowed_address_pairs =
+        serde_json::from_value(wanted).expect("address pairs");
+    e2e.machines()
+        .replace(worker, &PostParams::default(), &machine)
+        .await
+        .expect("an allowedAddressPairs edit is admitted");
+    until_a_machine(e2e, "with its new address pairs pushed", |m| {
+        m.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ADDRESS_PAIRS_ANNOTATION))
+    })
+    .await;
+    let port = port_of(e2e).await;
+    assert_eq!(ips(&port), ["10.6.0.250", "10.6.0.251/32"], "{}", e2e.label);
+    for pair in &port.allowed_address_pairs {
+        assert_eq!(
+            pair["mac_address"],
+            port.mac_address.as_str(),
+            "{}: the port's MAC",
+            e2e.label
+        );
+    }
+    let mut other = e2e.machines().get(worker).await.expect("the machine");
+    other.spec.ssh_key_name = Some("another".into());
+    let refused = e2e
+        .machines()
+        .replace(worker, &PostParams::default(), &other)
+        .await;
+    assert!(
+        refused.is_err(),
+        "{}: any other spec edit is refused",
+        e2e.label
+    );
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
 }
 
 /// Neutron stopped while the cluster's network is being built: the cluster says so, nothing
@@ -1677,6 +1768,14 @@ both!(
     false,
     real_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges,
     sim_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges
+);
+
+both!(
+    address_pairs_follow_the_machine,
+    PASSWORD_CLOUD,
+    false,
+    real_an_address_pairs_edit_reaches_the_machines_port,
+    sim_an_address_pairs_edit_reaches_the_machines_port
 );
 
 both!(

@@ -408,8 +408,7 @@ pub fn cluster_subnets_allowed(old: &Value, new: &Value) -> bool {
         return true;
     }
     let found = &old["status"]["network"];
-    if new_spec.get("network").is_none() || old_spec.get("network").is_none() || found.is_null()
-    {
+    if new_spec.get("network").is_none() || old_spec.get("network").is_none() || found.is_null() {
         return false;
     }
     let list = |spec: &Value| spec["subnets"].as_array().cloned().unwrap_or_default();
@@ -427,7 +426,12 @@ pub fn cluster_subnets_allowed(old: &Value, new: &Value) -> bool {
 /// One subnet, old and new, by CAPO's rules: a filter may become the ID it found; an ID may
 /// not become a filter; a filter's name and an ID may not change.
 fn subnet_switch_allowed(old: &Value, new: &Value, found: &[Value]) -> bool {
-    let filter_name = |subnet: &Value| subnet["filter"]["name"].as_str().unwrap_or_default().to_owned();
+    let filter_name = |subnet: &Value| {
+        subnet["filter"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
     let (old_filter, new_filter) = (old.get("filter").is_some(), new.get("filter").is_some());
     let (old_id, new_id) = (old.get("id"), new.get("id"));
     if old_filter && new_id.is_some() && !new_filter {

@@ -23,6 +23,9 @@ pub mod labels {
     pub const CONTROL_PLANE: &str = "cluster.x-k8s.io/control-plane";
     /// Annotation: this object is paused (any value).
     pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+    /// Annotation: an infrastructure cluster managed by something else than its provider
+    /// (any value); the provider leaves it alone.
+    pub const MANAGED_BY: &str = "cluster.x-k8s.io/managed-by";
     /// Label a controller's `--watch-filter` selects on.
     pub const WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
     /// Annotation prefix of a Machine's pre-terminate deletion hooks.
@@ -192,6 +195,12 @@ pub struct MachineInitialization {
 /// Whether an object is paused: its Cluster says so, or the object carries the annotation.
 pub fn is_paused(cluster: Option<&Cluster>, annotations: &BTreeMap<String, String>) -> bool {
     annotations.contains_key(labels::PAUSED) || cluster.is_some_and(|c| c.spec.paused == Some(true))
+}
+
+/// Whether an infrastructure cluster is managed by someone else (Cluster API's
+/// `annotations.IsExternallyManaged`).
+pub fn is_externally_managed(annotations: &BTreeMap<String, String>) -> bool {
+    annotations.contains_key(labels::MANAGED_BY)
 }
 
 /// The Cluster an object belongs to, by its `cluster.x-k8s.io/cluster-name` label.

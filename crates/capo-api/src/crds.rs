@@ -49,7 +49,10 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         finish(
             OpenStackClusterTemplate::crd(),
             &[admission::cluster_template_rules],
-            Some(&[spoke_cluster_template_rules, admission::cluster_template_rules]),
+            Some(&[
+                spoke_cluster_template_rules,
+                admission::cluster_template_rules,
+            ]),
         ),
         finish(
             OpenStackMachine::crd(),
@@ -59,7 +62,10 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         finish(
             OpenStackMachineTemplate::crd(),
             &[admission::machine_template_rules],
-            Some(&[spoke_machine_template_rules, admission::machine_template_rules]),
+            Some(&[
+                spoke_machine_template_rules,
+                admission::machine_template_rules,
+            ]),
         ),
         finish(OpenStackServer::crd(), &[], None),
         finish(OpenStackClusterIdentity::crd(), &[], None),

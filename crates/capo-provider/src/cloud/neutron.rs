@@ -137,6 +137,9 @@ pub struct Port {
     pub trunk_details: Option<Value>,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// `{ip_address, mac_address}` each; Neutron fills in the port's MAC when none was given.
+    #[serde(default)]
+    pub allowed_address_pairs: Vec<Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -496,6 +499,17 @@ impl<'a> Neutron<'a> {
             self.set_tags("ports", &port.id, &spec.tags).await?;
         }
         Ok(port)
+    }
+
+    /// Replaces a port's allowed address pairs.
+    pub async fn update_port_address_pairs(
+        &self,
+        id: &str,
+        pairs: &[Value],
+    ) -> Result<Port, CloudError> {
+        let body = json!({ "port": { "allowed_address_pairs": pairs } });
+        let call = Call::put(op("port_update"), format!("ports/{}", seg(id)), body);
+        self.path.fetch(call.key("port")).await
     }
 
     pub async fn delete_port(&self, id: &str) -> Result<(), CloudError> {

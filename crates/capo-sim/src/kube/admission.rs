@@ -89,9 +89,10 @@ struct Webhook {
 }
 
 fn matching_webhooks(shared: Server<'_>, write: &Write<'_>) -> Vec<Webhook> {
-    let configurations = shared
-        .store()
-        .all_of("admissionregistration.k8s.io", "validatingwebhookconfigurations");
+    let configurations = shared.store().all_of(
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+    );
     configurations
         .iter()
         .flat_map(|configuration| {
@@ -148,9 +149,9 @@ async fn call(shared: Server<'_>, webhook: &Webhook, write: &Write<'_>) -> Resul
         None => Value::Null,
     };
     let uid = uuid::Uuid::new_v4().to_string();
-    let kind = |version: &str| json!({"group": def.key.group, "version": version, "kind": def.kind});
-    let resource =
-        |version: &str| json!({"group": def.key.group, "version": version, "resource": def.key.plural});
+    let kind =
+        |version: &str| json!({"group": def.key.group, "version": version, "kind": def.kind});
+    let resource = |version: &str| json!({"group": def.key.group, "version": version, "resource": def.key.plural});
     let review = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {

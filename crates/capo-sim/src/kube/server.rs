@@ -757,7 +757,11 @@ async fn admit_update(
     let Ok(stored) = shared.store().get(target, name) else {
         return Ok(());
     };
-    let old = present(&target.def, &target.version, &in_version(shared, target, &stored).await?);
+    let old = present(
+        &target.def,
+        &target.version,
+        &in_version(shared, target, &stored).await?,
+    );
     let write = Write {
         target,
         operation: "UPDATE",

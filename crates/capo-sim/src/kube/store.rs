@@ -623,7 +623,12 @@ impl Store {
 
     /// What the schema and then the CEL rules of `target.version` find wrong (CEL only when
     /// the schema finds nothing, as the API server skips rules on an invalid object).
-    fn validation_causes(&self, target: &Target, object: &Value, old: Option<&Value>) -> Vec<Cause> {
+    fn validation_causes(
+        &self,
+        target: &Target,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Vec<Cause> {
         let mut causes = Vec::new();
         let version = target.def.version(&target.version);
         if let Some(schema) = version.and_then(|v| v.schema.as_ref()) {

@@ -943,6 +943,20 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
     ] {
         object.entry(key).or_insert(value);
     }
+    fill_pair_macs(object);
+}
+
+/// Neutron stores each allowed address pair with a MAC: the port's own when none is given.
+fn fill_pair_macs(port: &mut Map<String, Value>) {
+    let mac = port.get("mac_address").cloned().unwrap_or_default();
+    if let Some(Value::Array(pairs)) = port.get_mut("allowed_address_pairs") {
+        for pair in pairs.iter_mut().filter_map(Value::as_object_mut) {
+            let given = pair.get("mac_address").is_some_and(|m| !m.is_null());
+            if !given {
+                pair.insert("mac_address".into(), mac.clone());
+            }
+        }
+    }
 }
 
 fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
@@ -1139,6 +1153,17 @@ fn update(
     {
         return refused;
     }
+    let pairs_given = changes
+        .get("allowed_address_pairs")
+        .and_then(Value::as_array)
+        .is_some_and(|pairs| !pairs.is_empty());
+    if path == "ports" && pairs_given && current["port_security_enabled"] == false {
+        return Reply::neutron(
+            409,
+            "AddressPairAndPortSecurityRequired",
+            "Port Security must be enabled in order to have allowed address pairs on a port.",
+        );
+    }
     // A floating IP's (fixed IP, router) once it points at `port_id`, or (null, null).
     let association = match (path, changes.get("port_id")) {
         ("floatingips", Some(Value::String(port))) => {
@@ -1213,6 +1238,11 @@ fn update(
     }
     if let Some(gateway) = gateway {
         object["external_gateway_info"] = gateway;
+    }
+    if path == "ports"
+        && let Some(port) = object.as_object_mut()
+    {
+        fill_pair_macs(port);
     }
     object["updated_at"] = json!(now);
     let revision = object["revision_number"].as_u64().unwrap_or(0) + 1;

@@ -232,6 +232,22 @@ impl Pass<'_> {
     }
 }
 
+/// An OpenStackCluster annotated `cluster.x-k8s.io/managed-by` belongs to another manager,
+/// as CAPO leaves it: no cloud call and no status write. Only our finalizer, if it was put
+/// on before the annotation, is taken off on deletion, so that we never hold the object.
+async fn leave_to_its_manager(
+    api: &Api<OpenStackCluster>,
+    cluster: &OpenStackCluster,
+) -> Result<Outcome, ClusterError> {
+    tracing::debug!("externally managed (cluster.x-k8s.io/managed-by): left alone");
+    if cluster.meta().deletion_timestamp.is_some() {
+        writes::remove_finalizer(api, cluster, conditions::finalizers::CLUSTER)
+            .await
+            .map_err(ClusterError::kube("removing the finalizer"))?;
+    }
+    Ok(Outcome::Settled)
+}
+
 async fn reconcile_cluster(
     cluster: &OpenStackCluster,
     ctx: &Context,
@@ -239,6 +255,9 @@ async fn reconcile_cluster(
 ) -> Result<Outcome, ClusterError> {
     let namespace = cluster.namespace().unwrap_or_default();
     let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    if capi::is_externally_managed(cluster.annotations()) {
+        return leave_to_its_manager(&api, cluster).await;
+    }
     // The cache may not hold our own last status write yet (the watch lags behind it, most
     // often right after we changed the spec). A pass that skips the steps done before would
     // write that stale status back over the good one, so unless the cached copy is the one

@@ -12,7 +12,10 @@
 //! the way out (capo-rs's pre-terminate hook on the Machine, or the machine's own deletion)
 //! its members are removed and seen gone before anything else goes.
 
+mod address_pairs;
 mod members;
+
+pub use address_pairs::APPLIED_ANNOTATION as ADDRESS_PAIRS_ANNOTATION;
 
 pub use members::REPAIRS_ANNOTATION;
 pub mod plan;
@@ -304,6 +307,13 @@ async fn provision(
     if !instance_ready {
         // The server controller writes its status as it builds: its watch wakes us.
         return Ok(Outcome::Poll(pass.ctx.config.poll_max));
+    }
+    let applied = pass
+        .osm
+        .annotations()
+        .get(address_pairs::APPLIED_ANNOTATION);
+    if let Some(push) = address_pairs::plan(&pass.osm.spec, &server, applied.map(String::as_str)) {
+        address_pairs::apply(pass, api, &server, push).await?;
     }
     match members::load_balancer(pass, owners, infra) {
         Some(lb) => members::reconcile(pass, machine, &lb, status).await,

@@ -141,17 +141,7 @@ pub fn port_request(port: &ResolvedPortSpec) -> PortSpec {
         }
         (!profile.is_empty()).then_some(Value::Object(profile))
     });
-    let pairs: Vec<Value> = port
-        .allowed_address_pairs
-        .iter()
-        .map(|pair| {
-            let mut value = json!({ "ip_address": pair.ip_address });
-            if let Some(mac) = &pair.mac_address {
-                value["mac_address"] = json!(mac);
-            }
-            value
-        })
-        .collect();
+    let pairs = neutron_address_pairs(&port.allowed_address_pairs);
     PortSpec {
         name: port.name.clone(),
         network_id: port.network_id.clone(),
@@ -456,6 +446,11 @@ pub struct InstanceView {
     pub poll_after: Option<Duration>,
 }
 
+/// How soon a server in ERROR is looked at again (CAPO #3300): an operator may repair it in
+/// place (reset its state, or rebuild it), and the machine should notice within a minute,
+/// not at the next full resync.
+pub const ERROR_RECHECK: Duration = Duration::from_secs(60);
+
 /// The view of a server, `age` after Nova created it; `poll` says when to look again at
 /// work on its way.
 pub fn instance_view(
@@ -509,7 +504,7 @@ pub fn instance_view(
                     .unwrap_or("Nova gave no fault message")
             ),
             true,
-            None,
+            Some(ERROR_RECHECK),
         ),
         other => view(
             Status::False,
@@ -569,6 +564,20 @@ pub fn is_complete(spec: &OpenStackServerSpec, resolved: &ResolvedServerSpec) ->
         && resolved.flavor_id.is_some()
         && resolved.ports.len() == spec.ports.len()
         && (spec.server_group.is_none() || resolved.server_group_id.is_some())
+}
+
+/// Allowed address pairs as Neutron takes them (no MAC: Neutron uses the port's own).
+pub fn neutron_address_pairs(pairs: &[capo_api::common::AddressPair]) -> Vec<Value> {
+    pairs
+        .iter()
+        .map(|pair| {
+            let mut value = json!({ "ip_address": pair.ip_address });
+            if let Some(mac) = &pair.mac_address {
+                value["mac_address"] = json!(mac);
+            }
+            value
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -867,6 +876,11 @@ mod tests {
         assert_eq!(error.condition.reason, reasons::INSTANCE_ERROR);
         assert!(error.condition.message.contains("No valid host was found."));
         assert!(error.needs_attention && !error.provisioned);
+        assert_eq!(
+            error.poll_after,
+            Some(ERROR_RECHECK),
+            "looked at again, as CAPO #3300"
+        );
         let off = instance_view(&server("SHUTOFF"), Duration::ZERO, poll);
         assert_eq!(off.condition.reason, reasons::INSTANCE_NOT_ACTIVE);
         assert_eq!(off.poll_after, Some(Duration::from_secs(30)));

@@ -55,7 +55,9 @@ fn stored_rules() -> BTreeMap<String, StoredRules> {
 fn check(plural: &str, request: &Value, rules: &Mutex<StoredRules>) -> Result<(), String> {
     if sent_as_spoke(request) {
         let old = request.get("oldObject").filter(|old| !old.is_null());
-        let rules = rules.lock().map_err(|_| "admission rules unavailable".to_owned())?;
+        let rules = rules
+            .lock()
+            .map_err(|_| "admission rules unavailable".to_owned())?;
         rules
             .cel
             .validate_compiled(&rules.schema, &request["object"], old)
@@ -63,7 +65,13 @@ fn check(plural: &str, request: &Value, rules: &Mutex<StoredRules>) -> Result<()
                 errors
                     .into_vec()
                     .iter()
-                    .map(|e| format!("{}: Invalid value: {}", e.field_path.trim_start_matches('.'), e.message))
+                    .map(|e| {
+                        format!(
+                            "{}: Invalid value: {}",
+                            e.field_path.trim_start_matches('.'),
+                            e.message
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join("; ")
             })?;
