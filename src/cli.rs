@@ -249,10 +249,10 @@ fn positive_rate(text: &str) -> Result<f64, String> {
 }
 
 impl RunArgs {
-    fn manager_config(&self) -> capo_provider::manager::ManagerConfig {
+    fn manager_config(&self) -> anyhow::Result<capo_provider::manager::ManagerConfig> {
         use capo_provider::manager::{ManagerConfig, WatchScope};
         let defaults = ManagerConfig::default();
-        ManagerConfig {
+        Ok(ManagerConfig {
             scope: WatchScope {
                 namespace: self.namespace.clone(),
                 // `--watch-filter=` (clusterctl's empty default) filters nothing.
@@ -271,10 +271,10 @@ impl RunArgs {
                 stuck_after: Duration::from_secs(self.member_stuck_after),
                 ..defaults.engine.clone()
             },
-            cloud: self.openstack.options(),
+            cloud: self.openstack.options()?,
             crd_wait: Some(self.crd_wait),
             ..defaults
-        }
+        })
     }
 
     /// The Lease to compete for, when asked.
@@ -326,7 +326,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         user_agent: format!("capo-rs/{} ({identity})", env!("CARGO_PKG_VERSION")),
     };
     let client = manager::connect(args.kubeconfig.as_deref(), &options).await?;
-    let mut config = args.manager_config();
+    let mut config = args.manager_config()?;
     config.leader_election = args.leader_election(&identity, client.default_namespace())?;
     let registry = prometheus::Registry::new();
     let health = Arc::new(Health::new(&manager::CONTROLLERS));
@@ -421,13 +421,22 @@ pub struct OpenStackArgs {
     /// Seconds to wait for one OpenStack answer.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub openstack_timeout: u64,
+    /// A PEM CA bundle trusted for every cloud whose identity Secret has no `cacert` key (as
+    /// CAPO's `--ca-certs`).
+    #[arg(long)]
+    pub ca_certs: Option<std::path::PathBuf>,
 }
 
 impl OpenStackArgs {
-    /// The cloud options these flags describe.
-    pub fn options(&self) -> CloudOptions {
+    /// The cloud options these flags describe; the CA bundle read and checked.
+    pub fn options(&self) -> anyhow::Result<CloudOptions> {
         let defaults = CloudOptions::default();
-        CloudOptions {
+        let default_cacert = match &self.ca_certs {
+            None => None,
+            Some(path) => Some(read_ca_bundle(path)?),
+        };
+        Ok(CloudOptions {
+            default_cacert,
             rate_limit: RateLimit {
                 qps: self.openstack_qps,
                 burst: self.openstack_burst,
@@ -437,8 +446,22 @@ impl OpenStackArgs {
                 ..defaults.path.clone()
             },
             ..defaults
-        }
+        })
     }
+}
+
+/// A PEM CA bundle from `path`: refused at start-up, with the path, if unreadable or holding
+/// no certificate, rather than failing every cloud call later.
+fn read_ca_bundle(path: &std::path::Path) -> anyhow::Result<String> {
+    let pem = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--ca-certs {}: {e}", path.display()))?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        anyhow::bail!(
+            "--ca-certs {}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+    }
+    Ok(pem)
 }
 
 /// The process's tokio runtime.
@@ -498,7 +521,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 load_balancers,
                 until_ready,
                 stuck_after: Duration::from_secs(member_stuck_after),
-                options: openstack.options(),
+                options: openstack.options()?,
             };
             let code = runtime()?.block_on(crate::watch_lb::watch(args))?;
             Ok(ExitCode::from(code))
@@ -548,4 +571,27 @@ fn write_crds(out: Option<PathBuf>, costs: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_bundle_without_a_certificate_is_refused_at_start_up_with_its_path() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let garbage = dir.path().join("ca.pem");
+        std::fs::write(&garbage, "not a certificate").expect("written");
+        let error = read_ca_bundle(&garbage).expect_err("refused");
+        assert!(error.to_string().contains("ca.pem"), "{error}");
+        let missing = read_ca_bundle(&dir.path().join("missing.pem")).expect_err("refused");
+        assert!(missing.to_string().contains("missing.pem"), "{missing}");
+        let good = dir.path().join("good.pem");
+        std::fs::write(
+            &good,
+            "-----BEGIN CERTIFICATE-----\nMII\n-----END CERTIFICATE-----\n",
+        )
+        .expect("written");
+        assert!(read_ca_bundle(&good).is_ok());
+    }
 }

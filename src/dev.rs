@@ -546,7 +546,7 @@ pub fn bench(
                 ports,
                 root_volume,
                 timeout: Duration::from_secs(600),
-                cloud: openstack.options(),
+                cloud: openstack.options()?,
             };
             let report = runtime()?.block_on(capo_bench::servers::run(config))?;
             if json {
@@ -570,7 +570,7 @@ pub fn bench(
             runtime()?
                 .block_on(capo_bench::request_path::rate_limit(
                     requests,
-                    openstack.options(),
+                    openstack.options()?,
                 ))?
                 .print();
         }

@@ -1045,3 +1045,93 @@ async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
         .unwrap();
     assert_eq!(images[0].id, "i1");
 }
+
+/// `backend` behind TLS at `https://localhost:<port>`, with a certificate for `localhost`
+/// from a fresh CA (returned, PEM). Each connection is proxied until `stop`.
+async fn tls_front(backend: std::net::SocketAddr, stop: CancellationToken) -> (u16, String) {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = capo_sim::certs::WebhookCerts::issue(&["localhost".to_owned()]).unwrap();
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = tokio::select! {
+                () = stop.cancelled() => return,
+                accepted = listener.accept() => match accepted { Ok(a) => a, Err(_) => return },
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (port, certs.ca_pem)
+}
+
+/// `--ca-certs` (CloudOptions::default_cacert): a cloud behind a private CA is trusted with
+/// it, refused without it, and a Secret's own `cacert` comes first, as CAPO has it.
+#[tokio::test]
+async fn the_default_ca_bundle_is_trusted_when_the_secret_has_none() {
+    let server = MockServer::start().await;
+    mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let (port, ca) = tls_front(*server.address(), stop).await;
+    let credentials = |region: &str| CloudCredentials {
+        clouds_yaml: clouds_yaml(&format!("https://localhost:{port}/identity/v3")),
+        cacert: None,
+        cloud_name: "test".into(),
+        region: Some(region.into()),
+    };
+    let (plain, _) = clouds(options());
+    let refused = plain.connect(&credentials("RegionOne")).await;
+    assert!(refused.is_err(), "a private CA is not trusted by default");
+
+    let other_ca = capo_sim::certs::WebhookCerts::issue(&["localhost".to_owned()]).unwrap();
+    let (trusting, _) = clouds(CloudOptions {
+        default_cacert: Some(ca.clone()),
+        ..options()
+    });
+    trusting
+        .connect(&credentials("RegionOne"))
+        .await
+        .expect("trusted with the default CA bundle");
+    let (wrong_default, _) = clouds(CloudOptions {
+        default_cacert: Some(other_ca.ca_pem),
+        ..options()
+    });
+    let mut own = credentials("RegionOne");
+    own.cacert = Some(ca);
+    wrong_default
+        .connect(&own)
+        .await
+        .expect("the Secret's cacert comes first");
+    assert!(
+        wrong_default
+            .connect(&credentials("RegionTwo"))
+            .await
+            .is_err(),
+        "the default applies when the Secret has none"
+    );
+}

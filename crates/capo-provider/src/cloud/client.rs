@@ -30,6 +30,9 @@ pub struct CloudOptions {
     /// A credential nobody used for this long loses its session (and its token renewal), so a
     /// rotated or removed Secret does not keep a token alive forever.
     pub session_idle_ttl: Duration,
+    /// The CA bundle (PEM) trusted for a cloud whose Secret has no `cacert` (`--ca-certs`,
+    /// as CAPO's flag of that name).
+    pub default_cacert: Option<String>,
 }
 
 impl Default for CloudOptions {
@@ -39,6 +42,7 @@ impl Default for CloudOptions {
             path: PathOptions::default(),
             token_renew_margin: Duration::from_secs(300),
             session_idle_ttl: Duration::from_secs(3600),
+            default_cacert: None,
         }
     }
 }
@@ -98,7 +102,10 @@ impl Clouds {
             slot.cell.clone()
         };
         let session = cell
-            .get_or_try_init(|| self.open_session(&resolved, credentials.cacert.as_deref()))
+            .get_or_try_init(|| {
+                let cacert = credentials.cacert.as_deref();
+                self.open_session(&resolved, cacert.or(self.options.default_cacert.as_deref()))
+            })
             .await?
             .clone();
         Ok(self.client(session))
