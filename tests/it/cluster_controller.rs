@@ -1094,3 +1094,34 @@ async fn an_externally_managed_cluster_is_left_to_its_manager() {
     );
     delete_cluster(&world, "ours").await;
 }
+
+/// A provider or flavor Octavia does not offer is refused before anything is made (CAPO
+/// would make the load balancer with the defaults), naming what Octavia offers.
+#[tokio::test]
+async fn an_unknown_load_balancer_provider_or_flavor_is_refused_before_anything_is_made() {
+    let world = World::start().await;
+    for (name, field, value, offered) in [
+        ("p1", "provider", "nonesuch", "amphora, ovn"),
+        ("f1", "flavor", "nonesuch", "it offers"),
+    ] {
+        let mut spec = cluster_spec();
+        spec["apiServer"]["managedLoadBalancer"][field] = json!(value);
+        create_cluster(&world, name, spec).await;
+        let cluster = wait_cluster(&world, name, "refused", |c| {
+            condition(c, types::READY).1 == reasons::INVALID_SPEC
+        })
+        .await;
+        let (_, _, message) = condition(&cluster, types::READY);
+        assert!(
+            message.contains("nonesuch") && message.contains(offered),
+            "{message}"
+        );
+        let counts = objects(&world);
+        assert_eq!(
+            counts.get("loadbalancers").copied().unwrap_or_default(),
+            0,
+            "no load balancer made: {counts:?}"
+        );
+        delete_cluster(&world, name).await;
+    }
+}

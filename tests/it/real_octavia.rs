@@ -560,6 +560,25 @@ async fn not_found_shapes(backend: &dyn Backend) {
         .expect("cleanup");
 }
 
+/// What the cluster controller reads before making a load balancer with a provider or a
+/// flavor: the providers (named) and the flavors (named, enabled or not).
+async fn providers_and_flavors_are_listed(backend: &dyn Backend) {
+    let client = backend.client();
+    let providers = client.octavia().list_providers().await.expect("providers");
+    assert!(!providers.is_empty(), "Octavia offers a provider");
+    assert!(
+        providers.iter().all(|p| !p.name.is_empty()),
+        "{providers:?}"
+    );
+    let flavors = client.octavia().list_flavors(None).await.expect("flavors");
+    assert!(
+        flavors
+            .iter()
+            .all(|f| !f.name.is_empty() && !f.id.is_empty()),
+        "{flavors:?}"
+    );
+}
+
 /// (a) A member held PENDING_CREATE while its LB reads ACTIVE: the gate is never Ready until
 /// the member is ACTIVE.
 async fn held_member_is_never_ready(backend: &dyn Backend) {
@@ -981,6 +1000,11 @@ both!(
     lifecycle,
     real_lifecycle_through_typed_calls,
     sim_lifecycle_through_typed_calls
+);
+both!(
+    providers_and_flavors_are_listed,
+    real_providers_and_flavors_are_listed,
+    sim_providers_and_flavors_are_listed
 );
 both!(
     locked_lb_is_busy,

@@ -399,6 +399,9 @@ async fn create(
             "the load balancer needs a network: set managedSubnets, network, or managedLoadBalancer.network".into(),
         ));
     };
+    if let Some(provider) = &lb_spec.provider {
+        offered_provider(cloud, provider).await?;
+    }
     let flavor_id = match &lb_spec.flavor {
         Some(name) => Some(flavor(cloud, name).await?),
         None => None,
@@ -423,16 +426,53 @@ async fn create(
     Ok(lb)
 }
 
+/// An unknown provider or flavor is refused before anything is made, where CAPO warns and
+/// makes the load balancer with Octavia's defaults. The load balancer cannot be changed once
+/// made, and a default stands in silently for what was asked (a SINGLE amphora for an
+/// ACTIVE_STANDBY flavor: the API's one point of failure); refused, the mistake shows at
+/// once, when recreating the cluster costs nothing. An adopted load balancer is not checked.
+async fn offered_provider(cloud: &CloudClient, provider: &str) -> Result<(), ClusterError> {
+    let providers = cloud
+        .octavia()
+        .list_providers()
+        .await
+        .map_err(ClusterError::cloud("listing the Octavia providers"))?;
+    if providers.iter().any(|p| p.name == provider) {
+        return Ok(());
+    }
+    let offered: Vec<&str> = providers.iter().map(|p| p.name.as_str()).collect();
+    Err(ClusterError::InvalidSpec(format!(
+        "Octavia has no provider {provider:?} (it offers: {}); nothing was made, as a load \
+         balancer cannot change provider later",
+        offered.join(", ")
+    )))
+}
+
 async fn flavor(cloud: &CloudClient, name: &str) -> Result<String, ClusterError> {
     let flavors = cloud
         .octavia()
-        .list_flavors(Some(name))
+        .list_flavors(None)
         .await
         .map_err(ClusterError::cloud("finding the load balancer flavor"))?;
-    let enabled: Vec<_> = flavors.into_iter().filter(|f| f.enabled).collect();
+    let (named, others): (Vec<_>, Vec<_>) = flavors
+        .into_iter()
+        .filter(|f| f.enabled)
+        .partition(|f| f.name == name);
+    if named.is_empty() {
+        let offered: Vec<&str> = others.iter().map(|f| f.name.as_str()).collect();
+        return Err(ClusterError::InvalidSpec(format!(
+            "Octavia has no enabled flavor {name:?} (it offers: {}); nothing was made, as a \
+             load balancer cannot change flavor later",
+            if offered.is_empty() {
+                "none".to_owned()
+            } else {
+                offered.join(", ")
+            }
+        )));
+    }
     exactly_one(
         &format!("enabled Octavia flavor named {name:?}"),
-        enabled,
+        named,
         |f| &f.id,
     )
     .map(|f| f.id)
