@@ -235,6 +235,13 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
         1,
         "the router has its gateway: {router:?}"
     );
+    // CAPO's condition names, beside ours.
+    for type_ in [
+        capo_api::capo_conditions::capo_types::ROUTER_READY,
+        capo_api::capo_conditions::capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED,
+    ] {
+        assert_eq!(condition(&cluster, type_).0, "True", "{type_}");
+    }
     // The security groups, with Calico's rule on both node groups.
     let groups = world
         .admin

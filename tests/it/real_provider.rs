@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capo_api::capi::{self, Cluster, Machine};
+use capo_api::capo_conditions::capo_types;
 use capo_api::conditions::{self, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackServer};
 use capo_provider::cloud::neutron::{Filter, NetworkSpec, SubnetSpec};
@@ -758,12 +759,29 @@ async fn assert_machines_built(e2e: &E2e, lb: &str) {
             1,
             "{name}: one port"
         );
+        let capo_says = |type_: &str| {
+            machine
+                .status
+                .as_ref()
+                .map(|s| status_of(&s.conditions, type_))
+                .map(|(status, reason, _)| (status, reason))
+        };
+        assert_eq!(
+            capo_says(capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED),
+            Some(("True".into(), "Ready".into())),
+            "{name}: CAPO's authentication condition"
+        );
         if capi::is_control_plane(kube::ResourceExt::labels(&machine)) {
             let address = gate::member_address(&machine).expect("an address");
             assert_eq!(
                 members.get(address),
                 Some(&ProvisioningStatus::Active),
                 "{name}'s member"
+            );
+            assert_eq!(
+                capo_says(capo_types::API_SERVER_INGRESS_READY),
+                Some(("True".into(), "Ready".into())),
+                "{name}: CAPO's ingress condition, once its member is ACTIVE"
             );
         }
     }

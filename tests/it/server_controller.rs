@@ -669,12 +669,19 @@ async fn a_missing_secret_or_malformed_clouds_yaml_gives_a_clear_condition_and_a
     for secret in ["appcred-secret", "password: "] {
         assert!(!message.contains(secret), "no credentials in: {message}");
     }
+    let authenticated = capo_api::capo_conditions::capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED;
+    assert_eq!(
+        reason(&unknown, authenticated),
+        capo_api::capo_conditions::capo_reasons::OPENSTACK_AUTHENTICATION_FAILED,
+        "CAPO's condition name says it too"
+    );
 
     // The sync period is ten minutes: only the Secret's watch can bring this about now.
     world
         .put_secret("later", "clouds.yaml", &world.cloud.clouds_yaml())
         .await;
-    world.wait_for("orphan", "Ready", is_ready).await;
+    let ready = world.wait_for("orphan", "Ready", is_ready).await;
+    assert_eq!(reason(&ready, authenticated), reasons::READY);
 }
 
 #[tokio::test]

@@ -95,12 +95,18 @@ pub mod reasons {
     pub const MEMBER_REMOVED: &str = "MemberRemoved";
     /// The server is being built.
     pub const INSTANCE_BUILDING: &str = "InstanceBuilding";
-    /// The server is in ERROR.
-    pub const INSTANCE_ERROR: &str = "InstanceError";
-    /// The server we created is gone, and nobody asked us to delete it.
+    /// The server is in ERROR (CAPO's reason).
+    pub const INSTANCE_ERROR: &str = "InstanceStateError";
+    /// The server we created is gone, and nobody asked us to delete it (CAPO's reason).
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
-    /// The server exists but is not running (SHUTOFF, SUSPENDED, ...).
-    pub const INSTANCE_NOT_ACTIVE: &str = "InstanceNotActive";
+    /// The server is DELETED, or being deleted by someone else (CAPO's reason).
+    pub const INSTANCE_DELETED: &str = "InstanceDeleted";
+    /// The server exists but is not running (SHUTOFF, SUSPENDED, ...; CAPO's reason).
+    pub const INSTANCE_NOT_ACTIVE: &str = "InstanceNotReady";
+    /// A machine waits for its cluster's infrastructure (CAPO's reason).
+    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructure";
+    /// A machine waits for its bootstrap data (CAPO's reason).
+    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
     /// The cloud refused for lack of quota.
     pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// A volume the server needs is in ERROR.

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod capi;
+pub mod capo_conditions;
 pub mod cel_cost;
 pub mod cluster;
 pub mod common;

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
+use capo_api::capo_conditions::{self, Owner};
 use capo_api::cluster::{ApiEndpoint, OpenStackClusterStatus};
 use capo_api::common::Initialization;
 use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
@@ -351,6 +352,7 @@ async fn reconcile_cluster(
     if !deleting {
         set_cluster_ready(&mut status, generation, now);
     }
+    capo_conditions::derive(&mut status.conditions, Owner::Cluster, generation, now);
     write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);

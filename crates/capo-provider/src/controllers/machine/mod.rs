@@ -23,6 +23,7 @@ pub mod plan;
 use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster, Machine};
+use capo_api::capo_conditions::{self, Owner};
 use capo_api::common::{Initialization, InstanceStatus};
 use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
@@ -223,6 +224,13 @@ async fn reconcile_machine(
         generation,
         now,
     );
+    let control_plane = capi::is_control_plane(osm.labels());
+    capo_conditions::derive(
+        &mut status.conditions,
+        Owner::Machine { control_plane },
+        generation,
+        now,
+    );
     members::announce(&pass, before.as_ref(), &status).await;
     write_status(&api, osm, before.as_ref(), &status).await?;
     result
@@ -251,14 +259,10 @@ fn observe(ctx: &Context, osm: &OpenStackMachine, namespace: &str) -> Owners {
     }
 }
 
-/// Waiting for something Cluster API provides: said on InstanceReady, nothing touched.
-fn waiting(pass: &Pass<'_>, status: &mut InstanceStatus, message: &str) -> Outcome {
-    let condition = Desired::new(
-        types::INSTANCE_READY,
-        Status::False,
-        reasons::DEPENDENCY_MISSING,
-        message,
-    );
+/// Waiting for something Cluster API provides: said on InstanceReady (`reason`), nothing
+/// touched.
+fn waiting(pass: &Pass<'_>, status: &mut InstanceStatus, reason: &str, message: &str) -> Outcome {
+    let condition = Desired::new(types::INSTANCE_READY, Status::False, reason, message);
     pass.set(status, &condition);
     tracing::debug!(message, "waiting");
     Outcome::Settled
@@ -275,6 +279,7 @@ async fn provision(
         return Ok(waiting(
             pass,
             status,
+            reasons::DEPENDENCY_MISSING,
             "waiting for Cluster API: no Machine owns this OpenStackMachine yet",
         ));
     };
@@ -287,6 +292,7 @@ async fn provision(
         return Ok(waiting(
             pass,
             status,
+            reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
             "waiting for the cluster's infrastructure to be provisioned",
         ));
     };
@@ -294,6 +300,7 @@ async fn provision(
         return Ok(waiting(
             pass,
             status,
+            reasons::WAITING_FOR_BOOTSTRAP_DATA,
             "waiting for bootstrap data (Machine spec.bootstrap.dataSecretName)",
         ));
     };

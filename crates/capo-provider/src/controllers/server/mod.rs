@@ -10,6 +10,7 @@ pub mod plan;
 mod provision;
 pub mod resolve;
 
+use capo_api::capo_conditions::{self, Owner};
 use std::sync::Arc;
 
 use capo_api::OpenStackServer;
@@ -204,6 +205,13 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
     super::set_ready(
         &mut status.conditions,
         owned::SERVER_READY_FROM,
+        generation,
+        now,
+    );
+    let from_pool = server.spec.floating_ip_pool_ref.is_some();
+    capo_conditions::derive(
+        &mut status.conditions,
+        Owner::Server { from_pool },
         generation,
         now,
     );

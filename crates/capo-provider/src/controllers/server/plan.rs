@@ -465,10 +465,10 @@ pub fn instance_view(
         needs_attention,
         poll_after,
     };
-    if server.is_deleting() {
+    if server.is_deleting() || matches!(server.status.as_str(), "DELETED" | "SOFT_DELETED") {
         return view(
             Status::False,
-            reasons::INSTANCE_NOT_FOUND,
+            reasons::INSTANCE_DELETED,
             format!(
                 "server {} is being deleted by someone other than capo-rs",
                 server.id
