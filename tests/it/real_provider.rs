@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use capo_api::capi::{self, Cluster, Machine};
 use capo_api::capo_conditions::capo_types;
 use capo_api::conditions::{self, reasons, types};
-use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackServer};
+use capo_api::{
+    OpenStackCluster, OpenStackMachine, OpenStackMachineSpec, OpenStackMachineTemplate,
+    OpenStackServer,
+};
 use capo_provider::cloud::neutron::{Filter, NetworkSpec, SubnetSpec};
 use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
@@ -1329,6 +1332,66 @@ async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
     assert_nothing_left(e2e, &before).await;
 }
 
+/// Scale from zero: a machine template's status says what a machine of it would be (its
+/// flavor's cpu, memory, disks; its image's OS), from the cloud, for the autoscaler, in two
+/// reads; a resync reads nothing more.
+async fn template_describes_its_machines(e2e: &mut E2e) {
+    let name = unique_cluster_name("tmpl");
+    let templates: Api<OpenStackMachineTemplate> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let template: OpenStackMachineTemplate = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "OpenStackMachineTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"template": {"spec": {
+            "flavor": {"filter": {"name": "m1.ephemeral"}},
+            "image": {"filter": {"name": IMAGE}},
+            "identityRef": {"name": SECRET, "cloudName": e2e.cloud_name},
+        }}},
+    }))
+    .expect("a template");
+    let before = e2e.requests();
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("the template");
+    let described = wait_for(&templates, &name, "with its capacity", WAIT, |t| {
+        t.status.as_ref().is_some_and(|s| !s.capacity.is_empty())
+    })
+    .await;
+    let status = described.status.expect("a status");
+    let capacity: BTreeMap<&str, &str> = status
+        .capacity
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.0.as_str()))
+        .collect();
+    assert_eq!(
+        capacity,
+        BTreeMap::from([
+            ("cpu", "1"),
+            ("ephemeral-storage", "5Gi"),
+            ("memory", "1Gi"),
+            ("storage", "10Gi"),
+        ]),
+        "{}",
+        e2e.label
+    );
+    assert_eq!(
+        status.node_info.and_then(|n| n.operating_system).as_deref(),
+        Some("linux"),
+        "{}: the image's os_type",
+        e2e.label
+    );
+    let spent_on_it = spent(&before, &e2e.requests());
+    eprintln!(
+        "FIGURES scale from zero {}: requests {spent_on_it}",
+        e2e.label
+    );
+    templates
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleted");
+}
+
 /// Neutron stopped while the cluster's network is being built: the cluster says so, nothing
 /// turns terminal, and it converges once Neutron is back; nothing is made twice.
 async fn neutron_outage_during_bring_up(e2e: &mut E2e) {
@@ -1786,6 +1849,14 @@ both!(
     false,
     real_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges,
     sim_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges
+);
+
+both!(
+    template_describes_its_machines,
+    PASSWORD_CLOUD,
+    false,
+    real_a_machine_template_says_what_its_machines_would_be_for_scale_from_zero,
+    sim_a_machine_template_says_what_its_machines_would_be_for_scale_from_zero
 );
 
 both!(

@@ -37,13 +37,16 @@ SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
 IMAGE = "ubuntu-2404-kube-v1.33.4"
-# name: (vcpus, ram MiB, disk GiB)
+# name: (vcpus, ram MiB, disk GiB, ephemeral GiB)
 FLAVORS = {
-    "m1.tiny": (1, 512, 1),
-    "m1.small": (1, 2048, 20),
-    "m1.medium": (2, 4096, 40),
-    "m1.large": (4, 8192, 80),
+    "m1.tiny": (1, 512, 1, 0),
+    "m1.small": (1, 2048, 20, 0),
+    "m1.medium": (2, 4096, 40, 0),
+    "m1.large": (4, 8192, 80, 0),
+    "m1.ephemeral": (1, 1024, 10, 5),
 }
+# The image's properties, as an image builder sets them (scale from zero reads os_type).
+IMAGE_PROPERTIES = {"os_type": "linux"}
 EXTERNAL_NETWORK = "public"
 EXTERNAL_CIDR = "172.24.4.0/24"
 # An external network with a single address to hand out: where the recorded answers take
@@ -173,9 +176,11 @@ def identity():
 
 def ensure_flavors(conn):
     have = {f.name for f in conn.compute.flavors(is_public=None)}
-    for name, (vcpus, ram, disk) in FLAVORS.items():
+    for name, (vcpus, ram, disk, ephemeral) in FLAVORS.items():
         if name not in have:
-            conn.compute.create_flavor(name=name, vcpus=vcpus, ram=ram, disk=disk)
+            conn.compute.create_flavor(
+                name=name, vcpus=vcpus, ram=ram, disk=disk, ephemeral=ephemeral
+            )
 
 
 def ensure_image(conn):
@@ -183,6 +188,8 @@ def ensure_image(conn):
     if image is not None and image.status == "active":
         if "capi" not in image.tags:
             conn.image.add_tag(image, "capi")
+        if any(image.properties.get(k) != v for k, v in IMAGE_PROPERTIES.items()):
+            conn.image.update_image(image, **IMAGE_PROPERTIES)
         return
     if image is not None:
         conn.image.delete_image(image)
@@ -195,6 +202,7 @@ def ensure_image(conn):
             visibility="public",
             data=data,
             validate_checksum=False,
+            **IMAGE_PROPERTIES,
         )
 
 

@@ -15,6 +15,9 @@ pub struct Image {
     pub status: String,
     #[serde(default)]
     pub tags: Vec<String>,
+    /// The image's `os_type` property (`linux`, `windows`), when it has one.
+    #[serde(default)]
+    pub os_type: Option<String>,
 }
 
 const fn op(name: &'static str) -> Operation {

@@ -122,6 +122,9 @@ pub struct Flavor {
     pub ram: u64,
     #[serde(default)]
     pub disk: u64,
+    /// GiB of ephemeral disk.
+    #[serde(default, rename = "OS-FLV-EXT-DATA:ephemeral")]
+    pub ephemeral: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -16,6 +16,7 @@ pub mod events;
 pub mod gate;
 pub mod identity;
 pub mod machine;
+pub mod machine_template;
 pub mod metrics;
 pub mod outcome;
 pub mod server;

@@ -25,7 +25,9 @@ use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
-use crate::controllers::{Caches, ClientCache, Context, cluster, machine, server};
+use crate::controllers::{
+    Caches, ClientCache, Context, cluster, machine, machine_template, server,
+};
 use crate::manager::Health;
 use crate::manager::shared::{SharedWatch, changed};
 
@@ -202,6 +204,7 @@ pub struct Watches {
     infra_machines: SharedWatch<machine::Watched>,
     clusters: SharedWatch<Cluster>,
     machines: SharedWatch<DeserializeGuard<capi::Machine>>,
+    templates: SharedWatch<machine_template::Watched>,
 }
 
 /// The futures that drive [`Watches`]: run them once every controller has subscribed.
@@ -236,7 +239,14 @@ impl Watches {
             strip_for_cache::<Cluster>,
         );
         shared(driver.boxed());
-        let (machines, driver) = SharedWatch::new(scope.api(client.clone()), config, trim_machine);
+        let (machines, driver) =
+            SharedWatch::new(scope.api(client.clone()), config.clone(), trim_machine);
+        shared(driver.boxed());
+        let (templates, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config,
+            strip_for_cache::<machine_template::Watched>,
+        );
         shared(driver.boxed());
         let watches = Watches {
             servers,
@@ -244,6 +254,7 @@ impl Watches {
             infra_machines,
             clusters,
             machines,
+            templates,
         };
         (watches, drivers)
     }
@@ -619,6 +630,63 @@ pub fn run_machines(
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(machine::reconcile, machine::error_policy, ctx)
+            .for_each(log_errors(queue));
+        let synced = Synced {
+            health,
+            controller: queue_name,
+        };
+        until_stopped(controller, listed, synced, shutdown).await;
+    })
+}
+
+/// The OpenStackMachineTemplate controller (scale from zero), until `shutdown`. A template
+/// is woken by its own changes and by its cluster's infrastructure (whose identity it may
+/// borrow); run it before the watches start.
+pub fn run_machine_templates(
+    ctx: Arc<Context>,
+    watches: &Watches,
+    concurrency: u16,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> futures::future::BoxFuture<'static, ()> {
+    type Watched = machine_template::Watched;
+    let reader = watches.templates.store();
+    let templates = changed(
+        watches.templates.subscribe(),
+        reader.clone(),
+        reconcile_worthy,
+    );
+    let infra = changed(
+        watches.infra_clusters.subscribe(),
+        watches.infra_clusters.store(),
+        predicates::generation,
+    );
+    let by_infra = reader.clone();
+    let listed = reader.clone();
+    Box::pin(async move {
+        ctx.metrics
+            .controller_started(machine_template::CONTROLLER, usize::from(concurrency));
+        let queue = Queue::new(&ctx, machine_template::CONTROLLER);
+        let queue_name = machine_template::CONTROLLER;
+        let controller = Controller::for_shared_stream(queue.own(templates), reader)
+            .watches_shared_stream(
+                infra,
+                queue.mapping(move |osc: Arc<cluster::Watched>| {
+                    let name = capi::cluster_name(osc.labels())
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| osc.name_any());
+                    pick(&by_infra, osc.namespace(), |object: &Watched| {
+                        capi::cluster_name(object.labels()) == Some(name.as_str())
+                    })
+                }),
+            )
+            .with_config(controller::Config::default().concurrency(concurrency))
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                machine_template::reconcile,
+                machine_template::error_policy,
+                ctx,
+            )
             .for_each(log_errors(queue));
         let synced = Synced {
             health,

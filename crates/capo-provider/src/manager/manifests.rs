@@ -81,6 +81,7 @@ pub const CLUSTER_RULES: &[Rule] = &[
             "openstackclusters/status",
             "openstackmachines/status",
             "openstackservers/status",
+            "openstackmachinetemplates/status",
         ],
         verbs: &["patch"],
     },
@@ -129,8 +130,14 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // every object of our two-version kinds, then the CRD's storedVersions.
     Rule {
         group: INFRASTRUCTURE,
-        resources: &["openstackclustertemplates", "openstackmachinetemplates"],
+        resources: &["openstackclustertemplates"],
         verbs: &["list", "patch"],
+    },
+    // Templates are also watched, for scaling from zero (their status.capacity).
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackmachinetemplates"],
+        verbs: &["list", "watch", "patch"],
     },
     Rule {
         group: "apiextensions.k8s.io",

@@ -158,11 +158,15 @@ pub async fn wait_for_crds(
 }
 
 /// The controllers [`Health`] waits for.
-pub const CONTROLLERS: [&str; 3] = [
+pub const CONTROLLERS: [&str; 4] = [
     crate::controllers::server::CONTROLLER,
     crate::controllers::cluster::CONTROLLER,
     crate::controllers::machine::CONTROLLER,
+    crate::controllers::machine_template::CONTROLLER,
 ];
+
+/// Templates reconciled at once: each is two reads per generation, so two are plenty.
+const TEMPLATE_CONCURRENCY: u16 = 2;
 
 /// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `500ms`, `15m`,
 /// `1h`.
@@ -330,7 +334,16 @@ async fn run_controllers(
         health.clone(),
         shutdown.clone(),
     ));
-    let controllers = async { tokio::join!(servers, clusters, machines) };
+    let templates = watch(crate::controllers::machine_template::CONTROLLER).over(
+        controllers::run_machine_templates(
+            ctx.clone(),
+            &watches,
+            TEMPLATE_CONCURRENCY,
+            health.clone(),
+            shutdown.clone(),
+        ),
+    );
+    let controllers = async { tokio::join!(servers, clusters, machines, templates) };
     // Every controller has subscribed (above, before its first poll): now the watches run.
     // A reconciler reads the stores, so none starts before all of them have listed once.
     let mut watching = tokio::task::JoinSet::new();

@@ -27,7 +27,13 @@ pub fn seed(world: &mut World) {
         ("ubuntu-2204-kube-v1.32.8", vec!["capi"]),
         ("cirros-0.6.3-x86_64-disk", vec![]),
     ] {
-        add_image(world, name, &tags);
+        let id = add_image(world, name, &tags);
+        // A property an image builder sets (Glance shows properties beside the fields).
+        if name.starts_with("ubuntu")
+            && let Some(image) = world.glance.images.iter_mut().find(|i| i["id"] == id)
+        {
+            image["os_type"] = serde_json::json!("linux");
+        }
     }
 }
 

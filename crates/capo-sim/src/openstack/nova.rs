@@ -95,20 +95,22 @@ struct Device {
 
 pub fn seed(world: &mut World) {
     let flavors = [
-        ("m1.tiny", 1, 512, 1),
-        ("m1.small", 1, 2048, 20),
-        ("m1.medium", 2, 4096, 40),
-        ("m1.large", 4, 8192, 80),
+        ("m1.tiny", 1, 512, 1, 0),
+        ("m1.small", 1, 2048, 20, 0),
+        ("m1.medium", 2, 4096, 40, 0),
+        ("m1.large", 4, 8192, 80, 0),
+        // With an ephemeral disk, as tests/openstack makes it on the real tier.
+        ("m1.ephemeral", 1, 1024, 10, 5),
     ];
     world.nova.flavors = flavors
         .iter()
         .enumerate()
-        .map(|(i, (name, vcpus, ram, disk))| {
+        .map(|(i, (name, vcpus, ram, disk, ephemeral))| {
             // As Nova shows a flavor at microversion 2.53 (no description or extra specs
             // before 2.55 and 2.61; `swap` is "" when there is none).
             let id = format!("{}", i + 1);
             json!({"id": id, "name": name, "vcpus": vcpus, "ram": ram, "disk": disk,
-                   "OS-FLV-EXT-DATA:ephemeral": 0, "swap": "", "os-flavor-access:is_public": true,
+                   "OS-FLV-EXT-DATA:ephemeral": ephemeral, "swap": "", "os-flavor-access:is_public": true,
                    "OS-FLV-DISABLED:disabled": false, "rxtx_factor": 1.0,
                    "links": links("flavors", &id)})
         })

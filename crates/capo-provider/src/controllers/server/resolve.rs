@@ -84,7 +84,22 @@ async fn image(
     if let Some(id) = &spec.image.id {
         return Ok(id.clone());
     }
-    let filter = spec.image.filter.clone().unwrap_or_default();
+    find_image(cloud_client, &spec.image).await.map(|i| i.id)
+}
+
+/// The one image an image parameter names: by ID, or the one its filter matches.
+pub async fn find_image(
+    cloud_client: &CloudClient,
+    param: &capo_api::common::ImageParam,
+) -> Result<crate::cloud::glance::Image, ResolveError> {
+    if let Some(id) = &param.id {
+        return match cloud_client.glance().get_image(id).await {
+            Ok(image) => Ok(image),
+            Err(CloudError::NotFound(_)) => Err(ResolveError::Spec(format!("no image {id}"))),
+            Err(source) => Err(cloud("the image")(source)),
+        };
+    }
+    let filter = param.filter.clone().unwrap_or_default();
     let images = cloud_client
         .glance()
         .list_images(filter.name.as_deref(), &filter.tags)
@@ -95,7 +110,7 @@ async fn image(
         filter.name.unwrap_or_default(),
         filter.tags
     );
-    exactly_one(&what, images, |i| &i.id).map(|i| i.id)
+    exactly_one(&what, images, |i| &i.id)
 }
 
 async fn flavor(

@@ -1,0 +1,267 @@
+//! The OpenStackMachineTemplate reconciler, for scaling from zero: `status.capacity` (cpu,
+//! memory, ephemeral-storage, storage) from the template's flavor and `status.nodeInfo`
+//! from its image, as CAPO's template controller writes them (behind its AutoScaleFromZero
+//! gate; always here, since it costs two reads per template change). Cluster API's
+//! autoscaler reads them to scale a MachineDeployment up from 0.
+//!
+//! observe (the template, its Cluster, the OpenStackCluster's identity) -> read the flavor
+//! and the image -> plan ([`plan`]: pure) -> status (one patch). A template is read from
+//! the cloud once per generation: a template whose status already describes its current
+//! generation costs nothing on a resync.
+
+pub mod plan;
+
+use std::sync::Arc;
+
+use capo_api::OpenStackMachineTemplate;
+use capo_api::capi;
+use capo_api::capo_conditions::{capo_reasons, capo_types};
+use capo_api::common::IdentityRef;
+use capo_api::conditions::{self, Desired, Status, reasons, types};
+use capo_api::machine::OpenStackMachineTemplateStatus;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use tracing::Instrument;
+
+use super::error::{Categorized, ErrorCategory};
+use super::identity::IdentityError;
+use super::outcome::Outcome;
+use super::server::resolve::{self, ResolveError};
+use super::{Context, writes};
+use crate::cloud::{CloudClient, CloudError};
+
+/// The `controller` label of metrics and the span name.
+pub const CONTROLLER: &str = "openstackmachinetemplate";
+
+/// What the watch hands us: the object, or why it could not be read.
+pub type Watched = DeserializeGuard<OpenStackMachineTemplate>;
+
+/// The status fields this controller writes.
+const STATUS_FIELDS: &[&str] = &["capacity", "nodeInfo", "conditions", "observedGeneration"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("{what}: {source}")]
+    Kubernetes {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    #[error("{action}: {source}")]
+    Cloud {
+        action: String,
+        #[source]
+        source: CloudError,
+    },
+}
+
+impl Categorized for TemplateError {
+    fn category(&self) -> ErrorCategory {
+        match self {
+            TemplateError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            TemplateError::Identity(error) => error.category(),
+            TemplateError::Resolve(ResolveError::Spec(_))
+            | TemplateError::Cloud {
+                source: CloudError::NotFound(_),
+                ..
+            } => ErrorCategory::InvalidSpec,
+            TemplateError::Resolve(ResolveError::Cloud { source, .. })
+            | TemplateError::Cloud { source, .. } => source.category(),
+        }
+    }
+}
+
+fn backoff_key(object: &Watched) -> String {
+    format!(
+        "{CONTROLLER}/{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// One reconcile, as kube-runtime's `Controller` calls it.
+pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, TemplateError> {
+    let span = tracing::info_span!(
+        "reconcile",
+        controller = CONTROLLER,
+        namespace = %object.namespace().unwrap_or_default(),
+        name = %object.name_any(),
+        generation = object.meta().generation.unwrap_or_default(),
+    );
+    let key = backoff_key(&object);
+    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
+    let result = async {
+        match &object.0 {
+            Ok(template) => reconcile_template(template, &ctx).await,
+            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        }
+    }
+    .instrument(span)
+    .await;
+    super::conclude(&ctx, reconciling, &key, result)
+}
+
+/// After a failed reconcile: back off, or wait.
+pub fn error_policy(object: Arc<Watched>, error: &TemplateError, ctx: Arc<Context>) -> Action {
+    ctx.after_error(&backoff_key(&object), error.category())
+}
+
+async fn reconcile_template(
+    template: &OpenStackMachineTemplate,
+    ctx: &Context,
+) -> Result<Outcome, TemplateError> {
+    let namespace = template.namespace().unwrap_or_default();
+    let generation = template.meta().generation;
+    let before = template.status.clone();
+    let described = before
+        .as_ref()
+        .is_some_and(|s| s.observed_generation == generation && !s.capacity.is_empty());
+    if template.meta().deletion_timestamp.is_some() || described {
+        return Ok(Outcome::Settled);
+    }
+    let cluster = super::owning_cluster(ctx, &namespace, template.labels());
+    if capi::is_paused(cluster.as_ref(), template.annotations()) {
+        return Ok(Outcome::Paused);
+    }
+    let Some(identity) = identity(ctx, template, cluster.as_ref(), &namespace) else {
+        tracing::debug!("no identityRef yet (the template's or its cluster's)");
+        return Ok(Outcome::Poll(ctx.config.poll_max));
+    };
+    let api: Api<OpenStackMachineTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut status = before.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let result = describe(ctx, template, &namespace, &identity, &mut status).await;
+    let (condition, authenticated) = match &result {
+        Ok(()) => (
+            Desired::new(types::READY, Status::True, reasons::READY, ""),
+            Some(true),
+        ),
+        Err(error) => (
+            Desired::new(
+                types::READY,
+                Status::False,
+                error.category().reason(),
+                error.to_string(),
+            ),
+            matches!(error.category(), ErrorCategory::Credentials).then_some(false),
+        ),
+    };
+    conditions::set(&mut status.conditions, &condition, generation, now);
+    if let Some(ok) = authenticated {
+        let reason = if ok {
+            reasons::READY
+        } else {
+            capo_reasons::OPENSTACK_AUTHENTICATION_FAILED
+        };
+        let said = Desired::new(
+            capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED,
+            Status::from(ok),
+            reason,
+            "",
+        );
+        conditions::set(&mut status.conditions, &said, generation, now);
+    }
+    if result.is_ok() {
+        status.observed_generation = generation;
+    }
+    writes::patch_status(
+        &api,
+        &template.name_any(),
+        before.as_ref(),
+        &status,
+        STATUS_FIELDS,
+    )
+    .await
+    .map_err(|source| TemplateError::Kubernetes {
+        what: "writing status".into(),
+        source,
+    })?;
+    result.map(|()| Outcome::Settled)
+}
+
+/// The template's identity, else its cluster's (as CAPO picks the first that has one).
+fn identity(
+    ctx: &Context,
+    template: &OpenStackMachineTemplate,
+    cluster: Option<&capi::Cluster>,
+    namespace: &str,
+) -> Option<IdentityRef> {
+    if let Some(identity) = &template.spec.template.spec.identity_ref {
+        return Some(identity.clone());
+    }
+    let infra = cluster?
+        .spec
+        .infrastructure_ref
+        .as_ref()
+        .filter(|r| r.kind == "OpenStackCluster")?;
+    let infra = ctx.caches.infra_cluster(namespace, &infra.name)?;
+    Some(infra.spec.identity_ref.clone())
+}
+
+/// Reads the flavor and the image, and writes what they say into `status`.
+async fn describe(
+    ctx: &Context,
+    template: &OpenStackMachineTemplate,
+    namespace: &str,
+    identity: &IdentityRef,
+    status: &mut OpenStackMachineTemplateStatus,
+) -> Result<(), TemplateError> {
+    let spec = &template.spec.template.spec;
+    let cloud = super::identity::cloud_client(ctx, namespace, identity).await?;
+    let flavor = flavor(&cloud, &spec.flavor).await?;
+    status.capacity = plan::capacity(&flavor, spec);
+    // An ORC image (imageRef) has no Glance ID here: the capacity stands without nodeInfo.
+    if spec.image.image_ref.is_none() {
+        let image = resolve::find_image(&cloud, &spec.image).await?;
+        status.node_info = plan::node_info(&image);
+    }
+    Ok(())
+}
+
+async fn flavor(
+    cloud: &CloudClient,
+    param: &capo_api::common::FlavorParam,
+) -> Result<crate::cloud::nova::Flavor, TemplateError> {
+    let nova = cloud.nova();
+    let found = match (
+        &param.id,
+        param.filter.as_ref().and_then(|f| f.name.as_ref()),
+    ) {
+        (Some(id), _) => nova.get_flavor(id).await,
+        (None, Some(name)) => nova.flavor_by_name(name).await,
+        (None, None) => {
+            return Err(
+                ResolveError::Spec("the flavor names neither an id nor a name".into()).into(),
+            );
+        }
+    };
+    found.map_err(|source| match source {
+        CloudError::NotFound(_) => ResolveError::Spec(format!("no such flavor: {param:?}")).into(),
+        source => TemplateError::Cloud {
+            action: "reading the flavor".into(),
+            source,
+        },
+    })
+}
+
+/// An object we cannot read: reported, and the others go on.
+async fn report_invalid(
+    object: &Watched,
+    invalid: &InvalidObject,
+    ctx: &Context,
+) -> Result<Outcome, TemplateError> {
+    super::report_invalid(object, invalid, ctx)
+        .await
+        .map_err(|source| TemplateError::Kubernetes {
+            what: "writing status".into(),
+            source,
+        })?;
+    Ok(Outcome::Unreadable)
+}
