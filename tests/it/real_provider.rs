@@ -1316,6 +1316,55 @@ async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
             e2e.label
         );
     }
+    // The template's edit: Cluster API marks what it cloned; capo-rs gives the machines the
+    // template's pairs, and their ports follow.
+    let templates: Api<OpenStackMachineTemplate> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let mut machine = e2e.machines().get(worker).await.expect("the machine");
+    machine.spec.provider_id = None;
+    let template: OpenStackMachineTemplate = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "OpenStackMachineTemplate",
+        "metadata": {"name": format!("{name}-md"), "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": name}},
+        "spec": {"template": {"spec": machine.spec.clone()}},
+    }))
+    .expect("a template");
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("the template");
+    let cloned = json!({"metadata": {"annotations": {
+        "cluster.x-k8s.io/cloned-from-name": format!("{name}-md"),
+        "cluster.x-k8s.io/cloned-from-groupkind": "OpenStackMachineTemplate.infrastructure.cluster.x-k8s.io"}}});
+    e2e.machines()
+        .patch(worker, &PatchParams::default(), &Patch::Merge(&cloned))
+        .await
+        .expect("marked as cloned");
+    let edit: json_patch::Patch = serde_json::from_value(json!([{"op": "replace",
+        "path": "/spec/template/spec/ports/0/allowedAddressPairs",
+        "value": pairs(&["10.6.0.252"])}]))
+    .expect("a JSON patch");
+    templates
+        .patch(
+            &format!("{name}-md"),
+            &PatchParams::default(),
+            &Patch::Json::<()>(edit),
+        )
+        .await
+        .expect("a template's allowedAddressPairs edit is admitted");
+    let deadline = Instant::now() + WAIT;
+    while ips(&port_of(e2e).await) != ["10.6.0.252"] {
+        assert!(
+            Instant::now() < deadline,
+            "{}: the template's pairs never reached the port",
+            e2e.label
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    templates
+        .delete(&format!("{name}-md"), &Default::default())
+        .await
+        .expect("deleted");
     let mut other = e2e.machines().get(worker).await.expect("the machine");
     other.spec.ssh_key_name = Some("another".into());
     let refused = e2e

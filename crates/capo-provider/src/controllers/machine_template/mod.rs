@@ -20,7 +20,7 @@ use capo_api::common::IdentityRef;
 use capo_api::conditions::{self, Desired, Status, reasons, types};
 use capo_api::machine::OpenStackMachineTemplateStatus;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -137,7 +137,10 @@ async fn reconcile_template(
     let api: Api<OpenStackMachineTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut status = before.clone().unwrap_or_default();
     let now = Timestamp::now();
-    let result = describe(ctx, template, &namespace, &identity, &mut status).await;
+    let result = match describe(ctx, template, &namespace, &identity, &mut status).await {
+        Ok(()) => propagate_address_pairs(ctx, template, &namespace).await,
+        Err(error) => Err(error),
+    };
     let (condition, authenticated) = match &result {
         Ok(()) => (
             Desired::new(types::READY, Status::True, reasons::READY, ""),
@@ -221,6 +224,45 @@ async fn describe(
     if spec.image.image_ref.is_none() {
         let image = resolve::find_image(&cloud, &spec.image).await?;
         status.node_info = plan::node_info(&image);
+    }
+    Ok(())
+}
+
+/// Gives the machines cloned from the template its ports' `allowedAddressPairs`.
+async fn propagate_address_pairs(
+    ctx: &Context,
+    template: &OpenStackMachineTemplate,
+    namespace: &str,
+) -> Result<(), TemplateError> {
+    let name = template.name_any();
+    let machines = ctx
+        .caches
+        .infra_machines(namespace, |m| plan::cloned_from(m, &name));
+    let api: Api<capo_api::OpenStackMachine> = Api::namespaced(ctx.client.clone(), namespace);
+    for machine in machines {
+        let Some(operations) = plan::address_pairs_patch(&template.spec.template.spec, &machine)
+        else {
+            continue;
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(operations).map_err(|e| TemplateError::Kubernetes {
+                what: "building the address pairs patch".into(),
+                source: kube::Error::SerdeError(e),
+            })?;
+        api.patch(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+        .map_err(|source| TemplateError::Kubernetes {
+            what: format!(
+                "giving {} the template's allowed address pairs",
+                machine.name_any()
+            ),
+            source,
+        })?;
+        tracing::info!(machine = %machine.name_any(), "the template's allowed address pairs given to a machine cloned from it");
     }
     Ok(())
 }

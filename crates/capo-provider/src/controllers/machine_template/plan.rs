@@ -4,8 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use capo_api::OpenStackMachine;
 use capo_api::machine::{NodeInfo, OpenStackMachineSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{Value, json};
 
 use crate::cloud::glance::Image;
 use crate::cloud::nova::Flavor;
@@ -65,6 +67,51 @@ pub fn node_info(image: &Image) -> Option<NodeInfo> {
     Some(NodeInfo {
         operating_system: Some(os),
     })
+}
+
+/// What Cluster API writes on an object it cloned from a template: the template's name and
+/// group-kind.
+pub const CLONED_FROM_NAME: &str = "cluster.x-k8s.io/cloned-from-name";
+/// See [`CLONED_FROM_NAME`].
+pub const CLONED_FROM_GROUP_KIND: &str = "cluster.x-k8s.io/cloned-from-groupkind";
+
+/// Whether Cluster API cloned `machine` from the template `name`.
+pub fn cloned_from(machine: &OpenStackMachine, name: &str) -> bool {
+    let annotations = machine.metadata.annotations.as_ref();
+    let says = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    says(CLONED_FROM_NAME) == Some(name)
+        && says(CLONED_FROM_GROUP_KIND)
+            == Some("OpenStackMachineTemplate.infrastructure.cluster.x-k8s.io")
+}
+
+/// The JSON patch that gives a machine's ports the template's `allowedAddressPairs` (CAPO
+/// #3056: a template's pairs edit reaches the machines made from it, whose controller pushes
+/// it to their ports); `None` when they already agree, or the ports do not pair up.
+pub fn address_pairs_patch(
+    template: &OpenStackMachineSpec,
+    machine: &OpenStackMachine,
+) -> Option<Value> {
+    let (wanted, have) = (&template.ports, &machine.spec.ports);
+    if wanted.len() != have.len() {
+        return None;
+    }
+    let operations: Vec<Value> = wanted
+        .iter()
+        .zip(have)
+        .enumerate()
+        .filter(|(_, (wanted, have))| wanted.allowed_address_pairs != have.allowed_address_pairs)
+        .map(|(i, (wanted, have))| {
+            let path = format!("/spec/ports/{i}/allowedAddressPairs");
+            if wanted.allowed_address_pairs.is_empty() {
+                json!({"op": "remove", "path": path})
+            } else if have.allowed_address_pairs.is_empty() {
+                json!({"op": "add", "path": path, "value": wanted.allowed_address_pairs})
+            } else {
+                json!({"op": "replace", "path": path, "value": wanted.allowed_address_pairs})
+            }
+        })
+        .collect();
+    (!operations.is_empty()).then(|| Value::Array(operations))
 }
 
 #[cfg(test)]
@@ -133,5 +180,43 @@ mod tests {
         assert_eq!(binary(3 * GIB), "3Gi");
         assert_eq!(binary(1024 * GIB), "1Ti");
         assert_eq!(binary(1000), "1000");
+    }
+
+    #[test]
+    fn a_templates_pairs_edit_becomes_a_patch_of_each_differing_port() {
+        let template = |pairs: &[&str]| {
+            let ports: Vec<Value> = vec![
+                json!({}),
+                json!({"allowedAddressPairs": pairs.iter().map(|ip| json!({"ipAddress": ip})).collect::<Vec<_>>()}),
+            ];
+            let spec: OpenStackMachineSpec = serde_json::from_value(json!({
+                "flavor": {"filter": {"name": "f"}}, "image": {"filter": {"name": "i"}},
+                "ports": ports}))
+            .expect("a spec");
+            spec
+        };
+        let machine = |pairs: &[&str]| OpenStackMachine::new("m", template(pairs));
+        assert_eq!(
+            address_pairs_patch(&template(&["10.0.0.1"]), &machine(&["10.0.0.1"])),
+            None
+        );
+        assert_eq!(
+            address_pairs_patch(&template(&["10.0.0.2"]), &machine(&["10.0.0.1"])),
+            Some(
+                json!([{"op": "replace", "path": "/spec/ports/1/allowedAddressPairs",
+                         "value": [{"ipAddress": "10.0.0.2"}]}])
+            )
+        );
+        assert_eq!(
+            address_pairs_patch(&template(&[]), &machine(&["10.0.0.1"])),
+            Some(json!([{"op": "remove", "path": "/spec/ports/1/allowedAddressPairs"}]))
+        );
+        let mut fewer = machine(&["10.0.0.1"]);
+        fewer.spec.ports.pop();
+        assert_eq!(
+            address_pairs_patch(&template(&["10.0.0.2"]), &fewer),
+            None,
+            "ports that do not pair up"
+        );
     }
 }
