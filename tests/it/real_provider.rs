@@ -1441,6 +1441,113 @@ async fn template_describes_its_machines(e2e: &mut E2e) {
         .expect("deleted");
 }
 
+/// A server whose image is an ORC Image (`imageRef`): it waits, saying so, while the Image
+/// is not available, is woken by the Image's change, and boots the Glance image whose ID the
+/// Image reports. The test writes the status ORC would write.
+async fn orc_image_is_waited_for_and_used(e2e: &mut E2e) {
+    let before = census(&e2e.tenant).await;
+    let name = unique_cluster_name("orc");
+    let images: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        e2e.client.clone(),
+        NAMESPACE,
+        &capo_provider::controllers::server::orc::image_resource(),
+    );
+    let server: OpenStackServer = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "flavor": FLAVOR,
+            "image": {"imageRef": {"name": format!("{name}-image")}},
+            "sshKeyName": KEY_PAIR,
+            "identityRef": {"name": SECRET, "cloudName": e2e.cloud_name},
+            "ports": [{"network": {"filter": {"name": TENANT_NETWORK}}}],
+        }
+    }))
+    .expect("OpenStackServer");
+    e2e.servers()
+        .create(&PostParams::default(), &server)
+        .await
+        .expect("OpenStackServer created");
+    let says = |s: &OpenStackServer, what: &str| {
+        s.status.as_ref().is_some_and(|st| {
+            let (_, reason, message) = status_of(&st.conditions, types::INSTANCE_READY);
+            reason == reasons::DEPENDENCY_MISSING && message.contains(what)
+        })
+    };
+    wait_for(
+        &e2e.servers(),
+        &name,
+        "waiting for the ORC CRD",
+        WAIT,
+        |s| says(s, "is ORC"),
+    )
+    .await;
+    let crd: Value = serde_yaml::from_str(
+        &std::fs::read_to_string("tests/fixtures/orc-image-crd.yaml").expect("ORC's CRD"),
+    )
+    .expect("YAML");
+    e2e._kube.install(&[crd]).expect("ORC's Image CRD installs");
+    let image: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "openstack.k-orc.cloud/v1alpha1", "kind": "Image",
+        "metadata": {"name": format!("{name}-image"), "namespace": NAMESPACE},
+        "spec": {"cloudCredentialsRef": {"secretName": SECRET, "cloudName": e2e.cloud_name},
+                 "managementPolicy": "unmanaged", "import": {"filter": {"name": IMAGE}}},
+    }))
+    .expect("an ORC Image");
+    let created = images
+        .create(&PostParams::default(), &image)
+        .await
+        .expect("the Image");
+    wait_for(&e2e.servers(), &name, "waiting for the Image", WAIT, |s| {
+        says(s, "is not available yet")
+    })
+    .await;
+    let glance = e2e
+        .tenant
+        .glance()
+        .list_images(Some(IMAGE), &[])
+        .await
+        .expect("images");
+    let glance_id = glance.first().expect("the test image").id.clone();
+    let generation = created.metadata.generation.unwrap_or(1);
+    let available = json!({"status": {"id": glance_id, "conditions": [
+        {"type": "Available", "status": "True", "reason": "Success", "message": "OpenStack resource is available",
+         "lastTransitionTime": "2026-11-24T00:00:00Z", "observedGeneration": generation},
+        {"type": "Progressing", "status": "False", "reason": "Success", "message": "OpenStack resource is up to date",
+         "lastTransitionTime": "2026-11-24T00:00:00Z", "observedGeneration": generation}]}});
+    images
+        .patch_status(
+            &format!("{name}-image"),
+            &PatchParams::default(),
+            &Patch::Merge(&available),
+        )
+        .await
+        .expect("the status ORC writes");
+    // The sync period is ten minutes: only the Image's watch can bring this about now.
+    let ready = wait_for(&e2e.servers(), &name, "Ready", WAIT, |s| {
+        s.status
+            .as_ref()
+            .is_some_and(|st| status_of(&st.conditions, types::READY).0 == "True")
+    })
+    .await;
+    let status = ready.status.expect("status");
+    assert_eq!(
+        status.resolved.and_then(|r| r.image_id).as_deref(),
+        Some(glance_id.as_str()),
+        "{}: the Image's ID",
+        e2e.label
+    );
+    let id = status.instance_id.expect("a server id");
+    let booted = e2e.tenant.nova().get_server(&id).await.expect("server");
+    assert_eq!(booted.status, "ACTIVE", "{}", e2e.label);
+    e2e.servers()
+        .delete(&name, &Default::default())
+        .await
+        .expect("deleted");
+    wait_gone(&e2e.servers(), &name, WAIT).await;
+    assert_nothing_left(e2e, &before).await;
+}
+
 /// Neutron stopped while the cluster's network is being built: the cluster says so, nothing
 /// turns terminal, and it converges once Neutron is back; nothing is made twice.
 async fn neutron_outage_during_bring_up(e2e: &mut E2e) {
@@ -1898,6 +2005,14 @@ both!(
     false,
     real_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges,
     sim_neutron_stopped_during_bring_up_is_said_and_the_cluster_converges
+);
+
+both!(
+    orc_image_is_waited_for_and_used,
+    PASSWORD_CLOUD,
+    false,
+    real_an_orc_image_is_waited_for_then_booted,
+    sim_an_orc_image_is_waited_for_then_booted
 );
 
 both!(

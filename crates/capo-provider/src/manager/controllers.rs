@@ -5,6 +5,9 @@
 //! - A Secret's creation or change wakes the objects that name it (credentials, user data):
 //!   a metadata-only watch, so no Secret's contents are held in memory.
 //! - A Cluster's `spec.paused` wakes the objects labelled with its name.
+//! - An ORC Image that changes wakes the servers that name it (`spec.image.imageRef`); a
+//!   cluster without ORC's CRD is watched again with backoff, so installing ORC later needs
+//!   no restart.
 //! - An object that does not decode is handed over as such (`DeserializeGuard`), reported
 //!   and skipped; it never stalls the watch.
 
@@ -323,6 +326,42 @@ fn secret_changes(
     .try_filter_map(move |event| std::future::ready(Ok(changes.wakes(event))))
 }
 
+/// The servers an ORC Image's change wakes: those in its namespace that name it.
+fn orc_image_wakeups(
+    scope: &WatchScope,
+    client: &kube::Client,
+    servers: Store<server::Watched>,
+) -> impl futures::Stream<Item = ObjectRef<server::Watched>> + use<> {
+    let resource = server::orc::image_resource();
+    let api: Api<kube::api::DynamicObject> = match &scope.namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .filter_map(|image| {
+            if let Err(error) = &image {
+                tracing::debug!(%error, "ORC Images cannot be watched (is ORC installed?)");
+            }
+            std::future::ready(image.ok())
+        })
+        .flat_map(move |image| {
+            let name = image.name_any();
+            let named = pick(&servers, image.namespace(), |object: &server::Watched| {
+                object.0.as_ref().is_ok_and(|server| {
+                    server
+                        .spec
+                        .image
+                        .image_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name == name)
+                })
+            });
+            futures::stream::iter(named)
+        })
+}
+
 /// Which Secret events wake anything: pure, so it is tested without a watch.
 #[derive(Default)]
 struct SecretChanges {
@@ -400,6 +439,7 @@ pub fn run_servers(
         reconcile_worthy,
     );
     let secrets = secret_changes(scope, &ctx);
+    let images = orc_image_wakeups(scope, &ctx.client, reader.clone());
     let clusters = watches.paused_clusters();
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
@@ -425,6 +465,7 @@ pub fn run_servers(
                 }),
             )
             .watches_shared_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
+            .reconcile_on(queue.wakeups(images))
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(server::reconcile, server::error_policy, ctx)

@@ -103,6 +103,12 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resources: &["machines"],
         verbs: &["list", "watch", "patch"],
     },
+    // ORC Images a server's imageRef names (read; their watch wakes the server).
+    Rule {
+        group: "openstack.k-orc.cloud",
+        resources: &["images"],
+        verbs: READ,
+    },
     // Credentials and user data (read; a metadata-only watch wakes their users).
     Rule {
         group: "",

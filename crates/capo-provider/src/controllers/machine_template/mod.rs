@@ -29,6 +29,7 @@ use tracing::Instrument;
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
+use super::server::orc::{self, OrcImage};
 use super::server::resolve::{self, ResolveError};
 use super::{Context, writes};
 use crate::cloud::{CloudClient, CloudError};
@@ -220,11 +221,22 @@ async fn describe(
     let cloud = super::identity::cloud_client(ctx, namespace, identity).await?;
     let flavor = flavor(&cloud, &spec.flavor).await?;
     status.capacity = plan::capacity(&flavor, spec);
-    // An ORC image (imageRef) has no Glance ID here: the capacity stands without nodeInfo.
-    if spec.image.image_ref.is_none() {
-        let image = resolve::find_image(&cloud, &spec.image).await?;
-        status.node_info = plan::node_info(&image);
+    let mut image = spec.image.clone();
+    if let Some(reference) = image.image_ref.take() {
+        let orc = orc::image(&ctx.client, namespace, &reference.name)
+            .await
+            .map_err(|source| TemplateError::Kubernetes {
+                what: format!("reading ORC Image {namespace}/{}", reference.name),
+                source,
+            })?;
+        // Not available yet: the capacity stands without nodeInfo until the next generation.
+        let OrcImage::Ready(id) = orc else {
+            return Ok(());
+        };
+        image.id = Some(id);
     }
+    let image = resolve::find_image(&cloud, &image).await?;
+    status.node_info = plan::node_info(&image);
     Ok(())
 }
 

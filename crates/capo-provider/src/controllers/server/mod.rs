@@ -6,6 +6,7 @@
 //! being deleted ends the reconcile with a requeue, sooner while the wait is young.
 
 mod delete;
+pub mod orc;
 pub mod plan;
 mod provision;
 pub mod resolve;
@@ -84,6 +85,12 @@ pub enum ServerError {
     /// Several servers carry our server's name: which one is ours cannot be told.
     #[error("{0}")]
     Duplicates(String),
+    /// The ORC Image `spec.image.imageRef` names is not available yet: its watch wakes us.
+    #[error("{0}")]
+    ImageNotReady(String),
+    /// ORC gave up on the Image.
+    #[error("{0}")]
+    ImageFailed(String),
 }
 
 impl Categorized for ServerError {
@@ -95,6 +102,7 @@ impl Categorized for ServerError {
             | ServerError::FloatingIpPool(_)
             | ServerError::VolumeFailed(_)
             | ServerError::Duplicates(_)
+            | ServerError::ImageFailed(_)
             | ServerError::Resolve(ResolveError::Spec(_)) => ErrorCategory::InvalidSpec,
             // Every lookup handles its own 404; one that reaches here came from a create
             // naming something that does not exist (a network ID, a flavor ID).
@@ -104,7 +112,7 @@ impl Categorized for ServerError {
             } => ErrorCategory::InvalidSpec,
             ServerError::Resolve(ResolveError::Cloud { source, .. })
             | ServerError::Cloud { source, .. } => source.category(),
-            ServerError::UserData(_) => ErrorCategory::Dependency,
+            ServerError::UserData(_) | ServerError::ImageNotReady(_) => ErrorCategory::Dependency,
         }
     }
 }

@@ -26,11 +26,6 @@ pub fn validate(spec: &OpenStackServerSpec) -> Result<(), SpecProblem> {
             "spec.ports is empty: a server needs at least one port".into(),
         ));
     }
-    if spec.image.image_ref.is_some() {
-        return Err(SpecProblem::Invalid(
-            "spec.image.imageRef names an ORC Image, which capo-rs does not serve: give the image by id or filter".into(),
-        ));
-    }
     Ok(())
 }
 

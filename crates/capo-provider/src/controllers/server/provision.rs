@@ -2,6 +2,8 @@
 //! lost status write adopts instead of duplicating), then take the plan's steps one at a time,
 //! recording each new object in the status before the next call.
 
+use super::orc::{self, OrcImage};
+use capo_api::OpenStackServerSpec;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -64,6 +66,7 @@ pub(super) async fn run(
     {
         Some(resolved) => resolved,
         None => {
+            let spec = &with_orc_image(ctx, &namespace, spec).await?;
             let resolved = resolve::resolve(&cloud, &name, spec, cluster).await?;
             status.resolved = Some(resolved.clone());
             resolved
@@ -96,6 +99,33 @@ pub(super) async fn run(
     };
     pass.observe(status).await?;
     pass.apply(status).await
+}
+
+/// The spec with an ORC Image (`imageRef`) replaced by the Glance ID ORC found for it;
+/// an error while the Image is not available (its watch wakes the server) or failed.
+async fn with_orc_image(
+    ctx: &Context,
+    namespace: &str,
+    spec: &OpenStackServerSpec,
+) -> Result<OpenStackServerSpec, ServerError> {
+    let mut spec = spec.clone();
+    let Some(reference) = spec.image.image_ref.take() else {
+        return Ok(spec);
+    };
+    let image = orc::image(&ctx.client, namespace, &reference.name)
+        .await
+        .map_err(ServerError::kube(format!(
+            "reading ORC Image {namespace}/{}",
+            reference.name
+        )))?;
+    match image {
+        OrcImage::Ready(id) => {
+            spec.image.id = Some(id);
+            Ok(spec)
+        }
+        OrcImage::Waiting(why) => Err(ServerError::ImageNotReady(why)),
+        OrcImage::Failed(why) => Err(ServerError::ImageFailed(why)),
+    }
 }
 
 impl Pass<'_> {
