@@ -225,10 +225,11 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The conversion webhook's latency per conversion (one object per ConversionReview, as
-    /// the API server sends them), over HTTPS and in process.
+    /// The webhook's latency per review (one object per ConversionReview, as the API server
+    /// sends them; one AdmissionReview per update), over HTTPS and, for conversions, in process.
     Webhook {
-        /// Conversions measured per case (four cases: two kinds, two directions).
+        /// Reviews measured per case (four conversions: two kinds, two directions; two
+        /// admissions: an update sent in each version).
         #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(10..))]
         requests: u32,
         /// Print JSON instead of a table.

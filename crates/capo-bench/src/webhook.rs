@@ -2,11 +2,13 @@
 //! server sees it (one object per ConversionReview, over HTTPS with a kept-alive
 //! connection), and the conversion alone (in process, no I/O). Both directions of a
 //! control-plane OpenStackMachine and of an OpenStackCluster made from CAPO's default
-//! template.
+//! template. And the validating webhook's latency per AdmissionReview: an OpenStackMachine
+//! update sent as v1beta2 (the rules CEL cannot state) and as v1beta1 (those plus the stored
+//! version's CEL rules, evaluated on the converted objects).
 
 use std::time::{Duration, Instant};
 
-use capo_provider::manager::webhook::{self, Validators, WebhookConfig, WebhookMetrics};
+use capo_provider::manager::webhook::{self, WebhookConfig, WebhookMetrics};
 use capo_sim::certs::WebhookCerts;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -124,7 +126,7 @@ pub async fn run(requests: usize) -> anyhow::Result<Vec<Latency>> {
             reload_every: webhook::CERT_RELOAD_PERIOD,
         },
         WebhookMetrics::register(&prometheus::Registry::new())?,
-        Validators::default(),
+        webhook::capo_rules::capo_validators(),
         stop,
     )
     .await?;
@@ -163,18 +165,60 @@ pub async fn run(requests: usize) -> anyhow::Result<Vec<Latency>> {
         results.push(latency(&format!("{what} over HTTPS"), over_https));
         results.push(latency(&format!("{what} in process"), in_process));
     }
+    for (what, review) in admission_cases()? {
+        let url = format!(
+            "https://{host}:{}/validate/openstackmachines",
+            address.port()
+        );
+        let mut over_https = Vec::with_capacity(requests);
+        for i in 0..requests + requests / 10 {
+            let started = Instant::now();
+            let answer: Value = client.post(&url).json(&review).send().await?.json().await?;
+            let took = started.elapsed();
+            anyhow::ensure!(answer["response"]["allowed"] == true, "{what}: {answer}");
+            if i >= requests / 10 {
+                over_https.push(took);
+            }
+        }
+        results.push(latency(&format!("{what} over HTTPS"), over_https));
+    }
     Ok(results)
+}
+
+/// An OpenStackMachine update (its ports' allowedAddressPairs) sent in each version: in
+/// v1beta1 the webhook also runs the stored version's CEL rules on the converted objects.
+fn admission_cases() -> anyhow::Result<Vec<(String, Value)>> {
+    let old = capo_api::conversion::convert(&machine(), "infrastructure.cluster.x-k8s.io/v1beta2")?;
+    let mut new = old.clone();
+    new["spec"]["ports"][0]["allowedAddressPairs"] = json!([{"ipAddress": "10.6.0.250"}]);
+    let review = |sent_in: &str| {
+        let kind = |version: &str| json!({"group": "infrastructure.cluster.x-k8s.io", "version": version, "kind": "OpenStackMachine"});
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+               "request": {"uid": "bench", "operation": "UPDATE", "kind": kind("v1beta2"),
+                           "resource": {"group": "infrastructure.cluster.x-k8s.io", "version": "v1beta2", "resource": "openstackmachines"},
+                           "requestKind": kind(sent_in), "object": new, "oldObject": old, "dryRun": false}})
+    };
+    Ok(vec![
+        (
+            "admission: machine update sent as v1beta2".into(),
+            review("v1beta2"),
+        ),
+        (
+            "admission: machine update sent as v1beta1 (+CEL)".into(),
+            review("v1beta1"),
+        ),
+    ])
 }
 
 /// A table of the figures.
 pub fn print(results: &[Latency]) {
     println!(
-        "{:<50} {:>8} {:>10} {:>10} {:>10}",
-        "conversion (one object per review)", "samples", "p50 µs", "p99 µs", "max µs"
+        "{:<58} {:>8} {:>10} {:>10} {:>10}",
+        "review (one object each)", "samples", "p50 µs", "p99 µs", "max µs"
     );
     for r in results {
         println!(
-            "{:<50} {:>8} {:>10.1} {:>10.1} {:>10.1}",
+            "{:<58} {:>8} {:>10.1} {:>10.1} {:>10.1}",
             r.what, r.samples, r.p50_us, r.p99_us, r.max_us
         );
     }
