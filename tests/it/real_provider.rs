@@ -1430,6 +1430,7 @@ async fn template_describes_its_machines(e2e: &mut E2e) {
         "{}: the image's os_type",
         e2e.label
     );
+    assert_sent(e2e, "patch", "openstackmachinetemplates/status").await;
     let spent_on_it = spent(&before, &e2e.requests());
     eprintln!(
         "FIGURES scale from zero {}: requests {spent_on_it}",
@@ -1439,6 +1440,33 @@ async fn template_describes_its_machines(e2e: &mut E2e) {
         .delete(&name, &Default::default())
         .await
         .expect("deleted");
+}
+
+/// Asserts the manager sent `grant` (verb, group, resource): the test sends none of those
+/// [`crate::packaging::used_by_orc_and_templates`] names.
+async fn assert_sent(e2e: &E2e, verb: &str, resource: &str) {
+    let grants = crate::packaging::used_by_orc_and_templates();
+    assert!(
+        grants.iter().any(|(v, _, r)| v == verb && r == resource),
+        "{verb} {resource} is one of the grants shown used here"
+    );
+    // The simulator logs a request once it has answered it, which may be just after its
+    // effect is seen.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sent = || {
+        e2e._kube
+            .requests()
+            .into_iter()
+            .any(|r| r.verb == verb && r.resource == resource)
+    };
+    while !sent() {
+        assert!(
+            Instant::now() < deadline,
+            "{}: the manager sent {verb} {resource}",
+            e2e.label
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A server whose image is an ORC Image (`imageRef`): it waits, saying so, while the Image
@@ -1540,6 +1568,8 @@ async fn orc_image_is_waited_for_and_used(e2e: &mut E2e) {
     let id = status.instance_id.expect("a server id");
     let booted = e2e.tenant.nova().get_server(&id).await.expect("server");
     assert_eq!(booted.status, "ACTIVE", "{}", e2e.label);
+    assert_sent(e2e, "get", "images").await;
+    assert_sent(e2e, "watch", "images").await;
     e2e.servers()
         .delete(&name, &Default::default())
         .await
