@@ -222,6 +222,12 @@ fn api_server_rules(schema: &mut Value) {
             .collect::<Vec<_>>()
             .join(" && ")
     };
+    let lb_rest = same_except(
+        &api_server["properties"]["managedLoadBalancer"],
+        &format!("{new}.apiServer.managedLoadBalancer"),
+        &format!("{old}.apiServer.managedLoadBalancer"),
+        &["allowedCIDRs", "monitor"],
+    );
     let rules = [
         (
             format!(
@@ -256,19 +262,10 @@ fn api_server_rules(schema: &mut Value) {
         ),
         (
             format!(
-                "({lbs} && {rest}) || {}",
+                "({} && {} && {lb_rest}) || {}",
+                has(new, "managedLoadBalancer"),
+                has(old, "managedLoadBalancer"),
                 same_field("managedLoadBalancer"),
-                lbs = format!(
-                    "{} && {}",
-                    has(new, "managedLoadBalancer"),
-                    has(old, "managedLoadBalancer")
-                ),
-                rest = same_except(
-                    &api_server["properties"]["managedLoadBalancer"],
-                    &format!("{new}.apiServer.managedLoadBalancer"),
-                    &format!("{old}.apiServer.managedLoadBalancer"),
-                    &["allowedCIDRs", "monitor"],
-                ),
             ),
             "apiServer.managedLoadBalancer cannot be added, removed or changed, except its allowedCIDRs and monitor",
         ),

@@ -54,7 +54,7 @@ pub fn binary(bytes: u64) -> String {
     ];
     for (suffix, shift) in SUFFIXES {
         let unit = 1_u64 << shift;
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{suffix}", bytes / unit);
         }
     }
@@ -111,7 +111,7 @@ pub fn address_pairs_patch(
             }
         })
         .collect();
-    (!operations.is_empty()).then(|| Value::Array(operations))
+    (!operations.is_empty()).then_some(Value::Array(operations))
 }
 
 #[cfg(test)]
