@@ -24,6 +24,7 @@ pub mod steps;
 pub mod writes;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
 use capo_api::conditions::{self, Desired, Status, reasons, types};
@@ -31,8 +32,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::core::{DeserializeGuard, NamespaceResourceScope, error_boundary::InvalidObject};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use tracing::Instrument;
 
 pub use backoff::{Backoff, BackoffPolicy};
 pub use caches::Caches;
@@ -108,6 +111,56 @@ where
 
 /// How a reconcile of `key` ended: the metrics, the per-object backoff (reset on success,
 /// forgotten once the object is deleted), and what kube-runtime does next.
+/// `controller/namespace/name`: an object's key in the context's per-object state.
+pub fn object_key<K: ResourceExt>(controller: &str, object: &K) -> String {
+    format!(
+        "{controller}/{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// One reconcile of a watched object, as kube-runtime's `Controller` calls it: a span named
+/// for the object, the reconcile metrics, then `reconcile`; an object that does not decode is
+/// reported instead (a Warning event and a condition; `write_failed` wraps a failed write).
+pub async fn reconcile_watched<K, E>(
+    controller: &'static str,
+    object: Arc<DeserializeGuard<K>>,
+    ctx: Arc<Context>,
+    reconcile: impl AsyncFnOnce(&K, &Context) -> Result<Outcome, E>,
+    write_failed: impl FnOnce(kube::Error) -> E,
+) -> Result<Action, E>
+where
+    E: Categorized,
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    DeserializeGuard<K>: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let span = tracing::info_span!(
+        "reconcile",
+        controller,
+        namespace = %object.namespace().unwrap_or_default(),
+        name = %object.name_any(),
+        generation = object.meta().generation.unwrap_or_default(),
+    );
+    let key = object_key(controller, object.as_ref());
+    let reconciling = ctx.metrics.reconciling(controller, &key);
+    let result = async {
+        match &object.0 {
+            Ok(inner) => reconcile(inner, &ctx).await,
+            Err(invalid) => report_invalid(object.as_ref(), invalid, &ctx)
+                .await
+                .map(|()| Outcome::Unreadable)
+                .map_err(write_failed),
+        }
+    }
+    .instrument(span)
+    .await;
+    conclude(&ctx, reconciling, &key, result)
+}
+
 pub fn conclude<E: Categorized>(
     ctx: &Context,
     reconciling: metrics::Reconciling,

@@ -21,10 +21,9 @@ use capo_api::conditions::{self, Desired, Status, reasons, types};
 use capo_api::machine::OpenStackMachineTemplateStatus;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
-use tracing::Instrument;
 
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
@@ -79,39 +78,23 @@ impl Categorized for TemplateError {
     }
 }
 
-fn backoff_key(object: &Watched) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
-}
-
 /// One reconcile, as kube-runtime's `Controller` calls it.
 pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, TemplateError> {
-    let span = tracing::info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        namespace = %object.namespace().unwrap_or_default(),
-        name = %object.name_any(),
-        generation = object.meta().generation.unwrap_or_default(),
-    );
-    let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
-    let result = async {
-        match &object.0 {
-            Ok(template) => reconcile_template(template, &ctx).await,
-            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+    super::reconcile_watched(CONTROLLER, object, ctx, reconcile_template, |source| {
+        TemplateError::Kubernetes {
+            what: "writing status".into(),
+            source,
         }
-    }
-    .instrument(span)
-    .await;
-    super::conclude(&ctx, reconciling, &key, result)
+    })
+    .await
 }
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &TemplateError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(&backoff_key(&object), error.category())
+    ctx.after_error(
+        &super::object_key(CONTROLLER, object.as_ref()),
+        error.category(),
+    )
 }
 
 async fn reconcile_template(
@@ -303,19 +286,4 @@ async fn flavor(
             source,
         },
     })
-}
-
-/// An object we cannot read: reported, and the others go on.
-async fn report_invalid(
-    object: &Watched,
-    invalid: &InvalidObject,
-    ctx: &Context,
-) -> Result<Outcome, TemplateError> {
-    super::report_invalid(object, invalid, ctx)
-        .await
-        .map_err(|source| TemplateError::Kubernetes {
-            what: "writing status".into(),
-            source,
-        })?;
-    Ok(Outcome::Unreadable)
 }

@@ -20,11 +20,10 @@ use capo_api::common::InstanceStatus;
 use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::Instrument;
 
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
@@ -139,39 +138,24 @@ impl ServerError {
     }
 }
 
-fn backoff_key(object: &Watched) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
-}
-
 /// One reconcile, as kube-runtime's `Controller` calls it.
 pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, ServerError> {
-    let span = tracing::info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        namespace = %object.namespace().unwrap_or_default(),
-        name = %object.name_any(),
-        generation = object.meta().generation.unwrap_or_default(),
-    );
-    let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
-    let result = async {
-        match &object.0 {
-            Ok(server) => reconcile_server(server, &ctx).await,
-            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
-        }
-    }
-    .instrument(span)
-    .await;
-    super::conclude(&ctx, reconciling, &key, result)
+    super::reconcile_watched(
+        CONTROLLER,
+        object,
+        ctx,
+        reconcile_server,
+        ServerError::kube("writing status"),
+    )
+    .await
 }
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &ServerError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(&backoff_key(&object), error.category())
+    ctx.after_error(
+        &super::object_key(CONTROLLER, object.as_ref()),
+        error.category(),
+    )
 }
 
 async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Outcome, ServerError> {
@@ -284,16 +268,4 @@ async fn report_error(
     } else {
         tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
     }
-}
-
-/// An object we cannot read: reported, and the others go on.
-async fn report_invalid(
-    object: &Watched,
-    invalid: &InvalidObject,
-    ctx: &Context,
-) -> Result<Outcome, ServerError> {
-    super::report_invalid(object, invalid, ctx)
-        .await
-        .map_err(ServerError::kube("writing status"))?;
-    Ok(Outcome::Unreadable)
 }
