@@ -188,7 +188,7 @@ def ensure_image(conn):
     if image is not None and image.status == "active":
         if "capi" not in image.tags:
             conn.image.add_tag(image, "capi")
-        if any(image.properties.get(k) != v for k, v in IMAGE_PROPERTIES.items()):
+        if any(getattr(image, k, None) != v for k, v in IMAGE_PROPERTIES.items()):
             conn.image.update_image(image, **IMAGE_PROPERTIES)
         return
     if image is not None:
