@@ -29,7 +29,7 @@ struct Case {
 
 /// The world with the validating webhooks of `deploy/` registered, trusted as cert-manager's
 /// injector makes them.
-async fn admitting_world() -> WebhookWorld {
+pub(crate) async fn admitting_world() -> WebhookWorld {
     let world = WebhookWorld::start(None).await;
     let mut configurations: Vec<Value> = objects(Flavor::Kustomize)
         .into_iter()
