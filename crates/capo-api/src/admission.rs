@@ -1,15 +1,16 @@
 //! CAPO's validating webhooks (`pkg/webhooks`), restated as CRD validation rules (CEL) on the
 //! stored version, so that the API server decides them without a call to us.
 //!
-//! Two of CAPO's update rules cannot be CEL: OpenStackMachineTemplate and OpenStackServer are
-//! immutable *except for Cluster API's topology dry-run* (a dry-run request whose object
-//! carries `topology.cluster.x-k8s.io/dry-run`), and a CRD rule sees neither the request's
-//! dry-run flag nor the object's annotations. Those two are served by the provider's
-//! validating webhook (`capo_provider::manager::webhook::admission`), which uses
-//! [`template_spec_unchanged`] and [`server_spec_unchanged`] from here.
+//! What CEL cannot state is decided by the provider's validating webhook
+//! (`capo_provider::manager::webhook::capo_rules`) with [`webhook_rules`] from here:
+//! - OpenStackMachineTemplate and OpenStackServer immutability, which CAPO lifts for Cluster
+//!   API's topology dry-run (a dry-run request whose object carries
+//!   `topology.cluster.x-k8s.io/dry-run`): a CRD rule sees neither the request's dry-run flag
+//!   nor the object's annotations;
+//! - a machine's ports and a cluster's subnets compared position by position: over lists
+//!   without `maxItems`, more than a rule's cost budget.
 //!
-//! Each rule names the CAPO behaviour it restates; `tests/it/admission.rs` replays every
-//! case of CAPO's webhook unit tests against them.
+//! `tests/it/admission.rs` replays every case of CAPO's webhook unit tests against them.
 
 use serde_json::{Value, json};
 
@@ -31,7 +32,7 @@ fn same(a: &str, b: &str, f: &str) -> String {
 
 /// A CEL expression that holds when property `f` is unchanged: present in both with the same
 /// value, or absent in both.
-pub(crate) fn unchanged(f: &str) -> String {
+fn unchanged(f: &str) -> String {
     same("self", "oldSelf", f)
 }
 

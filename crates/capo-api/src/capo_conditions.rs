@@ -4,7 +4,7 @@
 //!
 //! | CAPO's condition | on | derived from |
 //! |---|---|---|
-//! | `OpenStackAuthenticationSucceeded` | cluster, machine, server | False (`OpenStackAuthenticationFailed`) while a condition says `InvalidCredentials`; True (`Ready`) once a condition that needs OpenStack is True; otherwise left as it was |
+//! | `OpenStackAuthenticationSucceeded` | cluster, machine, server, machine template | False (`OpenStackAuthenticationFailed`) while a condition says `InvalidCredentials`; True (`Ready`) once a condition that needs OpenStack is True; otherwise left as it was |
 //! | `RouterReady` | cluster | `NetworkReady` (one step builds the network, its subnets and the router) |
 //! | `APIServerIngressReady` | control-plane machine | `APIServerLoadBalancerMemberReady`: True only once the gate released the machine (stricter than CAPO, which says True once the member is created); False `LoadBalancerMemberError` for a member in ERROR or stuck |
 //! | `FloatingAddressFromPoolReady` | server with `floatingIPPoolRef` | False `FloatingIPError` (pools are not served yet) |
@@ -51,6 +51,8 @@ pub enum Owner {
         /// `spec.floatingIPPoolRef` is set.
         from_pool: bool,
     },
+    /// An OpenStackMachineTemplate (its `Ready` says whether its flavor and image were read).
+    MachineTemplate,
 }
 
 /// Our conditions that say OpenStack answered us (authenticated), by owner.
@@ -63,6 +65,7 @@ fn needs_openstack(owner: Owner) -> &'static [&'static str] {
             types::API_ENDPOINT_READY,
         ],
         Owner::Machine { .. } | Owner::Server { .. } => &[types::INSTANCE_READY],
+        Owner::MachineTemplate => &[types::READY],
     }
 }
 
@@ -90,7 +93,7 @@ fn derived(list: &[Condition], owner: Owner) -> Vec<Derived> {
             capo_reasons::FLOATING_IP_ERROR.into(),
             "floating IP pools (floatingIPPoolRef) are not served yet".into(),
         )),
-        Owner::Machine { .. } | Owner::Server { .. } => {}
+        Owner::Machine { .. } | Owner::Server { .. } | Owner::MachineTemplate => {}
     }
     out
 }
@@ -191,6 +194,18 @@ mod tests {
             said(&waiting, capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED),
             None,
             "not known yet"
+        );
+        let mut template = with(&[(types::READY, Status::True, reasons::READY)]);
+        derive(
+            &mut template,
+            Owner::MachineTemplate,
+            Some(1),
+            Timestamp::now(),
+        );
+        assert_eq!(
+            said(&template, capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED),
+            Some(("True".into(), reasons::READY.into())),
+            "a template whose flavor and image were read"
         );
         let mut ready = with(&[(types::INSTANCE_READY, Status::True, reasons::READY)]);
         derive(&mut ready, control_plane, Some(1), Timestamp::now());

@@ -173,7 +173,13 @@ async fn call(shared: Server<'_>, webhook: &Webhook, write: &Write<'_>) -> Resul
         .await;
     let response = match answer {
         Ok(answer) if answer["response"]["uid"] == uid.as_str() => answer["response"].clone(),
-        Ok(_) => return failed(webhook, "the response's uid is not the request's"),
+        Ok(answer) => {
+            let why = format!(
+                "received invalid webhook response: expected response.uid={uid}, got {}",
+                answer["response"]["uid"]
+            );
+            return failed(webhook, &why);
+        }
         Err(why) => return failed(webhook, &format!("failed to call webhook: {why}")),
     };
     if response["allowed"] == true {
@@ -206,11 +212,12 @@ fn failed(webhook: &Webhook, why: &str) -> Result<(), ApiError> {
     )))
 }
 
-/// The refusal as kube-apiserver words it: the webhook's code (at least 400) and message,
-/// after whose webhook denied it.
+/// The refusal as kube-apiserver words it (apiserver's `webhook/errors.ToStatusErr`): the
+/// webhook's code (at least 400) and message (else its reason), after whose webhook denied it.
 fn denied(webhook: &Webhook, status: &Value) -> ApiError {
     let denied_by = format!("admission webhook \"{}\" denied the request", webhook.name);
-    let message = match status["message"].as_str().filter(|m| !m.is_empty()) {
+    let said = |field: &str| status[field].as_str().filter(|m| !m.is_empty());
+    let message = match said("message").or_else(|| said("reason")) {
         Some(message) => format!("{denied_by}: {message}"),
         None => format!("{denied_by} without explanation"),
     };

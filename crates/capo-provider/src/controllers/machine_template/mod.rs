@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use capo_api::OpenStackMachineTemplate;
 use capo_api::capi;
-use capo_api::capo_conditions::{capo_reasons, capo_types};
+use capo_api::capo_conditions::{self, Owner};
 use capo_api::common::IdentityRef;
 use capo_api::conditions::{self, Desired, Status, reasons, types};
 use capo_api::machine::OpenStackMachineTemplateStatus;
@@ -125,36 +125,22 @@ async fn reconcile_template(
         Ok(()) => propagate_address_pairs(ctx, template, &namespace).await,
         Err(error) => Err(error),
     };
-    let (condition, authenticated) = match &result {
-        Ok(()) => (
-            Desired::new(types::READY, Status::True, reasons::READY, ""),
-            Some(true),
-        ),
-        Err(error) => (
-            Desired::new(
-                types::READY,
-                Status::False,
-                error.category().reason(),
-                error.to_string(),
-            ),
-            matches!(error.category(), ErrorCategory::Credentials).then_some(false),
+    let condition = match &result {
+        Ok(()) => Desired::new(types::READY, Status::True, reasons::READY, ""),
+        Err(error) => Desired::new(
+            types::READY,
+            Status::False,
+            error.category().reason(),
+            error.to_string(),
         ),
     };
     conditions::set(&mut status.conditions, &condition, generation, now);
-    if let Some(ok) = authenticated {
-        let reason = if ok {
-            reasons::READY
-        } else {
-            capo_reasons::OPENSTACK_AUTHENTICATION_FAILED
-        };
-        let said = Desired::new(
-            capo_types::OPENSTACK_AUTHENTICATION_SUCCEEDED,
-            Status::from(ok),
-            reason,
-            "",
-        );
-        conditions::set(&mut status.conditions, &said, generation, now);
-    }
+    capo_conditions::derive(
+        &mut status.conditions,
+        Owner::MachineTemplate,
+        generation,
+        now,
+    );
     if result.is_ok() {
         status.observed_generation = generation;
     }
