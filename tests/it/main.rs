@@ -27,3 +27,4 @@ mod sim_kube;
 mod sim_kubectl;
 mod sim_openstack;
 mod takeover;
+mod topologies;

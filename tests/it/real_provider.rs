@@ -42,33 +42,33 @@ use crate::real_cloud::{
 };
 use crate::server_controller::{base64, manager_config, metric_sum, spawn_manager, timings};
 
-const NAMESPACE: &str = "default";
+pub(crate) const NAMESPACE: &str = "default";
 const SECRET: &str = "cloud-config";
-const FLAVOR: &str = "m1.small";
-const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
+pub(crate) const FLAVOR: &str = "m1.small";
+pub(crate) const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
 /// The key pair up.sh makes for the tenant.
 const KEY_PAIR: &str = "capo-rs-test";
 /// The tenant's own network (up.sh makes it on the real tier).
 const TENANT_NETWORK: &str = "capo-rs-lb-tests";
 /// How long any one wait on the provider may take, on either cloud.
-const WAIT: Duration = Duration::from_secs(300);
+pub(crate) const WAIT: Duration = Duration::from_secs(300);
 
 /// The provider, the simulated Kubernetes API, and a cloud: the real tier or the simulator.
-struct E2e {
-    label: &'static str,
+pub(crate) struct E2e {
+    pub(crate) label: &'static str,
     _kube: KubeSim,
-    client: kube::Client,
+    pub(crate) client: kube::Client,
     registry: Registry,
     shutdown: CancellationToken,
     manager: Option<JoinHandle<Result<(), ManagerError>>>,
     /// The tenant, as a client of our own: to look at the cloud and take its census.
-    tenant: CloudClient,
+    pub(crate) tenant: CloudClient,
     _clouds: Arc<Clouds>,
     /// The cloud's name in the Secret's clouds.yaml.
-    cloud_name: &'static str,
+    pub(crate) cloud_name: &'static str,
     /// The external network `public`, as CAPO's template names it (by id).
-    external_network: String,
-    sim: Option<Arc<OpenStackSim>>,
+    pub(crate) external_network: String,
+    pub(crate) sim: Option<Arc<OpenStackSim>>,
 }
 
 /// The tenant's clouds of the real tier's clouds.yaml: the manager gets no admin credential.
@@ -82,7 +82,7 @@ fn tenant_clouds_yaml(full: &str) -> String {
 }
 
 impl E2e {
-    async fn real(real: &RealCloud, cloud_name: &'static str) -> E2e {
+    pub(crate) async fn real(real: &RealCloud, cloud_name: &'static str) -> E2e {
         let (tenant, clouds) = real.client(PASSWORD_CLOUD).await;
         Self::start(
             "real",
@@ -95,7 +95,7 @@ impl E2e {
         .await
     }
 
-    async fn simulated(appcred: bool) -> E2e {
+    pub(crate) async fn simulated(appcred: bool) -> E2e {
         let sim = OpenStackSim::start(OpenStackSimConfig {
             scenario: Scenario {
                 timings: timings(),
@@ -208,7 +208,7 @@ impl E2e {
 
     /// Stops the manager as a rolling update or a crash would: `graceful` lets reconciles in
     /// flight finish; otherwise the task is dropped where it stands.
-    async fn stop_manager(&mut self, graceful: bool) {
+    pub(crate) async fn stop_manager(&mut self, graceful: bool) {
         let Some(manager) = self.manager.take() else {
             return;
         };
@@ -233,11 +233,11 @@ impl E2e {
         self._kube = kube;
     }
 
-    fn clusters(&self) -> Api<OpenStackCluster> {
+    pub(crate) fn clusters(&self) -> Api<OpenStackCluster> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
-    fn machines(&self) -> Api<OpenStackMachine> {
+    pub(crate) fn machines(&self) -> Api<OpenStackMachine> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
@@ -266,7 +266,7 @@ impl E2e {
     }
 
     /// OpenStack requests the manager made, by service, since it started.
-    fn requests(&self) -> BTreeMap<&'static str, u64> {
+    pub(crate) fn requests(&self) -> BTreeMap<&'static str, u64> {
         let mut by_service = BTreeMap::new();
         for (request, count) in self.request_counts() {
             *by_service.entry(service_of(&request)).or_default() += count;
@@ -314,7 +314,10 @@ fn service_of(request: &str) -> &'static str {
 }
 
 /// `after - before`, per service, with the total.
-fn spent(before: &BTreeMap<&'static str, u64>, after: &BTreeMap<&'static str, u64>) -> String {
+pub(crate) fn spent(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+) -> String {
     let mut parts = Vec::new();
     let mut total = 0;
     for (service, count) in after {
@@ -328,7 +331,7 @@ fn spent(before: &BTreeMap<&'static str, u64>, after: &BTreeMap<&'static str, u6
 }
 
 /// Waits until `name` satisfies `done`, for at most `within`; the last status on failure.
-async fn wait_for<K>(
+pub(crate) async fn wait_for<K>(
     api: &Api<K>,
     name: &str,
     what: &str,
@@ -398,7 +401,7 @@ fn machine_template() -> OpenStackMachineSpec {
 
 /// CAPO's default cluster template (cluster-template.yaml) as a user fills it in, with a
 /// bastion.
-fn cluster_spec(cloud_name: &str, external_network: &str) -> Value {
+pub(crate) fn cluster_spec(cloud_name: &str, external_network: &str) -> Value {
     json!({
         "apiServer": {"managedLoadBalancer": {"enabled": true}},
         "externalNetwork": {"id": external_network},
@@ -434,6 +437,12 @@ async fn create_cluster(e2e: &E2e, name: &str) {
 /// [`create_cluster`] with the OpenStackCluster named `infra` (as ClusterClass names it,
 /// `<cluster>-<suffix>`).
 async fn create_cluster_as(e2e: &E2e, name: &str, infra: &str) {
+    let spec = cluster_spec(e2e.cloud_name, &e2e.external_network);
+    create_cluster_with(e2e, name, infra, spec).await;
+}
+
+/// A Cluster and its OpenStackCluster `infra` with the spec given.
+pub(crate) async fn create_cluster_with(e2e: &E2e, name: &str, infra: &str, spec: Value) {
     let capi: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     let owner: Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
@@ -450,7 +459,7 @@ async fn create_cluster_as(e2e: &E2e, name: &str, infra: &str) {
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
         "metadata": {"name": infra, "namespace": NAMESPACE,
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
-        "spec": cluster_spec(e2e.cloud_name, &e2e.external_network),
+        "spec": spec,
     }))
     .expect("OpenStackCluster");
     e2e.clusters()
@@ -569,11 +578,11 @@ async fn gate_held(
 
 /// A cluster name of its own for each run: a run that failed leaves its objects behind, and a
 /// cluster of the same name would adopt them.
-fn unique_cluster_name(prefix: &str) -> String {
+pub(crate) fn unique_cluster_name(prefix: &str) -> String {
     format!("{prefix}-{:04x}", fastrand::u16(..))
 }
 
-fn actor(e2e: &E2e) -> CapiActor {
+pub(crate) fn actor(e2e: &E2e) -> CapiActor {
     CapiActor::start(
         e2e.client.clone(),
         CapiActorConfig {
@@ -586,7 +595,7 @@ fn actor(e2e: &E2e) -> CapiActor {
     )
 }
 
-fn plane(cluster: &str, replicas: usize) -> ControlPlane {
+pub(crate) fn plane(cluster: &str, replicas: usize) -> ControlPlane {
     ControlPlane {
         cluster: cluster.into(),
         replicas,
@@ -598,7 +607,7 @@ fn plane(cluster: &str, replicas: usize) -> ControlPlane {
 
 /// Deletes the cluster as Cluster API does: the Cluster (it stays, deleting), its machines (the
 /// actor's, if any), then the infrastructure cluster; then lets the Cluster go.
-async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &str) {
+pub(crate) async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &str) {
     delete_cluster_as(e2e, actor, name, name).await;
 }
 
@@ -639,7 +648,7 @@ async fn delete_cluster_as(e2e: &E2e, actor: Option<&CapiActor>, name: &str, inf
 }
 
 /// The census after must equal the one before.
-async fn assert_nothing_left(e2e: &E2e, before: &Census) {
+pub(crate) async fn assert_nothing_left(e2e: &E2e, before: &Census) {
     let after = census(&e2e.tenant).await;
     let left = new_objects(before, &after);
     assert!(
@@ -994,7 +1003,7 @@ async fn wait_bastion(e2e: &E2e, name: &str) -> OpenStackCluster {
     .await
 }
 
-async fn wait_provisioned(e2e: &E2e, name: &str) -> OpenStackCluster {
+pub(crate) async fn wait_provisioned(e2e: &E2e, name: &str) -> OpenStackCluster {
     wait_for(&e2e.clusters(), name, "provisioned and Ready", WAIT, |c| {
         provisioned(c) && cluster_is(types::READY)(c)
     })
@@ -1231,7 +1240,11 @@ async fn nova_outage_while_servers_build(e2e: &mut E2e) {
 }
 
 /// Polls the OpenStackMachines until one satisfies `done` (bounded).
-async fn until_a_machine(e2e: &E2e, what: &str, done: impl Fn(&OpenStackMachine) -> bool) {
+pub(crate) async fn until_a_machine(
+    e2e: &E2e,
+    what: &str,
+    done: impl Fn(&OpenStackMachine) -> bool,
+) {
     let deadline = Instant::now() + WAIT;
     loop {
         let list = e2e.machines().list(&ListParams::default()).await;
@@ -2000,6 +2013,8 @@ macro_rules! both {
         }
     };
 }
+
+pub(crate) use {both, on_real, on_sim};
 
 both!(
     server_with_volumes,

@@ -87,6 +87,10 @@ pub mod reasons {
     pub const LOAD_BALANCER_DISABLED: &str = "LoadBalancerDisabled";
     /// APIServerLoadBalancerMemberReady of a worker: only control-plane machines join.
     pub const NOT_CONTROL_PLANE: &str = "NotControlPlane";
+    /// Without a load balancer: the API floating IP points at a running control-plane machine.
+    pub const FLOATING_IP_ATTACHED: &str = "FloatingIPAttached";
+    /// Without a load balancer: a leaving machine handed the API floating IP to another.
+    pub const FLOATING_IP_MOVED: &str = "FloatingIPMoved";
     /// The machine is leaving, but its member is the last ACTIVE one of its pool: held.
     pub const LAST_ACTIVE_MEMBER: &str = "LastActiveMember";
     /// The machine's members are being removed from the API load balancer.

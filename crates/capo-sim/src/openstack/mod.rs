@@ -325,6 +325,12 @@ impl OpenStackSim {
             .collect()
     }
 
+    /// Floating IPs (by address) that a port deletion left pointing at nothing, oldest first:
+    /// each is a moment an endpoint on it answered nothing.
+    pub fn orphaned_floating_ips(&self) -> Vec<String> {
+        self.shared.world().neutron.orphaned_floating_ips.clone()
+    }
+
     /// When the next pending transition is due (for tests that advance a paused clock).
     pub fn next_transition(&self) -> Option<tokio::time::Instant> {
         self.shared.world().next_due()

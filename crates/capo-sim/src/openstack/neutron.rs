@@ -60,6 +60,9 @@ fn is_auto_deleted(port: &Value) -> bool {
 pub struct Neutron {
     /// Collection path -> objects in creation order.
     objects: BTreeMap<&'static str, Vec<Value>>,
+    /// Addresses of floating IPs left pointing at nothing because their port was deleted
+    /// under them (Neutron frees them silently): a test of an endpoint reads these.
+    pub orphaned_floating_ips: Vec<String>,
 }
 
 impl Neutron {
@@ -1107,6 +1110,7 @@ pub fn release_port(world: &mut World, port_id: &str) {
 
 /// A port is gone: floating IPs that pointed at it are free again (DOWN).
 fn forget_port(world: &mut World, port_id: &str) {
+    let mut orphaned = Vec::new();
     for fip in world
         .neutron
         .objects
@@ -1115,11 +1119,15 @@ fn forget_port(world: &mut World, port_id: &str) {
         .flatten()
         .filter(|f| f["port_id"] == port_id)
     {
+        if let Some(address) = fip["floating_ip_address"].as_str() {
+            orphaned.push(address.to_owned());
+        }
         fip["port_id"] = Value::Null;
         fip["fixed_ip_address"] = Value::Null;
         fip["router_id"] = Value::Null;
         fip["status"] = json!("DOWN");
     }
+    world.neutron.orphaned_floating_ips.extend(orphaned);
 }
 
 /// Points a port at a server (or frees it with an empty device id).

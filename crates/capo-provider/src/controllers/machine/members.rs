@@ -549,7 +549,7 @@ async fn patch_machine_hook(
 
 /// Puts capo-rs's pre-terminate hook on the control-plane Machine, so that Cluster API waits
 /// for the member's removal before it terminates the machine.
-async fn ensure_hook(pass: &Pass<'_>, machine: &Machine) -> Result<(), MachineError> {
+pub(super) async fn ensure_hook(pass: &Pass<'_>, machine: &Machine) -> Result<(), MachineError> {
     if machine
         .annotations()
         .contains_key(capi::labels::LB_MEMBER_HOOK)

@@ -13,6 +13,7 @@
 //! its members are removed and seen gone before anything else goes.
 
 mod address_pairs;
+mod api_address;
 mod members;
 
 pub use address_pairs::APPLIED_ANNOTATION as ADDRESS_PAIRS_ANNOTATION;
@@ -322,6 +323,9 @@ async fn provision(
     if let Some(push) = address_pairs::plan(&pass.osm.spec, &server, applied.map(String::as_str)) {
         address_pairs::apply(pass, api, &server, push).await?;
     }
+    if let Some(address) = api_address::wanted(pass, owners, infra) {
+        return api_address::join(pass, machine, &address, status).await;
+    }
     match members::load_balancer(pass, owners, infra) {
         Some(lb) => members::reconcile(pass, machine, &lb, status).await,
         None => {
@@ -478,6 +482,19 @@ async fn delete(
         "deleting: load balancer members, then the server",
     );
     pass.set(status, &deleting);
+    if let Some(address) = owners
+        .infra
+        .as_ref()
+        .and_then(|infra| api_address::wanted(pass, owners, infra))
+    {
+        match api_address::leave(pass, &address, status).await? {
+            members::Left::Done => {}
+            members::Left::Waiting(outcome) => return Ok(outcome),
+        }
+        if let Some(machine) = &owners.machine {
+            members::drop_hook(pass, machine).await?;
+        }
+    }
     if let Some(lb) = owners
         .infra
         .as_ref()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use capo_api::OpenStackMachineSpec;
 use capo_api::cluster::OpenStackClusterStatus;
-use capo_api::common::{FixedIp, IdOrFilter, PortOpts};
+use capo_api::common::{FixedIp, IdOrFilter, InstanceStatus, PortOpts};
 use capo_api::conditions::{Desired, Status, reasons, types};
 use capo_api::server::LocalObjectReference;
 use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
@@ -413,6 +413,103 @@ pub fn stuck_leaving(
 /// does not show is created again (the create was lost).
 pub const CREATE_UNSEEN_FOR: Duration = Duration::from_secs(60);
 
+/// A control-plane machine that could carry the API floating IP of a cluster without a load
+/// balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub machine: String,
+    /// Its port on the cluster network.
+    pub port: String,
+    /// Its server runs, and neither it nor its Machine is being deleted.
+    pub fit: bool,
+    /// Its Node joined: its API server answered kubeadm.
+    pub joined: bool,
+    /// Released to Cluster API (`spec.providerID`).
+    pub released: bool,
+    /// When it was created (seconds), to prefer the newest: the one a rollout keeps longest.
+    pub created: i64,
+}
+
+/// The next thing to do with the API floating IP, for one control-plane machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AddressStep {
+    /// Point the floating IP at this machine's port (the machine itself, or a successor).
+    Attach { machine: String, port: String },
+    /// Where it is will do: on a fit machine (`Some`), or on a port capo-rs does not manage,
+    /// which it leaves alone as CAPO does (`None`).
+    Keep { holder: Option<String> },
+    /// It is free, and this machine has no port on the cluster network to take it.
+    NoPort,
+    /// A leaving machine carries it, and no other machine can take it over.
+    NoSuccessor,
+}
+
+/// For a machine whose server runs: take the floating IP when nobody fit carries it.
+pub fn joining_address_step(
+    attached: Option<&str>,
+    own_port: Option<&str>,
+    own_name: &str,
+    others: &[Holder],
+) -> AddressStep {
+    let holder = attached.and_then(|port| others.iter().find(|h| h.port == port));
+    match (attached, holder) {
+        (Some(port), _) if Some(port) == own_port => AddressStep::Keep {
+            holder: Some(own_name.to_owned()),
+        },
+        (Some(_), Some(holder)) if holder.fit => AddressStep::Keep {
+            holder: Some(holder.machine.clone()),
+        },
+        // A port of no machine of this cluster: someone else's choice.
+        (Some(_), None) => AddressStep::Keep { holder: None },
+        // Free, or on a machine on its way out.
+        _ => match own_port {
+            Some(port) => AddressStep::Attach {
+                machine: own_name.to_owned(),
+                port: port.to_owned(),
+            },
+            None => AddressStep::NoPort,
+        },
+    }
+}
+
+/// For a machine on its way out: when it carries the floating IP, hand it to the fittest
+/// other machine first (its Node joined, released, newest), so the endpoint never points
+/// at a machine that is going.
+pub fn leaving_address_step(
+    attached: Option<&str>,
+    own_port: Option<&str>,
+    others: &[Holder],
+) -> AddressStep {
+    if attached.is_none() || attached != own_port {
+        return AddressStep::Keep { holder: None };
+    }
+    others
+        .iter()
+        .filter(|h| h.fit)
+        .max_by_key(|h| (h.joined, h.released, h.created))
+        .map_or(AddressStep::NoSuccessor, |h| AddressStep::Attach {
+            machine: h.machine.clone(),
+            port: h.port.clone(),
+        })
+}
+
+/// The port a machine has on `network`: resolved ports and created ports are in the same
+/// order.
+pub fn port_on_network(status: &InstanceStatus, network: &str) -> Option<String> {
+    let index = status
+        .resolved
+        .as_ref()?
+        .ports
+        .iter()
+        .position(|p| p.network_id == network)?;
+    status
+        .resources
+        .as_ref()?
+        .ports
+        .get(index)
+        .map(|p| p.id.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -570,5 +667,88 @@ mod tests {
         assert_eq!(leave_step(&[], false, true, true), LeaveStep::Confirmed);
         let locked = [leaving(6443, ProvisioningStatus::Active, 1)];
         assert_eq!(leave_step(&locked, false, true, false), LeaveStep::WaitGone);
+    }
+
+    fn holder(machine: &str, fit: bool, joined: bool, created: i64) -> Holder {
+        Holder {
+            machine: machine.into(),
+            port: format!("port-{machine}"),
+            fit,
+            joined,
+            released: joined,
+            created,
+        }
+    }
+
+    #[test]
+    fn a_joining_machine_takes_the_api_address_only_when_nobody_fit_carries_it() {
+        let others = [
+            holder("old", true, true, 1),
+            holder("going", false, true, 2),
+        ];
+        let attach = AddressStep::Attach {
+            machine: "new".into(),
+            port: "port-new".into(),
+        };
+        let step = |attached| joining_address_step(attached, Some("port-new"), "new", &others);
+        assert_eq!(step(None), attach, "free: taken");
+        assert_eq!(
+            step(Some("port-going")),
+            attach,
+            "on a machine going: taken"
+        );
+        assert_eq!(
+            step(Some("port-old")),
+            AddressStep::Keep {
+                holder: Some("old".into())
+            },
+            "on a fit machine: left there"
+        );
+        assert_eq!(
+            step(Some("port-new")),
+            AddressStep::Keep {
+                holder: Some("new".into())
+            }
+        );
+        assert_eq!(
+            step(Some("port-of-someone-else")),
+            AddressStep::Keep { holder: None },
+            "a port capo-rs does not manage is left alone"
+        );
+        assert_eq!(
+            joining_address_step(None, None, "new", &others),
+            AddressStep::NoPort
+        );
+    }
+
+    #[test]
+    fn a_leaving_machine_hands_the_api_address_to_the_fittest_other_first() {
+        let others = [
+            holder("joined-old", true, true, 1),
+            holder("joined-new", true, true, 5),
+            holder("not-joined-newest", true, false, 9),
+            holder("going", false, true, 10),
+        ];
+        assert_eq!(
+            leaving_address_step(Some("port-me"), Some("port-me"), &others),
+            AddressStep::Attach {
+                machine: "joined-new".into(),
+                port: "port-joined-new".into()
+            }
+        );
+        assert_eq!(
+            leaving_address_step(Some("port-joined-old"), Some("port-me"), &others),
+            AddressStep::Keep { holder: None },
+            "not ours: nothing to hand over"
+        );
+        assert_eq!(
+            leaving_address_step(None, Some("port-me"), &others),
+            AddressStep::Keep { holder: None }
+        );
+        assert_eq!(
+            leaving_address_step(Some("port-me"), Some("port-me"), &others[3..]),
+            AddressStep::NoSuccessor,
+            "only machines on their way out: held"
+        );
     }
 }

@@ -1,0 +1,206 @@
+//! CAPO's network topologies end to end, on the real OpenStack tier and on the simulator
+//! (see [`crate::real_provider`]): the API without a load balancer, whose floating IP follows
+//! the control plane through a rollout.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use capo_api::capo_conditions::capo_types;
+use capo_provider::cloud::CloudClient;
+use capo_provider::cloud::neutron::{Filter, FloatingIp};
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
+use crate::real_provider::{
+    E2e, actor, assert_nothing_left, both, cluster_spec, create_cluster_with, delete_cluster,
+    on_real, on_sim, plane, spent, unique_cluster_name, wait_provisioned,
+};
+
+/// CAPO's `cluster-template-without-lb.yaml` as a user fills it in: `apiServer: {}` (no load
+/// balancer, a floating IP), no bastion.
+fn without_lb_spec(e2e: &E2e) -> Value {
+    let mut spec = cluster_spec(e2e.cloud_name, &e2e.external_network);
+    let spec_map = spec.as_object_mut().expect("an object");
+    spec_map.insert("apiServer".into(), json!({}));
+    spec_map.remove("bastion");
+    spec
+}
+
+async fn floating_ip(tenant: &CloudClient, address: &str) -> Option<FloatingIp> {
+    let filter = Filter::default().with("floating_ip_address", address);
+    let found = tenant.neutron().list_floating_ips(&filter).await.ok()?;
+    found.into_iter().next()
+}
+
+/// What the endpoint watcher saw.
+#[derive(Debug, Default)]
+struct Reach {
+    samples: u64,
+    /// Moments the floating IP pointed at nothing, or at a server not ACTIVE.
+    unreachable: Vec<String>,
+    /// The servers it pointed at, in order, each once.
+    holders: Vec<String>,
+}
+
+/// Samples the API floating IP until `stop`: from the first time it is attached, it must
+/// always point at a port of an ACTIVE server.
+fn watch_endpoint(
+    tenant: CloudClient,
+    address: String,
+    stop: CancellationToken,
+) -> (Arc<Mutex<Reach>>, JoinHandle<()>) {
+    let reach = Arc::new(Mutex::new(Reach::default()));
+    let record = reach.clone();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut attached_once = false;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let Some(ip) = floating_ip(&tenant, &address).await else {
+                continue;
+            };
+            let server = match ip.port_id.as_deref() {
+                Some(port) => match tenant.neutron().get_port(port).await {
+                    Ok(port) => tenant.nova().get_server(&port.device_id).await.ok(),
+                    Err(_) => None,
+                },
+                None => None,
+            };
+            let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+            seen.samples += 1;
+            match server {
+                Some(server) if server.status == "ACTIVE" => {
+                    attached_once = true;
+                    if seen.holders.last() != Some(&server.id) {
+                        seen.holders.push(server.id);
+                    }
+                }
+                other if attached_once => {
+                    let state = other.map_or("no server".to_owned(), |s| s.status);
+                    seen.unreachable.push(format!("{:?}: {state}", ip.port_id));
+                }
+                _ => {}
+            }
+        }
+    });
+    (reach, task)
+}
+
+/// CAPO's without-lb template: the API floating IP is published, attached to the control
+/// plane's machine, moved to the new machine in a rollout before the old one goes (the
+/// endpoint never points at nothing), and released with the cluster.
+async fn api_without_load_balancer(e2e: &mut E2e) {
+    let name = unique_cluster_name("nolb");
+    let before = census(&e2e.tenant).await;
+    let started = Instant::now();
+    create_cluster_with(e2e, &name, &name, without_lb_spec(e2e)).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let to_provisioned = started.elapsed();
+    let address = cluster
+        .spec
+        .control_plane_endpoint
+        .as_ref()
+        .and_then(|e| e.host.clone())
+        .expect("an endpoint");
+    let ip = floating_ip(&e2e.tenant, &address)
+        .await
+        .expect("the endpoint is a floating IP");
+    assert_eq!(ip.port_id, None, "{}: no machine yet", e2e.label);
+
+    let stop = CancellationToken::new();
+    let (reach, watcher) = watch_endpoint(e2e.tenant.clone(), address.clone(), stop.clone());
+    let actor = actor(e2e);
+    let plane = plane(&name, 1);
+    actor
+        .scale_control_plane(&plane)
+        .await
+        .expect("a control-plane machine");
+    let first = held_by(e2e, &address).await;
+    let cluster_requests = e2e.requests();
+    let rollout = actor.rollout(&plane, |_| {}).await.expect("the rollout");
+    let after = held_by(e2e, &address).await;
+    assert_eq!(rollout.replaced.len(), 1, "{}", e2e.label);
+    assert_ne!(first, after, "{}: the address moved", e2e.label);
+    assert_eq!(
+        Some(&after),
+        rollout.created.first(),
+        "{}: onto the new machine",
+        e2e.label
+    );
+    stop.cancel();
+    watcher.await.expect("the watcher");
+    let reach = std::mem::take(&mut *reach.lock().unwrap_or_else(|e| e.into_inner()));
+    assert!(reach.samples > 5, "{}: sampled throughout", e2e.label);
+    assert_eq!(
+        reach.unreachable,
+        Vec::<String>::new(),
+        "{}: the endpoint always pointed at an ACTIVE server",
+        e2e.label
+    );
+    assert_eq!(reach.holders.len(), 2, "{}: {:?}", e2e.label, reach.holders);
+    if let Some(sim) = &e2e.sim {
+        // Every transition, not a sample: no port was ever deleted under the address.
+        assert_eq!(sim.orphaned_floating_ips(), Vec::<String>::new());
+    }
+    let rollout_requests = e2e.requests();
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+    eprintln!(
+        "FIGURES e2e {} without a load balancer: provisioned in {:.1} s; rollout of 1 in {:.1} s, requests {}; endpoint samples {}",
+        e2e.label,
+        to_provisioned.as_secs_f64(),
+        rollout.elapsed.as_secs_f64(),
+        spent(&cluster_requests, &rollout_requests),
+        reach.samples,
+    );
+}
+
+/// The control-plane machine whose port the floating IP points at, as its ingress condition
+/// says and the cloud shows.
+async fn held_by(e2e: &E2e, address: &str) -> String {
+    let ip = floating_ip(&e2e.tenant, address)
+        .await
+        .expect("the address");
+    let port = ip.port_id.expect("attached");
+    let machines = e2e
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("machines");
+    let holder = machines
+        .items
+        .iter()
+        .find(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .is_some_and(|r| r.ports.iter().any(|p| p.id == port))
+        })
+        .expect("a machine holds the address");
+    let ingress = holder
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == capo_types::API_SERVER_INGRESS_READY)
+        })
+        .map(|c| c.status.clone());
+    assert_eq!(ingress.as_deref(), Some("True"), "{}", e2e.label);
+    kube::ResourceExt::name_any(holder)
+}
+
+both!(
+    api_without_load_balancer,
+    PASSWORD_CLOUD,
+    false,
+    real_without_a_load_balancer_the_api_address_follows_the_control_plane,
+    sim_without_a_load_balancer_the_api_address_follows_the_control_plane
+);
