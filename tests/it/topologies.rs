@@ -2,6 +2,7 @@
 //! (see [`crate::real_provider`]): the API without a load balancer, whose floating IP follows
 //! the control plane through a rollout.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -203,4 +204,41 @@ both!(
     false,
     real_without_a_load_balancer_the_api_address_follows_the_control_plane,
     sim_without_a_load_balancer_the_api_address_follows_the_control_plane
+);
+
+/// `apiServer.enableFloatingIP: false` with a fixed IP (CAPO's `disableAPIServerFloatingIP`):
+/// the endpoint is the fixed IP, no floating IP is allocated, and a control-plane machine is
+/// released without one.
+async fn api_on_a_fixed_ip(e2e: &mut E2e) {
+    let name = unique_cluster_name("fixed");
+    let before = census(&e2e.tenant).await;
+    let mut spec = without_lb_spec(e2e);
+    spec["apiServer"] = json!({"enableFloatingIP": false, "fixedIP": "10.6.0.10"});
+    create_cluster_with(e2e, &name, &name, spec).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let endpoint = cluster.spec.control_plane_endpoint.expect("an endpoint");
+    assert_eq!(endpoint.host.as_deref(), Some("10.6.0.10"), "{}", e2e.label);
+    let actor = actor(e2e);
+    actor
+        .scale_control_plane(&plane(&name, 1))
+        .await
+        .expect("a control-plane machine, released");
+    let during = census(&e2e.tenant).await;
+    assert_eq!(
+        during.get("floatingips").map(BTreeMap::len),
+        before.get("floatingips").map(BTreeMap::len),
+        "{}: no floating IP",
+        e2e.label
+    );
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+both!(
+    api_on_a_fixed_ip,
+    PASSWORD_CLOUD,
+    false,
+    real_without_a_floating_ip_the_api_is_the_fixed_ip,
+    sim_without_a_floating_ip_the_api_is_the_fixed_ip
 );
