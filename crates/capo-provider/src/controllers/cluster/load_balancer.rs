@@ -17,7 +17,9 @@ use crate::cloud::octavia::{
     Pool, PoolSpec, ProvisioningStatus,
 };
 use crate::cloud::{CloudClient, CloudError};
-use crate::controllers::server::resolve::{exactly_one, neutron_filter, subnet_filter};
+use crate::controllers::server::resolve::{
+    exactly_one, neutron_filter, primary_subnet, subnet_filter,
+};
 
 /// Where the load balancer stands after a pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,11 +408,18 @@ async fn create(
         Some(name) => Some(flavor(cloud, name).await?),
         None => None,
     };
+    // On the cluster network, the primary subnet (CAPO #3210); on its own network, the
+    // first subnet the spec names there.
+    let vip_subnet_id = if lb_spec.network.is_none() {
+        primary_subnet(cloud, spec.primary_subnet.as_ref(), network).await?
+    } else {
+        network.subnets.first().map(|s| s.id.clone())
+    };
     let request = LoadBalancerSpec {
         name: names.load_balancer.clone(),
         description: names.description(),
         vip_network_id: Some(network.id.clone()),
-        vip_subnet_id: network.subnets.first().map(|s| s.id.clone()),
+        vip_subnet_id,
         vip_address: spec.api_server.as_ref().and_then(|a| a.fixed_ip.clone()),
         provider: lb_spec.provider.clone(),
         flavor_id,

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use capo_api::OpenStackCluster;
 use capo_api::capi::{self, Machine};
-use capo_api::common::{IdentityRef, InstanceStatus};
+use capo_api::cluster::LoadBalancerStatus;
+use capo_api::common::{IdentityRef, InstanceStatus, NetworkStatusWithSubnets, SubnetParam};
 use capo_api::conditions::{self, Desired, Status, reasons, types};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -21,9 +22,10 @@ use super::plan::{self, JoinStep, LeaveStep, Leaving, Pool};
 use super::{MachineError, Owners, Pass};
 use crate::cloud::octavia::{MemberSpec, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudError};
-use crate::controllers::cluster::plan::{Names, load_balancer as lb_spec};
+use crate::controllers::cluster::plan::{Names, load_balancer as lb_spec, tags as lb_tags};
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
+use crate::controllers::server::resolve::primary_subnet;
 use crate::membership::{Presence, Snapshot};
 
 /// On an OpenStackMachine: how many times its members in ERROR were deleted to be created
@@ -38,6 +40,17 @@ pub struct LbRef {
     pub identity: IdentityRef,
     /// The cluster is going away: its load balancer goes with every member at once.
     pub cluster_deleting: bool,
+    /// Every member carries the cluster's tags, as CAPO's do.
+    pub tags: Vec<String>,
+    /// Set when the load balancer sits on another network than the machines: members then
+    /// name the cluster network's primary subnet, or Octavia could not reach them.
+    pub member_subnet: Option<MemberSubnet>,
+}
+
+/// Where members are, when that is not the load balancer's own network.
+pub struct MemberSubnet {
+    pub network: NetworkStatusWithSubnets,
+    pub primary: Option<SubnetParam>,
 }
 
 /// The load balancer a machine joins: only control-plane machines, only when the cluster
@@ -79,6 +92,17 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
         ),
         identity: infra.spec.identity_ref.clone(),
         cluster_deleting,
+        tags: lb_tags(&infra.spec),
+        member_subnet: member_subnet(infra, recorded),
+    })
+}
+
+fn member_subnet(infra: &OpenStackCluster, recorded: &LoadBalancerStatus) -> Option<MemberSubnet> {
+    let network = infra.status.as_ref()?.network.clone()?;
+    let lb_network = recorded.load_balancer_network.as_ref()?;
+    (lb_network.id != network.id).then(|| MemberSubnet {
+        network,
+        primary: infra.spec.primary_subnet.clone(),
     })
 }
 
@@ -254,7 +278,11 @@ async fn create_member(
     };
     let cloud = cloud(pass, lb).await?;
     let name = lb.names.member(port, &pass.name);
-    let spec = MemberSpec::new(&name, &address, port);
+    let mut spec = MemberSpec::new(&name, &address, port);
+    spec.tags.clone_from(&lb.tags);
+    if let Some(on) = &lb.member_subnet {
+        spec.subnet_id = primary_subnet(&cloud, on.primary.as_ref(), &on.network).await?;
+    }
     let noted = || note_change(pass, port);
     match cloud.octavia().create_member(&pool.id, &spec).await {
         Ok(member) => {

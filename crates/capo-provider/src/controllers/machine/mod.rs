@@ -41,6 +41,7 @@ use tracing::Instrument;
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
+use super::server::resolve::ResolveError;
 use super::{Context, writes};
 use crate::cloud::CloudError;
 
@@ -73,6 +74,8 @@ pub enum MachineError {
     },
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     #[error("{0}")]
     InvalidSpec(String),
     #[error("{action}: {source}")]
@@ -88,6 +91,8 @@ impl Categorized for MachineError {
         match self {
             MachineError::Kubernetes { .. } => ErrorCategory::Kubernetes,
             MachineError::Identity(error) => error.category(),
+            MachineError::Resolve(ResolveError::Spec(_)) => ErrorCategory::InvalidSpec,
+            MachineError::Resolve(ResolveError::Cloud { source, .. }) => source.category(),
             MachineError::InvalidSpec(_) => ErrorCategory::InvalidSpec,
             MachineError::Cloud { source, .. } => source.category(),
         }

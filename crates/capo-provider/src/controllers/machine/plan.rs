@@ -29,7 +29,8 @@ pub struct Placement<'a> {
 /// An OpenStackServer spec from a machine spec, exactly as CAPO builds it
 /// (`openStackMachineSpecToOpenStackServerSpec`), so that the OpenStackServers of a cluster
 /// CAPO built compare equal and are kept: one port when none are given; a port without a
-/// network goes on the cluster network with a fixed IP in each of the cluster's `subnets`;
+/// network goes on the cluster network with a fixed IP in each of the cluster's `subnets`
+/// (in `primarySubnet` alone when set);
 /// each port with port security gets the role's managed group unless it names groups, then
 /// the machine's groups; tags are the machine's then the cluster's, first seen kept, in
 /// order; the credentials are the machine's or else the cluster's.
@@ -38,9 +39,12 @@ pub fn server_spec(
     placement: &Placement<'_>,
 ) -> OpenStackServerSpec {
     let network = placement.status.network.as_ref().map(|n| n.id.clone());
-    let subnets: Vec<FixedIp> = placement
-        .cluster
-        .subnets
+    // A primary subnet takes new machines alone (CAPO: to move off an exhausted subnet).
+    let cluster_subnets = match &placement.cluster.primary_subnet {
+        Some(primary) => std::slice::from_ref(primary),
+        None => placement.cluster.subnets.as_slice(),
+    };
+    let subnets: Vec<FixedIp> = cluster_subnets
         .iter()
         .map(|subnet| FixedIp {
             subnet: Some(subnet.clone()),
@@ -750,5 +754,50 @@ mod tests {
             AddressStep::NoSuccessor,
             "only machines on their way out: held"
         );
+    }
+
+    #[test]
+    fn the_default_port_pins_an_address_in_each_cluster_subnet_or_in_the_primary_alone() {
+        let by_id = |id: &str| capo_api::common::SubnetParam {
+            id: Some(id.into()),
+            filter: None,
+        };
+        let mut cluster = OpenStackClusterSpec {
+            subnets: vec![by_id("v4"), by_id("v6")],
+            ..OpenStackClusterSpec::default()
+        };
+        let status = OpenStackClusterStatus {
+            network: Some(capo_api::common::NetworkStatusWithSubnets {
+                id: "net".into(),
+                ..Default::default()
+            }),
+            ..OpenStackClusterStatus::default()
+        };
+        let subnets_of = |cluster: &OpenStackClusterSpec| -> Vec<String> {
+            let placement = Placement {
+                cluster,
+                status: &status,
+                role_security_group: None,
+                availability_zone: None,
+                user_data: None,
+            };
+            let spec = server_spec(&OpenStackMachineSpec::default(), &placement);
+            let port = spec.ports.first().expect("the default port");
+            assert_eq!(
+                port.network.as_ref().and_then(|n| n.id.as_deref()),
+                Some("net")
+            );
+            port.fixed_ips
+                .iter()
+                .filter_map(|f| f.subnet.as_ref().and_then(|s| s.id.clone()))
+                .collect()
+        };
+        assert_eq!(
+            subnets_of(&cluster),
+            ["v4", "v6"],
+            "dual-stack: one of each"
+        );
+        cluster.primary_subnet = Some(by_id("v6"));
+        assert_eq!(subnets_of(&cluster), ["v6"], "the primary subnet alone");
     }
 }

@@ -5,7 +5,8 @@
 
 use capo_api::OpenStackServerSpec;
 use capo_api::common::{
-    IdOrFilter, NameFilter, NeutronFilter, PortOpts, ResolvedServerSpec, SubnetFilter,
+    IdOrFilter, NameFilter, NetworkStatusWithSubnets, NeutronFilter, PortOpts, ResolvedServerSpec,
+    SubnetFilter, SubnetParam,
 };
 
 use super::plan::{ResolvedRefs, resolved_port};
@@ -266,6 +267,39 @@ async fn port_refs(
         fixed_ips,
         security_groups,
     })
+}
+
+/// The cluster's primary subnet, as CAPO's `getPrimarySubnetID` picks it: `primarySubnet`
+/// resolved on the cluster network (by ID it must be one of the cluster's subnets; a filter
+/// must match exactly one there), else the first of the cluster's subnets. It takes the load
+/// balancer's VIP and, when the load balancer sits on another network, its members.
+pub async fn primary_subnet(
+    cloud_client: &CloudClient,
+    primary: Option<&SubnetParam>,
+    network: &NetworkStatusWithSubnets,
+) -> Result<Option<String>, ResolveError> {
+    match primary {
+        None => Ok(network.subnets.first().map(|s| s.id.clone())),
+        Some(IdOrFilter { id: Some(id), .. }) => {
+            if network.subnets.iter().any(|s| &s.id == id) {
+                Ok(Some(id.clone()))
+            } else {
+                Err(ResolveError::Spec(format!(
+                    "primarySubnet {id} is not one of the cluster network's subnets"
+                )))
+            }
+        }
+        Some(IdOrFilter { filter, .. }) => {
+            let filter = subnet_filter(filter.as_ref()).with("network_id", network.id.clone());
+            let found = cloud_client
+                .neutron()
+                .list_subnets(&filter)
+                .await
+                .map_err(cloud("primarySubnet"))?;
+            exactly_one("primarySubnet on the cluster network", found, |s| &s.id)
+                .map(|s| Some(s.id))
+        }
+    }
 }
 
 /// A CAPO Neutron filter as Neutron's query parameters.
