@@ -49,7 +49,7 @@ pub(crate) const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
 /// The key pair up.sh makes for the tenant.
 const KEY_PAIR: &str = "capo-rs-test";
 /// The tenant's own network (up.sh makes it on the real tier).
-const TENANT_NETWORK: &str = "capo-rs-lb-tests";
+pub(crate) const TENANT_NETWORK: &str = "capo-rs-lb-tests";
 /// How long any one wait on the provider may take, on either cloud.
 pub(crate) const WAIT: Duration = Duration::from_secs(300);
 

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
 use crate::real_provider::{
-    E2e, actor, assert_nothing_left, both, cluster_spec, create_cluster_with, delete_cluster,
-    on_real, on_sim, plane, spent, unique_cluster_name, wait_provisioned,
+    E2e, TENANT_NETWORK, WAIT, actor, assert_nothing_left, both, cluster_spec, create_cluster_with,
+    delete_cluster, on_real, on_sim, plane, spent, unique_cluster_name, wait_for, wait_provisioned,
 };
 
 /// CAPO's `cluster-template-without-lb.yaml` as a user fills it in: `apiServer: {}` (no load
@@ -241,4 +241,101 @@ both!(
     false,
     real_without_a_floating_ip_the_api_is_the_fixed_ip,
     sim_without_a_floating_ip_the_api_is_the_fixed_ip
+);
+
+/// A load balancer on the tenant's own network, apart from the machines' cluster network:
+/// its VIP is there, and each member names the cluster's primary subnet (or Octavia could not
+/// reach it) and carries the cluster's tags, as CAPO's do.
+async fn load_balancer_on_another_network(e2e: &mut E2e) {
+    let before = census(&e2e.tenant).await;
+    let spec = |floating: bool| {
+        let mut spec = cluster_spec(e2e.cloud_name, &e2e.external_network);
+        spec["apiServer"] = json!({"enableFloatingIP": floating, "managedLoadBalancer": {
+            "enabled": true,
+            "network": {"filter": {"name": TENANT_NETWORK}},
+        }});
+        spec.as_object_mut().expect("an object").remove("bastion");
+        spec
+    };
+    // The tenant network has no router: Neutron refuses a floating IP there. The address
+    // allocated for it is given back each time, never piled up.
+    let name = unique_cluster_name("unrouted");
+    create_cluster_with(e2e, &name, &name, spec(true)).await;
+    wait_for(
+        &e2e.clusters(),
+        &name,
+        "saying the VIP is unreachable",
+        WAIT,
+        |c| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.message.contains("is not reachable from subnet"))
+            })
+        },
+    )
+    .await;
+    let floating_ips =
+        |census: &crate::real_cloud::Census| census.get("floatingips").map(BTreeMap::len);
+    assert_eq!(
+        floating_ips(&census(&e2e.tenant).await),
+        floating_ips(&before),
+        "{}: the refused floating IP was given back",
+        e2e.label
+    );
+    delete_cluster(e2e, None, &name).await;
+    assert_nothing_left(e2e, &before).await;
+
+    let name = unique_cluster_name("lbnet");
+    create_cluster_with(e2e, &name, &name, spec(false)).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let status = cluster.status.expect("status");
+    let cluster_subnet = status
+        .network
+        .as_ref()
+        .and_then(|n| n.subnets.first())
+        .map(|s| s.id.clone())
+        .expect("the cluster subnet");
+    let lb = status
+        .api_server_managed_load_balancer
+        .expect("the load balancer");
+    let lb_network = lb.load_balancer_network.as_ref().expect("its network");
+    assert_eq!(lb_network.name, TENANT_NETWORK, "{}", e2e.label);
+    let actor = actor(e2e);
+    actor
+        .scale_control_plane(&plane(&name, 1))
+        .await
+        .expect("a control-plane machine, released");
+    let pool = lb.pools.first().expect("a pool").pool_id.clone();
+    let members = e2e
+        .tenant
+        .octavia()
+        .list_members(&pool)
+        .await
+        .expect("members");
+    assert_eq!(members.len(), 1, "{}", e2e.label);
+    let member = &members[0];
+    assert_eq!(
+        member.subnet_id.as_deref(),
+        Some(cluster_subnet.as_str()),
+        "{}: the member names the cluster subnet",
+        e2e.label
+    );
+    assert_eq!(
+        member.tags,
+        ["capo-rs-e2e"],
+        "{}: CAPO's member tags",
+        e2e.label
+    );
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+both!(
+    load_balancer_on_another_network,
+    PASSWORD_CLOUD,
+    false,
+    real_a_load_balancer_on_another_network_reaches_its_members_by_subnet,
+    sim_a_load_balancer_on_another_network_reaches_its_members_by_subnet
 );

@@ -1214,7 +1214,21 @@ fn update(
                     ),
                 );
             }
-            Some((json!(fixed), json!(router_for(world, network, port))))
+            // As Neutron: only through a router with a gateway on the floating network.
+            let Some(router) = router_for(world, network, port) else {
+                let subnet = port_object["fixed_ips"][0]["subnet_id"]
+                    .as_str()
+                    .unwrap_or_default();
+                return Reply::neutron(
+                    404,
+                    "ExternalGatewayForFloatingIPNotFound",
+                    format!(
+                        "External network {network} is not reachable from subnet {subnet}.  \
+                         Therefore, cannot associate Port {port} with a Floating IP."
+                    ),
+                );
+            };
+            Some((json!(fixed), json!(router)))
         }
         ("floatingips", Some(Value::Null)) => Some((Value::Null, Value::Null)),
         _ => None,

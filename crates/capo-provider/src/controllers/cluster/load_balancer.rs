@@ -520,6 +520,7 @@ pub async fn floating_ip(
             .into_iter()
             .next();
     }
+    let created = existing.is_none();
     let ip = match existing {
         Some(ip) => ip,
         None => {
@@ -537,13 +538,23 @@ pub async fn floating_ip(
             ip
         }
     };
-    match port {
-        Some(port) if ip.port_id.as_deref() != Some(port) => cloud
-            .neutron()
-            .associate_floating_ip(&ip.id, Some(port))
-            .await
-            .map_err(ClusterError::cloud("attaching the API floating IP")),
-        _ => Ok(ip),
+    let Some(port) = port.filter(|port| ip.port_id.as_deref() != Some(*port)) else {
+        return Ok(ip);
+    };
+    match cloud
+        .neutron()
+        .associate_floating_ip(&ip.id, Some(port))
+        .await
+    {
+        Ok(attached) => Ok(attached),
+        Err(error) => {
+            // One made in this pass and not attached would be made again on the next (nothing
+            // records an address the spec does not name): give it back.
+            if created && let Err(e) = cloud.neutron().delete_floating_ip(&ip.id).await {
+                tracing::warn!(error = %e, address = %ip.floating_ip_address, "could not release the floating IP just made");
+            }
+            Err(ClusterError::cloud("attaching the API floating IP")(error))
+        }
     }
 }
 
