@@ -11,6 +11,7 @@ use prometheus::Registry;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
+use super::capabilities::Capabilities;
 use super::credentials::{CloudCredentials, ResolvedCloud};
 use super::error::ErrorContext;
 use super::limiter::{EndpointGate, GateKey, RateLimit};
@@ -60,6 +61,8 @@ pub struct Clouds {
     metrics: ApiMetrics,
     gates: Mutex<HashMap<GateKey, Arc<EndpointGate>>>,
     sessions: Mutex<HashMap<String, SessionSlot>>,
+    /// What each cloud (auth URL, region) offers, shared by its clients.
+    capabilities: Mutex<HashMap<(String, String), Arc<Capabilities>>>,
     cancel: CancellationToken,
 }
 
@@ -80,6 +83,7 @@ impl Clouds {
             metrics,
             gates: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            capabilities: Mutex::new(HashMap::new()),
             cancel,
         }))
     }
@@ -122,8 +126,15 @@ impl Clouds {
                 self.metrics.clone(),
                 self.options.path.clone(),
                 self.cancel.clone(),
+                self.capabilities_of(&scope),
             ),
         }
+    }
+
+    fn capabilities_of(&self, scope: &SessionScope) -> Arc<Capabilities> {
+        let key = (scope.auth_url.clone(), scope.region.clone());
+        let mut known = self.capabilities.lock().unwrap_or_else(|e| e.into_inner());
+        known.entry(key).or_default().clone()
     }
 
     fn gate(&self, scope: &SessionScope, service: Service) -> Arc<EndpointGate> {

@@ -13,6 +13,7 @@
 //!
 //! This module knows nothing of Kubernetes.
 
+pub mod capabilities;
 pub mod cinder;
 mod client;
 mod credentials;

@@ -5,6 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::capabilities::Answer;
 use super::endpoint::Call;
 use super::octavia::seg;
 use super::{CloudError, Operation, RequestPath, Service};
@@ -311,6 +312,11 @@ impl Router {
     }
 }
 
+/// Neutron's tagging extension (every tag call needs it).
+const TAG_EXTENSION: &str = "standard-attr-tag";
+/// Neutron's trunk extension.
+pub const TRUNK_EXTENSION: &str = "trunk";
+
 const fn op(name: &'static str) -> Operation {
     Operation::new(Service::Network, name)
 }
@@ -386,9 +392,12 @@ impl<'a> Neutron<'a> {
 
     pub async fn create_network(&self, spec: &NetworkSpec) -> Result<Network, CloudError> {
         let op = op("network_create");
+        let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
         let network: Network = self.create(op, "networks", "network", body).await?;
-        self.tag("networks", &network.id, &spec.tags).await?;
+        if tag {
+            self.set_tags("networks", &network.id, &spec.tags).await?;
+        }
         Ok(network)
     }
 
@@ -406,9 +415,12 @@ impl<'a> Neutron<'a> {
 
     pub async fn create_subnet(&self, spec: &SubnetSpec) -> Result<Subnet, CloudError> {
         let op = op("subnet_create");
+        let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
         let subnet: Subnet = self.create(op, "subnets", "subnet", body).await?;
-        self.tag("subnets", &subnet.id, &spec.tags).await?;
+        if tag {
+            self.set_tags("subnets", &subnet.id, &spec.tags).await?;
+        }
         Ok(subnet)
     }
 
@@ -433,9 +445,12 @@ impl<'a> Neutron<'a> {
 
     pub async fn create_router(&self, spec: &RouterSpec) -> Result<Router, CloudError> {
         let op = op("router_create");
+        let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
         let router: Router = self.create(op, "routers", "router", body).await?;
-        self.tag("routers", &router.id, &spec.tags).await?;
+        if tag {
+            self.set_tags("routers", &router.id, &spec.tags).await?;
+        }
         Ok(router)
     }
 
@@ -491,11 +506,12 @@ impl<'a> Neutron<'a> {
     }
 
     pub async fn create_port(&self, spec: &PortSpec) -> Result<Port, CloudError> {
+        let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op("port_create"), &e))?;
         let port: Port = self
             .create(op("port_create"), "ports", "port", body)
             .await?;
-        if !spec.tags.is_empty() {
+        if tag {
             self.set_tags("ports", &port.id, &spec.tags).await?;
         }
         Ok(port)
@@ -516,29 +532,52 @@ impl<'a> Neutron<'a> {
         self.delete(op("port_delete"), "ports", id).await
     }
 
-    /// Replaces the tags of any taggable resource (`ports`, `networks`, `floatingips`, ...).
+    /// Whether Neutron offers the extension `alias` (`GET /v2.0/extensions/{alias}`: 404
+    /// when it does not), remembered for a while per cloud.
+    pub async fn has_extension(&self, alias: &str) -> Result<bool, CloudError> {
+        let question = format!("neutron extension {alias}");
+        if let Some(Answer::Present(known)) = self.path.capabilities().known(&question) {
+            return Ok(known);
+        }
+        let call = Call::get(op("extension_get"), format!("extensions/{}", seg(alias)));
+        let present = match self.path.fetch::<Value>(call.key("extension")).await {
+            Ok(_) => true,
+            Err(CloudError::NotFound(_)) => false,
+            Err(error) => return Err(error),
+        };
+        if !present {
+            tracing::info!(extension = alias, "Neutron does not offer this extension");
+        }
+        self.path
+            .capabilities()
+            .remember(&question, Answer::Present(present));
+        Ok(present)
+    }
+
+    /// Whether `tags` will be set: there are some, and Neutron can tag (`standard-attr-tag`,
+    /// CAPO #3319). Asked before a create, so that a failed lookup never leaves behind an
+    /// object nobody tagged or recorded; skipped tags are what CAPO does too.
+    async fn can_tag(&self, tags: &[String]) -> Result<bool, CloudError> {
+        if tags.is_empty() {
+            return Ok(false);
+        }
+        self.has_extension(TAG_EXTENSION).await
+    }
+
+    /// Replaces the tags of any taggable resource (`ports`, `networks`, `floatingips`, ...);
+    /// nothing where Neutron cannot tag.
     pub async fn set_tags(
         &self,
         collection: &'static str,
         id: &str,
         tags: &[String],
     ) -> Result<(), CloudError> {
+        if !self.has_extension(TAG_EXTENSION).await? {
+            return Ok(());
+        }
         let path = format!("{collection}/{}/tags", seg(id));
         let call = Call::put(op("tags_replace"), path, json!({ "tags": tags }));
         self.path.run(call).await
-    }
-
-    /// Tags a resource just created, when there are tags to set.
-    async fn tag(
-        &self,
-        collection: &'static str,
-        id: &str,
-        tags: &[String],
-    ) -> Result<(), CloudError> {
-        if tags.is_empty() {
-            return Ok(());
-        }
-        self.set_tags(collection, id, tags).await
     }
 
     pub async fn list_security_groups(
@@ -619,6 +658,7 @@ impl<'a> Neutron<'a> {
         description: &str,
         tags: &[String],
     ) -> Result<FloatingIp, CloudError> {
+        let tag = self.can_tag(tags).await?;
         let mut body = json!({ "floating_network_id": network_id, "description": description });
         if let Some(address) = address {
             body["floating_ip_address"] = json!(address);
@@ -626,7 +666,9 @@ impl<'a> Neutron<'a> {
         let ip: FloatingIp = self
             .create(op("floating_ip_create"), "floatingips", "floatingip", body)
             .await?;
-        self.tag("floatingips", &ip.id, tags).await?;
+        if tag {
+            self.set_tags("floatingips", &ip.id, tags).await?;
+        }
         Ok(ip)
     }
 
@@ -662,11 +704,12 @@ impl<'a> Neutron<'a> {
         description: &str,
         tags: &[String],
     ) -> Result<Trunk, CloudError> {
+        let tag = self.can_tag(tags).await?;
         let body = json!({ "name": name, "port_id": port_id, "description": description });
         let trunk: Trunk = self
             .create(op("trunk_create"), "trunks", "trunk", body)
             .await?;
-        if !tags.is_empty() {
+        if tag {
             self.set_tags("trunks", &trunk.id, tags).await?;
         }
         Ok(trunk)

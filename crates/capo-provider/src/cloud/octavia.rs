@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::capabilities::{Answer, parse_version};
 use super::endpoint::Call;
 use super::{CloudError, Operation, RequestPath, Service};
 
@@ -637,6 +638,26 @@ impl<'a> Octavia<'a> {
         let op = op("loadbalancer_member_delete");
         let path = format!("lbaas/pools/{}/members/{}", seg(pool_id), seg(member_id));
         self.path.run(Call::delete(op, path)).await
+    }
+
+    /// Octavia's current API version, from its version document at the endpoint's root (the
+    /// last entry, as CAPO reads it), remembered for a while per cloud.
+    pub async fn api_version(&self) -> Result<Option<(u32, u32)>, CloudError> {
+        const QUESTION: &str = "octavia api version";
+        if let Some(Answer::Version(known)) = self.path.capabilities().known(QUESTION) {
+            return Ok(known);
+        }
+        #[derive(Deserialize)]
+        struct Version {
+            id: String,
+        }
+        let call = Call::get(op("version_list"), "../").key("versions");
+        let versions: Vec<Version> = self.path.fetch(call).await?;
+        let current = versions.last().and_then(|v| parse_version(&v.id));
+        self.path
+            .capabilities()
+            .remember(QUESTION, Answer::Version(current));
+        Ok(current)
     }
 
     pub async fn list_providers(&self) -> Result<Vec<Provider>, CloudError> {

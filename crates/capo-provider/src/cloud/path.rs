@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
+use super::capabilities::Capabilities;
 use super::error::{CloudError, ErrorContext, classify_response};
 use super::limiter::{EndpointGate, Refused};
 use super::metrics::ApiMetrics;
@@ -81,6 +82,7 @@ pub struct RequestPath {
     options: PathOptions,
     cancel: CancellationToken,
     call_cancel: Option<CancellationToken>,
+    capabilities: Arc<Capabilities>,
 }
 
 /// One HTTP request, kept whole so it can be sent again.
@@ -110,6 +112,7 @@ impl RequestPath {
         metrics: ApiMetrics,
         options: PathOptions,
         cancel: CancellationToken,
+        capabilities: Arc<Capabilities>,
     ) -> Self {
         RequestPath {
             session,
@@ -118,7 +121,13 @@ impl RequestPath {
             options,
             cancel,
             call_cancel: None,
+            capabilities,
         }
+    }
+
+    /// What this cloud was found to offer.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
     }
 
     /// The same path, cancelled by `cancel` as well as by the client's own token.

@@ -225,6 +225,14 @@ impl OpenStackSim {
         self.shared.world().settings.lb_list_refused = refused;
     }
 
+    /// The cloud's Neutron extensions and Octavia API version from now on.
+    pub fn set_capabilities(&self, neutron_extensions: &[&str], octavia_version: (u32, u32)) {
+        let mut world = self.shared.world();
+        world.settings.neutron_extensions =
+            neutron_extensions.iter().map(|e| (*e).to_owned()).collect();
+        world.settings.octavia_version = octavia_version;
+    }
+
     /// Load balancers and members that exist now.
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();

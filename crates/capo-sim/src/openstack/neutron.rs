@@ -163,6 +163,9 @@ pub fn handle(
         ["v2.0", rest @ ..] => rest,
         _ => return Reply::neutron(404, "HTTPNotFound", "The resource could not be found."),
     };
+    if let ["extensions", alias] = rest {
+        return extension(world, alias);
+    }
     let Some((path, key, kind)) = rest.first().and_then(|p| collection(p)) else {
         return Reply::neutron(404, "HTTPNotFound", "The resource could not be found.");
     };
@@ -193,6 +196,16 @@ pub fn handle(
         },
         ("PUT", [id]) => update(world, path, key, kind, id, &body[key]),
         ("DELETE", [id]) => delete(world, path, kind, id),
+        // Without `standard-attr-tag` there is no tags resource.
+        ("PUT", [_, "tags"] | [_, "tags", _]) | ("DELETE", [_, "tags", _])
+            if !world
+                .settings
+                .neutron_extensions
+                .iter()
+                .any(|e| e == "standard-attr-tag") =>
+        {
+            Reply::neutron(404, "HTTPNotFound", "The resource could not be found.")
+        }
         ("PUT", [id, "tags"]) => set_tags(world, path, kind, id, Some(&body["tags"]), None),
         ("PUT", [id, "tags", tag]) => set_tags(world, path, kind, id, None, Some((tag, true))),
         ("DELETE", [id, "tags", tag]) => set_tags(world, path, kind, id, None, Some((tag, false))),
@@ -204,6 +217,23 @@ pub fn handle(
         }
         _ => Reply::neutron(404, "HTTPNotFound", "The resource could not be found."),
     }
+}
+
+/// One extension, as `GET /v2.0/extensions/{alias}` shows it. Recorded on the real tier: 200
+/// with the extension, else webob's 404 page (HTML, not a JSON fault).
+fn extension(world: &World, alias: &str) -> Reply {
+    if world.settings.neutron_extensions.iter().any(|e| e == alias) {
+        return Reply::ok(json!({"extension": {
+            "name": alias, "alias": alias, "description": format!("The {alias} extension."),
+            "updated": "2016-01-01T10:00:00-00:00", "links": [],
+        }}));
+    }
+    Reply::html(
+        404,
+        format!(
+            "<html>\n <head>\n  <title>404 Not Found</title>\n </head>\n <body>\n  <h1>404 Not Found</h1>\n  The resource could not be found.<br /><br />\nExtension with alias {alias} does not exist\n\n\n </body>\n</html>"
+        ),
+    )
 }
 
 /// An object as a project member sees it: a port's binding details other than its VNIC type

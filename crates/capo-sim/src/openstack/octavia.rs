@@ -332,6 +332,25 @@ fn invalid(field: &str, value: &Value, why: &str) -> Reply {
 // ---------------------------------------------------------------- routing
 
 /// `/load-balancer/v2/...` requests.
+/// Octavia's version document at the endpoint's root: every minor version from 2.0 to the
+/// current one, oldest first, the last CURRENT.
+fn versions(world: &World, base: &str) -> Reply {
+    let (major, current) = world.settings.octavia_version;
+    let versions: Vec<Value> = (0..=current)
+        .map(|minor| {
+            let status = if minor == current {
+                "CURRENT"
+            } else {
+                "SUPPORTED"
+            };
+            json!({"id": format!("v{major}.{minor}"), "status": status,
+                   "updated": "2016-01-01T00:00:00Z",
+                   "links": [{"href": format!("{base}/load-balancer/v{major}"), "rel": "self"}]})
+        })
+        .collect();
+    Reply::ok(json!({ "versions": versions }))
+}
+
 pub fn handle(
     world: &mut World,
     method: &Method,
@@ -343,6 +362,9 @@ pub fn handle(
     let Some(body) = json_body(body) else {
         return Reply::bad_json();
     };
+    if rest.is_empty() || rest == [""] {
+        return versions(world, base);
+    }
     let path = match rest {
         ["v2", "lbaas", path @ ..] | ["v2.0", "lbaas", path @ ..] => path,
         ["v2", path @ ..] => path,
@@ -1042,7 +1064,21 @@ fn mutable_lb(world: &World, lb_id: &str) -> Result<(), Reply> {
     }
 }
 
+/// An Octavia before API 2.12 has no `allowed_cidrs`: WSME refuses the attribute.
+fn cidrs_unknown(world: &World, body: &Value) -> Option<Reply> {
+    let known = world.settings.octavia_version >= (2, 12);
+    (!known && body.get("allowed_cidrs").is_some()).then(|| {
+        Reply::fault(
+            400,
+            "Invalid input for field/attribute listener. Value: 'allowed_cidrs'. Unknown attribute for argument listener: allowed_cidrs",
+        )
+    })
+}
+
 fn create_listener(world: &mut World, body: &Value) -> Reply {
+    if let Some(refused) = cidrs_unknown(world, body) {
+        return refused;
+    }
     let Some(lb_id) = str_field(body, "loadbalancer_id") else {
         return Reply::fault(
             400,
@@ -1108,6 +1144,9 @@ fn create_listener(world: &mut World, body: &Value) -> Reply {
 }
 
 fn update_listener(world: &mut World, id: &str, body: &Value) -> Reply {
+    if let Some(refused) = cidrs_unknown(world, body) {
+        return refused;
+    }
     let Some(lb_id) = world.octavia.listeners.get(id).map(|l| l.lb.clone()) else {
         return not_found("Listener", id);
     };

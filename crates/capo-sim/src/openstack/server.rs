@@ -292,6 +292,12 @@ pub fn respond(reply: Reply) -> Response {
         builder = builder.header(*name, value.as_str());
     }
     let body = match &reply.body {
+        // A page, not JSON (webob's default error pages).
+        Some(serde_json::Value::String(page))
+            if reply.headers.iter().any(|(n, _)| *n == "content-type") =>
+        {
+            Body::from(page.clone())
+        }
         Some(body) => {
             builder = builder.header("content-type", "application/json");
             Body::from(serde_json::to_vec(body).unwrap_or_default())

@@ -91,6 +91,11 @@ impl Reply {
         Reply::nova(status, message)
     }
 
+    /// An HTML error page, as webob answers where no JSON fault is made.
+    pub fn html(status: u16, page: String) -> Self {
+        Reply::json(status, Value::String(page)).header("content-type", "text/html; charset=UTF-8")
+    }
+
     pub fn bad_json() -> Self {
         Reply::fault(400, "Invalid input: the request body is not valid JSON")
     }
@@ -232,6 +237,11 @@ pub struct CloudSettings {
     pub octavia_page_max: usize,
     /// The project's quotas; `None` is unlimited.
     pub quotas: Quotas,
+    /// Neutron's extensions that matter to a provider, by alias (`trunk`, `standard-attr-tag`);
+    /// `GET /v2.0/extensions/{alias}` finds only these.
+    pub neutron_extensions: Vec<String>,
+    /// Octavia's current API version (the last of its version document), `(major, minor)`.
+    pub octavia_version: (u32, u32),
 }
 
 /// A project's quotas, where the services check them.
@@ -263,6 +273,8 @@ impl Default for CloudSettings {
             lb_list_refused: false,
             octavia_page_max: 1000,
             quotas: Quotas::default(),
+            neutron_extensions: vec!["trunk".into(), "standard-attr-tag".into()],
+            octavia_version: (2, 27),
         }
     }
 }

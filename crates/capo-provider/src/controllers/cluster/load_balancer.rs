@@ -25,12 +25,19 @@ use crate::controllers::server::resolve::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LbProgress {
     /// ACTIVE, with every listener, pool and monitor; the VIP's port.
-    Ready { vip_port: Option<String> },
+    Ready {
+        vip_port: Option<String>,
+        /// The spec restricts the listeners, and this Octavia (its API version) cannot.
+        old_octavia: Option<String>,
+    },
     /// Being created or changed (by us or anyone): look again when it unlocks.
     Pending(ProvisioningStatus),
     /// In ERROR: a person must look; the gate says so.
     Failed,
 }
+
+/// The Octavia API version whose listeners take `allowed_cidrs`.
+const ALLOWED_CIDRS_SINCE: (u32, u32) = (2, 12);
 
 /// Health monitor defaults, as CAPO's.
 const MONITOR_DELAY: u32 = 10;
@@ -85,7 +92,7 @@ pub async fn reconcile(
         .list_pools(&lb.id, None)
         .await
         .map_err(ClusterError::cloud("listing the load balancer's pools"))?;
-    let allowed = plan::allowed_cidrs(
+    let mut allowed = plan::allowed_cidrs(
         lb_spec,
         &subnet_cidrs(status),
         &status
@@ -95,6 +102,26 @@ pub async fn reconcile(
             .unwrap_or_default(),
         &bastion_ips(status),
     );
+    // As CAPO: listeners take allowed CIDRs from Octavia API 2.12 on; before that they are
+    // left open and the endpoint condition says so.
+    let mut old_octavia = None;
+    if allowed.is_some() {
+        let version = cloud
+            .octavia()
+            .api_version()
+            .await
+            .map_err(ClusterError::cloud("reading Octavia's API version"))?;
+        if version.is_none_or(|v| v < ALLOWED_CIDRS_SINCE) {
+            tracing::warn!(
+                ?version,
+                "Octavia predates allowed CIDRs: the listeners stay open"
+            );
+            old_octavia = Some(version.map_or("unknown".to_owned(), |(major, minor)| {
+                format!("{major}.{minor}")
+            }));
+            allowed = None;
+        }
+    }
     let mut recorded_pools = Vec::new();
     for port in plan::lb_ports(spec, lb_spec) {
         let step = ensure_port(
@@ -115,6 +142,7 @@ pub async fn reconcile(
     }
     Ok(LbProgress::Ready {
         vip_port: lb.vip_port_id.clone(),
+        old_octavia,
     })
 }
 

@@ -442,6 +442,7 @@ async fn build(
         pass.done(SECURITY_GROUPS);
     }
     let mut outcome = Outcome::Settled;
+    let mut endpoint_note = None;
     let endpoint = match lb_spec {
         Some(lb_spec) => {
             let progress =
@@ -452,9 +453,17 @@ async fn build(
                     other => other.map_err(at(types::API_ENDPOINT_READY))?,
                 };
             match progress {
-                LbProgress::Ready { vip_port } => lb_endpoint(pass, cloud, vip_port, status)
-                    .await
-                    .map_err(at(types::API_ENDPOINT_READY))?,
+                LbProgress::Ready {
+                    vip_port,
+                    old_octavia,
+                } => {
+                    endpoint_note = old_octavia.map(|version| {
+                        format!("; allowedCIDRs not enforced: this Octavia's API is {version}, and listeners take them from 2.12")
+                    });
+                    lb_endpoint(pass, cloud, vip_port, status)
+                        .await
+                        .map_err(at(types::API_ENDPOINT_READY))?
+                }
                 LbProgress::Pending(state) => {
                     // The engine wakes us when the LB settles; this is the safety net.
                     if let Some(lb) = &status.api_server_managed_load_balancer {
@@ -511,7 +520,7 @@ async fn build(
                 types::API_ENDPOINT_READY,
                 Status::True,
                 reasons::READY,
-                format!("{host}:{port}"),
+                format!("{host}:{port}{}", endpoint_note.unwrap_or_default()),
             ),
         );
     }

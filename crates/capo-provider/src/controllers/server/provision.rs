@@ -22,7 +22,7 @@ use super::ServerError;
 use super::plan::{self, Next, Observed, ServerState, SpecProblem, VolumeWant};
 use super::resolve;
 use crate::cloud::cinder::Volume;
-use crate::cloud::neutron::Filter;
+use crate::cloud::neutron::{Filter, TRUNK_EXTENSION};
 use crate::cloud::nova::Server;
 use crate::cloud::{CloudClient, CloudError};
 use crate::controllers::identity;
@@ -76,11 +76,14 @@ pub(super) async fn run(
     writes::add_finalizer(api, object, finalizers::SERVER)
         .await
         .map_err(ServerError::kube("adding the finalizer"))?;
-    let wants_trunk = resolved
+    let wants_trunk: Vec<bool> = resolved
         .ports
         .iter()
         .map(|p| p.trunk == Some(true))
         .collect();
+    if wants_trunk.iter().any(|w| *w) {
+        require_trunks(&cloud).await?;
+    }
     let volumes = plan::wanted_volumes(&name, spec, resolved.image_id.as_deref());
     let mut pass = Pass {
         ctx,
@@ -99,6 +102,22 @@ pub(super) async fn run(
     };
     pass.observe(status).await?;
     pass.apply(status).await
+}
+
+/// A trunk is asked for only where Neutron has the extension, as CAPO checks: a clear
+/// refusal before any port is made, not a failed create halfway.
+async fn require_trunks(cloud: &CloudClient) -> Result<(), ServerError> {
+    let offered = cloud
+        .neutron()
+        .has_extension(TRUNK_EXTENSION)
+        .await
+        .map_err(ServerError::cloud("asking Neutron for its trunk extension"))?;
+    if offered {
+        return Ok(());
+    }
+    Err(ServerError::InvalidSpec(
+        "a port asks for a trunk, and this cloud's Neutron has no trunk extension: enable it, or drop `trunk` from the ports".into(),
+    ))
 }
 
 /// The spec with an ORC Image (`imageRef`) replaced by the Glance ID ORC found for it;

@@ -1,0 +1,138 @@
+//! What a cloud offers, checked before it is used, as CAPO checks it: the trunk extension
+//! before a trunk, `standard-attr-tag` before tagging (CAPO #3319), Octavia API 2.12 before
+//! a listener's `allowedCIDRs`. A cloud without one gets a clear word, not a failed create.
+//! The simulator refuses each as the real service does (a tag call without the extension is a
+//! 404; an old Octavia refuses the unknown attribute).
+
+use capo_api::conditions::types;
+use capo_api::{OpenStackCluster, OpenStackServer};
+use serde_json::json;
+
+use crate::cluster_controller::{cluster_spec, create_cluster, provisioned, ready, wait_cluster};
+use crate::server_controller::{World, server_manifest};
+
+fn message_of<'a>(
+    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> (&'a str, &'a str, &'a str) {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map_or(("", "", ""), |c| {
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+        })
+}
+
+fn server_says(server: &OpenStackServer, type_: &str) -> (String, String, String) {
+    let conditions = server
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let (status, reason, message) = message_of(conditions, type_);
+    (status.into(), reason.into(), message.into())
+}
+
+#[tokio::test]
+async fn a_trunk_on_a_cloud_without_the_extension_is_refused_before_any_port() {
+    let world = World::start().await;
+    world
+        .cloud
+        .set_capabilities(&["standard-attr-tag"], (2, 27));
+    let before = world.cloud.object_counts();
+    let mut manifest = server_manifest("trunked");
+    manifest["spec"]["trunk"] = json!(true);
+    world.create(manifest).await;
+    let refused = world
+        .wait_for("trunked", "refused for its trunk", |s| {
+            server_says(s, types::INSTANCE_READY)
+                .2
+                .contains("no trunk extension")
+        })
+        .await;
+    let (status, reason, _) = server_says(&refused, types::INSTANCE_READY);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
+    assert_eq!(world.cloud.object_counts(), before, "no port, no server");
+    assert_eq!(world.requests("network extension_get"), 1);
+}
+
+#[tokio::test]
+async fn without_tagging_a_cluster_is_built_untagged_and_no_tag_call_is_made() {
+    let world = World::start().await;
+    world.cloud.set_capabilities(&["trunk"], (2, 27));
+    create_cluster(&world, "untagged", cluster_spec()).await;
+    wait_cluster(&world, "untagged", "provisioned", |c| {
+        provisioned(c) && ready(c)
+    })
+    .await;
+    let log = world.cloud.request_log();
+    let tag_calls: u64 = log["by_operation"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(operation, _)| operation.contains("tags_update"))
+        .filter_map(|(_, count)| count.as_u64())
+        .sum();
+    assert_eq!(tag_calls, 0, "no tag call reached Neutron");
+    assert_eq!(
+        world.requests("network extension_get"),
+        1,
+        "asked once, then remembered"
+    );
+}
+
+#[tokio::test]
+async fn allowed_cidrs_on_an_octavia_before_2_12_leave_the_listener_open_and_say_so() {
+    let world = World::start().await;
+    world
+        .cloud
+        .set_capabilities(&["trunk", "standard-attr-tag"], (2, 11));
+    let mut spec = cluster_spec();
+    spec["apiServer"]["managedLoadBalancer"]["allowedCIDRs"] = json!(["192.0.2.0/24"]);
+    create_cluster(&world, "old-octavia", spec).await;
+    let cluster: OpenStackCluster = wait_cluster(&world, "old-octavia", "provisioned", |c| {
+        provisioned(c) && ready(c)
+    })
+    .await;
+    let conditions = cluster
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
+    let (status, _, message) = message_of(conditions, types::API_ENDPOINT_READY);
+    assert_eq!(status, "True");
+    assert!(
+        message.contains("allowedCIDRs not enforced") && message.contains("2.11"),
+        "{message}"
+    );
+    let recorded = cluster
+        .status
+        .and_then(|s| s.api_server_managed_load_balancer)
+        .expect("the load balancer");
+    assert_eq!(recorded.allowed_cidrs, Vec::<String>::new());
+}
+
+/// The real cloud answers the questions as the simulator does: the extensions it has, a 404
+/// for one it lacks, and its Octavia version document at the endpoint's root.
+#[tokio::test]
+async fn the_real_cloud_says_what_it_offers() {
+    let Some(real) = crate::real_cloud::real_cloud() else {
+        return;
+    };
+    let (tenant, _clouds) = real.client(crate::real_cloud::PASSWORD_CLOUD).await;
+    let neutron = tenant.neutron();
+    for (alias, offered) in [
+        ("trunk", true),
+        ("standard-attr-tag", true),
+        ("capo-rs-no-such-extension", false),
+    ] {
+        assert_eq!(
+            neutron.has_extension(alias).await.expect("an answer"),
+            offered,
+            "{alias}"
+        );
+    }
+    let version = tenant.octavia().api_version().await.expect("a version");
+    eprintln!("FIGURES real Octavia API version {version:?}");
+    assert!(version.is_some_and(|v| v >= (2, 12)), "{version:?}");
+}
