@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use capo_api::capo_conditions::capo_types;
 use capo_provider::cloud::CloudClient;
-use capo_provider::cloud::neutron::{Filter, FloatingIp};
+use capo_provider::cloud::neutron::{Filter, FloatingIp, NetworkSpec, SubnetSpec};
 use kube::api::ListParams;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -338,4 +338,111 @@ both!(
     false,
     real_a_load_balancer_on_another_network_reaches_its_members_by_subnet,
     sim_a_load_balancer_on_another_network_reaches_its_members_by_subnet
+);
+
+/// A dual-stack cluster on the user's network, with an IPv4 and an IPv6 subnet: each machine's
+/// default port has an address in both (CAPO pins a fixed IP in every cluster subnet), and the
+/// load balancer's VIP and members are on the primary (first) subnet, IPv4.
+async fn dual_stack(e2e: &mut E2e) {
+    let name = unique_cluster_name("dual");
+    let before = census(&e2e.tenant).await;
+    let neutron = e2e.tenant.neutron();
+    let network = neutron
+        .create_network(&NetworkSpec {
+            name: format!("{name}-net"),
+            admin_state_up: true,
+            ..NetworkSpec::default()
+        })
+        .await
+        .expect("a network");
+    let mut subnet_ids = Vec::new();
+    for (version, cidr) in [(4, "10.78.0.0/24"), (6, "fd00:78::/64")] {
+        let subnet = neutron
+            .create_subnet(&SubnetSpec {
+                name: format!("{name}-v{version}"),
+                network_id: network.id.clone(),
+                cidr: cidr.into(),
+                ip_version: version,
+                ..SubnetSpec::default()
+            })
+            .await
+            .expect("a subnet");
+        subnet_ids.push(subnet.id);
+    }
+    let mut spec = cluster_spec(e2e.cloud_name, &e2e.external_network);
+    let spec_map = spec.as_object_mut().expect("an object");
+    for field in ["managedSubnets", "bastion", "externalNetwork"] {
+        spec_map.remove(field);
+    }
+    spec_map.insert("enableExternalNetwork".into(), json!(false));
+    spec_map.insert("network".into(), json!({"id": network.id}));
+    spec_map.insert(
+        "subnets".into(),
+        json!([{"id": subnet_ids[0]}, {"id": subnet_ids[1]}]),
+    );
+    spec_map.insert(
+        "apiServer".into(),
+        json!({"enableFloatingIP": false, "managedLoadBalancer": {"enabled": true}}),
+    );
+    create_cluster_with(e2e, &name, &name, spec).await;
+    wait_provisioned(e2e, &name).await;
+    let actor = actor(e2e);
+    actor
+        .scale_control_plane(&plane(&name, 1))
+        .await
+        .expect("a control-plane machine, released");
+    let machines = e2e
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("machines");
+    let machine = machines.items.first().expect("a machine");
+    let port_id = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.ports.first())
+        .map(|p| p.id.clone())
+        .expect("a port");
+    let port = neutron.get_port(&port_id).await.expect("the port");
+    let subnets: Vec<&str> = port
+        .fixed_ips
+        .iter()
+        .filter_map(|f| f.subnet_id.as_deref())
+        .collect();
+    assert_eq!(
+        subnets,
+        [subnet_ids[0].as_str(), subnet_ids[1].as_str()],
+        "{}: one address in each subnet",
+        e2e.label
+    );
+    let v6 = port
+        .fixed_ips
+        .iter()
+        .find(|f| f.subnet_id.as_deref() == Some(subnet_ids[1].as_str()))
+        .and_then(|f| f.ip_address.clone())
+        .expect("an IPv6 address");
+    assert!(v6.starts_with("fd00:78::"), "{}: {v6}", e2e.label);
+    let address = capo_provider::controllers::gate::member_address(machine).expect("an address");
+    assert!(
+        address.starts_with("10.78.0."),
+        "{}: the member is IPv4: {address}",
+        e2e.label
+    );
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    e2e.tenant
+        .neutron()
+        .delete_network(&network.id)
+        .await
+        .expect("the network deleted");
+    assert_nothing_left(e2e, &before).await;
+}
+
+both!(
+    dual_stack,
+    PASSWORD_CLOUD,
+    false,
+    real_a_dual_stack_machine_has_an_address_in_each_subnet,
+    sim_a_dual_stack_machine_has_an_address_in_each_subnet
 );

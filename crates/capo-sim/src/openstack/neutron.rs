@@ -306,7 +306,7 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
                 .iter()
                 .filter(|s| s["network_id"] == network)
                 .filter_map(|s| parse_cidr(s["cidr"].as_str()?))
-                .any(|other| ranges_overlap(range, other));
+                .any(|other| range.overlaps(other));
             if overlaps {
                 return Err(Reply::neutron(
                     400,
@@ -662,14 +662,14 @@ fn free_ip(world: &World, subnet: &str, ip: &str, except: Option<&str>) -> Resul
 }
 
 fn subnet_contains(world: &World, subnet: &str, ip: &str) -> bool {
-    let Ok(ip) = ip.parse::<Ipv4Addr>() else {
+    let Ok(ip) = ip.parse::<IpAddr>() else {
         return false;
     };
     world
         .neutron
         .find("subnets", subnet)
         .and_then(|s| parse_cidr(s["cidr"].as_str()?))
-        .is_some_and(|(base, prefix)| u32::from(ip) & (u32::MAX << (32 - prefix)) == base)
+        .is_some_and(|range| range.contains(ip))
 }
 
 /// The subnet of `network` whose range holds `ip`.
@@ -878,19 +878,33 @@ fn subnet_defaults(world: &mut World, object: &mut Map<String, Value>) {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    if let Some((base, prefix)) = parse_cidr(&cidr) {
-        let gateway = Ipv4Addr::from(base + 1).to_string();
-        let last = base + (1u32 << (32 - prefix)).saturating_sub(2);
-        object.entry("gateway_ip").or_insert(json!(gateway));
-        object.entry("allocation_pools").or_insert(json!([{"start": Ipv4Addr::from(base + 2).to_string(), "end": Ipv4Addr::from(last).to_string()}]));
+    let range = parse_cidr(&cidr);
+    if let Some(range) = range {
+        // As recorded on the real tier: IPv4's gateway is .1, its pool .2 to the address
+        // before broadcast; IPv6's gateway is the range's first address (`fd00:88::`), its
+        // pool `::1` to the last.
+        let host_bits = range.bits() - range.prefix;
+        let span = 1u128.checked_shl(host_bits).unwrap_or(0).wrapping_sub(1);
+        let (gateway, first, last) = if range.v6 {
+            (0, 1, span)
+        } else {
+            (1, 2, span - 1)
+        };
+        object
+            .entry("gateway_ip")
+            .or_insert(json!(range.nth(gateway)));
+        object
+            .entry("allocation_pools")
+            .or_insert(json!([{"start": range.nth(first), "end": range.nth(last)}]));
     }
+    let version = if range.is_some_and(|r| r.v6) { 6 } else { 4 };
     let external = object
         .get("network_id")
         .and_then(Value::as_str)
         .and_then(|network| world.neutron.find("networks", network))
         .is_some_and(|network| network["router:external"] == true);
     for (key, value) in [
-        ("ip_version", json!(4)),
+        ("ip_version", json!(version)),
         ("enable_dhcp", json!(true)),
         ("dns_nameservers", json!([])),
         ("host_routes", json!([])),
@@ -926,10 +940,20 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
         .map(str::to_owned)
         .collect();
     if requested.is_empty() {
-        if let Some(subnet) = subnets.first()
-            && let Some(ip) = allocate_ip(world, subnet)
-        {
-            fixed_ips.push(json!({"subnet_id": subnet, "ip_address": ip}));
+        // As Neutron: one address of each IP version the network has a subnet for.
+        let mut versions_done = Vec::new();
+        for subnet in &subnets {
+            let version = world
+                .neutron
+                .find("subnets", subnet)
+                .map(|s| s["ip_version"].clone());
+            if versions_done.contains(&version) {
+                continue;
+            }
+            if let Some(ip) = allocate_ip(world, subnet) {
+                fixed_ips.push(json!({"subnet_id": subnet, "ip_address": ip}));
+                versions_done.push(version);
+            }
         }
     } else {
         for want in requested {
@@ -1051,25 +1075,81 @@ fn router_for(world: &World, network: &str, port: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Whether two `(base, prefix)` ranges share an address.
-fn ranges_overlap((a, a_prefix): (u32, u32), (b, b_prefix): (u32, u32)) -> bool {
-    let prefix = a_prefix.min(b_prefix);
-    let mask = u32::MAX << (32 - prefix);
-    a & mask == b & mask
+/// A subnet's range, IPv4 or IPv6, as one number space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cidr {
+    base: u128,
+    prefix: u32,
+    v6: bool,
 }
 
-fn parse_cidr(cidr: &str) -> Option<(u32, u32)> {
+impl Cidr {
+    fn bits(self) -> u32 {
+        if self.v6 { 128 } else { 32 }
+    }
+
+    fn mask(self, prefix: u32) -> u128 {
+        let host_bits = self.bits() - prefix;
+        let all = if self.v6 {
+            u128::MAX
+        } else {
+            u128::from(u32::MAX)
+        };
+        all.checked_shl(host_bits).unwrap_or(0) & all
+    }
+
+    /// The address `offset` into the range.
+    fn nth(self, offset: u128) -> String {
+        let value = self.base + offset;
+        if self.v6 {
+            std::net::Ipv6Addr::from(value).to_string()
+        } else {
+            Ipv4Addr::from(u32::try_from(value).unwrap_or_default()).to_string()
+        }
+    }
+
+    /// Addresses in the range (capped: nobody allocates past the first 2^16 here).
+    fn size(self) -> u128 {
+        1u128 << (self.bits() - self.prefix).min(16)
+    }
+
+    fn contains(self, ip: IpAddr) -> bool {
+        let value = match (ip, self.v6) {
+            (IpAddr::V4(v4), false) => u128::from(u32::from(v4)),
+            (IpAddr::V6(v6), true) => u128::from(v6),
+            _ => return false,
+        };
+        value & self.mask(self.prefix) == self.base
+    }
+
+    /// Whether two ranges of the same family share an address.
+    fn overlaps(self, other: Cidr) -> bool {
+        let prefix = self.prefix.min(other.prefix);
+        self.v6 == other.v6 && self.base & self.mask(prefix) == other.base & self.mask(prefix)
+    }
+}
+
+fn parse_cidr(cidr: &str) -> Option<Cidr> {
     let (address, prefix) = cidr.split_once('/')?;
-    let address: Ipv4Addr = address.parse().ok()?;
-    let prefix: u32 = prefix.parse().ok().filter(|p| (8..=30).contains(p))?;
-    let mask = u32::MAX << (32 - prefix);
-    Some((u32::from(address) & mask, prefix))
+    let prefix: u32 = prefix.parse().ok()?;
+    let (value, v6) = match address.parse::<IpAddr>().ok()? {
+        IpAddr::V4(v4) if (8..=30).contains(&prefix) => (u128::from(u32::from(v4)), false),
+        IpAddr::V6(v6) if (8..=126).contains(&prefix) => (u128::from(v6), true),
+        _ => return None,
+    };
+    let mut range = Cidr {
+        base: value,
+        prefix,
+        v6,
+    };
+    range.base = value & range.mask(prefix);
+    Some(range)
 }
 
 /// The lowest free address of the subnet's pool (ports and floating IPs count as used).
 fn allocate_ip(world: &World, subnet_id: &str) -> Option<String> {
     let subnet = world.neutron.find("subnets", subnet_id)?;
-    let (base, prefix) = parse_cidr(subnet["cidr"].as_str()?)?;
+    let range = parse_cidr(subnet["cidr"].as_str()?)?;
     // Addresses are unique within a subnet; other networks may reuse the same range.
     let network = &subnet["network_id"];
     let used: std::collections::HashSet<&str> = world
@@ -1088,9 +1168,9 @@ fn allocate_ip(world: &World, subnet_id: &str) -> Option<String> {
                 .filter_map(|f| f["floating_ip_address"].as_str()),
         )
         .collect();
-    let size = 1u32 << (32 - prefix);
-    (2..size.saturating_sub(1))
-        .map(|offset| Ipv4Addr::from(base + offset).to_string())
+    let first = if range.v6 { 1 } else { 2 };
+    (first..range.size().saturating_sub(1))
+        .map(|offset| range.nth(offset))
         .find(|candidate| !used.contains(candidate.as_str()))
 }
 
