@@ -928,6 +928,16 @@ async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
         .expect(1)
         .mount(&server)
         .await;
+    // Asked once before the first tagged create, then remembered.
+    Mock::given(method("GET"))
+        .and(path("/network/v2.0/extensions/standard-attr-tag"))
+        .respond_with(json_response(
+            200,
+            &json!({"extension": {"alias": "standard-attr-tag", "name": "Tag support"}}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
     Mock::given(method("PUT"))
         .and(path("/network/v2.0/ports/p2/tags"))
         .and(body_json(json!({"tags": ["cluster-c1"]})))

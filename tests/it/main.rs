@@ -8,6 +8,7 @@ mod admission;
 mod capabilities;
 mod capi_actor;
 mod capo_compat;
+mod capo_templates;
 mod cloud;
 mod cluster_controller;
 mod common;

@@ -43,11 +43,11 @@ use crate::real_cloud::{
 use crate::server_controller::{base64, manager_config, metric_sum, spawn_manager, timings};
 
 pub(crate) const NAMESPACE: &str = "default";
-const SECRET: &str = "cloud-config";
+pub(crate) const SECRET: &str = "cloud-config";
 pub(crate) const FLAVOR: &str = "m1.small";
 pub(crate) const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
 /// The key pair up.sh makes for the tenant.
-const KEY_PAIR: &str = "capo-rs-test";
+pub(crate) const KEY_PAIR: &str = "capo-rs-test";
 /// The tenant's own network (up.sh makes it on the real tier).
 pub(crate) const TENANT_NETWORK: &str = "capo-rs-lb-tests";
 /// How long any one wait on the provider may take, on either cloud.
@@ -231,6 +231,14 @@ impl E2e {
         assert!(self.manager.is_none(), "stop the manager first");
         self.client = kube.client().expect("kube client");
         self._kube = kube;
+    }
+
+    /// capo-rs's webhook server behind the simulated API server, and the CRDs pointing at it:
+    /// v1beta1 objects then convert, and admission runs, as in a real install.
+    pub(crate) async fn serve_webhook(&self) -> crate::conversion::ServedWebhook {
+        let webhook = crate::conversion::ServedWebhook::start(&self._kube).await;
+        webhook.upgrade_crds(&self.client).await;
+        webhook
     }
 
     pub(crate) fn clusters(&self) -> Api<OpenStackCluster> {
@@ -1985,7 +1993,8 @@ macro_rules! on_real {
         let _alone = REAL.lock().await;
         fault(&["clear"]).await;
         let mut e2e = E2e::real(&real, $cloud).await;
-        let outcome = tokio::time::timeout(Duration::from_secs(900), $scenario(&mut e2e)).await;
+        let outcome =
+            tokio::time::timeout(std::time::Duration::from_secs(900), $scenario(&mut e2e)).await;
         e2e.stop_manager(true).await;
         outcome.expect("the scenario finished within 15 minutes");
     }};
@@ -1994,7 +2003,8 @@ macro_rules! on_real {
 macro_rules! on_sim {
     ($scenario:ident, $appcred:expr) => {{
         let mut e2e = E2e::simulated($appcred).await;
-        let outcome = tokio::time::timeout(Duration::from_secs(600), $scenario(&mut e2e)).await;
+        let outcome =
+            tokio::time::timeout(std::time::Duration::from_secs(600), $scenario(&mut e2e)).await;
         e2e.stop_manager(true).await;
         outcome.expect("the scenario finished within 10 minutes");
     }};

@@ -8,19 +8,30 @@ use serde_json::Value;
 pub const CLUSTER_TEMPLATE: &str = include_str!("cluster-template.yaml");
 
 /// `${NAME}` and `${NAME:=default}` replaced from `variables`; a variable with neither a
-/// value nor a default is an error naming it.
+/// value nor a default is an error naming it. `$$` is a literal `$`, as in clusterctl, so
+/// `$${NAME}` stays `${NAME}` for the machine to expand (Flatcar's template does this).
 pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after
+    while let Some(dollar) = rest.find('$') {
+        out.push_str(&rest[..dollar]);
+        let after = &rest[dollar + 1..];
+        if let Some(escaped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = escaped;
+            continue;
+        }
+        let Some(inner) = after.strip_prefix('{') else {
+            out.push('$');
+            rest = after;
+            continue;
+        };
+        let end = inner
             .find('}')
-            .ok_or_else(|| format!("unclosed variable at {:?}", &rest[start..]))?;
-        let (name, default) = match after[..end].split_once(":=") {
+            .ok_or_else(|| format!("unclosed variable at {:?}", &rest[dollar..]))?;
+        let (name, default) = match inner[..end].split_once(":=") {
             Some((name, default)) => (name, Some(default)),
-            None => (&after[..end], None),
+            None => (&inner[..end], None),
         };
         let value = variables
             .get(name)
@@ -28,7 +39,7 @@ pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<Stri
             .or(default)
             .ok_or_else(|| format!("the template needs ${{{name}}}"))?;
         out.push_str(value);
-        rest = &after[end + 1..];
+        rest = &inner[end + 1..];
     }
     out.push_str(rest);
     Ok(out)
@@ -88,6 +99,11 @@ mod tests {
         assert_eq!(substitute("x${A}y${B:=2}z", &variables).unwrap(), "x1y2z");
         let missing = substitute("${C}", &variables).unwrap_err();
         assert!(missing.contains("${C}"), "{missing}");
+        assert_eq!(
+            substitute("name: $${HOST%.*} costs $5 and $$", &variables).unwrap(),
+            "name: ${HOST%.*} costs $5 and $",
+            "escaped and lone dollars are left for the machine"
+        );
     }
 
     #[test]
