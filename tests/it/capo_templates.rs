@@ -104,6 +104,11 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
     infra["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": name});
     // The credentials the tests hold, in place of the template's Secret.
     infra["spec"]["identityRef"]["name"] = json!(SECRET);
+    // The demo's copy names no external network, as the simulator has one; the real tier has
+    // two, where CAPO (and capo-rs) refuse to guess, so a user names it.
+    if infra["spec"].get("externalNetwork").is_none() && e2e.sim.is_none() {
+        infra["spec"]["externalNetwork"] = json!({"id": e2e.external_network});
+    }
     let control_plane = format!("{name}-control-plane");
     let mut template = find("OpenStackMachineTemplate", &|n| n == control_plane);
     template["metadata"]["namespace"] = json!(NAMESPACE);
