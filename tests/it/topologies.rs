@@ -64,6 +64,10 @@ fn watch_endpoint(
                 _ = tick.tick() => {}
             }
             let Some(ip) = floating_ip(&tenant, &address).await else {
+                if attached_once {
+                    let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.unreachable.push("the address is gone".into());
+                }
                 continue;
             };
             let server = match ip.port_id.as_deref() {
@@ -385,7 +389,17 @@ async fn dual_stack(e2e: &mut E2e) {
         json!({"enableFloatingIP": false, "managedLoadBalancer": {"enabled": true}}),
     );
     create_cluster_with(e2e, &name, &name, spec).await;
-    wait_provisioned(e2e, &name).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let vip = cluster
+        .status
+        .and_then(|s| s.api_server_managed_load_balancer)
+        .map(|lb| lb.internal_ip)
+        .unwrap_or_default();
+    assert!(
+        vip.starts_with("10.78.0."),
+        "{}: the VIP on the primary subnet: {vip}",
+        e2e.label
+    );
     let actor = actor(e2e);
     actor
         .scale_control_plane(&plane(&name, 1))

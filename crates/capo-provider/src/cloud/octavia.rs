@@ -653,7 +653,8 @@ impl<'a> Octavia<'a> {
         }
         let call = Call::get(op("version_list"), "../").key("versions");
         let versions: Vec<Version> = self.path.fetch(call).await?;
-        let current = versions.last().and_then(|v| parse_version(&v.id));
+        // The highest listed (CAPO takes the last; the highest does not rely on the order).
+        let current = versions.iter().filter_map(|v| parse_version(&v.id)).max();
         self.path
             .capabilities()
             .remember(QUESTION, Answer::Version(current));

@@ -14,6 +14,7 @@ use capo_api::cluster::{
     LoadBalancerMemberStatus, LoadBalancerStatus, OperatingStatus as ApiOperating,
     ProvisioningStatus as ApiProvisioning,
 };
+use capo_api::common::MachineAddress;
 use capo_api::conditions::{Desired, Status, reasons, types};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -26,12 +27,20 @@ use crate::membership::{
     SeenMember,
 };
 
-/// The address a machine's member points at: its first internal address.
+/// The address a machine's member points at.
 pub fn member_address(machine: &OpenStackMachine) -> Option<&str> {
-    let addresses = &machine.status.as_ref()?.addresses;
-    addresses
-        .iter()
-        .find(|a| a.type_ == "InternalIP")
+    member_address_in(&machine.status.as_ref()?.addresses)
+}
+
+/// The first internal IPv4 address, else the first internal address. Nova lists a
+/// dual-stack network's addresses in no fixed order (the real tier showed IPv6 first, then
+/// IPv4 on another run), so taking the first, as CAPO does, could flip the member's family;
+/// the VIP is IPv4 on the usual IPv4-first network.
+pub fn member_address_in(addresses: &[MachineAddress]) -> Option<&str> {
+    let internal = || addresses.iter().filter(|a| a.type_ == "InternalIP");
+    internal()
+        .find(|a| a.address.parse::<std::net::Ipv4Addr>().is_ok())
+        .or_else(|| internal().next())
         .map(|a| a.address.as_str())
 }
 
@@ -303,6 +312,28 @@ mod tests {
             ..InstanceStatus::default()
         });
         machine
+    }
+
+    #[test]
+    fn a_dual_stack_member_is_its_ipv4_address_whatever_order_nova_lists_them_in() {
+        let address = |type_: &str, address: &str| MachineAddress {
+            type_: type_.into(),
+            address: address.into(),
+        };
+        let v6_first = [
+            address("InternalIP", "fd00:78::154"),
+            address("InternalIP", "10.78.0.7"),
+        ];
+        assert_eq!(member_address_in(&v6_first), Some("10.78.0.7"));
+        let v6_only = [
+            address("ExternalIP", "172.24.4.9"),
+            address("InternalIP", "fd00::9"),
+        ];
+        assert_eq!(member_address_in(&v6_only), Some("fd00::9"));
+        assert_eq!(
+            member_address_in(&[address("ExternalIP", "172.24.4.9")]),
+            None
+        );
     }
 
     #[test]

@@ -1047,16 +1047,27 @@ fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
     object.insert("router_id".into(), json!(router));
 }
 
+/// The port's first IPv4 fixed IP, as Neutron picks one for a floating IP.
 fn first_ip(world: &World, port: &str) -> Option<String> {
-    world.neutron.find("ports", port)?["fixed_ips"][0]["ip_address"]
-        .as_str()
-        .map(str::to_owned)
+    first_v4(world, port).and_then(|ip| ip["ip_address"].as_str().map(str::to_owned))
+}
+
+fn first_v4(world: &World, port: &str) -> Option<Value> {
+    world.neutron.find("ports", port)?["fixed_ips"]
+        .as_array()?
+        .iter()
+        .find(|ip| {
+            ip["ip_address"]
+                .as_str()
+                .is_some_and(|a| a.parse::<Ipv4Addr>().is_ok())
+        })
+        .cloned()
 }
 
 /// The router that joins `port`'s subnet to the external `network`: a gateway there and an
 /// interface on the subnet. A floating IP pointing at the port goes through it.
 fn router_for(world: &World, network: &str, port: &str) -> Option<String> {
-    let subnet = world.neutron.find("ports", port)?["fixed_ips"][0]["subnet_id"].clone();
+    let subnet = first_v4(world, port)?["subnet_id"].clone();
     world
         .neutron
         .all("routers")
@@ -1303,7 +1314,18 @@ fn update(
                         format!("Bad floatingip request: Port {port} does not have fixed ip {ip}."),
                     );
                 }
-                None => first_ip(world, port).unwrap_or_default(),
+                None => match first_ip(world, port) {
+                    Some(ip) => ip,
+                    None => {
+                        return Reply::neutron(
+                            400,
+                            "BadRequest",
+                            format!(
+                                "Bad floatingip request: Port {port} does not have any IPv4 address."
+                            ),
+                        );
+                    }
+                },
             };
             let network = current["floating_network_id"].as_str().unwrap_or_default();
             let taken = world.neutron.all("floatingips").iter().any(|f| {

@@ -111,14 +111,14 @@ pub async fn reconcile(
             .api_version()
             .await
             .map_err(ClusterError::cloud("reading Octavia's API version"))?;
-        if version.is_none_or(|v| v < ALLOWED_CIDRS_SINCE) {
+        // A version document we cannot read is no reason to open the listeners: the CIDRs
+        // are sent, and an Octavia that cannot take them refuses them.
+        if let Some(version) = version.filter(|v| *v < ALLOWED_CIDRS_SINCE) {
             tracing::warn!(
                 ?version,
                 "Octavia predates allowed CIDRs: the listeners stay open"
             );
-            old_octavia = Some(version.map_or("unknown".to_owned(), |(major, minor)| {
-                format!("{major}.{minor}")
-            }));
+            old_octavia = Some(format!("{}.{}", version.0, version.1));
             allowed = None;
         }
     }

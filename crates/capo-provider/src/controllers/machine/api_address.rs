@@ -19,8 +19,8 @@ use kube::runtime::events::EventType;
 use super::members::Left;
 use super::plan::{self, AddressStep, Holder};
 use super::{MachineError, Owners, Pass};
+use crate::cloud::CloudClient;
 use crate::cloud::neutron::{Filter, FloatingIp};
-use crate::cloud::{CloudClient, CloudError};
 use crate::controllers::cluster::plan::{self as cluster_plan, Names};
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
@@ -117,6 +117,10 @@ pub async fn join(
             Left::Waiting(outcome) => Ok(outcome),
         };
     }
+    if api.cluster_deleting {
+        // The cluster releases the address; allocating it again here could leak it.
+        return Ok(Outcome::Settled);
+    }
     super::members::ensure_hook(pass, machine).await?;
     let cloud = cloud(pass, api).await?;
     let ip = find_or_allocate(&cloud, api).await?;
@@ -179,7 +183,10 @@ pub async fn leave(
     api: &ApiAddress,
     status: &mut InstanceStatus,
 ) -> Result<Left, MachineError> {
-    if api.cluster_deleting {
+    // A machine whose server no longer runs serves nothing: the address on it (if any) is
+    // better taken by the next machine that runs than held for it.
+    let running = conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
+    if api.cluster_deleting || !running {
         return Ok(Left::Done);
     }
     let Some(own_port) = plan::port_on_network(status, &api.network) else {
@@ -277,16 +284,15 @@ async fn find_or_allocate(
     Ok(ip)
 }
 
+/// Every refusal is an error, a 404 included: Neutron answers 404 for an unrouted port
+/// (`ExternalGatewayForFloatingIPNotFound`) and for a port gone, and neither attached it.
 async fn attach(cloud: &CloudClient, ip: &FloatingIp, port: &str) -> Result<(), MachineError> {
-    match cloud
+    cloud
         .neutron()
         .associate_floating_ip(&ip.id, Some(port))
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(CloudError::NotFound(_)) => Ok(()),
-        Err(error) => Err(MachineError::cloud("attaching the API floating IP")(error)),
-    }
+        .map(|_| ())
+        .map_err(MachineError::cloud("attaching the API floating IP"))
 }
 
 /// The cluster's other control-plane machines that have a port on its network.

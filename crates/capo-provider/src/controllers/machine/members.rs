@@ -268,12 +268,7 @@ async fn create_member(
     let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
         return Ok(());
     };
-    let Some(address) = status
-        .addresses
-        .iter()
-        .find(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.clone())
-    else {
+    let Some(address) = gate::member_address_in(&status.addresses).map(str::to_owned) else {
         return Ok(());
     };
     let cloud = cloud(pass, lb).await?;

@@ -317,6 +317,14 @@ async fn provision(
     copy_server_status(&server, status);
     let instance_ready =
         conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
+    // A Machine deleted while its server does not run (a failed node) still gets capo-rs's
+    // hook removed: the address moves on without it.
+    if !instance_ready
+        && machine.metadata.deletion_timestamp.is_some()
+        && let Some(address) = api_address::wanted(pass, owners, infra)
+    {
+        return api_address::join(pass, machine, &address, status).await;
+    }
     if !instance_ready {
         // The server controller writes its status as it builds: its watch wakes us.
         return Ok(Outcome::Poll(pass.ctx.config.poll_max));
