@@ -460,3 +460,59 @@ both!(
     real_a_dual_stack_machine_has_an_address_in_each_subnet,
     sim_a_dual_stack_machine_has_an_address_in_each_subnet
 );
+
+/// The control-plane machine that carries the API address fails (its server deleted behind
+/// capo-rs's back) and Cluster API deletes it: its pre-terminate hook still goes, after the
+/// address has moved to the machine that runs, never left on the dead machine's port.
+async fn a_failed_holder_hands_over(e2e: &mut E2e) {
+    let name = unique_cluster_name("failed");
+    let before = census(&e2e.tenant).await;
+    create_cluster_with(e2e, &name, &name, without_lb_spec(e2e)).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let address = cluster
+        .spec
+        .control_plane_endpoint
+        .and_then(|e| e.host)
+        .expect("an endpoint");
+    let actor = actor(e2e);
+    actor
+        .scale_control_plane(&plane(&name, 2))
+        .await
+        .expect("two control-plane machines");
+    let holder = held_by(e2e, &address).await;
+    let dead = e2e.machines().get(&holder).await.expect("the holder");
+    let server = dead
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("its server");
+    e2e.tenant
+        .nova()
+        .delete_server(&server)
+        .await
+        .expect("the server deleted out of band");
+    actor
+        .delete_machine(&holder)
+        .await
+        .expect("Cluster API deletes the failed machine");
+    actor
+        .wait_gone(&holder)
+        .await
+        .expect("the failed machine goes");
+    let survivor = held_by(e2e, &address).await;
+    assert_ne!(survivor, holder, "{}", e2e.label);
+    if let Some(sim) = &e2e.sim {
+        assert_eq!(sim.orphaned_floating_ips(), Vec::<String>::new());
+    }
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+both!(
+    a_failed_holder_hands_over,
+    PASSWORD_CLOUD,
+    false,
+    real_a_failed_control_plane_machine_hands_the_api_address_over_and_goes,
+    sim_a_failed_control_plane_machine_hands_the_api_address_over_and_goes
+);

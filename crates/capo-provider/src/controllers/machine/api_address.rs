@@ -183,12 +183,12 @@ pub async fn leave(
     api: &ApiAddress,
     status: &mut InstanceStatus,
 ) -> Result<Left, MachineError> {
-    // A machine whose server no longer runs serves nothing: the address on it (if any) is
-    // better taken by the next machine that runs than held for it.
-    let running = conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
-    if api.cluster_deleting || !running {
+    if api.cluster_deleting {
         return Ok(Left::Done);
     }
+    // A machine whose server no longer runs (a failed node) serves nothing: it hands the
+    // address over all the same, but is never held for want of a successor.
+    let running = conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
     let Some(own_port) = plan::port_on_network(status, &api.network) else {
         return Ok(Left::Done);
     };
@@ -216,6 +216,7 @@ pub async fn leave(
             );
             Ok(Left::Done)
         }
+        AddressStep::NoSuccessor if !running => Ok(Left::Done),
         AddressStep::NoSuccessor => {
             let message = format!(
                 "removal held: this machine carries the API floating IP {} and no other control-plane machine runs to take it",
