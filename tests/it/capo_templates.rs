@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use capo_api::capi::Cluster;
 use capo_api::{OpenStackCluster, OpenStackMachineTemplate};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -14,7 +13,8 @@ use serde_json::{Value, json};
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
 use crate::real_provider::{
     E2e, FLAVOR, IMAGE, KEY_PAIR, NAMESPACE, SECRET, actor, assert_nothing_left, both,
-    delete_cluster, on_real, on_sim, plane, unique_cluster_name, wait_provisioned,
+    create_capi_cluster, delete_cluster, on_real, on_sim, plane, unique_cluster_name,
+    wait_provisioned,
 };
 
 /// The templates a cluster is made from (the image templates make ORC images, not clusters;
@@ -113,19 +113,7 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
     let mut template = find("OpenStackMachineTemplate", &|n| n == control_plane);
     template["metadata"]["namespace"] = json!(NAMESPACE);
 
-    let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
-    let owner: Cluster = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE,
-                     "finalizers": ["cluster.cluster.x-k8s.io"]},
-        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                        "kind": "OpenStackCluster", "name": name}}
-    }))
-    .expect("cluster");
-    clusters
-        .create(&PostParams::default(), &owner)
-        .await
-        .expect("Cluster created");
+    create_capi_cluster(e2e, &name, &name).await;
     for object in [&infra, &template] {
         let created: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
         api_for(e2e, object)

@@ -451,6 +451,23 @@ async fn create_cluster_as(e2e: &E2e, name: &str, infra: &str) {
 
 /// A Cluster and its OpenStackCluster `infra` with the spec given.
 pub(crate) async fn create_cluster_with(e2e: &E2e, name: &str, infra: &str, spec: Value) {
+    create_capi_cluster(e2e, name, infra).await;
+    let cluster: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": infra, "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": name}},
+        "spec": spec,
+    }))
+    .expect("OpenStackCluster");
+    e2e.clusters()
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("OpenStackCluster created");
+}
+
+/// The Cluster API Cluster `name` over the OpenStackCluster `infra`, with Cluster API's
+/// finalizer so that it stays while its parts go.
+pub(crate) async fn create_capi_cluster(e2e: &E2e, name: &str, infra: &str) {
     let capi: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
     let owner: Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
@@ -463,17 +480,6 @@ pub(crate) async fn create_cluster_with(e2e: &E2e, name: &str, infra: &str, spec
     capi.create(&PostParams::default(), &owner)
         .await
         .expect("Cluster created");
-    let cluster: OpenStackCluster = serde_json::from_value(json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": infra, "namespace": NAMESPACE,
-                     "labels": {"cluster.x-k8s.io/cluster-name": name}},
-        "spec": spec,
-    }))
-    .expect("OpenStackCluster");
-    e2e.clusters()
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("OpenStackCluster created");
 }
 
 /// Every member of the cluster's API pool on 6443, by address, with its provisioning status,

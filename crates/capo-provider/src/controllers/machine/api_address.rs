@@ -103,19 +103,7 @@ pub async fn join(
     status: &mut InstanceStatus,
 ) -> Result<Outcome, MachineError> {
     if machine.metadata.deletion_timestamp.is_some() {
-        let ours = machine
-            .annotations()
-            .contains_key(capi::labels::LB_MEMBER_HOOK);
-        if !(ours && capi::waits_for_pre_terminate_hooks(machine)) {
-            return Ok(Outcome::Settled);
-        }
-        return match leave(pass, api, status).await? {
-            Left::Done => {
-                super::members::drop_hook(pass, machine).await?;
-                Ok(Outcome::Settled)
-            }
-            Left::Waiting(outcome) => Ok(outcome),
-        };
+        return super::members::leave_at_hook(pass, machine, leave(pass, api, status)).await;
     }
     if api.cluster_deleting {
         // The cluster releases the address; allocating it again here could leak it.

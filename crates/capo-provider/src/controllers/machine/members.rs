@@ -126,20 +126,7 @@ pub async fn reconcile(
     status: &mut InstanceStatus,
 ) -> Result<Outcome, MachineError> {
     if machine.metadata.deletion_timestamp.is_some() {
-        let ours = machine
-            .annotations()
-            .contains_key(capi::labels::LB_MEMBER_HOOK);
-        if !(ours && capi::waits_for_pre_terminate_hooks(machine)) {
-            // Draining, or our hook is gone: the Machine's next change wakes us.
-            return Ok(Outcome::Settled);
-        }
-        return match leave(pass, lb, status).await? {
-            Left::Done => {
-                drop_hook(pass, machine).await?;
-                Ok(Outcome::Settled)
-            }
-            Left::Waiting(outcome) => Ok(outcome),
-        };
+        return leave_at_hook(pass, machine, leave(pass, lb, status)).await;
     }
     ensure_hook(pass, machine).await?;
     join(pass, lb, status).await
@@ -567,6 +554,29 @@ async fn patch_machine_hook(
         Err(e) => Err(MachineError::kube(
             "writing the pre-terminate hook on the Machine",
         )(e)),
+    }
+}
+
+/// A deleting Machine: once Cluster API waits on capo-rs's pre-terminate hook, `leaving`
+/// runs (it is not started before), and the hook goes when it is done.
+pub(super) async fn leave_at_hook(
+    pass: &Pass<'_>,
+    machine: &Machine,
+    leaving: impl Future<Output = Result<Left, MachineError>>,
+) -> Result<Outcome, MachineError> {
+    let ours = machine
+        .annotations()
+        .contains_key(capi::labels::LB_MEMBER_HOOK);
+    if !(ours && capi::waits_for_pre_terminate_hooks(machine)) {
+        // Draining, or our hook is gone: the Machine's next change wakes us.
+        return Ok(Outcome::Settled);
+    }
+    match leaving.await? {
+        Left::Done => {
+            drop_hook(pass, machine).await?;
+            Ok(Outcome::Settled)
+        }
+        Left::Waiting(outcome) => Ok(outcome),
     }
 }
 
