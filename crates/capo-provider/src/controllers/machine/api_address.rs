@@ -11,12 +11,12 @@
 
 use capo_api::capi::{self, Machine};
 use capo_api::common::{IdentityRef, InstanceStatus};
-use capo_api::conditions::{self, Desired, Status, reasons, types};
+use capo_api::conditions::{self, Status, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::members::Left;
+use super::members::{self, Left};
 use super::plan::{self, AddressStep, Holder};
 use super::{MachineError, Owners, Pass};
 use crate::cloud::CloudClient;
@@ -71,17 +71,8 @@ pub fn wanted(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster) -> Opt
     let address = endpoint
         .or(given)
         .filter(|a| a.parse::<std::net::IpAddr>().is_ok())?;
-    let cluster = owners
-        .cluster
-        .as_ref()
-        .map(ResourceExt::name_any)
-        .or_else(|| capi::cluster_name(infra.labels()).map(str::to_owned))
-        .unwrap_or_else(|| infra.name_any());
-    let cluster_deleting = infra.metadata.deletion_timestamp.is_some()
-        || owners
-            .cluster
-            .as_ref()
-            .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+    let cluster = members::capi_cluster_name(owners, infra);
+    let cluster_deleting = members::cluster_deleting(owners, infra);
     Some(ApiAddress {
         address,
         external_network,
@@ -103,13 +94,13 @@ pub async fn join(
     status: &mut InstanceStatus,
 ) -> Result<Outcome, MachineError> {
     if machine.metadata.deletion_timestamp.is_some() {
-        return super::members::leave_at_hook(pass, machine, leave(pass, api, status)).await;
+        return members::leave_at_hook(pass, machine, leave(pass, api, status)).await;
     }
     if api.cluster_deleting {
         // The cluster releases the address; allocating it again here could leak it.
         return Ok(Outcome::Settled);
     }
-    super::members::ensure_hook(pass, machine).await?;
+    members::ensure_hook(pass, machine).await?;
     let cloud = cloud(pass, api).await?;
     let ip = find_or_allocate(&cloud, api).await?;
     let own_port = plan::port_on_network(status, &api.network);
@@ -156,7 +147,7 @@ pub async fn join(
             ),
         ),
     };
-    set(pass, status, state, reason, message);
+    members::set(pass, status, reason, state, message);
     if state == Status::True {
         super::release(pass, status).await?;
         return Ok(Outcome::Poll(ORPHAN_RECHECK));
@@ -195,11 +186,11 @@ pub async fn leave(
             );
             pass.event(EventType::Normal, "FloatingIPMoved", note.clone())
                 .await;
-            set(
+            members::set(
                 pass,
                 status,
-                Status::False,
                 reasons::FLOATING_IP_MOVED,
+                Status::False,
                 note,
             );
             Ok(Left::Done)
@@ -210,27 +201,17 @@ pub async fn leave(
                 "removal held: this machine carries the API floating IP {} and no other control-plane machine runs to take it",
                 api.address
             );
-            set(
+            members::set(
                 pass,
                 status,
-                Status::True,
                 reasons::LAST_ACTIVE_MEMBER,
+                Status::True,
                 message,
             );
             Ok(Left::Waiting(Outcome::Poll(SUCCESSOR_RECHECK)))
         }
         AddressStep::Keep { .. } | AddressStep::NoPort => Ok(Left::Done),
     }
-}
-
-fn set(pass: &Pass<'_>, status: &mut InstanceStatus, state: Status, reason: &str, message: String) {
-    let condition = Desired::new(
-        types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
-        state,
-        reason,
-        message,
-    );
-    pass.set(status, &condition);
 }
 
 async fn cloud(pass: &Pass<'_>, api: &ApiAddress) -> Result<CloudClient, MachineError> {

@@ -78,11 +78,7 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
     if pools.is_empty() || recorded.id.is_empty() {
         return None;
     }
-    let cluster_deleting = infra.metadata.deletion_timestamp.is_some()
-        || owners
-            .cluster
-            .as_ref()
-            .is_some_and(|c| c.metadata.deletion_timestamp.is_some());
+    let cluster_deleting = cluster_deleting(owners, infra);
     Some(LbRef {
         id: recorded.id.clone(),
         pools,
@@ -106,9 +102,18 @@ fn member_subnet(infra: &OpenStackCluster, recorded: &LoadBalancerStatus) -> Opt
     })
 }
 
+/// The cluster is going away (its OpenStackCluster or its Cluster API Cluster).
+pub(super) fn cluster_deleting(owners: &Owners, infra: &OpenStackCluster) -> bool {
+    infra.metadata.deletion_timestamp.is_some()
+        || owners
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+}
+
 /// The Cluster API Cluster's name, which every name of the cluster's resources is built on
 /// (as CAPO builds them; see `cluster::plan::Names`).
-fn capi_cluster_name(owners: &Owners, infra: &OpenStackCluster) -> String {
+pub(super) fn capi_cluster_name(owners: &Owners, infra: &OpenStackCluster) -> String {
     owners
         .cluster
         .as_ref()
@@ -136,7 +141,14 @@ async fn cloud(pass: &Pass<'_>, lb: &LbRef) -> Result<CloudClient, MachineError>
     Ok(crate::controllers::identity::cloud_client(pass.ctx, &pass.namespace, &lb.identity).await?)
 }
 
-fn set(pass: &Pass<'_>, status: &mut InstanceStatus, reason: &str, state: Status, message: String) {
+/// `APIServerLoadBalancerMemberReady`, the machine's way in for API traffic.
+pub(super) fn set(
+    pass: &Pass<'_>,
+    status: &mut InstanceStatus,
+    reason: &str,
+    state: Status,
+    message: String,
+) {
     let condition = Desired::new(
         types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
         state,
