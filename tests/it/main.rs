@@ -16,6 +16,7 @@ mod controllers;
 mod conversion;
 mod crds;
 mod demo;
+mod floating_ip_pools;
 mod membership;
 mod packaging;
 mod real_answers;

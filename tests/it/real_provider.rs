@@ -71,6 +71,14 @@ pub(crate) struct E2e {
     pub(crate) sim: Option<Arc<OpenStackSim>>,
 }
 
+/// Cluster API's IPAM kinds, as our minimal types generate them.
+fn minimal_ipam_crds() -> Vec<Value> {
+    capo_api::ipam::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).expect("CRD"))
+        .collect()
+}
+
 /// The tenant's clouds of the real tier's clouds.yaml: the manager gets no admin credential.
 fn tenant_clouds_yaml(full: &str) -> String {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(full).expect("clouds.yaml parses");
@@ -91,11 +99,17 @@ impl E2e {
             None,
             &tenant_clouds_yaml(&real.clouds_yaml),
             cloud_name,
+            minimal_ipam_crds(),
         )
         .await
     }
 
     pub(crate) async fn simulated(appcred: bool) -> E2e {
+        Self::simulated_with_ipam(appcred, minimal_ipam_crds()).await
+    }
+
+    /// [`E2e::simulated`], with these CRDs serving Cluster API's IPAM kinds.
+    pub(crate) async fn simulated_with_ipam(appcred: bool, ipam_crds: Vec<Value>) -> E2e {
         let sim = OpenStackSim::start(OpenStackSimConfig {
             scenario: Scenario {
                 timings: timings(),
@@ -135,7 +149,8 @@ impl E2e {
             .expect("subnet");
         let yaml = sim.clouds_yaml();
         let name = if appcred { "sim-appcred" } else { "sim" };
-        Self::start("sim", tenant, clouds, Some(Arc::new(sim)), &yaml, name).await
+        let sim = Some(Arc::new(sim));
+        Self::start("sim", tenant, clouds, sim, &yaml, name, ipam_crds).await
     }
 
     async fn start(
@@ -145,6 +160,7 @@ impl E2e {
         sim: Option<Arc<OpenStackSim>>,
         clouds_yaml: &str,
         cloud_name: &'static str,
+        ipam_crds: Vec<Value>,
     ) -> E2e {
         if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
             let _ = tracing_subscriber::fmt()
@@ -159,6 +175,7 @@ impl E2e {
             .iter()
             .chain(capo_api::capi::crds().iter())
             .map(|crd| serde_json::to_value(crd).expect("CRD"))
+            .chain(ipam_crds)
             .collect();
         kube.install(&crds).expect("CRDs install");
         let client = kube.client().expect("kube client");
@@ -360,7 +377,7 @@ where
     }
 }
 
-async fn wait_gone<K>(api: &Api<K>, name: &str, within: Duration)
+pub(crate) async fn wait_gone<K>(api: &Api<K>, name: &str, within: Duration)
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::DynamicType: Default,

@@ -936,29 +936,32 @@ async fn paused_until_unpaused(world: World) {
 }
 
 #[tokio::test]
-async fn a_floating_ip_pool_is_refused_with_a_clear_condition_and_nothing_created() {
+async fn a_pool_without_cluster_apis_ipam_crds_is_waited_for_with_a_clear_condition_and_nothing_created()
+ {
     let world = World::start().await;
     let mut manifest = server_manifest("floating");
     manifest["spec"]["floatingIPPoolRef"] = json!({
         "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackFloatingIPPool", "name": "pool"});
     world.create(manifest).await;
-    let refused = world
+    let waiting = world
         .wait_for(
             "floating",
-            "FloatingIPPoolNotSupported",
-            has_reason(
-                types::INSTANCE_READY,
-                reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
-            ),
+            "DependencyMissing",
+            has_reason(types::INSTANCE_READY, reasons::DEPENDENCY_MISSING),
         )
         .await;
     assert!(
-        condition(&refused, types::INSTANCE_READY)
+        condition(&waiting, types::INSTANCE_READY)
             .unwrap()
             .message
-            .contains("OpenStackFloatingIPPool")
+            .contains("IPAM CRDs"),
+        "{waiting:?}"
     );
-    assert_eq!(world.request_total(), 0);
+    let requests = world.request_total();
+    assert!(
+        world.requests("network port_create") == 0 && world.requests("compute server_create") == 0,
+        "nothing is created before the address is had ({requests} reads)"
+    );
 }
 
 #[tokio::test]

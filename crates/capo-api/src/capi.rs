@@ -248,7 +248,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 
 /// Marks the root schema of each version as preserving unknown fields, as a real server
 /// keeps `metadata`-adjacent fields we do not model.
-fn preserve_unknown_fields(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+pub(crate) fn preserve_unknown_fields(crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let Ok(mut value) = serde_json::to_value(&crd) else {
         return crd;
     };

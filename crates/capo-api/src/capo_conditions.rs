@@ -7,7 +7,7 @@
 //! | `OpenStackAuthenticationSucceeded` | cluster, machine, server, machine template | False (`OpenStackAuthenticationFailed`) while a condition says `InvalidCredentials`; True (`Ready`) once a condition that needs OpenStack is True; otherwise left as it was |
 //! | `RouterReady` | cluster | `NetworkReady` (one step builds the network, its subnets and the router) |
 //! | `APIServerIngressReady` | control-plane machine | `APIServerLoadBalancerMemberReady`: True only once the gate released the machine (stricter than CAPO, which says True once the member is created); False `LoadBalancerMemberError` for a member in ERROR or stuck |
-//! | `FloatingAddressFromPoolReady` | server with `floatingIPPoolRef` | False `FloatingIPError` (pools are not served yet) |
+//! | `FloatingAddressFromPoolReady` | server with `floatingIPPoolRef` | set by the server controller itself, not derived: True once the pool's address is attached; False `FloatingIPError` while it is not |
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -46,11 +46,8 @@ pub enum Owner {
         /// A control-plane machine.
         control_plane: bool,
     },
-    /// An OpenStackServer; `from_pool` when its spec names a floating IP pool.
-    Server {
-        /// `spec.floatingIPPoolRef` is set.
-        from_pool: bool,
-    },
+    /// An OpenStackServer.
+    Server,
     /// An OpenStackMachineTemplate (its `Ready` says whether its flavor and image were read).
     MachineTemplate,
 }
@@ -64,7 +61,7 @@ fn needs_openstack(owner: Owner) -> &'static [&'static str] {
             types::API_SERVER_LOAD_BALANCER_READY,
             types::API_ENDPOINT_READY,
         ],
-        Owner::Machine { .. } | Owner::Server { .. } => &[types::INSTANCE_READY],
+        Owner::Machine { .. } | Owner::Server => &[types::INSTANCE_READY],
         Owner::MachineTemplate => &[types::READY],
     }
 }
@@ -87,13 +84,7 @@ fn derived(list: &[Condition], owner: Owner) -> Vec<Derived> {
         Owner::Machine {
             control_plane: true,
         } => out.extend(ingress(list)),
-        Owner::Server { from_pool: true } => out.push((
-            capo_types::FLOATING_ADDRESS_FROM_POOL_READY,
-            Status::False,
-            capo_reasons::FLOATING_IP_ERROR.into(),
-            "floating IP pools (floatingIPPoolRef) are not served yet".into(),
-        )),
-        Owner::Machine { .. } | Owner::Server { .. } | Owner::MachineTemplate => {}
+        Owner::Machine { .. } | Owner::Server | Owner::MachineTemplate => {}
     }
     out
 }
@@ -268,7 +259,7 @@ mod tests {
     }
 
     #[test]
-    fn router_ready_follows_network_ready_and_a_pool_is_a_floating_ip_error() {
+    fn router_ready_follows_network_ready_and_a_servers_pool_condition_is_left_to_its_controller() {
         let mut cluster = with(&[(types::NETWORK_READY, Status::True, reasons::READY)]);
         derive(&mut cluster, Owner::Cluster, Some(1), Timestamp::now());
         assert_eq!(
@@ -276,15 +267,10 @@ mod tests {
             Some(("True".into(), reasons::READY.into()))
         );
         let mut server = Vec::new();
-        derive(
-            &mut server,
-            Owner::Server { from_pool: true },
-            Some(1),
-            Timestamp::now(),
-        );
+        derive(&mut server, Owner::Server, Some(1), Timestamp::now());
         assert_eq!(
             said(&server, capo_types::FLOATING_ADDRESS_FROM_POOL_READY),
-            Some(("False".into(), capo_reasons::FLOATING_IP_ERROR.into()))
+            None
         );
     }
 }

@@ -115,8 +115,8 @@ pub mod reasons {
     pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
     /// A volume the server needs is in ERROR.
     pub const VOLUME_ERROR: &str = "VolumeError";
-    /// The spec names a floating IP pool kind capo-rs does not serve.
-    pub const FLOATING_IP_POOL_NOT_SUPPORTED: &str = "FloatingIPPoolNotSupported";
+    /// The server waits for its IPAddressClaim to be answered (CAPO's event reason).
+    pub const WAITING_FOR_IP_ADDRESS_CLAIM: &str = "WaitingForIPAddressClaim";
 }
 
 /// Finalizers, with CAPO's names so that capo-rs adopts the objects CAPO created (and CAPO

@@ -12,6 +12,7 @@ pub mod conversion;
 pub mod crds;
 pub mod floating_ip_pool;
 pub mod identity;
+pub mod ipam;
 pub mod machine;
 pub mod schema;
 pub mod server;

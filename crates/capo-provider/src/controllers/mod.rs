@@ -13,6 +13,7 @@ pub mod context;
 pub mod credentials;
 pub mod error;
 pub mod events;
+pub mod floating_ip_pool;
 pub mod gate;
 pub mod identity;
 pub mod machine;

@@ -16,6 +16,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
+use capo_api::ipam;
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
 use crate::controllers::{
-    Caches, ClientCache, Context, cluster, machine, machine_template, server,
+    Caches, ClientCache, Context, cluster, floating_ip_pool, machine, machine_template, server,
 };
 use crate::manager::Health;
 use crate::manager::shared::{SharedWatch, changed};
@@ -440,6 +441,7 @@ pub fn run_servers(
     );
     let secrets = secret_changes(scope, &ctx);
     let images = orc_image_wakeups(scope, &ctx.client, reader.clone());
+    let claims = claim_wakeups(scope, &ctx.client);
     let clusters = watches.paused_clusters();
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
@@ -466,6 +468,7 @@ pub fn run_servers(
             )
             .watches_shared_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
             .reconcile_on(queue.wakeups(images))
+            .reconcile_on(queue.wakeups(claims))
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(server::reconcile, server::error_policy, ctx)
@@ -476,6 +479,92 @@ pub fn run_servers(
         };
         until_stopped(controller, listed, synced, shutdown).await;
     })
+}
+
+/// The OpenStackFloatingIPPool controller, until `shutdown`. A pool is woken by its own
+/// changes and by the IPAddressClaims and IPAddresses that name it. Those two kinds are Cluster
+/// API's: where their CRDs are not installed, their watches retry with backoff and the pools
+/// wait, so installing Cluster API's IPAM later needs no restart.
+pub fn run_pools(
+    ctx: Arc<Context>,
+    scope: &WatchScope,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> futures::future::BoxFuture<'static, ()> {
+    let pools = scope.api::<floating_ip_pool::Watched>(ctx.client.clone());
+    let claims = ipam_wakeups::<ipam::IPAddressClaim>(scope, &ctx.client, |c| &c.spec.pool_ref);
+    let addresses = ipam_wakeups::<ipam::IPAddress>(scope, &ctx.client, |a| &a.spec.pool_ref);
+    let config = scope.watcher_config();
+    Box::pin(async move {
+        ctx.metrics
+            .controller_started(floating_ip_pool::CONTROLLER, 1);
+        let queue = Queue::new(&ctx, floating_ip_pool::CONTROLLER);
+        let controller = Controller::new(pools, config);
+        let listed = controller.store();
+        let controller = controller
+            .reconcile_on(queue.wakeups(claims))
+            .reconcile_on(queue.wakeups(addresses))
+            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+            .run(
+                floating_ip_pool::reconcile,
+                floating_ip_pool::error_policy,
+                ctx,
+            )
+            .for_each(log_errors(queue));
+        let synced = Synced {
+            health,
+            controller: floating_ip_pool::CONTROLLER,
+        };
+        until_stopped(controller, listed, synced, shutdown).await;
+    })
+}
+
+/// The pools that IPAM objects of kind `K` name, as they change.
+fn ipam_wakeups<K>(
+    scope: &WatchScope,
+    client: &kube::Client,
+    pool_of: fn(&K) -> &ipam::PoolReference,
+) -> impl futures::Stream<Item = ObjectRef<floating_ip_pool::Watched>> + use<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    watcher(scope.api::<K>(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .filter_map(move |object| {
+            let picked = match object {
+                Ok(object) => pool_of(&object).floating_ip_pool().map(|name| {
+                    let mut pool = ObjectRef::new(name);
+                    pool.namespace = object.namespace();
+                    pool
+                }),
+                Err(error) => {
+                    tracing::debug!(%error, "IPAM objects cannot be watched (are Cluster API's IPAM CRDs installed?)");
+                    None
+                }
+            };
+            std::future::ready(picked)
+        })
+}
+
+/// The servers whose IPAddressClaim changed (the pool answered it).
+fn claim_wakeups(
+    scope: &WatchScope,
+    client: &kube::Client,
+) -> impl futures::Stream<Item = ObjectRef<server::Watched>> + use<> {
+    watcher(
+        scope.api::<ipam::IPAddressClaim>(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects()
+    .filter_map(|claim| std::future::ready(claim.ok()))
+    .flat_map(|claim| futures::stream::iter(owned_by::<server::Watched>(&claim, "OpenStackServer")))
 }
 
 /// What wakes an OpenStackCluster besides its own changes: the engine's wake-ups (through

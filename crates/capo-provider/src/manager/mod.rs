@@ -158,11 +158,12 @@ pub async fn wait_for_crds(
 }
 
 /// The controllers [`Health`] waits for.
-pub const CONTROLLERS: [&str; 4] = [
+pub const CONTROLLERS: [&str; 5] = [
     crate::controllers::server::CONTROLLER,
     crate::controllers::cluster::CONTROLLER,
     crate::controllers::machine::CONTROLLER,
     crate::controllers::machine_template::CONTROLLER,
+    crate::controllers::floating_ip_pool::CONTROLLER,
 ];
 
 /// Templates reconciled at once: each is two reads per generation, so two are plenty.
@@ -343,7 +344,10 @@ async fn run_controllers(
             shutdown.clone(),
         ),
     );
-    let controllers = async { tokio::join!(servers, clusters, machines, templates) };
+    let pools = watch(crate::controllers::floating_ip_pool::CONTROLLER).over(
+        controllers::run_pools(ctx.clone(), &config.scope, health.clone(), shutdown.clone()),
+    );
+    let controllers = async { tokio::join!(servers, clusters, machines, templates, pools) };
     // Every controller has subscribed (above, before its first poll): now the watches run.
     // A reconciler reads the stores, so none starts before all of them have listed once.
     let mut watching = tokio::task::JoinSet::new();

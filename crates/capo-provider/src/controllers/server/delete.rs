@@ -66,6 +66,7 @@ pub(super) async fn run(
     if !delete_volumes(&cloud, object, status).await? {
         return Ok(poll);
     }
+    super::floating_address::release(object, ctx).await?;
     writes::remove_finalizer(api, object, finalizers::SERVER)
         .await
         .map_err(ServerError::kube("removing the finalizer"))?;

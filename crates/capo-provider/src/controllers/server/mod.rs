@@ -6,6 +6,7 @@
 //! being deleted ends the reconcile with a requeue, sooner while the wait is young.
 
 mod delete;
+mod floating_address;
 pub mod orc;
 pub mod plan;
 mod provision;
@@ -64,10 +65,12 @@ pub enum ServerError {
     Identity(#[from] IdentityError),
     #[error("{0}")]
     InvalidSpec(String),
-    #[error(
-        "floatingIPPoolRef names a {0}, a kind capo-rs does not serve: attach a floating IP another way"
-    )]
-    FloatingIpPool(String),
+    /// The floating IP from `floatingIPPoolRef` cannot be had or attached.
+    #[error("{0}")]
+    FloatingIp(String),
+    /// The pool has not answered the server's IPAddressClaim yet: its watch wakes us.
+    #[error("{0}")]
+    WaitingForAddress(String),
     #[error(transparent)]
     Resolve(#[from] ResolveError),
     /// The user-data Secret (or its `value` key) is missing.
@@ -98,7 +101,7 @@ impl Categorized for ServerError {
             ServerError::Kubernetes { .. } => ErrorCategory::Kubernetes,
             ServerError::Identity(error) => error.category(),
             ServerError::InvalidSpec(_)
-            | ServerError::FloatingIpPool(_)
+            | ServerError::FloatingIp(_)
             | ServerError::VolumeFailed(_)
             | ServerError::Duplicates(_)
             | ServerError::ImageFailed(_)
@@ -111,7 +114,9 @@ impl Categorized for ServerError {
             } => ErrorCategory::InvalidSpec,
             ServerError::Resolve(ResolveError::Cloud { source, .. })
             | ServerError::Cloud { source, .. } => source.category(),
-            ServerError::UserData(_) | ServerError::ImageNotReady(_) => ErrorCategory::Dependency,
+            ServerError::UserData(_)
+            | ServerError::ImageNotReady(_)
+            | ServerError::WaitingForAddress(_) => ErrorCategory::Dependency,
         }
     }
 }
@@ -120,7 +125,7 @@ impl ServerError {
     /// The condition and Event reason.
     pub fn reason(&self) -> &'static str {
         match self {
-            ServerError::FloatingIpPool(_) => reasons::FLOATING_IP_POOL_NOT_SUPPORTED,
+            ServerError::FloatingIp(_) => capo_conditions::capo_reasons::FLOATING_IP_ERROR,
             ServerError::VolumeFailed(_) => reasons::VOLUME_ERROR,
             ServerError::Cloud { source, .. } if source.is_quota() => reasons::QUOTA_EXCEEDED,
             _ => self.category().reason(),
@@ -200,13 +205,7 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
         generation,
         now,
     );
-    let from_pool = server.spec.floating_ip_pool_ref.is_some();
-    capo_conditions::derive(
-        &mut status.conditions,
-        Owner::Server { from_pool },
-        generation,
-        now,
-    );
+    capo_conditions::derive(&mut status.conditions, Owner::Server, generation, now);
     write_status(&api, server, before.as_ref(), &status).await?;
     result
 }

@@ -18,9 +18,6 @@ use crate::cloud::nova::{BlockDevice, Server, ServerNetwork, ServerSpec};
 
 /// What is wrong with a spec before any call is made.
 pub fn validate(spec: &OpenStackServerSpec) -> Result<(), SpecProblem> {
-    if let Some(pool) = &spec.floating_ip_pool_ref {
-        return Err(SpecProblem::FloatingIpPool(pool.kind.clone()));
-    }
     if spec.ports.is_empty() {
         return Err(SpecProblem::Invalid(
             "spec.ports is empty: a server needs at least one port".into(),
@@ -31,8 +28,6 @@ pub fn validate(spec: &OpenStackServerSpec) -> Result<(), SpecProblem> {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpecProblem {
-    /// A floating IP pool (of this kind) is asked for; capo-rs serves no pool kind.
-    FloatingIpPool(String),
     Invalid(String),
 }
 
@@ -624,19 +619,14 @@ mod tests {
     }
 
     #[test]
-    fn a_floating_ip_pool_or_no_port_is_refused_before_any_call_and_an_orc_image_is_not() {
+    fn no_port_is_refused_before_any_call_and_a_pool_or_an_orc_image_is_not() {
         let mut with_pool = spec();
         with_pool.floating_ip_pool_ref = Some(TypedLocalObjectReference {
             api_group: Some("infrastructure.cluster.x-k8s.io".into()),
             kind: "OpenStackFloatingIPPool".into(),
             name: "pool".into(),
         });
-        assert_eq!(
-            validate(&with_pool),
-            Err(SpecProblem::FloatingIpPool(
-                "OpenStackFloatingIPPool".into()
-            ))
-        );
+        assert_eq!(validate(&with_pool), Ok(()));
         let mut no_ports = spec();
         no_ports.ports.clear();
         assert!(matches!(validate(&no_ports), Err(SpecProblem::Invalid(_))));

@@ -2,6 +2,7 @@
 //! lost status write adopts instead of duplicating), then take the plan's steps one at a time,
 //! recording each new object in the status before the next call.
 
+use super::floating_address;
 use super::orc::{self, OrcImage};
 use capo_api::OpenStackServerSpec;
 use std::time::Duration;
@@ -41,6 +42,8 @@ struct Pass<'a> {
     wants_trunk: Vec<bool>,
     volumes: Vec<VolumeWant>,
     observed: Observed,
+    /// The address `floatingIPPoolRef`'s pool gave, to attach once the server runs.
+    floating: Option<String>,
 }
 
 pub(super) async fn run(
@@ -51,10 +54,8 @@ pub(super) async fn run(
     cluster: Option<&str>,
 ) -> Result<Outcome, ServerError> {
     let spec = &object.spec;
-    match plan::validate(spec) {
-        Err(SpecProblem::FloatingIpPool(kind)) => return Err(ServerError::FloatingIpPool(kind)),
-        Err(SpecProblem::Invalid(message)) => return Err(ServerError::InvalidSpec(message)),
-        Ok(()) => {}
+    if let Err(SpecProblem::Invalid(message)) = plan::validate(spec) {
+        return Err(ServerError::InvalidSpec(message));
     }
     let name = object.name_any();
     let namespace = object.namespace().unwrap_or_default();
@@ -84,6 +85,8 @@ pub(super) async fn run(
     if wants_trunk.iter().any(|w| *w) {
         require_trunks(&cloud).await?;
     }
+    // As CAPO: the pool's address is had before any port is made.
+    let floating = floating_address::claimed(object, ctx, status).await?;
     let volumes = plan::wanted_volumes(&name, spec, resolved.image_id.as_deref());
     let mut pass = Pass {
         ctx,
@@ -99,6 +102,7 @@ pub(super) async fn run(
             volumes: Vec::new(),
             server: ServerState::Absent,
         },
+        floating,
     };
     pass.observe(status).await?;
     pass.apply(status).await
@@ -330,7 +334,10 @@ impl Pass<'_> {
                 }
                 Next::VolumeFailed(name) => return Err(ServerError::VolumeFailed(name)),
                 Next::CreateServer => return self.create_server(status).await,
-                Next::Report => return Ok(self.report(status).await),
+                Next::Report => {
+                    self.attach_floating(status).await?;
+                    return Ok(self.report(status).await);
+                }
                 Next::Lost(id) => return Ok(self.lost(&id, status).await),
             }
         }
@@ -456,6 +463,20 @@ impl Pass<'_> {
         self.event(EventType::Normal, "SuccessfulCreateServer", note)
             .await;
         Ok(Outcome::Poll(self.ctx.config.poll_min))
+    }
+
+    /// The pool's floating IP onto a running server, before the server is reported
+    /// provisioned: a machine is not ready until its address is.
+    async fn attach_floating(&self, status: &mut InstanceStatus) -> Result<(), ServerError> {
+        let (Some(address), ServerState::Found(server)) = (&self.floating, &self.observed.server)
+        else {
+            return Ok(());
+        };
+        if server.status != "ACTIVE" {
+            return Ok(());
+        }
+        let ports: Vec<String> = self.observed.ports.iter().flatten().cloned().collect();
+        floating_address::attach(&self.cloud, self.object, status, address, &ports).await
     }
 
     /// The user data from `userDataRef`'s Secret, base64 as Nova wants it.
