@@ -366,3 +366,124 @@ both!(
     real_a_machine_gets_its_floating_ip_from_a_pool_and_gives_it_back,
     sim_a_machine_gets_its_floating_ip_from_a_pool_and_gives_it_back
 );
+
+/// A server whose network has no router to the pool's network (CAPO #1827 and #1632: an
+/// address allocated and never attached, again at every reconcile). The pool allocates once
+/// per claim, however often the attach is retried; the server says why it cannot attach; and
+/// deleting it gives the address back.
+async fn an_unroutable_server(e2e: &mut E2e) {
+    let name = unique_cluster_name("noroute");
+    let before = census(&e2e.tenant).await;
+    let pool = format!("{name}-pool");
+    create_pool(e2e, &pool, json!({"reclaimPolicy": "Delete"})).await;
+    let server: OpenStackServer = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "flavor": crate::real_provider::FLAVOR,
+            "image": {"filter": {"name": crate::real_provider::IMAGE}},
+            "sshKeyName": crate::real_provider::KEY_PAIR,
+            "identityRef": {"name": SECRET, "cloudName": e2e.cloud_name},
+            "ports": [{"network": {"filter": {"name": crate::real_provider::TENANT_NETWORK}}}],
+            "floatingIPPoolRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                  "kind": "OpenStackFloatingIPPool", "name": pool},
+        }
+    }))
+    .expect("OpenStackServer");
+    e2e.servers()
+        .create(&PostParams::default(), &server)
+        .await
+        .expect("OpenStackServer created");
+    let refused = |s: &OpenStackServer| {
+        s.status.as_ref().is_some_and(|st| {
+            st.conditions.iter().any(|c| {
+                c.type_ == capo_types::FLOATING_ADDRESS_FROM_POOL_READY
+                    && c.reason == capo_api::capo_conditions::capo_reasons::FLOATING_IP_ERROR
+            })
+        })
+    };
+    let failing = wait_for(&e2e.servers(), &name, "refused", WAIT, refused).await;
+    let message = failing
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == capo_types::FLOATING_ADDRESS_FROM_POOL_READY)
+        })
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("reaches network"),
+        "{}: {message}",
+        e2e.label
+    );
+    // Three more tries, each woken by a change to the server.
+    for round in 1..=3 {
+        let attempts = attach_attempts(e2e);
+        let bump = json!({"metadata": {"annotations": {"capo-rs.test/round": round.to_string()}}});
+        e2e.servers()
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&bump),
+            )
+            .await
+            .expect("annotated");
+        let retried = async {
+            while attach_attempts(e2e) <= attempts {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(WAIT, retried)
+            .await
+            .expect("tried again");
+    }
+    let created = e2e
+        .request_counts()
+        .get("floating_ip_create")
+        .copied()
+        .unwrap_or_default();
+    assert_eq!(created, 1, "{}: one address for one claim", e2e.label);
+    let tagged = Filter {
+        tags: vec![ipam::pool_tag(&pool)],
+        ..Filter::default()
+    };
+    let held = e2e
+        .tenant
+        .neutron()
+        .list_floating_ips(&tagged)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1, "{}: {held:?}", e2e.label);
+    assert_eq!(held[0].port_id, None, "{}", e2e.label);
+
+    e2e.servers()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("server deleted");
+    crate::real_provider::wait_gone(&e2e.servers(), &name, WAIT).await;
+    released(e2e, &ipam::server_claim_name(&name)).await;
+    pools(e2e)
+        .delete(&pool, &DeleteParams::default())
+        .await
+        .expect("pool deleted");
+    crate::real_provider::wait_gone(&pools(e2e), &pool, WAIT).await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+/// Attempts to attach a floating IP the manager made.
+fn attach_attempts(e2e: &E2e) -> u64 {
+    e2e.request_counts()
+        .get("floating_ip_update")
+        .copied()
+        .unwrap_or_default()
+}
+
+both!(
+    an_unroutable_server,
+    PASSWORD_CLOUD,
+    false,
+    real_an_unroutable_server_holds_one_pool_address_says_why_and_gives_it_back,
+    sim_an_unroutable_server_holds_one_pool_address_says_why_and_gives_it_back
+);

@@ -266,12 +266,12 @@ impl E2e {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
-    fn servers(&self) -> Api<OpenStackServer> {
+    pub(crate) fn servers(&self) -> Api<OpenStackServer> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
     /// OpenStack requests the manager made, by `request` label, since it started.
-    fn request_counts(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn request_counts(&self) -> BTreeMap<String, u64> {
         let mut counts = BTreeMap::new();
         for family in self.registry.gather() {
             if family.name() != "capo_openstack_api_requests_total" {
