@@ -343,6 +343,22 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
     let status = pools(e2e).get(&pool).await.unwrap().status.unwrap();
     assert_eq!(status.claimed_ips, [address.clone()], "{}", e2e.label);
 
+    // A claim deleted without cascading (`--cascade=orphan`) leaves its IPAddress to nobody:
+    // the pool deletes it, and its address is released all the same.
+    let stray = format!("{name}-stray");
+    create_claim(e2e, &stray, &pool).await;
+    let stray_address = answer(e2e, &stray).await;
+    claims(e2e)
+        .delete(&stray, &DeleteParams::orphan())
+        .await
+        .expect("claim deleted, its IPAddress orphaned");
+    released(e2e, &stray).await;
+    assert!(
+        floating_ip(e2e, &stray_address).await.is_none(),
+        "{}: the orphaned address is released",
+        e2e.label
+    );
+
     delete_cluster(e2e, Some(&actor), &name).await;
     actor.stop().await;
     released(e2e, &claim).await;
@@ -357,6 +373,26 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
         .expect("pool deleted");
     crate::real_provider::wait_gone(&pools(e2e), &pool, WAIT).await;
     assert_nothing_left(e2e, &before).await;
+    assert_every_pool_grant_used(e2e);
+}
+
+/// Every RBAC grant for pools and IPAM was sent to the API server (the demo sends none):
+/// the machine's life from a pool uses them all.
+fn assert_every_pool_grant_used(e2e: &E2e) {
+    let log = e2e.kube_requests();
+    let sent: BTreeSet<(String, String, String)> = log
+        .iter()
+        .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
+        .collect();
+    let unused: Vec<_> = crate::packaging::used_by_floating_ip_pools()
+        .into_iter()
+        .filter(|grant| !sent.contains(grant))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "{}: granted, never sent: {unused:?}",
+        e2e.label
+    );
 }
 
 both!(

@@ -270,6 +270,11 @@ impl E2e {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
 
+    /// Every request the simulated API server answered, in order.
+    pub(crate) fn kube_requests(&self) -> Vec<capo_sim::kube::server::RequestRecord> {
+        self._kube.requests()
+    }
+
     /// OpenStack requests the manager made, by `request` label, since it started.
     pub(crate) fn request_counts(&self) -> BTreeMap<String, u64> {
         let mut counts = BTreeMap::new();

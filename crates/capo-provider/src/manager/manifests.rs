@@ -103,6 +103,34 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resources: &["machines"],
         verbs: &["list", "watch", "patch"],
     },
+    // Floating IP pools: their finalizer and status.
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackfloatingippools"],
+        verbs: &["list", "watch", "patch"],
+    },
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackfloatingippools/status"],
+        verbs: &["patch"],
+    },
+    // Cluster API's IPAM contract: a server claims its pool address; a pool answers claims
+    // with IPAddresses, and lets them go.
+    Rule {
+        group: "ipam.cluster.x-k8s.io",
+        resources: &["ipaddressclaims"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+    },
+    Rule {
+        group: "ipam.cluster.x-k8s.io",
+        resources: &["ipaddressclaims/status"],
+        verbs: &["patch"],
+    },
+    Rule {
+        group: "ipam.cluster.x-k8s.io",
+        resources: &["ipaddresses"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+    },
     // ORC Images a server's imageRef names (read; their watch wakes the server).
     Rule {
         group: "openstack.k-orc.cloud",
