@@ -341,7 +341,12 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
         e2e.label
     );
     let status = pools(e2e).get(&pool).await.unwrap().status.unwrap();
-    assert_eq!(status.claimed_ips, [address.clone()], "{}", e2e.label);
+    assert_eq!(
+        status.claimed_ips,
+        std::slice::from_ref(&address),
+        "{}",
+        e2e.label
+    );
 
     // A claim deleted without cascading (`--cascade=orphan`) leaves its IPAddress to nobody:
     // the pool deletes it, and its address is released all the same.

@@ -570,7 +570,7 @@ fn watch_gate(
             for machine in &list.items {
                 let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
                     && !gate::is_leaving(machine);
-                let Some(address) = gate::member_address(machine) else {
+                let Some(address) = gate::member_address(machine, &[]) else {
                     continue;
                 };
                 let member_active = members.get(address) == Some(&ProvisioningStatus::Active);
@@ -820,7 +820,7 @@ async fn assert_machines_built(e2e: &E2e, lb: &str) {
             "{name}: CAPO's authentication condition"
         );
         if capi::is_control_plane(kube::ResourceExt::labels(&machine)) {
-            let address = gate::member_address(&machine).expect("an address");
+            let address = gate::member_address(&machine, &[]).expect("an address");
             assert_eq!(
                 members.get(address),
                 Some(&ProvisioningStatus::Active),

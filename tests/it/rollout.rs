@@ -119,7 +119,7 @@ fn watch(
             for machine in &list.items {
                 let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
                     && !gate::is_leaving(machine);
-                let Some(address) = gate::member_address(machine) else {
+                let Some(address) = gate::member_address(machine, &[]) else {
                     continue;
                 };
                 let member_active = api_pool
@@ -309,7 +309,7 @@ async fn a_gated_rollout_never_empties_the_api_pool_and_deleting_the_cluster_lea
         .find(|m| !capi::is_control_plane(kube::ResourceExt::labels(*m)))
         .expect("a worker");
     assert!(worker.spec.provider_id.is_some());
-    let address = gate::member_address(worker).unwrap().to_owned();
+    let address = gate::member_address(worker, &[]).unwrap().to_owned();
     assert!(
         !world
             .cloud

@@ -305,11 +305,35 @@ async fn load_balancer_on_another_network(e2e: &mut E2e) {
         .expect("the load balancer");
     let lb_network = lb.load_balancer_network.as_ref().expect("its network");
     assert_eq!(lb_network.name, TENANT_NETWORK, "{}", e2e.label);
+    let cluster_cidr = status
+        .network
+        .as_ref()
+        .and_then(|n| n.subnets.first())
+        .map(|s| s.cidr.clone())
+        .expect("the cluster subnet's CIDR");
     let actor = actor(e2e);
-    actor
-        .scale_control_plane(&plane(&name, 1))
+    // Two ports: the cluster network's, and one on the tenant network, whose name Nova lists
+    // first (`capo-rs-...` before `k8s-clusterapi-...`).
+    let mut plane = plane(&name, 1);
+    plane.template.ports = serde_json::from_value(json!([
+        {}, {"network": {"filter": {"name": TENANT_NETWORK}}, "nameSuffix": "tenant"}
+    ]))
+    .expect("ports");
+    let machines = actor
+        .scale_control_plane(&plane)
         .await
         .expect("a control-plane machine, released");
+    let machine = e2e.machines().get(&machines[0]).await.expect("the machine");
+    let addresses: Vec<String> = machine
+        .status
+        .as_ref()
+        .map(|s| s.addresses.iter().map(|a| a.address.clone()).collect())
+        .unwrap_or_default();
+    assert!(
+        addresses.len() >= 2,
+        "{}: an address on each network: {addresses:?}",
+        e2e.label
+    );
     let pool = lb.pools.first().expect("a pool").pool_id.clone();
     let members = e2e
         .tenant
@@ -330,6 +354,16 @@ async fn load_balancer_on_another_network(e2e: &mut E2e) {
         ["capo-rs-e2e"],
         "{}: CAPO's member tags",
         e2e.label
+    );
+    let prefix = cluster_cidr
+        .rsplit_once('.')
+        .map(|(head, _)| format!("{head}."))
+        .expect("an IPv4 /24");
+    assert!(
+        member.address.starts_with(&prefix) && addresses.contains(&member.address),
+        "{}: the member is the machine's address on the cluster network {cluster_cidr}, not {} of {addresses:?}",
+        e2e.label,
+        member.address
     );
     delete_cluster(e2e, Some(&actor), &name).await;
     actor.stop().await;
@@ -437,7 +471,8 @@ async fn dual_stack(e2e: &mut E2e) {
         .and_then(|f| f.ip_address.clone())
         .expect("an IPv6 address");
     assert!(v6.starts_with("fd00:78::"), "{}: {v6}", e2e.label);
-    let address = capo_provider::controllers::gate::member_address(machine).expect("an address");
+    let address =
+        capo_provider::controllers::gate::member_address(machine, &[]).expect("an address");
     assert!(
         address.starts_with("10.78.0."),
         "{}: the member is IPv4: {address}",

@@ -365,7 +365,7 @@ fn machine_row(
             .is_some_and(|r| r.name == name)
     });
     let status = machine.status.as_ref();
-    let member = gate::member_address(machine).and_then(|address| {
+    let member = gate::member_address(machine, &[]).and_then(|address| {
         pool.iter()
             .find(|m| m.address == address)
             .map(|m| m.provisioning_status.to_owned())

@@ -27,21 +27,79 @@ use crate::membership::{
     SeenMember,
 };
 
-/// The address a machine's member points at.
-pub fn member_address(machine: &OpenStackMachine) -> Option<&str> {
-    member_address_in(&machine.status.as_ref()?.addresses)
+/// The address a machine's member points at (see [`member_address_in`]).
+pub fn member_address<'m>(
+    machine: &'m OpenStackMachine,
+    cluster_cidrs: &[String],
+) -> Option<&'m str> {
+    member_address_in(&machine.status.as_ref()?.addresses, cluster_cidrs)
 }
 
-/// The first internal IPv4 address, else the first internal address. Nova lists a
-/// dual-stack network's addresses in no fixed order (the real tier showed IPv6 first, then
-/// IPv4 on another run), so taking the first, as CAPO does, could flip the member's family;
-/// the VIP is IPv4 on the usual IPv4-first network.
-pub fn member_address_in(addresses: &[MachineAddress]) -> Option<&str> {
-    let internal = || addresses.iter().filter(|a| a.type_ == "InternalIP");
-    internal()
+/// The machine's internal address on the cluster network (within one of `cluster_cidrs`, its
+/// subnets), as CAPO takes the address on the cluster network by name; without one there, any
+/// internal address. IPv4 first: Nova lists a dual-stack network's addresses in no fixed order
+/// (the real tier showed IPv6 first, then IPv4 on another run), and the VIP is IPv4 on the
+/// usual IPv4-first network. A machine with ports on several networks has its addresses
+/// listed by network name, so the first one can be on any of them.
+pub fn member_address_in<'a>(
+    addresses: &'a [MachineAddress],
+    cluster_cidrs: &[String],
+) -> Option<&'a str> {
+    let internal: Vec<&MachineAddress> = addresses
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .collect();
+    let on_cluster: Vec<&MachineAddress> = internal
+        .iter()
+        .copied()
+        .filter(|a| cluster_cidrs.iter().any(|cidr| within(&a.address, cidr)))
+        .collect();
+    let candidates = if on_cluster.is_empty() {
+        internal
+    } else {
+        on_cluster
+    };
+    candidates
+        .iter()
         .find(|a| a.address.parse::<std::net::Ipv4Addr>().is_ok())
-        .or_else(|| internal().next())
+        .or_else(|| candidates.first())
         .map(|a| a.address.as_str())
+}
+
+/// The CIDRs of the cluster network's subnets, where members' addresses are.
+pub fn cluster_cidrs(network: Option<&capo_api::common::NetworkStatusWithSubnets>) -> Vec<String> {
+    network
+        .map(|n| n.subnets.iter().map(|s| s.cidr.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `address` is in `cidr` (`10.6.0.0/24`, `fd00::/64`); false when either does not
+/// parse, or their families differ.
+fn within(address: &str, cidr: &str) -> bool {
+    use std::net::IpAddr;
+    let Some((network, prefix)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(address), Ok(network), Ok(prefix)) = (
+        address.parse::<IpAddr>(),
+        network.parse::<IpAddr>(),
+        prefix.parse::<u32>(),
+    ) else {
+        return false;
+    };
+    let masked = |bits: u128, width: u32| {
+        let host_bits = width.saturating_sub(prefix);
+        bits.checked_shr(host_bits).unwrap_or(0)
+    };
+    match (address, network) {
+        (IpAddr::V4(a), IpAddr::V4(n)) if prefix <= 32 => {
+            masked(u128::from(u32::from(a)), 32) == masked(u128::from(u32::from(n)), 32)
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) if prefix <= 128 => {
+            masked(u128::from(a), 128) == masked(u128::from(n), 128)
+        }
+        _ => false,
+    }
 }
 
 /// On an OpenStackMachine whose members are being removed (its Machine is deleting): the
@@ -66,7 +124,7 @@ fn is_cluster_control_plane(machine: &OpenStackMachine, cluster_name: &str) -> b
 pub fn wants_member(machine: &OpenStackMachine, cluster_name: &str) -> bool {
     is_cluster_control_plane(machine, cluster_name)
         && !is_leaving(machine)
-        && member_address(machine).is_some()
+        && member_address(machine, &[]).is_some()
 }
 
 /// The control-plane machines whose members are on their way out: the engine wakes them as
@@ -83,6 +141,7 @@ pub fn leaving_machines(cluster_name: &str, machines: &[OpenStackMachine]) -> Ve
 /// of each port. `now` is when they count as requested (the engine keeps the earliest).
 pub fn desired_members(
     cluster_name: &str,
+    cluster_cidrs: &[String],
     machines: &[OpenStackMachine],
     ports: &[u16],
     now: Instant,
@@ -94,7 +153,7 @@ pub fn desired_members(
     wanted.sort_by_key(|m| m.name_any());
     let mut members = Vec::with_capacity(wanted.len() * ports.len());
     for machine in wanted {
-        let Some(address) = member_address(machine) else {
+        let Some(address) = member_address(machine, cluster_cidrs) else {
             continue;
         };
         let owner = ObjectName::new(machine.namespace().unwrap_or_default(), machine.name_any());
@@ -324,16 +383,59 @@ mod tests {
             address("InternalIP", "fd00:78::154"),
             address("InternalIP", "10.78.0.7"),
         ];
-        assert_eq!(member_address_in(&v6_first), Some("10.78.0.7"));
+        assert_eq!(member_address_in(&v6_first, &[]), Some("10.78.0.7"));
         let v6_only = [
             address("ExternalIP", "172.24.4.9"),
             address("InternalIP", "fd00::9"),
         ];
-        assert_eq!(member_address_in(&v6_only), Some("fd00::9"));
+        assert_eq!(member_address_in(&v6_only, &[]), Some("fd00::9"));
         assert_eq!(
-            member_address_in(&[address("ExternalIP", "172.24.4.9")]),
+            member_address_in(&[address("ExternalIP", "172.24.4.9")], &[]),
             None
         );
+    }
+
+    #[test]
+    fn a_member_is_the_machines_address_on_the_cluster_network_whatever_network_nova_lists_first() {
+        let address = |address: &str| MachineAddress {
+            type_: "InternalIP".into(),
+            address: address.into(),
+        };
+        // Nova lists networks by name: `capo-rs-storage` comes before the cluster's.
+        let two_networks = [
+            address("10.254.0.12"),
+            address("fd00:6::5"),
+            address("10.6.0.31"),
+        ];
+        let cluster = ["10.6.0.0/24".to_owned(), "fd00:6::/64".to_owned()];
+        assert_eq!(
+            member_address_in(&two_networks, &cluster),
+            Some("10.6.0.31")
+        );
+        let v6_cluster = ["fd00:6::/64".to_owned()];
+        assert_eq!(
+            member_address_in(&two_networks, &v6_cluster),
+            Some("fd00:6::5")
+        );
+        let elsewhere = ["192.168.0.0/16".to_owned()];
+        assert_eq!(
+            member_address_in(&two_networks, &elsewhere),
+            Some("10.254.0.12"),
+            "no address on the cluster's subnets: the first IPv4 one"
+        );
+    }
+
+    #[test]
+    fn cidr_containment_reads_both_families_and_refuses_nonsense() {
+        assert!(within("10.6.0.31", "10.6.0.0/24"));
+        assert!(!within("10.6.1.31", "10.6.0.0/24"));
+        assert!(within("10.6.1.31", "0.0.0.0/0"));
+        assert!(within("fd00:6::5", "fd00:6::/64"));
+        assert!(!within("fd00:7::5", "fd00:6::/64"));
+        assert!(!within("10.6.0.31", "fd00:6::/64"));
+        assert!(!within("10.6.0.31", "10.6.0.0/33"));
+        assert!(!within("10.6.0.31", "10.6.0.0"));
+        assert!(!within("not an address", "10.6.0.0/24"));
     }
 
     #[test]
@@ -356,7 +458,7 @@ mod tests {
             leaving,
             other_cluster,
         ];
-        let members = desired_members("c1", &machines, &[6443, 8443], now);
+        let members = desired_members("c1", &[], &machines, &[6443, 8443], now);
         let got: Vec<(String, String, u16)> = members
             .iter()
             .map(|m| (m.name.clone(), m.address.clone(), m.port))

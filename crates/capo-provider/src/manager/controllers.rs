@@ -884,7 +884,13 @@ fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
     }
     let mut hasher = DefaultHasher::new();
     (
-        crate::controllers::gate::member_address(machine),
+        // Every address: which one is the member's depends on the cluster's subnets.
+        machine.status.as_ref().map(|s| {
+            s.addresses
+                .iter()
+                .map(|a| (a.type_.as_str(), a.address.as_str()))
+                .collect::<Vec<_>>()
+        }),
         crate::controllers::gate::is_leaving(machine),
         &machine.spec.provider_id,
     )

@@ -735,7 +735,8 @@ async fn publish_gate(
     let machines = control_plane_machines(pass);
     let ports: Vec<u16> = pools.keys().copied().collect();
     let now = tokio::time::Instant::now();
-    let members = gate::desired_members(&pass.capi_name, &machines, &ports, now);
+    let cidrs = gate::cluster_cidrs(status.network.as_ref());
+    let members = gate::desired_members(&pass.capi_name, &cidrs, &machines, &ports, now);
     let rollout_waiting = machines
         .iter()
         .filter(|m| gate::wants_member(m, &pass.capi_name))

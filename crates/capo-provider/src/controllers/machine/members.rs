@@ -45,6 +45,8 @@ pub struct LbRef {
     /// Set when the load balancer sits on another network than the machines: members then
     /// name the cluster network's primary subnet, or Octavia could not reach them.
     pub member_subnet: Option<MemberSubnet>,
+    /// The cluster network's subnets: a member is the machine's address there.
+    pub cluster_cidrs: Vec<String>,
 }
 
 /// Where members are, when that is not the load balancer's own network.
@@ -90,6 +92,7 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
         cluster_deleting,
         tags: lb_tags(&infra.spec),
         member_subnet: member_subnet(infra, recorded),
+        cluster_cidrs: gate::cluster_cidrs(infra.status.as_ref()?.network.as_ref()),
     })
 }
 
@@ -267,7 +270,9 @@ async fn create_member(
     let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
         return Ok(());
     };
-    let Some(address) = gate::member_address_in(&status.addresses).map(str::to_owned) else {
+    let Some(address) =
+        gate::member_address_in(&status.addresses, &lb.cluster_cidrs).map(str::to_owned)
+    else {
         return Ok(());
     };
     let cloud = cloud(pass, lb).await?;
@@ -361,7 +366,7 @@ pub async fn leave(
         // The load balancer goes with the cluster, every member with it.
         return Ok(Left::Done);
     }
-    let Some(address) = gate::member_address(pass.osm).map(str::to_owned) else {
+    let Some(address) = gate::member_address(pass.osm, &lb.cluster_cidrs).map(str::to_owned) else {
         return Ok(Left::Done);
     };
     let safety_net = Left::Waiting(Outcome::Poll(pass.ctx.config.poll_max));
