@@ -112,9 +112,16 @@ async fn released(e2e: &E2e, claim: &str) {
 }
 
 async fn floating_ip(e2e: &E2e, address: &str) -> Option<FloatingIp> {
-    let filter = Filter::default().with("floating_ip_address", address);
-    let found = e2e.tenant.neutron().list_floating_ips(&filter).await.ok()?;
-    found.into_iter().next()
+    crate::topologies::floating_ip(&e2e.tenant, address).await
+}
+
+/// Deletes the pool and waits for it to go (its floating IPs released).
+async fn delete_pool(e2e: &E2e, pool: &str) {
+    pools(e2e)
+        .delete(pool, &DeleteParams::default())
+        .await
+        .expect("pool deleted");
+    crate::real_provider::wait_gone(&pools(e2e), pool, WAIT).await;
 }
 
 fn pool_is(
@@ -217,11 +224,7 @@ async fn claims_on_a_pool(e2e: &mut E2e) {
     for name in &names {
         released(e2e, name).await;
     }
-    pools(e2e)
-        .delete(&pool, &DeleteParams::default())
-        .await
-        .expect("pool deleted");
-    crate::real_provider::wait_gone(&pools(e2e), &pool, WAIT).await;
+    delete_pool(e2e, &pool).await;
     assert!(
         floating_ip(e2e, &given.floating_ip_address).await.is_some(),
         "{}: the preallocated address is the user's",
@@ -381,11 +384,7 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
         "{}: reclaim policy Delete",
         e2e.label
     );
-    pools(e2e)
-        .delete(&pool, &DeleteParams::default())
-        .await
-        .expect("pool deleted");
-    crate::real_provider::wait_gone(&pools(e2e), &pool, WAIT).await;
+    delete_pool(e2e, &pool).await;
     assert_nothing_left(e2e, &before).await;
     assert_every_pool_grant_used(e2e);
 }
@@ -514,11 +513,7 @@ async fn an_unroutable_server(e2e: &mut E2e) {
         .expect("server deleted");
     crate::real_provider::wait_gone(&e2e.servers(), &name, WAIT).await;
     released(e2e, &ipam::server_claim_name(&name)).await;
-    pools(e2e)
-        .delete(&pool, &DeleteParams::default())
-        .await
-        .expect("pool deleted");
-    crate::real_provider::wait_gone(&pools(e2e), &pool, WAIT).await;
+    delete_pool(e2e, &pool).await;
     assert_nothing_left(e2e, &before).await;
 }
 

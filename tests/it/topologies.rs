@@ -30,7 +30,7 @@ fn without_lb_spec(e2e: &E2e) -> Value {
     spec
 }
 
-async fn floating_ip(tenant: &CloudClient, address: &str) -> Option<FloatingIp> {
+pub(crate) async fn floating_ip(tenant: &CloudClient, address: &str) -> Option<FloatingIp> {
     let filter = Filter::default().with("floating_ip_address", address);
     let found = tenant.neutron().list_floating_ips(&filter).await.ok()?;
     found.into_iter().next()
