@@ -48,6 +48,7 @@ pub async fn run(
             return Ok(Some("waiting for the API load balancer to be deleted"));
         }
         release_api_floating_ip(pass, &cloud, status).await?;
+        release_forgotten_floating_ips(pass, &cloud, status).await?;
         if is_managed(&pass.cluster.spec) {
             delete_router(pass, &cloud, status).await?;
             delete_network(pass, &cloud, status).await?;
@@ -182,6 +183,42 @@ async fn release_api_floating_ip(
         }
     }
     status.api_server_managed_load_balancer = None;
+    Ok(())
+}
+
+/// Floating IPs made for this cluster that nothing recorded (a restart between their create
+/// and their attach): with the bastion and the load balancer gone, each one of ours that
+/// points at nothing goes, except an address the spec names (the user's own).
+async fn release_forgotten_floating_ips(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    status: &OpenStackClusterStatus,
+) -> Result<(), ClusterError> {
+    let Some(external) = status.external_network.as_ref() else {
+        return Ok(());
+    };
+    let spec = &pass.cluster.spec;
+    let given: Vec<&str> = [
+        spec.api_server
+            .as_ref()
+            .and_then(|a| a.floating_ip.as_deref()),
+        spec.bastion.as_ref().and_then(|b| b.floating_ip.as_deref()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let forgotten = load_balancer::forgotten_floating_ips(cloud, &pass.names, &external.id).await?;
+    for ip in forgotten {
+        if given.contains(&ip.floating_ip_address.as_str()) {
+            continue;
+        }
+        match cloud.neutron().delete_floating_ip(&ip.id).await {
+            Ok(()) | Err(CloudError::NotFound(_)) => {
+                tracing::info!(address = %ip.floating_ip_address, "deleted a floating IP made for this cluster and never recorded");
+            }
+            Err(e) => return Err(ClusterError::cloud("deleting a forgotten floating IP")(e)),
+        }
+    }
     Ok(())
 }
 

@@ -548,6 +548,14 @@ pub async fn floating_ip(
             .into_iter()
             .next();
     }
+    // One we made whose attach or status write a restart cut off: unattached, with our
+    // description. Adopted rather than leaked beside a new one.
+    if existing.is_none() && wanted.is_none() {
+        existing = forgotten_floating_ips(cloud, names, external_network)
+            .await?
+            .into_iter()
+            .next();
+    }
     let created = existing.is_none();
     let ip = match existing {
         Some(ip) => ip,
@@ -584,6 +592,33 @@ pub async fn floating_ip(
             Err(ClusterError::cloud("attaching the API floating IP")(error))
         }
     }
+}
+
+/// The floating IPs on `external_network` that carry this cluster's description and point at
+/// nothing: made by capo-rs (or CAPO) for this cluster, and not recorded anywhere because a
+/// restart came between their create and their attach or status write.
+pub async fn forgotten_floating_ips(
+    cloud: &CloudClient,
+    names: &Names,
+    external_network: &str,
+) -> Result<Vec<FloatingIp>, ClusterError> {
+    let description = names.description();
+    let filter = Filter {
+        description: Some(description.clone()),
+        ..Filter::default()
+    }
+    .with("floating_network_id", external_network.to_owned());
+    let found = cloud
+        .neutron()
+        .list_floating_ips(&filter)
+        .await
+        .map_err(ClusterError::cloud(
+            "finding floating IPs made for this cluster",
+        ))?;
+    Ok(found
+        .into_iter()
+        .filter(|ip| ip.description == description && ip.port_id.is_none())
+        .collect())
 }
 
 pub async fn find_floating_ip(
