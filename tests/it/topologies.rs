@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use capo_api::capo_conditions::capo_types;
 use capo_provider::cloud::CloudClient;
-use capo_provider::cloud::neutron::{Filter, FloatingIp, NetworkSpec, SubnetSpec};
+use capo_provider::cloud::neutron::{FloatingIp, NetworkSpec, SubnetSpec};
 use kube::api::ListParams;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -31,9 +31,7 @@ fn without_lb_spec(e2e: &E2e) -> Value {
 }
 
 pub(crate) async fn floating_ip(tenant: &CloudClient, address: &str) -> Option<FloatingIp> {
-    let filter = Filter::default().with("floating_ip_address", address);
-    let found = tenant.neutron().list_floating_ips(&filter).await.ok()?;
-    found.into_iter().next()
+    tenant.neutron().find_floating_ip(address).await.ok()?
 }
 
 /// What the endpoint watcher saw.

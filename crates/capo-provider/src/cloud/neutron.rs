@@ -650,6 +650,12 @@ impl<'a> Neutron<'a> {
             .await
     }
 
+    /// The floating IP at `address`, if the project has it.
+    pub async fn find_floating_ip(&self, address: &str) -> Result<Option<FloatingIp>, CloudError> {
+        let filter = Filter::default().with("floating_ip_address", address.to_owned());
+        Ok(self.list_floating_ips(&filter).await?.into_iter().next())
+    }
+
     /// A floating IP on `network_id` (at `address` when given), tagged.
     pub async fn create_tagged_floating_ip(
         &self,

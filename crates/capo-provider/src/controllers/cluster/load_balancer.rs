@@ -625,11 +625,9 @@ pub async fn find_floating_ip(
     cloud: &CloudClient,
     address: &str,
 ) -> Result<Option<FloatingIp>, ClusterError> {
-    let filter = Filter::default().with("floating_ip_address", address);
-    let found = cloud
+    cloud
         .neutron()
-        .list_floating_ips(&filter)
+        .find_floating_ip(address)
         .await
-        .map_err(ClusterError::cloud("finding a floating IP"))?;
-    Ok(found.into_iter().next())
+        .map_err(ClusterError::cloud("finding a floating IP"))
 }

@@ -20,7 +20,7 @@ use super::members::{self, Left};
 use super::plan::{self, AddressStep, Holder};
 use super::{MachineError, Owners, Pass};
 use crate::cloud::CloudClient;
-use crate::cloud::neutron::{Filter, FloatingIp};
+use crate::cloud::neutron::FloatingIp;
 use crate::controllers::cluster::plan::{self as cluster_plan, Names};
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
@@ -222,13 +222,11 @@ async fn cloud(pass: &Pass<'_>, api: &ApiAddress) -> Result<CloudClient, Machine
 }
 
 async fn find(cloud: &CloudClient, address: &str) -> Result<Option<FloatingIp>, MachineError> {
-    let filter = Filter::default().with("floating_ip_address", address);
-    let found = cloud
+    cloud
         .neutron()
-        .list_floating_ips(&filter)
+        .find_floating_ip(address)
         .await
-        .map_err(MachineError::cloud("finding the API floating IP"))?;
-    Ok(found.into_iter().next())
+        .map_err(MachineError::cloud("finding the API floating IP"))
 }
 
 /// The cluster allocated it; one lost since (deleted by hand, or by CAPO's machine

@@ -18,7 +18,6 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Resource, ResourceExt};
 
 use super::ServerError;
-use crate::cloud::neutron::Filter;
 use crate::cloud::{CloudClient, CloudError};
 use crate::controllers::{Context, writes};
 
@@ -159,14 +158,13 @@ async fn try_attach(
     ports: &[String],
 ) -> Result<(), ServerError> {
     let neutron = cloud.neutron();
-    let filter = Filter::default().with("floating_ip_address", address.to_owned());
     let found = neutron
-        .list_floating_ips(&filter)
+        .find_floating_ip(address)
         .await
         .map_err(ServerError::cloud(format!(
             "looking up floating IP {address}"
         )))?;
-    let Some(floating) = found.into_iter().next() else {
+    let Some(floating) = found else {
         return Err(ServerError::FloatingIp(format!(
             "the pool gave {address}, and Neutron has no such floating IP"
         )));
@@ -231,6 +229,11 @@ pub(super) async fn release(object: &OpenStackServer, ctx: &Context) -> Result<(
     }
     tracing::info!(claim = %name, "released the floating IP claim");
     Ok(())
+}
+
+/// The address is attached already (Nova lists it on the server).
+pub(super) fn attached(object: &OpenStackServer, status: &mut InstanceStatus) {
+    set(status, object, Status::True, reasons::READY, "");
 }
 
 fn set(

@@ -475,6 +475,15 @@ impl Pass<'_> {
         if server.status != "ACTIVE" {
             return Ok(());
         }
+        // Nova lists a floating IP among the server's addresses once it is attached: nothing to
+        // ask Neutron on every look at a settled server (CAPO checks the same way).
+        if plan::addresses(server)
+            .iter()
+            .any(|a| &a.address == address)
+        {
+            floating_address::attached(self.object, status);
+            return Ok(());
+        }
         let ports: Vec<String> = self.observed.ports.iter().flatten().cloned().collect();
         floating_address::attach(&self.cloud, self.object, status, address, &ports).await
     }
