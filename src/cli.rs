@@ -180,6 +180,29 @@ pub struct RunArgs {
     /// Seconds in PENDING_* before a load balancer member is stuck.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub member_stuck_after: u64,
+    /// What releases a control-plane machine: `serving` (its member ACTIVE and its health
+    /// monitor reading ONLINE; ACTIVE alone where a pool has no monitor) or `provisioning`
+    /// (ACTIVE alone).
+    #[arg(long, value_enum, default_value_t = Gate::Serving)]
+    pub gate: Gate,
+    /// Serving gate: how long a member must read ONLINE without a break (ovn reports a new
+    /// member ONLINE before its first check; an amphora starts it UP until a check fails).
+    #[arg(long, default_value = "15s", value_parser = capo_provider::manager::parse_duration_or_zero)]
+    pub serving_settle: Duration,
+    /// Serving gate: how long an ACTIVE member may not serve before MemberNotServing holds
+    /// its machine with a Warning.
+    #[arg(long, default_value = "5m", value_parser = capo_provider::manager::parse_duration)]
+    pub member_not_serving_after: Duration,
+    /// The API pools' health monitor: `tcp` (CAPO's) or `https` (GET /readyz expecting 200).
+    /// An OpenStackCluster's annotation
+    /// infrastructure.cluster.x-k8s.io/capo-rs-api-health-monitor overrides it; ovn falls
+    /// back to tcp.
+    #[arg(long, value_enum, default_value_t = ApiMonitor::Tcp)]
+    pub api_health_monitor: ApiMonitor,
+    /// How long a leaving control-plane member keeps its open connections at weight 0
+    /// before it is deleted (inside the pre-terminate hook); 0 deletes it at once.
+    #[arg(long, default_value = "30s", value_parser = capo_provider::manager::parse_duration_or_zero)]
+    pub drain_period: Duration,
     /// `reportingInstance` of events, and the start of the leader identity (in a cluster: the
     /// pod's name, from the downward API).
     #[arg(long, env = "POD_NAME")]
@@ -211,6 +234,20 @@ pub struct RunArgs {
     pub kube_api_burst: NonZeroU32,
     #[command(flatten)]
     pub openstack: OpenStackArgs,
+}
+
+/// `--gate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Gate {
+    Provisioning,
+    Serving,
+}
+
+/// `--api-health-monitor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ApiMonitor {
+    Tcp,
+    Https,
 }
 
 /// Leader election flags, as Cluster API's providers name them.
@@ -265,10 +302,21 @@ impl RunArgs {
                 sync_period: self.sync_period,
                 instance: self.instance.clone(),
                 member_repairs: self.member_repairs,
+                api_monitor: match self.api_health_monitor {
+                    ApiMonitor::Tcp => capo_provider::controllers::gate::MonitorKind::Tcp,
+                    ApiMonitor::Https => capo_provider::controllers::gate::MonitorKind::Https,
+                },
+                drain_period: self.drain_period,
                 ..defaults.controllers.clone()
             },
             engine: capo_provider::membership::EngineConfig {
                 stuck_after: Duration::from_secs(self.member_stuck_after),
+                serving: (self.gate == Gate::Serving).then_some(
+                    capo_provider::membership::ServingRules {
+                        settle: self.serving_settle,
+                        not_serving_after: self.member_not_serving_after,
+                    },
+                ),
                 ..defaults.engine.clone()
             },
             cloud: self.openstack.options()?,

@@ -53,6 +53,16 @@ pub mod reasons {
     pub const MEMBER_STUCK: &str = "MemberStuck";
     /// Some desired members are absent from a pool.
     pub const MEMBERS_MISSING: &str = "MembersMissing";
+    /// Some desired members are ACTIVE but their health monitor has not seen their API serve
+    /// yet (the serving gate).
+    pub const MEMBERS_NOT_YET_SERVING: &str = "MembersNotYetServing";
+    /// Some desired member's health monitor has not seen its API serve for longer than the
+    /// not-serving threshold: the rollout is held (the serving gate).
+    pub const MEMBER_NOT_SERVING: &str = "MemberNotServing";
+    /// The API pool has no health monitor: the serving gate falls back to provisioning status.
+    pub const NO_HEALTH_MONITOR: &str = "NoHealthMonitor";
+    /// The provider cannot check the API over HTTPS (ovn): the monitor checks the TCP port.
+    pub const HEALTH_MONITOR_TCP_FALLBACK: &str = "HealthMonitorTCPFallback";
     /// Every member reports ONLINE or NO_MONITOR.
     pub const HEALTHY: &str = "Healthy";
     /// Some member reports OFFLINE, DEGRADED, DRAINING or ERROR.
@@ -78,9 +88,11 @@ pub mod reasons {
         LOAD_BALANCER_ERROR,
         MEMBER_ERROR,
         MEMBER_STUCK,
+        MEMBER_NOT_SERVING,
         LOAD_BALANCER_PENDING,
         MEMBERS_MISSING,
         MEMBERS_PENDING,
+        MEMBERS_NOT_YET_SERVING,
         READY,
     ];
     /// The load balancer is disabled in the spec, so there is nothing to wait for.

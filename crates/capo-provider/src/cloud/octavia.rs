@@ -209,6 +209,11 @@ pub struct HealthMonitor {
     pub max_retries: u32,
     #[serde(default)]
     pub max_retries_down: Option<u32>,
+    /// HTTP and HTTPS monitors only.
+    #[serde(default)]
+    pub url_path: Option<String>,
+    #[serde(default)]
+    pub expected_codes: Option<String>,
     #[serde(default)]
     pub pools: Vec<IdRef>,
 }
@@ -224,6 +229,13 @@ pub struct HealthMonitorSpec {
     pub max_retries: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_retries_down: Option<u32>,
+    /// HTTP and HTTPS monitors only (Octavia refuses them on the others).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_codes: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
 }
@@ -581,20 +593,28 @@ impl<'a> Octavia<'a> {
         self.path.fetch_all(call.key("healthmonitors")).await
     }
 
-    /// Changes a health monitor's timings.
+    /// Changes a health monitor in place: its timings, and an HTTP(S) monitor's request.
+    /// (Its `type` cannot change: Octavia refuses the attribute on an update.)
     pub async fn update_health_monitor(
         &self,
         id: &str,
-        delay: u32,
-        timeout: u32,
-        max_retries: u32,
-        max_retries_down: u32,
+        wanted: &HealthMonitorSpec,
     ) -> Result<HealthMonitor, CloudError> {
         let op = op("loadbalancer_healthmonitor_update");
-        let body = json!({ "healthmonitor": {
-            "delay": delay, "timeout": timeout,
-            "max_retries": max_retries, "max_retries_down": max_retries_down,
-        }});
+        let mut fields = json!({
+            "delay": wanted.delay, "timeout": wanted.timeout,
+            "max_retries": wanted.max_retries, "max_retries_down": wanted.max_retries_down,
+        });
+        for (key, value) in [
+            ("http_method", &wanted.http_method),
+            ("url_path", &wanted.url_path),
+            ("expected_codes", &wanted.expected_codes),
+        ] {
+            if let Some(value) = value {
+                fields[key] = json!(value);
+            }
+        }
+        let body = json!({ "healthmonitor": fields });
         let call = Call::put(op, format!("lbaas/healthmonitors/{}", seg(id)), body);
         self.path.fetch(call.key("healthmonitor")).await
     }
@@ -631,6 +651,20 @@ impl<'a> Octavia<'a> {
         let op = op("loadbalancer_member_create");
         let path = format!("lbaas/pools/{}/members", seg(pool_id));
         let call = Call::post(op, path, json!({ "member": spec }));
+        self.path.fetch(call.key("member")).await
+    }
+
+    /// Sets a member's weight: 0 takes it out of new connections while open ones go on
+    /// (amphora; ovn ignores weights).
+    pub async fn set_member_weight(
+        &self,
+        pool_id: &str,
+        member_id: &str,
+        weight: u32,
+    ) -> Result<Member, CloudError> {
+        let op = op("loadbalancer_member_update");
+        let path = format!("lbaas/pools/{}/members/{}", seg(pool_id), seg(member_id));
+        let call = Call::put(op, path, json!({ "member": { "weight": weight } }));
         self.path.fetch(call.key("member")).await
     }
 

@@ -43,6 +43,11 @@ pub struct ControllerConfig {
     /// Times a control-plane machine's API load balancer member in ERROR is deleted and
     /// created again before the machine reports MemberError for a person to look.
     pub member_repairs: u32,
+    /// The API pools' health monitor where the OpenStackCluster's annotation does not choose.
+    pub api_monitor: crate::controllers::gate::MonitorKind,
+    /// How long a leaving control-plane member keeps its open connections at weight 0 before
+    /// it is deleted; zero deletes it at once.
+    pub drain_period: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -54,6 +59,8 @@ impl Default for ControllerConfig {
             backoff: BackoffPolicy::default(),
             instance: None,
             member_repairs: 3,
+            api_monitor: crate::controllers::gate::MonitorKind::Tcp,
+            drain_period: Duration::from_secs(30),
         }
     }
 }

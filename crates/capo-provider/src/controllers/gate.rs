@@ -108,6 +108,82 @@ fn within(address: &str, cidr: &str) -> bool {
 pub const LEAVING_ANNOTATION: &str =
     "infrastructure.cluster.x-k8s.io/capo-rs-leaving-load-balancer";
 
+/// On an OpenStackCluster: `https` or `tcp`, the API pools' health monitor, over the
+/// controller's `--api-health-monitor`.
+pub const MONITOR_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/capo-rs-api-health-monitor";
+
+/// The API pools' health monitor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MonitorKind {
+    /// A TCP connect (CAPO's): an open port counts, even while the API fails.
+    #[default]
+    Tcp,
+    /// `GET /readyz` over TLS expecting 200: the API itself (kube-apiserver answers it to
+    /// anonymous clients unless anonymous authentication is off).
+    Https,
+}
+
+impl MonitorKind {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Some(MonitorKind::Tcp),
+            "https" => Some(MonitorKind::Https),
+            _ => None,
+        }
+    }
+
+    /// Octavia's `type`.
+    pub fn octavia_type(self) -> &'static str {
+        match self {
+            MonitorKind::Tcp => "TCP",
+            MonitorKind::Https => "HTTPS",
+        }
+    }
+}
+
+/// The monitor the cluster gets, and why it is not the one asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MonitorChoice {
+    pub kind: MonitorKind,
+    /// Set when the choice differs from what was asked, or the annotation is unusable: the
+    /// health condition's reason and message.
+    pub note: Option<(&'static str, String)>,
+}
+
+/// The annotation over the flag; ovn checks TCP and UDP-CONNECT only, so HTTPS falls back
+/// to TCP there (Octavia answers 501 to an HTTPS monitor on an ovn pool).
+pub fn monitor_choice(
+    default: MonitorKind,
+    annotation: Option<&str>,
+    provider: Option<&str>,
+) -> MonitorChoice {
+    let (asked, mut note) = match annotation.map(|a| (a, MonitorKind::parse(a))) {
+        None => (default, None),
+        Some((_, Some(kind))) => (kind, None),
+        Some((text, None)) => (
+            default,
+            Some((
+                reasons::INVALID_SPEC,
+                format!(
+                    "{MONITOR_ANNOTATION}: {text:?} is neither https nor tcp; using {}",
+                    default.octavia_type()
+                ),
+            )),
+        ),
+    };
+    let ovn = provider.is_some_and(|p| p.eq_ignore_ascii_case("ovn"));
+    let kind = if ovn && asked == MonitorKind::Https {
+        note = Some((
+            reasons::HEALTH_MONITOR_TCP_FALLBACK,
+            "the ovn provider checks TCP and UDP-CONNECT only: the API pools' monitor checks the TCP port, so ONLINE means the port is open, not that the API serves".into(),
+        ));
+        MonitorKind::Tcp
+    } else {
+        asked
+    };
+    MonitorChoice { kind, note }
+}
+
 /// Whether the machine's members are on their way out.
 pub fn is_leaving(machine: &OpenStackMachine) -> bool {
     machine.metadata.deletion_timestamp.is_some()
@@ -199,11 +275,25 @@ pub fn gate_condition(verdict: &LbVerdict, now: Instant) -> Desired<'static> {
     )
 }
 
-/// `APIServerLoadBalancerHealthy` from the members' operating status: informational only.
-pub fn health_condition(health: &Health) -> Desired<'static> {
+/// `APIServerLoadBalancerHealthy` from the members' operating status: informational, and
+/// where the serving gate cannot do its whole work (no monitor; a TCP fallback) it says so.
+pub fn health_condition(
+    health: &Health,
+    verdict: &LbVerdict,
+    monitor_note: Option<&(&'static str, String)>,
+) -> Desired<'static> {
     let type_ = types::API_SERVER_LOAD_BALANCER_HEALTHY;
     match health {
-        Health::Healthy => Desired::new(type_, Status::True, reasons::HEALTHY, ""),
+        Health::Healthy if verdict.unmonitored => Desired::new(
+            type_,
+            Status::True,
+            reasons::NO_HEALTH_MONITOR,
+            "a pool has no health monitor (members read NO_MONITOR): the serving gate falls back to provisioning status",
+        ),
+        Health::Healthy => match monitor_note {
+            Some((reason, message)) => Desired::new(type_, Status::True, reason, message.clone()),
+            None => Desired::new(type_, Status::True, reasons::HEALTHY, ""),
+        },
         Health::Unknown => Desired::new(
             type_,
             Status::Unknown,
@@ -490,10 +580,70 @@ mod tests {
         let degraded = Health::Degraded {
             members: vec![("cp-1".into(), OperatingStatus::Offline)],
         };
-        let condition = health_condition(&degraded);
+        let verdict = verdict(false);
+        let condition = health_condition(&degraded, &verdict, None);
         assert_eq!(condition.status, Status::False);
         assert_eq!(condition.message, "members not ONLINE: cp-1 OFFLINE");
-        assert_eq!(health_condition(&Health::Healthy).status, Status::True);
+        let healthy = health_condition(&Health::Healthy, &verdict, None);
+        assert_eq!(
+            (healthy.status, healthy.reason),
+            (Status::True, reasons::HEALTHY)
+        );
+    }
+
+    fn verdict(unmonitored: bool) -> LbVerdict {
+        LbVerdict {
+            reason: Reason::Ready,
+            lb_status: Some(ProvisioningStatus::Active),
+            lb_since: Instant::now(),
+            members: Vec::new(),
+            stale: Vec::new(),
+            serving: 0,
+            unmonitored,
+            serving_gate: true,
+        }
+    }
+
+    #[test]
+    fn the_health_condition_says_when_the_serving_gate_cannot_check_serving() {
+        let unmonitored = health_condition(&Health::Healthy, &verdict(true), None);
+        assert_eq!(unmonitored.reason, reasons::NO_HEALTH_MONITOR);
+        let choice = monitor_choice(MonitorKind::Tcp, Some("https"), Some("ovn"));
+        assert_eq!(choice.kind, MonitorKind::Tcp, "ovn cannot check HTTPS");
+        let fallback = health_condition(&Health::Healthy, &verdict(false), choice.note.as_ref());
+        assert_eq!(fallback.reason, reasons::HEALTH_MONITOR_TCP_FALLBACK);
+        assert!(fallback.message.contains("ovn"));
+    }
+
+    #[test]
+    fn the_annotation_chooses_the_monitor_over_the_flag() {
+        let amphora = Some("amphora");
+        assert_eq!(
+            monitor_choice(MonitorKind::Tcp, None, amphora),
+            MonitorChoice {
+                kind: MonitorKind::Tcp,
+                note: None
+            }
+        );
+        assert_eq!(
+            monitor_choice(MonitorKind::Tcp, Some("HTTPS"), amphora).kind,
+            MonitorKind::Https
+        );
+        assert_eq!(
+            monitor_choice(MonitorKind::Https, Some("tcp"), None).kind,
+            MonitorKind::Tcp
+        );
+        let odd = monitor_choice(MonitorKind::Https, Some("http"), amphora);
+        assert_eq!(
+            odd.kind,
+            MonitorKind::Https,
+            "an unusable value keeps the flag's"
+        );
+        assert!(
+            odd.note.is_some_and(
+                |(reason, n)| reason == reasons::INVALID_SPEC && n.contains("\"http\"")
+            )
+        );
     }
 
     fn seen(name: &str, id: Option<&str>, presence: Presence) -> MemberTrack {
@@ -510,6 +660,7 @@ mod tests {
             pool_id: Some("pool-1".into()),
             presence,
             operating: Some(OperatingStatus::Online),
+            operating_since: now,
             since: now,
             first_seen: Some(now),
             active_at: None,

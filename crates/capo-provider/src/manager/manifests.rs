@@ -251,6 +251,26 @@ const TUNABLES: &[Tunable] = &[
         default: "600",
     },
     Tunable {
+        flag: "gate",
+        variable: "CAPO_RS_GATE",
+        default: "serving",
+    },
+    Tunable {
+        flag: "member-not-serving-after",
+        variable: "CAPO_RS_MEMBER_NOT_SERVING_AFTER",
+        default: "5m",
+    },
+    Tunable {
+        flag: "api-health-monitor",
+        variable: "CAPO_RS_API_HEALTH_MONITOR",
+        default: "tcp",
+    },
+    Tunable {
+        flag: "drain-period",
+        variable: "CAPO_RS_DRAIN_PERIOD",
+        default: "30s",
+    },
+    Tunable {
         flag: "member-repairs",
         variable: "CAPO_RS_MEMBER_REPAIRS",
         default: "3",

@@ -27,7 +27,8 @@ use super::schedule::{
     Finish, ListFindings, ListState, PollOutcome, ScheduleConfig, Scheduler, Target,
 };
 use super::verdict::{
-    Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, health, lb_verdict,
+    GateRules, Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, ServingRules, health,
+    lb_verdict,
 };
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudError};
@@ -36,6 +37,8 @@ use crate::cloud::{CloudClient, CloudError};
 pub struct EngineConfig {
     /// A member PENDING_* longer than this is stuck.
     pub stuck_after: Duration,
+    /// The serving gate, when on (`--gate=serving`).
+    pub serving: Option<ServingRules>,
     pub schedule: ScheduleConfig,
     /// Polls in flight per cloud endpoint.
     pub max_in_flight: usize,
@@ -43,10 +46,20 @@ pub struct EngineConfig {
     pub change_buffer: usize,
 }
 
+impl EngineConfig {
+    pub fn rules(&self) -> GateRules {
+        GateRules {
+            stuck_after: self.stuck_after,
+            serving: self.serving,
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             stuck_after: Duration::from_secs(600),
+            serving: None,
             schedule: ScheduleConfig::default(),
             max_in_flight: 8,
             change_buffer: 4096,
@@ -209,6 +222,11 @@ impl Engine {
         self.inner.config.stuck_after
     }
 
+    /// What a member must show to count as ready.
+    pub fn rules(&self) -> GateRules {
+        self.inner.config.rules()
+    }
+
     /// Sets (or updates) a load balancer's desired membership; `client` is how to reach its
     /// cloud. The LB is polled soon after. Returns the desired-state generation: changes and
     /// snapshots carry the generation their verdict was computed for, so a caller can tell a
@@ -281,7 +299,7 @@ impl Engine {
                     recall = recalled.filter(|_| self.inner.observer.uses_list());
                     self.inner.metrics.track_cluster(&desired.cluster);
                     let track = LbTrack::new(desired, now);
-                    let verdict = lb_verdict(&track, now, self.inner.config.stuck_after);
+                    let verdict = lb_verdict(&track, now, &self.inner.config.rules());
                     state.lbs.insert(
                         lb_id.clone(),
                         LbEntry {
@@ -801,7 +819,7 @@ fn fold(
         // Only a list read after this observation can say which row it belongs to.
         entry.members_as_of = None;
     }
-    let verdict = lb_verdict(&entry.track, now, inner.config.stuck_after);
+    let verdict = lb_verdict(&entry.track, now, &inner.config.rules());
     let learnt = record_member_metrics(inner, entry, &before, &verdict, previous_poll, now);
     // A newer desired state arrived during the poll: this verdict is still about the one
     // the poll started with.
@@ -823,7 +841,7 @@ fn fold(
         publish(inner, entry, observed);
     }
     let deadline = [
-        stuck_deadline(entry, inner.config.stuck_after),
+        stuck_deadline(entry, &inner.config.rules(), now),
         observer.next_due(&entry.track.desired.lb_id),
     ]
     .into_iter()
@@ -841,6 +859,8 @@ fn fold(
                 | Reason::MembersPending
                 | Reason::MembersMissing
                 | Reason::MemberStuck
+                | Reason::MembersNotYetServing
+                | Reason::MemberNotServing
         );
     (
         PollOutcome {
@@ -881,18 +901,27 @@ fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
         .collect()
 }
 
-/// When the next pending (or deleting) member turns stuck, so the verdict flips on time.
-fn stuck_deadline(entry: &LbEntry, stuck_after: Duration) -> Option<Instant> {
+/// When the next pending (or deleting) member turns stuck, or the next member not yet serving
+/// settles or is flagged not serving, so the verdict flips on time.
+fn stuck_deadline(entry: &LbEntry, rules: &GateRules, now: Instant) -> Option<Instant> {
+    let serving = |since: Instant| -> Vec<Instant> {
+        rules
+            .serving
+            .map(|s| vec![since + s.settle, since + s.not_serving_after])
+            .unwrap_or_default()
+    };
     entry
         .verdict
         .members
         .iter()
-        .filter_map(|(_, _, v)| match v {
+        .flat_map(|(_, _, v)| match v {
             MemberVerdict::Pending { since } | MemberVerdict::Deleting { since } => {
-                Some(*since + stuck_after)
+                vec![*since + rules.stuck_after]
             }
-            _ => None,
+            MemberVerdict::NotYetServing { since } => serving(*since),
+            _ => Vec::new(),
         })
+        .filter(|at| *at > now)
         .min()
 }
 

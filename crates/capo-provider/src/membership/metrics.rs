@@ -27,6 +27,8 @@ pub struct EngineMetrics {
     pub detection_lag_seconds: HistogramVec,
     pub stuck_total: IntCounterVec,
     pub error_total: IntCounterVec,
+    /// Members ACTIVE whose API did not serve past the not-serving threshold.
+    pub not_serving_total: IntCounterVec,
     pub polls_total: IntCounterVec,
     /// How late polls ran against their due time.
     pub scheduler_lag_seconds: HistogramVec,
@@ -108,6 +110,13 @@ impl EngineMetrics {
             )?,
             error_total: IntCounterVec::new(
                 Opts::new("capo_lb_member_error_total", "Members seen going to ERROR"),
+                &["namespace", "cluster"],
+            )?,
+            not_serving_total: IntCounterVec::new(
+                Opts::new(
+                    "capo_lb_member_not_serving_total",
+                    "Members ACTIVE whose health monitor did not see their API serve past the not-serving threshold",
+                ),
                 &["namespace", "cluster"],
             )?,
             polls_total: IntCounterVec::new(
@@ -199,6 +208,7 @@ impl EngineMetrics {
         registry.register(Box::new(metrics.detection_lag_seconds.clone()))?;
         registry.register(Box::new(metrics.stuck_total.clone()))?;
         registry.register(Box::new(metrics.error_total.clone()))?;
+        registry.register(Box::new(metrics.not_serving_total.clone()))?;
         registry.register(Box::new(metrics.polls_total.clone()))?;
         registry.register(Box::new(metrics.scheduler_lag_seconds.clone()))?;
         registry.register(Box::new(metrics.drift_interval_seconds.clone()))?;
@@ -240,6 +250,7 @@ impl EngineMetrics {
         let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
         self.stuck_total.with_label_values(&labels);
         self.error_total.with_label_values(&labels);
+        self.not_serving_total.with_label_values(&labels);
         self.gate_holds_total.with_label_values(&labels);
     }
 
@@ -248,6 +259,7 @@ impl EngineMetrics {
         let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
         let _ = self.stuck_total.remove_label_values(&labels);
         let _ = self.error_total.remove_label_values(&labels);
+        let _ = self.not_serving_total.remove_label_values(&labels);
         let _ = self.gate_holds_total.remove_label_values(&labels);
     }
 
@@ -296,6 +308,7 @@ impl EngineMetrics {
         let counter = match kind {
             MemberVerdictKind::Stuck => &self.stuck_total,
             MemberVerdictKind::Error => &self.error_total,
+            MemberVerdictKind::NotServing => &self.not_serving_total,
             _ => return,
         };
         counter

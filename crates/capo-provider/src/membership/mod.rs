@@ -19,4 +19,6 @@ pub use model::{
 };
 pub use observe::{Observer, Seen, StatusTreeObserver};
 pub use schedule::ScheduleConfig;
-pub use verdict::{Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason};
+pub use verdict::{
+    GateRules, Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, ServingRules,
+};

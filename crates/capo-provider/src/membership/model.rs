@@ -141,6 +141,9 @@ pub struct MemberTrack {
     pub pool_id: Option<String>,
     pub presence: Presence,
     pub operating: Option<OperatingStatus>,
+    /// When `operating` last changed (or the member was requested, while never seen): the
+    /// serving gate's clock.
+    pub operating_since: Instant,
     /// When `presence` last changed (or the member was requested, while never seen).
     pub since: Instant,
     pub first_seen: Option<Instant>,
@@ -199,6 +202,7 @@ impl LbTrack {
                         pool_id,
                         presence: Presence::Absent,
                         operating: None,
+                        operating_since: want.requested_at,
                         since: want.requested_at,
                         first_seen: None,
                         active_at: None,
@@ -243,6 +247,7 @@ impl LbTrack {
             }
             if operating != track.operating {
                 track.operating = operating;
+                track.operating_since = now;
                 changed = true;
             }
             if let Some(m) = found {

@@ -1,7 +1,11 @@
 //! The gate's verdicts: pure functions of what is tracked and the time.
 //!
 //! Ready means the load balancer is ACTIVE and every desired member is in its pool with
-//! `provisioning_status` ACTIVE. Operating status never blocks: it is summarised separately.
+//! `provisioning_status` ACTIVE. Under the serving gate ([`GateRules::serving`]) a member whose
+//! pool has a health monitor must also read `operating_status` ONLINE, and have read it for the
+//! settle time: ovn reports a new member ONLINE before any check, and an amphora's haproxy
+//! starts a new server UP until its first check fails. A member reading NO_MONITOR falls back
+//! to provisioning status (and [`LbVerdict::unmonitored`] says so).
 
 use std::time::Duration;
 
@@ -12,10 +16,47 @@ use capo_api::conditions::reasons;
 use super::model::{LbTrack, MemberTrack, Presence};
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 
+/// What a member must show to count as ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateRules {
+    /// A member PENDING_* longer than this is stuck.
+    pub stuck_after: Duration,
+    /// The serving gate, when on; `None` is the provisioning gate.
+    pub serving: Option<ServingRules>,
+}
+
+/// The serving gate's times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServingRules {
+    /// How long a member must have read ONLINE without a break.
+    pub settle: Duration,
+    /// A monitored ACTIVE member not serving for longer than this holds the rollout, flagged.
+    pub not_serving_after: Duration,
+}
+
+impl GateRules {
+    /// The provisioning gate: ACTIVE is enough.
+    pub fn provisioning(stuck_after: Duration) -> Self {
+        GateRules {
+            stuck_after,
+            serving: None,
+        }
+    }
+}
+
 /// One desired member's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemberVerdict {
+    /// Ready: ACTIVE (and serving, under the serving gate).
     Active,
+    /// ACTIVE, but its monitor has not (yet, or for long enough) seen it serve.
+    NotYetServing {
+        since: Instant,
+    },
+    /// ACTIVE and not serving for longer than the not-serving threshold.
+    NotServing {
+        since: Instant,
+    },
     /// PENDING_CREATE or PENDING_UPDATE, since then.
     Pending {
         since: Instant,
@@ -44,6 +85,8 @@ impl MemberVerdict {
     pub fn kind(self) -> MemberVerdictKind {
         match self {
             MemberVerdict::Active => MemberVerdictKind::Active,
+            MemberVerdict::NotYetServing { .. } => MemberVerdictKind::NotYetServing,
+            MemberVerdict::NotServing { .. } => MemberVerdictKind::NotServing,
             MemberVerdict::Pending { .. } => MemberVerdictKind::Pending,
             MemberVerdict::Stuck { .. } => MemberVerdictKind::Stuck,
             MemberVerdict::Error { .. } => MemberVerdictKind::Error,
@@ -62,6 +105,8 @@ impl MemberVerdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemberVerdictKind {
     Active,
+    NotYetServing,
+    NotServing,
     Pending,
     Stuck,
     Error,
@@ -71,8 +116,10 @@ pub enum MemberVerdictKind {
 }
 
 impl MemberVerdictKind {
-    pub const ALL: [MemberVerdictKind; 7] = [
+    pub const ALL: [MemberVerdictKind; 9] = [
         MemberVerdictKind::Active,
+        MemberVerdictKind::NotYetServing,
+        MemberVerdictKind::NotServing,
         MemberVerdictKind::Pending,
         MemberVerdictKind::Stuck,
         MemberVerdictKind::Error,
@@ -84,6 +131,8 @@ impl MemberVerdictKind {
     pub fn as_str(self) -> &'static str {
         match self {
             MemberVerdictKind::Active => "Active",
+            MemberVerdictKind::NotYetServing => "NotYetServing",
+            MemberVerdictKind::NotServing => "NotServing",
             MemberVerdictKind::Pending => "Pending",
             MemberVerdictKind::Stuck => "Stuck",
             MemberVerdictKind::Error => "Error",
@@ -94,7 +143,35 @@ impl MemberVerdictKind {
     }
 }
 
-pub fn member_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) -> MemberVerdict {
+/// The member's verdict under `rules`: its provisioning verdict, then, if ACTIVE and the
+/// serving gate is on, whether its monitor has seen it serve.
+pub fn member_verdict(track: &MemberTrack, now: Instant, rules: &GateRules) -> MemberVerdict {
+    let provisioned = provisioning_verdict(track, now, rules.stuck_after);
+    match (provisioned, rules.serving) {
+        (MemberVerdict::Active, Some(serving)) => serving_verdict(track, now, &serving),
+        _ => provisioned,
+    }
+}
+
+/// An ACTIVE member under the serving gate. Its clock starts when it went ACTIVE or when its
+/// operating status last changed, whichever is later: a flapping member restarts it.
+fn serving_verdict(track: &MemberTrack, now: Instant, rules: &ServingRules) -> MemberVerdict {
+    let since = track.active_at.map_or(track.operating_since, |active| {
+        active.max(track.operating_since)
+    });
+    let settled = now.saturating_duration_since(since) >= rules.settle;
+    match track.operating {
+        Some(OperatingStatus::NoMonitor) => MemberVerdict::Active,
+        Some(OperatingStatus::Online) if settled => MemberVerdict::Active,
+        Some(OperatingStatus::Online) => MemberVerdict::NotYetServing { since },
+        _ if now.saturating_duration_since(since) >= rules.not_serving_after => {
+            MemberVerdict::NotServing { since }
+        }
+        _ => MemberVerdict::NotYetServing { since },
+    }
+}
+
+fn provisioning_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) -> MemberVerdict {
     let since = track.since;
     if track.pool_id.is_none() {
         return MemberVerdict::Gone;
@@ -147,21 +224,25 @@ pub enum Reason {
     LoadBalancerError,
     MemberError,
     MemberStuck,
+    MemberNotServing,
     LoadBalancerPending,
     MembersMissing,
     MembersPending,
+    MembersNotYetServing,
     Ready,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 10] = [
         Reason::NotObserved,
         Reason::LoadBalancerError,
         Reason::MemberError,
         Reason::MemberStuck,
+        Reason::MemberNotServing,
         Reason::LoadBalancerPending,
         Reason::MembersMissing,
         Reason::MembersPending,
+        Reason::MembersNotYetServing,
         Reason::Ready,
     ];
 
@@ -177,6 +258,8 @@ impl Reason {
             Reason::LoadBalancerError => reasons::LOAD_BALANCER_ERROR,
             Reason::MemberError => reasons::MEMBER_ERROR,
             Reason::MemberStuck => reasons::MEMBER_STUCK,
+            Reason::MemberNotServing => reasons::MEMBER_NOT_SERVING,
+            Reason::MembersNotYetServing => reasons::MEMBERS_NOT_YET_SERVING,
             Reason::LoadBalancerPending => reasons::LOAD_BALANCER_PENDING,
             Reason::MembersMissing => reasons::MEMBERS_MISSING,
             Reason::MembersPending => reasons::MEMBERS_PENDING,
@@ -196,11 +279,23 @@ pub struct LbVerdict {
     pub members: Vec<(String, u16, MemberVerdict)>,
     /// Members in desired pools that nobody wants (reported, never deleted here).
     pub stale: Vec<String>,
+    /// Desired members ready to take traffic (ACTIVE; and serving, under the serving gate).
+    pub serving: usize,
+    /// The serving gate is on but some ACTIVE member reads NO_MONITOR: for those the gate
+    /// fell back to provisioning status.
+    pub unmonitored: bool,
+    /// The serving gate was on.
+    pub serving_gate: bool,
 }
 
 impl LbVerdict {
     pub fn is_ready(&self) -> bool {
         self.reason == Reason::Ready
+    }
+
+    /// Whether readiness included a health monitor's word (the serving gate, with a monitor).
+    pub fn checks_serving(&self) -> bool {
+        self.serving_gate && !self.unmonitored
     }
 
     /// Whether a subscriber would see no difference: the same reason, the same verdict kind for
@@ -212,7 +307,10 @@ impl LbVerdict {
                 .map(|(name, port, m)| (name.clone(), *port, m.kind()))
                 .collect()
         };
-        self.reason == other.reason && self.stale == other.stale && kinds(self) == kinds(other)
+        self.reason == other.reason
+            && self.stale == other.stale
+            && self.unmonitored == other.unmonitored
+            && kinds(self) == kinds(other)
     }
 
     /// A sentence for a condition message: which members and since when (relative to `now`).
@@ -224,6 +322,8 @@ impl LbVerdict {
                 .filter(|(_, _, v)| v.kind() == wanted)
                 .map(|(name, port, v)| match v {
                     MemberVerdict::Pending { since }
+                    | MemberVerdict::NotYetServing { since }
+                    | MemberVerdict::NotServing { since }
                     | MemberVerdict::Stuck { since }
                     | MemberVerdict::Error { since }
                     | MemberVerdict::Missing { since }
@@ -236,8 +336,29 @@ impl LbVerdict {
         };
         match self.reason {
             Reason::NotObserved => "load balancer not observed yet".into(),
+            Reason::Ready if self.unmonitored => format!(
+                "load balancer ACTIVE and all {} members ACTIVE (no health monitor: serving is not checked)",
+                self.members.len()
+            ),
             Reason::Ready => format!(
-                "load balancer ACTIVE and all {} members ACTIVE",
+                "load balancer ACTIVE and all {} members ACTIVE{}",
+                self.members.len(),
+                if self.checks_serving() {
+                    " and serving"
+                } else {
+                    ""
+                }
+            ),
+            Reason::MemberNotServing => format!(
+                "members ACTIVE whose API does not serve: {} ({} of {} serving)",
+                named(MemberVerdictKind::NotServing).join(", "),
+                self.serving,
+                self.members.len()
+            ),
+            Reason::MembersNotYetServing => format!(
+                "members ACTIVE, waiting for their API to serve: {} ({} of {} serving)",
+                named(MemberVerdictKind::NotYetServing).join(", "),
+                self.serving,
                 self.members.len()
             ),
             Reason::LoadBalancerError => match self.lb_status {
@@ -284,7 +405,7 @@ fn human(duration: Duration) -> String {
     }
 }
 
-pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVerdict {
+pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict {
     let members: Vec<(String, u16, MemberVerdict)> = track
         .members
         .iter()
@@ -292,10 +413,19 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVer
             (
                 m.desired.name.clone(),
                 m.desired.port,
-                member_verdict(m, now, stuck_after),
+                member_verdict(m, now, rules),
             )
         })
         .collect();
+    let unmonitored = rules.serving.is_some()
+        && track.members.iter().any(|m| {
+            m.operating == Some(OperatingStatus::NoMonitor)
+                && m.presence == Presence::Seen(ProvisioningStatus::Active)
+        });
+    let serving = members
+        .iter()
+        .filter(|(_, _, v)| *v == MemberVerdict::Active)
+        .count();
     let lb_status = track.lb.flatten().map(|(p, _)| p);
     let has = |wanted: MemberVerdictKind| members.iter().any(|(_, _, v)| v.kind() == wanted);
     let reason = match track.lb {
@@ -305,6 +435,7 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVer
             ProvisioningStatus::Error | ProvisioningStatus::Deleted => Reason::LoadBalancerError,
             _ if has(MemberVerdictKind::Error) => Reason::MemberError,
             _ if has(MemberVerdictKind::Stuck) => Reason::MemberStuck,
+            _ if has(MemberVerdictKind::NotServing) => Reason::MemberNotServing,
             ProvisioningStatus::Active => {
                 if has(MemberVerdictKind::Missing)
                     || has(MemberVerdictKind::Deleting)
@@ -313,6 +444,8 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVer
                     Reason::MembersMissing
                 } else if has(MemberVerdictKind::Pending) {
                     Reason::MembersPending
+                } else if has(MemberVerdictKind::NotYetServing) {
+                    Reason::MembersNotYetServing
                 } else {
                     Reason::Ready
                 }
@@ -330,6 +463,9 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, stuck_after: Duration) -> LbVer
             .iter()
             .map(|m| format!("{} ({}:{})", m.name, m.address, m.port))
             .collect(),
+        serving,
+        unmonitored,
+        serving_gate: rules.serving.is_some(),
     }
 }
 
@@ -370,6 +506,10 @@ mod tests {
     use ProvisioningStatus::*;
 
     const STUCK: Duration = Duration::from_secs(600);
+    const RULES: GateRules = GateRules {
+        stuck_after: STUCK,
+        serving: None,
+    };
     const ALL: [ProvisioningStatus; 7] = [
         Active,
         Deleted,
@@ -401,12 +541,12 @@ mod tests {
         assert!(track.observe(&again, t2));
         let soon = t2 + Duration::from_secs(10);
         assert_eq!(
-            member_verdict(&track.members[0], soon, STUCK),
+            member_verdict(&track.members[0], soon, &RULES),
             MemberVerdict::Pending { since: t2 },
             "700 s after the first request, but 10 s after the repair: pending, not stuck"
         );
         assert!(matches!(
-            member_verdict(&track.members[0], t2 + STUCK, STUCK),
+            member_verdict(&track.members[0], t2 + STUCK, &RULES),
             MemberVerdict::Stuck { .. }
         ));
     }
@@ -431,7 +571,7 @@ mod tests {
         let t0 = Instant::now();
         for lb in ALL {
             for member in ALL.map(Some).into_iter().chain([None]) {
-                let verdict = lb_verdict(&track_with(lb, member, t0), t0, STUCK);
+                let verdict = lb_verdict(&track_with(lb, member, t0), t0, &RULES);
                 let expected_ready = lb == Active && member == Some(Active);
                 assert_eq!(
                     verdict.is_ready(),
@@ -445,7 +585,7 @@ mod tests {
     #[test]
     fn reasons_by_combination() {
         let t0 = Instant::now();
-        let reason = |lb, member| lb_verdict(&track_with(lb, member, t0), t0, STUCK).reason;
+        let reason = |lb, member| lb_verdict(&track_with(lb, member, t0), t0, &RULES).reason;
         assert_eq!(reason(Error, Some(Active)), Reason::LoadBalancerError);
         assert_eq!(reason(Active, Some(Error)), Reason::MemberError);
         assert_eq!(reason(PendingUpdate, Some(Error)), Reason::MemberError);
@@ -461,17 +601,17 @@ mod tests {
         assert_eq!(reason(Active, Some(Active)), Reason::Ready);
         let unobserved = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
         assert_eq!(
-            lb_verdict(&unobserved, t0, STUCK).reason,
+            lb_verdict(&unobserved, t0, &RULES).reason,
             Reason::NotObserved
         );
         let mut gone = unobserved.clone();
         gone.observe_gone(t0);
         assert_eq!(
-            lb_verdict(&gone, t0, STUCK).reason,
+            lb_verdict(&gone, t0, &RULES).reason,
             Reason::LoadBalancerError
         );
         assert_eq!(
-            lb_verdict(&gone, t0, STUCK).message(t0),
+            lb_verdict(&gone, t0, &RULES).message(t0),
             "load balancer not found"
         );
     }
@@ -482,14 +622,14 @@ mod tests {
         let track = track_with(Active, Some(PendingCreate), t0);
         let at = |secs| t0 + Duration::from_secs(secs);
         assert_eq!(
-            member_verdict(&track.members[0], at(599), STUCK),
+            member_verdict(&track.members[0], at(599), &RULES),
             MemberVerdict::Pending { since: t0 }
         );
         assert_eq!(
-            member_verdict(&track.members[0], at(600), STUCK),
+            member_verdict(&track.members[0], at(600), &RULES),
             MemberVerdict::Stuck { since: t0 }
         );
-        let verdict = lb_verdict(&track, at(700), STUCK);
+        let verdict = lb_verdict(&track, at(700), &RULES);
         assert_eq!(verdict.reason, Reason::MemberStuck);
         assert_eq!(
             verdict.message(at(700)),
@@ -503,14 +643,14 @@ mod tests {
         let track = track_with(Active, Some(PendingDelete), t0);
         let at = |secs| t0 + Duration::from_secs(secs);
         assert_eq!(
-            member_verdict(&track.members[0], at(599), STUCK),
+            member_verdict(&track.members[0], at(599), &RULES),
             MemberVerdict::Deleting { since: t0 }
         );
         assert_eq!(
-            member_verdict(&track.members[0], at(600), STUCK),
+            member_verdict(&track.members[0], at(600), &RULES),
             MemberVerdict::Stuck { since: t0 }
         );
-        let verdict = lb_verdict(&track, at(600), STUCK);
+        let verdict = lb_verdict(&track, at(600), &RULES);
         assert_eq!(verdict.reason, Reason::MemberStuck);
     }
 
@@ -519,7 +659,7 @@ mod tests {
         let t0 = Instant::now();
         for status in ALL {
             let track = track_with(Active, Some(status), t0);
-            let verdict = member_verdict(&track.members[0], t0, STUCK);
+            let verdict = member_verdict(&track.members[0], t0, &RULES);
             let expected = match status {
                 Active => "Active",
                 Error => "Error",
@@ -532,12 +672,12 @@ mod tests {
         let mut missing = track_with(Active, None, t0);
         assert_eq!(missing.members[0].presence, Presence::Absent);
         assert_eq!(
-            member_verdict(&missing.members[0], t0, STUCK).name(),
+            member_verdict(&missing.members[0], t0, &RULES).name(),
             "Missing"
         );
         missing.members[0].pool_id = None;
         assert_eq!(
-            member_verdict(&missing.members[0], t0, STUCK),
+            member_verdict(&missing.members[0], t0, &RULES),
             MemberVerdict::Gone
         );
     }
@@ -555,7 +695,7 @@ mod tests {
         ] {
             let mut track = track_with(Active, Some(Active), t0);
             track.members[0].operating = Some(operating);
-            assert!(lb_verdict(&track, t0, STUCK).is_ready(), "{operating:?}");
+            assert!(lb_verdict(&track, t0, &RULES).is_ready(), "{operating:?}");
             let healthy = matches!(
                 operating,
                 OperatingStatus::Online | OperatingStatus::NoMonitor
@@ -570,13 +710,90 @@ mod tests {
         let track = track_with(Active, Some(PendingCreate), t0);
         let later = t0 + Duration::from_secs(42);
         assert_eq!(
-            lb_verdict(&track, later, STUCK).message(later),
+            lb_verdict(&track, later, &RULES).message(later),
             "members pending: m1:6443 for 42s"
         );
         let track = track_with(PendingUpdate, Some(PendingCreate), t0);
         assert_eq!(
-            lb_verdict(&track, later, STUCK).message(later),
+            lb_verdict(&track, later, &RULES).message(later),
             "load balancer PENDING_UPDATE for 42s"
         );
+    }
+
+    const SERVING: GateRules = GateRules {
+        stuck_after: STUCK,
+        serving: Some(ServingRules {
+            settle: Duration::from_secs(15),
+            not_serving_after: Duration::from_secs(300),
+        }),
+    };
+
+    fn seen_operating(operating: OperatingStatus) -> crate::membership::model::Observation {
+        let mut observation = seen(Active, &[("10.0.0.1", Active)]);
+        observation.members[0].operating = operating;
+        observation
+    }
+
+    #[test]
+    fn the_serving_gate_releases_a_member_only_once_it_has_read_online_for_the_settle_time() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(&seen_operating(OperatingStatus::Offline), at(5));
+        let verdict = lb_verdict(&track, at(5), &SERVING);
+        assert_eq!(verdict.reason, Reason::MembersNotYetServing);
+        assert_eq!(verdict.serving, 0);
+        assert!(
+            lb_verdict(&track, at(5), &RULES).is_ready(),
+            "the provisioning gate takes ACTIVE alone"
+        );
+        // ONLINE at 20 s: ovn says so before any check, so it must hold for the settle time.
+        track.observe(&seen_operating(OperatingStatus::Online), at(20));
+        assert_eq!(
+            member_verdict(&track.members[0], at(34), &SERVING),
+            MemberVerdict::NotYetServing { since: at(20) }
+        );
+        let ready = lb_verdict(&track, at(35), &SERVING);
+        assert!(ready.is_ready(), "{:?}", ready.reason);
+        assert_eq!(ready.serving, 1);
+        assert!(ready.message(at(35)).contains("and serving"));
+    }
+
+    #[test]
+    fn a_member_that_never_serves_or_flaps_is_held_and_only_a_steady_failure_is_flagged() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(&seen_operating(OperatingStatus::Error), at(5));
+        assert_eq!(
+            lb_verdict(&track, at(304), &SERVING).reason,
+            Reason::MembersNotYetServing
+        );
+        let flagged = lb_verdict(&track, at(305), &SERVING);
+        assert_eq!(flagged.reason, Reason::MemberNotServing);
+        assert!(flagged.message(at(305)).contains("m1:6443"));
+        // Flapping: each change restarts the clock, and a short ONLINE never releases.
+        let mut flapping = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        for (i, second) in (10..600).step_by(10).enumerate() {
+            let operating = if i % 2 == 0 {
+                OperatingStatus::Online
+            } else {
+                OperatingStatus::Error
+            };
+            flapping.observe(&seen_operating(operating), at(second));
+            assert!(!lb_verdict(&flapping, at(second + 9), &SERVING).is_ready());
+        }
+    }
+
+    #[test]
+    fn without_a_monitor_the_serving_gate_falls_back_to_provisioning_and_says_so() {
+        let t0 = Instant::now();
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(&seen_operating(OperatingStatus::NoMonitor), t0);
+        let verdict = lb_verdict(&track, t0, &SERVING);
+        assert!(verdict.is_ready());
+        assert!(verdict.unmonitored && !verdict.checks_serving());
+        assert!(verdict.message(t0).contains("no health monitor"));
+        assert!(!lb_verdict(&track, t0, &RULES).unmonitored);
     }
 }

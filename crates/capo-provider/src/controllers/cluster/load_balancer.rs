@@ -17,6 +17,7 @@ use crate::cloud::octavia::{
     Pool, PoolSpec, ProvisioningStatus,
 };
 use crate::cloud::{CloudClient, CloudError};
+use crate::controllers::gate::MonitorKind;
 use crate::controllers::server::resolve::{
     exactly_one, neutron_filter, primary_subnet, subnet_filter,
 };
@@ -45,6 +46,32 @@ const MONITOR_TIMEOUT: u32 = 5;
 const MONITOR_MAX_RETRIES: u32 = 5;
 const MONITOR_MAX_RETRIES_DOWN: u32 = 3;
 
+/// The monitor a port's pool should have: CAPO's timings (or the spec's), of `kind`.
+fn wanted_monitor(
+    lb_spec: &ManagedLoadBalancer,
+    kind: MonitorKind,
+    name: &str,
+    pool_id: &str,
+) -> HealthMonitorSpec {
+    let settings = lb_spec.monitor.clone().unwrap_or_default();
+    let value =
+        |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    let https = kind == MonitorKind::Https;
+    HealthMonitorSpec {
+        name: name.to_owned(),
+        pool_id: pool_id.to_owned(),
+        kind: kind.octavia_type().into(),
+        delay: value(settings.delay, MONITOR_DELAY),
+        timeout: value(settings.timeout, MONITOR_TIMEOUT),
+        max_retries: value(settings.max_retries, MONITOR_MAX_RETRIES),
+        max_retries_down: Some(value(settings.max_retries_down, MONITOR_MAX_RETRIES_DOWN)),
+        http_method: https.then(|| "GET".into()),
+        url_path: https.then(|| "/readyz".into()),
+        expected_codes: https.then(|| "200".into()),
+        tags: Vec::new(),
+    }
+}
+
 /// Brings the API load balancer toward the spec, recording it in `status`.
 pub async fn reconcile(
     spec: &OpenStackClusterSpec,
@@ -52,6 +79,7 @@ pub async fn reconcile(
     names: &Names,
     cloud: &CloudClient,
     status: &mut OpenStackClusterStatus,
+    monitor: MonitorKind,
 ) -> Result<LbProgress, ClusterError> {
     let vip_network = vip_network(lb_spec, cloud, status).await?;
     let lb = match find(names, cloud, status).await? {
@@ -125,7 +153,7 @@ pub async fn reconcile(
     let mut recorded_pools = Vec::new();
     for port in plan::lb_ports(spec, lb_spec) {
         let step = ensure_port(
-            names, lb_spec, cloud, &lb, port, &listeners, &pools, &allowed,
+            names, lb_spec, cloud, &lb, port, &listeners, &pools, &allowed, monitor,
         )
         .await?;
         match step {
@@ -198,6 +226,7 @@ async fn ensure_port(
     listeners: &[Listener],
     pools: &[Pool],
     allowed: &Option<Vec<String>>,
+    monitor: MonitorKind,
 ) -> Result<PortStep, ClusterError> {
     let name = names.lb_child(port);
     let tags = lb.tags.clone();
@@ -256,56 +285,55 @@ async fn ensure_port(
         tracing::info!(port, "created a pool");
         return Ok(PortStep::Changed);
     };
-    let settings = lb_spec.monitor.clone().unwrap_or_default();
-    let value =
-        |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
-    let wanted = (
-        value(settings.delay, MONITOR_DELAY),
-        value(settings.timeout, MONITOR_TIMEOUT),
-        value(settings.max_retries, MONITOR_MAX_RETRIES),
-        value(settings.max_retries_down, MONITOR_MAX_RETRIES_DOWN),
-    );
+    let wanted = wanted_monitor(lb_spec, monitor, &name, &pool.id);
     let Some(monitor_id) = pool.healthmonitor_id.clone() else {
-        let monitor = HealthMonitorSpec {
-            name: name.clone(),
-            pool_id: pool.id.clone(),
-            kind: "TCP".into(),
-            delay: wanted.0,
-            timeout: wanted.1,
-            max_retries: wanted.2,
-            max_retries_down: Some(wanted.3),
-            tags: Vec::new(),
-        };
         cloud
             .octavia()
-            .create_health_monitor(&monitor)
+            .create_health_monitor(&wanted)
             .await
             .map_err(ClusterError::cloud(format!(
                 "creating the health monitor for port {port}"
             )))?;
-        tracing::info!(port, "created a health monitor");
+        tracing::info!(port, kind = wanted.kind, "created a health monitor");
         return Ok(PortStep::Changed);
     };
-    // `monitor` may change (the only LB setting that may, with allowedCIDRs).
-    let monitor = cloud
+    // `monitor` may change (the only LB setting that may, with allowedCIDRs), and so may the
+    // monitor's kind (the controller's flag, the cluster's annotation).
+    let have = cloud
         .octavia()
         .get_health_monitor(&monitor_id)
         .await
         .map_err(ClusterError::cloud("reading the health monitor"))?;
-    let have = (
-        monitor.delay,
-        monitor.timeout,
-        monitor.max_retries,
-        monitor.max_retries_down.unwrap_or(MONITOR_MAX_RETRIES_DOWN),
-    );
-    if have != wanted {
-        cloud
-            .octavia()
-            .update_health_monitor(&monitor_id, wanted.0, wanted.1, wanted.2, wanted.3)
-            .await
-            .map_err(ClusterError::cloud("updating the health monitor"))?;
-        tracing::info!(port, "updated the health monitor");
-        return Ok(PortStep::Changed);
+    match plan::monitor_change(&have, &wanted) {
+        plan::MonitorChange::None => {}
+        plan::MonitorChange::Update => {
+            cloud
+                .octavia()
+                .update_health_monitor(&monitor_id, &wanted)
+                .await
+                .map_err(ClusterError::cloud("updating the health monitor"))?;
+            tracing::info!(port, "updated the health monitor in place");
+            return Ok(PortStep::Changed);
+        }
+        plan::MonitorChange::Replace => {
+            // Octavia cannot change a monitor's type in place. Until the new one exists the
+            // members read NO_MONITOR, and the serving gate falls back to provisioning status
+            // for them: nothing is held, nothing stops serving.
+            cloud
+                .octavia()
+                .delete_health_monitor(&monitor_id)
+                .await
+                .map_err(ClusterError::cloud(
+                    "deleting the health monitor to change its type",
+                ))?;
+            tracing::info!(
+                port,
+                from = have.kind,
+                to = wanted.kind,
+                "replacing the health monitor"
+            );
+            return Ok(PortStep::Changed);
+        }
     }
     Ok(PortStep::Done(LoadBalancerPoolStatus {
         port: i32::from(port),

@@ -445,13 +445,21 @@ async fn build(
     let mut endpoint_note = None;
     let endpoint = match lb_spec {
         Some(lb_spec) => {
-            let progress =
-                match load_balancer::reconcile(spec, lb_spec, &pass.names, cloud, status).await {
-                    Err(e) if e.is_busy() => LbProgress::Pending(
-                        crate::cloud::octavia::ProvisioningStatus::PendingUpdate,
-                    ),
-                    other => other.map_err(at(types::API_ENDPOINT_READY))?,
-                };
+            let progress = match load_balancer::reconcile(
+                spec,
+                lb_spec,
+                &pass.names,
+                cloud,
+                status,
+                monitor_choice(pass, lb_spec).kind,
+            )
+            .await
+            {
+                Err(e) if e.is_busy() => {
+                    LbProgress::Pending(crate::cloud::octavia::ProvisioningStatus::PendingUpdate)
+                }
+                other => other.map_err(at(types::API_ENDPOINT_READY))?,
+            };
             match progress {
                 LbProgress::Ready {
                     vip_port,
@@ -760,7 +768,12 @@ async fn publish_gate(
         return Ok(());
     };
     set(status, gate::gate_condition(&snapshot.verdict, now));
-    set(status, gate::health_condition(&snapshot.health));
+    let monitor_note = plan::load_balancer(&pass.cluster.spec)
+        .and_then(|lb_spec| monitor_choice(pass, lb_spec).note);
+    set(
+        status,
+        gate::health_condition(&snapshot.health, &snapshot.verdict, monitor_note.as_ref()),
+    );
     if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
         recorded.members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
         recorded.members_as_of = snapshot.members_as_of.clone();
@@ -771,6 +784,21 @@ async fn publish_gate(
 /// The cluster's control-plane OpenStackMachines, as the cache holds them (a machine that
 /// does not decode is skipped). The cache may lag a machine's change by a moment; that change
 /// wakes this cluster again once it is in.
+/// The API pools' monitor: the cluster's annotation over the controller's flag, TCP on ovn.
+fn monitor_choice(
+    pass: &Pass<'_>,
+    lb_spec: &capo_api::cluster::ManagedLoadBalancer,
+) -> gate::MonitorChoice {
+    gate::monitor_choice(
+        pass.ctx.config.api_monitor,
+        pass.cluster
+            .annotations()
+            .get(gate::MONITOR_ANNOTATION)
+            .map(String::as_str),
+        lb_spec.provider.as_deref(),
+    )
+}
+
 fn control_plane_machines(pass: &Pass<'_>) -> Vec<OpenStackMachine> {
     let namespace = pass.cluster.namespace().unwrap_or_default();
     pass.ctx.caches.infra_machines(&namespace, |machine| {

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use capo_api::OpenStackClusterSpec;
 use capo_api::cluster::{ApiEndpoint, FailureDomain, ManagedLoadBalancer};
 
+use crate::cloud::octavia::{HealthMonitor, HealthMonitorSpec};
+
 /// The API server port when `apiServer.port` is unset.
 pub const DEFAULT_API_PORT: u16 = 6443;
 
@@ -188,6 +190,44 @@ pub fn tags(spec: &OpenStackClusterSpec) -> Vec<String> {
     tags
 }
 
+/// What a pool's health monitor needs to become the wanted one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MonitorChange {
+    None,
+    /// Timings or the HTTP request differ: a PUT changes them in place.
+    Update,
+    /// The type differs, which Octavia cannot change in place: delete, then create.
+    Replace,
+}
+
+pub fn monitor_change(have: &HealthMonitor, wanted: &HealthMonitorSpec) -> MonitorChange {
+    if !have.kind.eq_ignore_ascii_case(&wanted.kind) {
+        return MonitorChange::Replace;
+    }
+    let timings = (
+        have.delay,
+        have.timeout,
+        have.max_retries,
+        have.max_retries_down,
+    ) != (
+        wanted.delay,
+        wanted.timeout,
+        wanted.max_retries,
+        wanted.max_retries_down,
+    );
+    // Octavia shows TCP monitors' HTTP fields as null; only a wanted value is compared.
+    let differs = |have: &Option<String>, wanted: &Option<String>| {
+        wanted.as_ref().is_some_and(|w| have.as_ref() != Some(w))
+    };
+    let request = differs(&have.url_path, &wanted.url_path)
+        || differs(&have.expected_codes, &wanted.expected_codes);
+    if timings || request {
+        MonitorChange::Update
+    } else {
+        MonitorChange::None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +387,62 @@ mod tests {
         assert_eq!(
             domains(&spec),
             [("az1".into(), false), ("az2".into(), false)]
+        );
+    }
+
+    fn monitor(kind: &str, url: Option<&str>) -> HealthMonitor {
+        let text = serde_json::json!({
+            "id": "hm", "type": kind, "provisioning_status": "ACTIVE",
+            "operating_status": "ONLINE", "delay": 10, "timeout": 5, "max_retries": 5,
+            "max_retries_down": 3, "url_path": url, "expected_codes": url.map(|_| "200"),
+        });
+        serde_json::from_value(text).expect("a monitor")
+    }
+
+    fn wanted(kind: &str) -> HealthMonitorSpec {
+        let https = kind == "HTTPS";
+        HealthMonitorSpec {
+            kind: kind.into(),
+            delay: 10,
+            timeout: 5,
+            max_retries: 5,
+            max_retries_down: Some(3),
+            http_method: https.then(|| "GET".into()),
+            url_path: https.then(|| "/readyz".into()),
+            expected_codes: https.then(|| "200".into()),
+            ..HealthMonitorSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_monitor_changes_in_place_unless_its_type_changes() {
+        assert_eq!(
+            monitor_change(&monitor("TCP", None), &wanted("TCP")),
+            MonitorChange::None
+        );
+        assert_eq!(
+            monitor_change(&monitor("HTTPS", Some("/readyz")), &wanted("HTTPS")),
+            MonitorChange::None
+        );
+        assert_eq!(
+            monitor_change(&monitor("HTTPS", Some("/healthz")), &wanted("HTTPS")),
+            MonitorChange::Update,
+            "another path is a PUT"
+        );
+        let mut slower = wanted("TCP");
+        slower.delay = 30;
+        assert_eq!(
+            monitor_change(&monitor("TCP", None), &slower),
+            MonitorChange::Update
+        );
+        assert_eq!(
+            monitor_change(&monitor("TCP", None), &wanted("HTTPS")),
+            MonitorChange::Replace,
+            "Octavia refuses `type` on an update"
+        );
+        assert_eq!(
+            monitor_change(&monitor("HTTPS", Some("/readyz")), &wanted("TCP")),
+            MonitorChange::Replace
         );
     }
 }

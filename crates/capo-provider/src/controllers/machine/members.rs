@@ -6,6 +6,7 @@
 //! the engine to look soon (`changed_under`), and its change wakes the machine.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use capo_api::OpenStackCluster;
 use capo_api::capi::{self, Machine};
@@ -20,13 +21,13 @@ use tokio::time::Instant;
 
 use super::plan::{self, JoinStep, LeaveStep, Leaving, Pool};
 use super::{MachineError, Owners, Pass};
-use crate::cloud::octavia::{MemberSpec, ProvisioningStatus};
+use crate::cloud::octavia::{MemberSpec, OperatingStatus, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudError};
 use crate::controllers::cluster::plan::{Names, load_balancer as lb_spec, tags as lb_tags};
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
 use crate::controllers::server::resolve::primary_subnet;
-use crate::membership::{Presence, Snapshot};
+use crate::membership::{MemberVerdict, Presence, Snapshot};
 
 /// On an OpenStackMachine: how many times its members in ERROR were deleted to be created
 /// again. Kept on the object so that a restart does not reset the bound.
@@ -173,6 +174,49 @@ fn note_change(pass: &Pass<'_>, port: u16) {
 }
 
 const REMOVAL_NOTE: &str = "member-removal";
+/// When this removal first set a member's weight to 0.
+const DRAIN_NOTE: &str = "member-drain";
+
+/// The member for `port` was set to weight 0 in this removal.
+fn drain_note(port: u16) -> String {
+    format!("member-drained/{port}")
+}
+
+/// Sets a leaving member's weight to 0, once per removal (the PUT locks the load balancer).
+async fn drain_member(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    port: u16,
+    pool_id: &str,
+    member_id: &str,
+) -> Result<(), MachineError> {
+    let cloud = cloud(pass, lb).await?;
+    match cloud
+        .octavia()
+        .set_member_weight(pool_id, member_id, 0)
+        .await
+    {
+        Ok(_) | Err(CloudError::NotFound(_)) => {
+            let now = Instant::now();
+            pass.ctx.note(pass.key, &drain_note(port), now);
+            pass.ctx.note(pass.key, DRAIN_NOTE, now);
+            tracing::info!(lb = %lb.id, member = member_id, port, "draining the member");
+            let note = format!(
+                "draining the member for port {port}: weight 0 for {}s before it is deleted",
+                pass.ctx.config.drain_period.as_secs()
+            );
+            pass.event(EventType::Normal, "MemberDraining", note).await;
+        }
+        Err(CloudError::Busy(_)) => {}
+        Err(error) => {
+            return Err(MachineError::cloud("setting the member's weight to 0")(
+                error,
+            ));
+        }
+    }
+    pass.ctx.engine.changed_under(&lb.id);
+    Ok(())
+}
 
 async fn join(
     pass: &Pass<'_>,
@@ -223,8 +267,13 @@ async fn join(
         JoinStep::Released => {
             if super::release(pass, status).await? {
                 let waited = requested_ago(&snapshot, &pass.name, now);
+                let serving = if snapshot.verdict.checks_serving() {
+                    " and serving"
+                } else {
+                    ""
+                };
                 let note = format!(
-                    "member ACTIVE in every pool after {waited}s: machine released to Cluster API (providerID set)"
+                    "member ACTIVE{serving} in every pool after {waited}s: machine released to Cluster API (providerID set)"
                 );
                 pass.event(EventType::Normal, "MemberActive", note).await;
                 if repairs > 0 {
@@ -243,7 +292,7 @@ async fn join(
             Ok(safety_net)
         }
         JoinStep::Failed { .. } => Ok(Outcome::Settled),
-        JoinStep::Stuck { .. } | JoinStep::Wait => Ok(safety_net),
+        JoinStep::Stuck { .. } | JoinStep::NotServing { .. } | JoinStep::Wait => Ok(safety_net),
     }
 }
 
@@ -381,13 +430,60 @@ pub async fn leave(
         );
         return Ok(safety_net);
     };
-    let present = leaving_members(&snapshot, &pass.name, &address, &lb.pools);
+    let drained: Vec<u16> = lb
+        .pools
+        .iter()
+        .map(|p| p.port)
+        .filter(|port| pass.ctx.noted(pass.key, &drain_note(*port)).is_some())
+        .collect();
+    let present = leaving_members(&snapshot, &pass.name, &address, &lb.pools, &drained);
     let now = Instant::now();
     pass.ctx.note(pass.key, REMOVAL_NOTE, now);
     let started = pass.ctx.noted(pass.key, REMOVAL_NOTE).unwrap_or(now);
     let fresh = snapshot.last_poll.is_some_and(|polled| polled > started);
     let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
-    match plan::leave_step(&present, false, fresh, lb_active) {
+    let drain = plan::Drain {
+        period: pass.ctx.config.drain_period,
+        elapsed: pass
+            .ctx
+            .noted(pass.key, DRAIN_NOTE)
+            .map(|at| now.saturating_duration_since(at)),
+    };
+    match plan::leave_step(&present, false, fresh, lb_active, drain) {
+        LeaveStep::Drain {
+            port,
+            pool_id,
+            member_id,
+        } => {
+            mark_leaving(pass).await?;
+            drain_member(pass, lb, port, &pool_id, &member_id).await?;
+            let message =
+                format!("draining the member for port {port}: weight 0, open connections go on");
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVING,
+                Status::False,
+                message,
+            );
+            Ok(safety_net)
+        }
+        LeaveStep::Draining { left } => {
+            let message = format!(
+                "draining: the member takes no new connections; deleted in {}s",
+                left.as_secs()
+            );
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVING,
+                Status::False,
+                message,
+            );
+            Ok(Left::Waiting(Outcome::Poll(
+                left.max(Duration::from_millis(100)),
+            )))
+        }
         LeaveStep::Hold { port } => {
             let message = format!(
                 "removal held: this machine's member is the last ACTIVE one of the pool for port {port}; it goes once another member is ACTIVE"
@@ -485,6 +581,7 @@ fn leaving_members(
     machine: &str,
     address: &str,
     pools: &[Pool],
+    drained: &[u16],
 ) -> Vec<Leaving> {
     let mut present = Vec::new();
     for pool in pools {
@@ -506,18 +603,35 @@ fn leaving_members(
         if status == ProvisioningStatus::Deleted {
             continue;
         }
+        // Ready by the gate's own rules: under the serving gate, ACTIVE and serving.
         let others_active = snapshot
+            .verdict
             .members
             .iter()
-            .filter(|m| {
-                m.pool_id.as_deref() == Some(pool.id.as_str())
-                    && m.desired.name != machine
-                    && m.presence == Presence::Seen(ProvisioningStatus::Active)
+            .filter(|(name, port, verdict)| {
+                name != machine && *port == pool.port && *verdict == MemberVerdict::Active
             })
             .count();
+        let operating = snapshot
+            .members
+            .iter()
+            .find(|m| m.desired.name == machine && m.desired.port == pool.port)
+            .and_then(|m| m.operating)
+            .or_else(|| {
+                snapshot
+                    .stale
+                    .iter()
+                    .find(|m| m.id == member_id)
+                    .map(|m| m.operating)
+            });
         present.push(Leaving {
             port: pool.port,
             pool_id: pool.id.clone(),
+            failing: matches!(
+                operating,
+                Some(OperatingStatus::Error | OperatingStatus::Offline)
+            ),
+            drained: drained.contains(&pool.port),
             member_id,
             status,
             others_active,
@@ -639,6 +753,7 @@ pub async fn announce(pass: &Pass<'_>, before: Option<&InstanceStatus>, after: &
     }
     let warnings: BTreeMap<&str, &str> = [
         (reasons::MEMBER_STUCK, "MemberStuck"),
+        (reasons::MEMBER_NOT_SERVING, "MemberNotServing"),
         (reasons::MEMBER_ERROR, "MemberError"),
         (reasons::LAST_ACTIVE_MEMBER, "MemberRemovalHeld"),
     ]

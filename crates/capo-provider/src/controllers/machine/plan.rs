@@ -12,7 +12,7 @@ use capo_api::server::LocalObjectReference;
 use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
 use tokio::time::Instant;
 
-use crate::cloud::octavia::ProvisioningStatus;
+use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 use crate::membership::{MemberVerdict, Presence, Snapshot};
 
 /// What the server of a machine (or of the bastion) is built from, besides its own spec.
@@ -148,6 +148,8 @@ pub struct MemberView {
     pub id: Option<String>,
     /// What the last poll showed (`None`: not in its pool).
     pub status: Option<ProvisioningStatus>,
+    /// Its operating status, as the last poll showed it.
+    pub operating: Option<OperatingStatus>,
 }
 
 /// The machine's members from the engine's snapshot: `None` while the engine does not (yet)
@@ -175,6 +177,7 @@ pub fn member_views(snapshot: &Snapshot, machine: &str, pools: &[Pool]) -> Optio
                 verdict,
                 id: track.id.clone(),
                 status,
+                operating: track.operating,
             })
         })
         .collect()
@@ -193,6 +196,9 @@ pub enum JoinStep {
     Failed { port: u16 },
     /// PENDING past the stuck threshold: held, and said so.
     Stuck { port: u16 },
+    /// ACTIVE, but its monitor has not seen its API serve past the not-serving threshold:
+    /// held, and said so. Nothing is repaired: a new member would not make the API serve.
+    NotServing { port: u16 },
     /// On its way (pending, or waiting for the load balancer to unlock).
     Wait,
 }
@@ -227,6 +233,9 @@ pub fn join_step(
     }
     if let Some(member) = first(|v| matches!(v, MemberVerdict::Stuck { .. })) {
         return JoinStep::Stuck { port: member.port };
+    }
+    if let Some(member) = first(|v| matches!(v, MemberVerdict::NotServing { .. })) {
+        return JoinStep::NotServing { port: member.port };
     }
     let missing = first(|v| matches!(v, MemberVerdict::Missing { .. }));
     if let Some(member) = missing.filter(|m| !change_unseen(m.port)) {
@@ -265,6 +274,20 @@ pub fn join_condition(
         let ago = |since: Instant| now.saturating_duration_since(since).as_secs();
         match m.verdict {
             MemberVerdict::Active => format!("{} ACTIVE", m.port),
+            MemberVerdict::NotYetServing { since } => format!(
+                "{} ACTIVE, {} for {}s",
+                m.port,
+                m.operating
+                    .map_or("not checked yet", OperatingStatus::as_str),
+                ago(since)
+            ),
+            MemberVerdict::NotServing { since } => format!(
+                "{}{} ACTIVE but its API does not serve ({}) for {}s",
+                m.port,
+                named(m),
+                m.operating.map_or("not checked", OperatingStatus::as_str),
+                ago(since)
+            ),
             MemberVerdict::Pending { since } => format!("{} PENDING for {}s", m.port, ago(since)),
             // A held rollout names the member, so that an operator can look it up.
             MemberVerdict::Stuck { since } => {
@@ -316,6 +339,14 @@ pub fn join_condition(
             reasons::MEMBER_STUCK,
             format!("the rollout is held: {state}"),
         ),
+        JoinStep::NotServing { .. } => Desired::new(
+            type_,
+            Status::False,
+            reasons::MEMBER_NOT_SERVING,
+            format!(
+                "the rollout is held: the health monitor has not seen this machine's API serve; look at its kube-apiserver ({state})"
+            ),
+        ),
         JoinStep::Create { .. } | JoinStep::Wait => {
             let missing = members
                 .iter()
@@ -323,10 +354,18 @@ pub fn join_condition(
             let error = members
                 .iter()
                 .any(|m| matches!(m.verdict, MemberVerdict::Error { .. }));
+            let warming = members
+                .iter()
+                .any(|m| matches!(m.verdict, MemberVerdict::NotYetServing { .. }));
+            let pending = members
+                .iter()
+                .any(|m| matches!(m.verdict, MemberVerdict::Pending { .. }));
             let reason = if error {
                 reasons::MEMBER_ERROR
             } else if missing {
                 reasons::MEMBERS_MISSING
+            } else if warming && !pending {
+                reasons::MEMBERS_NOT_YET_SERVING
             } else {
                 reasons::MEMBERS_PENDING
             };
@@ -342,15 +381,35 @@ pub struct Leaving {
     pub pool_id: String,
     pub member_id: String,
     pub status: ProvisioningStatus,
-    /// Other members of the pool ACTIVE now.
+    /// Its health monitor says it does not serve (OFFLINE, ERROR): nothing to drain.
+    pub failing: bool,
+    /// Its weight was set to 0 during this removal.
+    pub drained: bool,
+    /// Other members of the pool ready now (ACTIVE; and serving, under the serving gate).
     pub others_active: usize,
+}
+
+/// A removal's drain: how long a member at weight 0 keeps its open connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drain {
+    pub period: Duration,
+    /// Since the first member's weight went to 0 in this removal (`None`: not yet).
+    pub elapsed: Option<Duration>,
 }
 
 /// The next thing to do for a leaving machine's members.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaveStep {
-    /// The member is the last ACTIVE one of its pool and the cluster stays: it stays too.
+    /// The member is the last ready one of its pool and the cluster stays: it stays too.
     Hold { port: u16 },
+    /// Set the member's weight to 0: no new connections, open ones go on.
+    Drain {
+        port: u16,
+        pool_id: String,
+        member_id: String,
+    },
+    /// Drained; open connections get the rest of the drain period.
+    Draining { left: Duration },
     Delete {
         port: u16,
         pool_id: String,
@@ -363,12 +422,14 @@ pub enum LeaveStep {
 }
 
 /// Chooses the next removal step. `fresh` is whether the engine has polled since removal
-/// began; `lb_active` whether it last saw the load balancer ACTIVE.
+/// began; `lb_active` whether it last saw the load balancer ACTIVE. Members that serve are
+/// drained (weight 0) for `drain.period` before any is deleted.
 pub fn leave_step(
     present: &[Leaving],
     cluster_deleting: bool,
     fresh: bool,
     lb_active: bool,
+    drain: Drain,
 ) -> LeaveStep {
     let remaining: Vec<&Leaving> = present
         .iter()
@@ -380,14 +441,30 @@ pub fn leave_step(
         return LeaveStep::Hold { port: last.port };
     }
     if let Some(member) = remaining.first() {
-        return if lb_active {
-            LeaveStep::Delete {
-                port: member.port,
-                pool_id: member.pool_id.clone(),
-                member_id: member.member_id.clone(),
+        if !lb_active {
+            return LeaveStep::WaitGone;
+        }
+        if !drain.period.is_zero() {
+            let undrained = remaining
+                .iter()
+                .find(|m| m.status == ProvisioningStatus::Active && !m.failing && !m.drained);
+            if let Some(m) = undrained {
+                return LeaveStep::Drain {
+                    port: m.port,
+                    pool_id: m.pool_id.clone(),
+                    member_id: m.member_id.clone(),
+                };
             }
-        } else {
-            LeaveStep::WaitGone
+            if let Some(elapsed) = drain.elapsed.filter(|e| *e < drain.period) {
+                return LeaveStep::Draining {
+                    left: drain.period - elapsed,
+                };
+            }
+        }
+        return LeaveStep::Delete {
+            port: member.port,
+            pool_id: member.pool_id.clone(),
+            member_id: member.member_id.clone(),
         };
     }
     if present.is_empty() && fresh && lb_active {
@@ -533,7 +610,27 @@ mod tests {
             verdict,
             id: Some(format!("m-{port}")),
             status: None,
+            operating: None,
         }
+    }
+
+    #[test]
+    fn an_active_member_whose_api_does_not_serve_holds_the_machine_and_is_never_repaired() {
+        let now = Instant::now();
+        let warming = [view(6443, MemberVerdict::NotYetServing { since: now })];
+        assert_eq!(join_step(&warming, true, 0, 3, |_| false), JoinStep::Wait);
+        let condition = join_condition(&JoinStep::Wait, &warming, 0, 3, now);
+        assert_eq!(condition.reason, reasons::MEMBERS_NOT_YET_SERVING);
+        let failing = [view(6443, MemberVerdict::NotServing { since: now })];
+        let step = join_step(&failing, true, 0, 3, |_| false);
+        assert_eq!(step, JoinStep::NotServing { port: 6443 });
+        let condition = join_condition(&step, &failing, 0, 3, now);
+        assert_eq!(condition.reason, reasons::MEMBER_NOT_SERVING);
+        assert!(
+            condition.message.contains("m-6443"),
+            "{}",
+            condition.message
+        );
     }
 
     #[test]
@@ -634,30 +731,88 @@ mod tests {
             pool_id: format!("pool-{port}"),
             member_id: format!("m-{port}"),
             status,
+            failing: false,
+            drained: false,
             others_active,
         }
+    }
+
+    const NO_DRAIN: Drain = Drain {
+        period: Duration::ZERO,
+        elapsed: None,
+    };
+
+    #[test]
+    fn a_serving_member_is_drained_for_the_drain_period_before_it_is_deleted() {
+        let period = Duration::from_secs(30);
+        let fresh = Drain {
+            period,
+            elapsed: None,
+        };
+        let going = [leaving(6443, ProvisioningStatus::Active, 2)];
+        assert!(
+            matches!(
+                leave_step(&going, false, true, true, fresh),
+                LeaveStep::Drain { port: 6443, .. }
+            ),
+            "weight 0 first"
+        );
+        let mut drained = going.clone();
+        drained[0].drained = true;
+        let after = |secs| Drain {
+            period,
+            elapsed: Some(Duration::from_secs(secs)),
+        };
+        assert_eq!(
+            leave_step(&drained, false, true, true, after(10)),
+            LeaveStep::Draining {
+                left: Duration::from_secs(20)
+            }
+        );
+        assert!(matches!(
+            leave_step(&drained, false, true, true, after(30)),
+            LeaveStep::Delete { port: 6443, .. }
+        ));
+        // The last serving member is held before anything is drained.
+        let last = [leaving(6443, ProvisioningStatus::Active, 0)];
+        assert_eq!(
+            leave_step(&last, false, true, true, fresh),
+            LeaveStep::Hold { port: 6443 }
+        );
+        // A member whose API fails (a failed node) has nothing worth draining.
+        let mut failing = going.clone();
+        failing[0].failing = true;
+        assert!(matches!(
+            leave_step(&failing, false, true, true, fresh),
+            LeaveStep::Delete { .. }
+        ));
+        // A locked load balancer takes no weight change: wait.
+        assert_eq!(
+            leave_step(&going, false, true, false, fresh),
+            LeaveStep::WaitGone
+        );
     }
 
     #[test]
     fn the_last_active_member_of_a_pool_is_never_removed_while_the_cluster_stays() {
         let last = [leaving(6443, ProvisioningStatus::Active, 0)];
         assert_eq!(
-            leave_step(&last, false, true, true),
+            leave_step(&last, false, true, true, NO_DRAIN),
             LeaveStep::Hold { port: 6443 }
         );
         assert!(matches!(
-            leave_step(&last, true, true, true),
+            leave_step(&last, true, true, true, NO_DRAIN),
             LeaveStep::Delete { port: 6443, .. }
         ));
         let shared = [leaving(6443, ProvisioningStatus::Active, 2)];
         assert!(matches!(
-            leave_step(&shared, false, true, true),
+            leave_step(&shared, false, true, true, NO_DRAIN),
             LeaveStep::Delete { .. }
         ));
         // A member that does not serve may always go.
         let broken = [leaving(6443, ProvisioningStatus::Error, 0)];
         assert!(matches!(
-            leave_step(&broken, false, true, true),
+            leave_step(&broken, false, true, true, NO_DRAIN),
             LeaveStep::Delete { .. }
         ));
     }
@@ -665,12 +820,27 @@ mod tests {
     #[test]
     fn removal_is_confirmed_only_by_a_fresh_poll_with_the_lb_active() {
         let going = [leaving(6443, ProvisioningStatus::PendingDelete, 1)];
-        assert_eq!(leave_step(&going, false, true, true), LeaveStep::WaitGone);
-        assert_eq!(leave_step(&[], false, false, true), LeaveStep::WaitGone);
-        assert_eq!(leave_step(&[], false, true, false), LeaveStep::WaitGone);
-        assert_eq!(leave_step(&[], false, true, true), LeaveStep::Confirmed);
+        assert_eq!(
+            leave_step(&going, false, true, true, NO_DRAIN),
+            LeaveStep::WaitGone
+        );
+        assert_eq!(
+            leave_step(&[], false, false, true, NO_DRAIN),
+            LeaveStep::WaitGone
+        );
+        assert_eq!(
+            leave_step(&[], false, true, false, NO_DRAIN),
+            LeaveStep::WaitGone
+        );
+        assert_eq!(
+            leave_step(&[], false, true, true, NO_DRAIN),
+            LeaveStep::Confirmed
+        );
         let locked = [leaving(6443, ProvisioningStatus::Active, 1)];
-        assert_eq!(leave_step(&locked, false, true, false), LeaveStep::WaitGone);
+        assert_eq!(
+            leave_step(&locked, false, true, false, NO_DRAIN),
+            LeaveStep::WaitGone
+        );
     }
 
     fn holder(machine: &str, fit: bool, joined: bool, created: i64) -> Holder {
