@@ -541,3 +541,94 @@ async fn the_last_active_member_of_a_pool_is_held_until_another_serves() {
     actor.stop().await;
     world.stop_manager().await;
 }
+
+/// The serving gate's rollout: a new machine whose API never answers `/readyz` is held with
+/// MemberNotServing (its member ACTIVE all along), released once its API serves; the old
+/// machine's member is drained at weight 0 before it is deleted.
+#[tokio::test]
+async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_old_one() {
+    let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
+    config.engine.serving = Some(capo_provider::membership::ServingRules {
+        settle: Duration::from_millis(500),
+        not_serving_after: Duration::from_secs(3),
+    });
+    config.controllers.api_monitor = gate::MonitorKind::Https;
+    config.controllers.drain_period = Duration::from_secs(1);
+    let mut world = World::start().await;
+    world.stop_manager().await;
+    world.start_manager_with(config);
+    create_cluster(&world, "c1", cluster_spec()).await;
+    wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let actor = CapiActor::start(
+        world.client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_millis(50),
+            join_delay: Duration::from_millis(200),
+            wait_timeout: Duration::from_secs(60),
+        },
+        CancellationToken::new(),
+    );
+    let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
+    // Every API server from now on listens but never answers /readyz with 200.
+    world
+        .cloud
+        .set_api_server("*", capo_sim::openstack::ApiServer::NeverReady);
+    let first_address = {
+        let machine = machines(&world).get(&first).await.unwrap();
+        gate::member_address(&machine, &[]).unwrap().to_owned()
+    };
+    world
+        .cloud
+        .set_api_server(&first_address, capo_sim::openstack::ApiServer::Serving);
+    let two = plane(2);
+    let scaling = actor.scale_control_plane(&two);
+    let check = async {
+        let api = machines(&world);
+        let second = eventually("a second machine", || async {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .map(kube::ResourceExt::name_any)
+                .find(|name| *name != first)
+        })
+        .await;
+        let held = wait_member_reason(&world, &second, reasons::MEMBER_NOT_SERVING).await;
+        assert!(
+            held.spec.provider_id.is_none(),
+            "held while its API does not serve"
+        );
+        let address = gate::member_address(&held, &[]).unwrap().to_owned();
+        let member = world
+            .cloud
+            .member_truth()
+            .into_iter()
+            .find(|m| m.address == address)
+            .expect("its member");
+        assert_eq!(
+            (member.provisioning_status, member.operating_status),
+            ("ACTIVE", "ERROR"),
+            "ACTIVE all along: the provisioning gate would have released it"
+        );
+        assert!(!events(&world, "MemberNotServing").await.is_empty());
+        // Its API comes up: released.
+        world
+            .cloud
+            .set_api_server(&address, capo_sim::openstack::ApiServer::Serving);
+        wait_member_reason(&world, &second, reasons::READY).await;
+    };
+    let (scaled, ()) = tokio::join!(scaling, check);
+    scaled.unwrap();
+    actor.delete_machine(&first).await.unwrap();
+    actor.wait_gone(&first).await.unwrap();
+    let draining = events(&world, "MemberDraining").await;
+    assert!(
+        draining.iter().any(|note| note.contains("weight 0")),
+        "{draining:?}"
+    );
+    let pool = world.cloud.member_truth();
+    assert_eq!(pool.len(), 1, "{pool:#?}");
+    assert_eq!(pool[0].operating_status, "ONLINE");
+    actor.stop().await;
+    world.stop_manager().await;
+}

@@ -156,6 +156,7 @@ mod tests {
             address: address.into(),
             port: API_PORT,
             provisioning_status: status,
+            operating_status: "NO_MONITOR",
             settled_at: None,
         }
     }

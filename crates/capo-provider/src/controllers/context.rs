@@ -60,7 +60,8 @@ impl Default for ControllerConfig {
             instance: None,
             member_repairs: 3,
             api_monitor: crate::controllers::gate::MonitorKind::Tcp,
-            drain_period: Duration::from_secs(30),
+            // The library's default keeps removals immediate; `capo-rs run` drains for 30 s.
+            drain_period: Duration::ZERO,
         }
     }
 }

@@ -28,6 +28,7 @@ pub use faults::{
     Delay, Effect, LatencyFault, ObjectKind, Outage, RateLimitFault, Rule, Scenario,
     ServerErrorFault, Timings,
 };
+pub use octavia::ApiServer;
 pub use world::{CloudSettings, Quotas, RequestLog};
 
 /// One member as the simulator holds it.
@@ -40,6 +41,8 @@ pub struct MemberTruth {
     pub address: String,
     pub port: u16,
     pub provisioning_status: &'static str,
+    /// What Octavia's API shows now (its monitor's view, under the simulated API server).
+    pub operating_status: &'static str,
     /// When it last became ACTIVE or ERROR (tokio clock).
     pub settled_at: Option<tokio::time::Instant>,
 }
@@ -220,6 +223,16 @@ impl OpenStackSim {
         octavia::set_operating(&mut self.shared.world(), id_or_name, status)
     }
 
+    /// How the API server at `address` (`*`: every address not set on its own) answers health
+    /// monitors from now on.
+    pub fn set_api_server(&self, address: &str, server: octavia::ApiServer) {
+        self.shared
+            .world()
+            .octavia
+            .api_servers
+            .insert(address.to_owned(), server);
+    }
+
     /// Octavia's policy refuses (`true`) or allows listing load balancers from now on.
     pub fn refuse_lb_list(&self, refused: bool) {
         self.shared.world().settings.lb_list_refused = refused;
@@ -328,6 +341,7 @@ impl OpenStackSim {
                 address: m.address.clone(),
                 port: m.protocol_port,
                 provisioning_status: m.meta.status.as_str(),
+                operating_status: octavia::member_operating(&world, m).as_str(),
                 settled_at: m.settled_at,
             })
             .collect()

@@ -210,8 +210,11 @@ pub struct Member {
     pub monitor_address: Option<String>,
     pub monitor_port: Option<u16>,
     pub pending: Option<Pending>,
-    /// A health monitor has seen it answer.
+    /// Its health monitor has checked it (after the scenario's `member_online` delay); from
+    /// then on its operating status follows the API server at its address.
     pub online: bool,
+    /// When the monitor first checked it: a flapping API server's phase counts from here.
+    pub checked_at: Option<Instant>,
     /// When it last settled (ACTIVE or ERROR), on the simulator's clock: ground truth for
     /// benchmarks measuring how late a poller noticed.
     pub settled_at: Option<Instant>,
@@ -231,6 +234,38 @@ pub struct HealthMonitor {
     pub expected_codes: Option<String>,
 }
 
+/// A simulated kube-apiserver behind a member's address, as a health monitor sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ApiServer {
+    /// Listens, and `/readyz` answers 200.
+    #[default]
+    Serving,
+    /// Listens (a TCP connect succeeds) but `/readyz` never answers 200: a TCP monitor
+    /// reads it ONLINE, an HTTPS one ERROR.
+    NeverReady,
+    /// Ready for `period`, then not (nothing listens) for `period`, and so on.
+    Flapping { period: Duration },
+    /// Nothing listens.
+    Down,
+}
+
+impl ApiServer {
+    /// Whether a monitor of `kind` (`TCP`, `HTTPS`, ...) passes, `checked_for` after its
+    /// first check.
+    pub fn passes(self, kind: &str, checked_for: Duration) -> bool {
+        let checks_http = kind.eq_ignore_ascii_case("HTTPS") || kind.eq_ignore_ascii_case("HTTP");
+        match self {
+            ApiServer::Serving => true,
+            ApiServer::NeverReady => !checks_http,
+            ApiServer::Down => false,
+            ApiServer::Flapping { period } => {
+                let period = period.as_millis().max(1);
+                (checked_for.as_millis() / period).is_multiple_of(2)
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Octavia {
     pub lbs: HashMap<String, LoadBalancer>,
@@ -238,6 +273,9 @@ pub struct Octavia {
     pub pools: HashMap<String, Pool>,
     pub members: HashMap<String, Member>,
     pub monitors: HashMap<String, HealthMonitor>,
+    /// The API server behind each member address (by address; `*` for every other address;
+    /// absent: it serves).
+    pub api_servers: HashMap<String, ApiServer>,
     /// Pool id -> member ids, in creation order.
     pool_members: HashMap<String, Vec<String>>,
     /// Load balancer id -> its listener ids and pool ids, in creation order: the read paths
@@ -859,6 +897,7 @@ pub fn on_member_online(world: &mut World, id: &str) {
         && member.meta.status == Prov::Active
     {
         member.online = true;
+        member.checked_at.get_or_insert_with(Instant::now);
     }
 }
 
@@ -1184,6 +1223,13 @@ fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
     let Some(pool) = world.octavia.monitors.get(id).map(|m| m.pool.clone()) else {
         return not_found("HealthMonitor", id);
     };
+    // The real tier: a type cannot change in place (HealthMonitorPUT has no `type`).
+    if body.get("type").is_some() {
+        return Reply::fault(
+            400,
+            "Unknown attribute for argument health_monitor_.healthmonitor: type",
+        );
+    }
     let lb_id = match mutable_pool(world, &pool) {
         Ok(lb_id) => lb_id,
         Err(reply) => return reply,
@@ -1208,6 +1254,15 @@ fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
         }
         if let Some(v) = number("max_retries_down") {
             monitor.max_retries_down = v;
+        }
+        for (key, field) in [
+            ("http_method", &mut monitor.http_method),
+            ("url_path", &mut monitor.url_path),
+            ("expected_codes", &mut monitor.expected_codes),
+        ] {
+            if let Some(v) = str_field(body, key) {
+                *field = Some(v);
+            }
         }
         monitor.meta.updated_at = Some(now);
     }
@@ -1281,6 +1336,21 @@ fn create_monitor(world: &mut World, body: &Value) -> Reply {
         return Reply::fault(409, "This pool already has a health monitor");
     }
     let lb_id = pool.lb.clone();
+    let kind = str_field(body, "type").unwrap_or_else(|| "TCP".into());
+    let ovn = world
+        .octavia
+        .lbs
+        .get(&lb_id)
+        .is_some_and(|lb| lb.provider == "ovn");
+    if ovn && !matches!(kind.as_str(), "TCP" | "UDP-CONNECT") {
+        // ovn-octavia-provider's driver.py (_validate_hm_support), as Octavia returns it.
+        return Reply::fault(
+            501,
+            format!(
+                "Provider 'ovn' does not support a requested option: OVN provider does not support {kind} health monitor type. Supported types: UDP-CONNECT, TCP"
+            ),
+        );
+    }
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
@@ -1296,7 +1366,7 @@ fn create_monitor(world: &mut World, body: &Value) -> Reply {
     let monitor = HealthMonitor {
         meta,
         pool: pool_id.clone(),
-        kind: str_field(body, "type").unwrap_or_else(|| "TCP".into()),
+        kind,
         delay: number("delay", 5),
         timeout: number("timeout", 5),
         max_retries: number("max_retries", 3),
@@ -1481,6 +1551,7 @@ fn new_member(
             .and_then(|p| u16::try_from(p).ok()),
         pending: None,
         online: false,
+        checked_at: None,
         settled_at: None,
     }
 }
@@ -1698,20 +1769,48 @@ fn batch_members(world: &mut World, pool_id: &str, members: &Value) -> Reply {
 
 // ---------------------------------------------------------------- operating status
 
-fn member_operating(world: &World, member: &Member) -> Oper {
+/// What Octavia's API shows as a member's operating status now.
+pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
     if let Some(status) = member.meta.operating_override {
         return status;
     }
-    let monitored = world
-        .octavia
-        .pools
-        .get(&member.pool)
-        .is_some_and(|p| p.healthmonitor.is_some());
-    match (monitored, member.admin_state_up) {
+    let pool = world.octavia.pools.get(&member.pool);
+    let monitor = pool
+        .and_then(|p| p.healthmonitor.as_ref())
+        .and_then(|id| world.octavia.monitors.get(id));
+    let ovn = pool
+        .and_then(|p| world.octavia.lbs.get(&p.lb))
+        .is_some_and(|lb| lb.provider == "ovn");
+    match (monitor, member.admin_state_up) {
         (_, false) => Oper::Offline,
-        (false, true) => Oper::NoMonitor,
-        (true, true) if member.online && world.settings.heartbeats => Oper::Online,
-        (true, true) => Oper::Offline,
+        (None, true) => Oper::NoMonitor,
+        (Some(_), true) if !world.settings.heartbeats => Oper::Offline,
+        // ovn reports a new member ONLINE at once, before any check (helper.py,
+        // member_create); an amphora's API row says OFFLINE until a heartbeat.
+        (Some(_), true) if !member.online => {
+            if ovn {
+                Oper::Online
+            } else {
+                Oper::Offline
+            }
+        }
+        (Some(monitor), true) => {
+            let server = world
+                .octavia
+                .api_servers
+                .get(&member.address)
+                .or_else(|| world.octavia.api_servers.get("*"))
+                .copied()
+                .unwrap_or_default();
+            let checked_for = member.checked_at.map(|at| at.elapsed()).unwrap_or_default();
+            match (server.passes(&monitor.kind, checked_for), ovn) {
+                // haproxy shows an UP server at weight 0 as DRAIN; ovn ignores weights.
+                (true, false) if member.weight == 0 => Oper::Draining,
+                (true, _) => Oper::Online,
+                // haproxy DOWN and ovn's "offline" both read ERROR.
+                (false, _) => Oper::Error,
+            }
+        }
     }
 }
 
