@@ -606,9 +606,13 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
             .find(|m| m.address == address)
             .expect("its member");
         assert_eq!(
-            (member.provisioning_status, member.operating_status),
-            ("ACTIVE", "ERROR"),
-            "ACTIVE all along: the provisioning gate would have released it"
+            (
+                member.provisioning_status,
+                member.operating_status,
+                member.weight
+            ),
+            ("ACTIVE", "ERROR", 0),
+            "ACTIVE all along (the provisioning gate would have released it), out of traffic"
         );
         assert!(!events(&world, "MemberNotServing").await.is_empty());
         // Its API comes up: released.
@@ -616,6 +620,14 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
             .cloud
             .set_api_server(&address, capo_sim::openstack::ApiServer::Serving);
         wait_member_reason(&world, &second, reasons::READY).await;
+        let admitted = world
+            .cloud
+            .member_truth()
+            .into_iter()
+            .find(|m| m.address == address)
+            .expect("its member");
+        assert_eq!((admitted.weight, admitted.operating_status), (1, "ONLINE"));
+        assert!(!events(&world, "MemberAdmitted").await.is_empty());
     };
     let (scaled, ()) = tokio::join!(scaling, check);
     scaled.unwrap();

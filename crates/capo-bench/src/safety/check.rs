@@ -157,6 +157,7 @@ mod tests {
             port: API_PORT,
             provisioning_status: status,
             operating_status: "NO_MONITOR",
+            weight: 1,
             settled_at: None,
         }
     }

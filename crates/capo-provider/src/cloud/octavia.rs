@@ -270,6 +270,9 @@ pub struct MemberSpec {
     pub subnet_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor_port: Option<u16>,
+    /// Octavia's default is 1; 0 keeps a new member out of new connections (amphora).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
 }

@@ -661,6 +661,8 @@ mod tests {
             presence,
             operating: Some(OperatingStatus::Online),
             operating_since: now,
+            up_since: Some(now),
+            last_up: None,
             since: now,
             first_seen: Some(now),
             active_at: None,

@@ -904,25 +904,26 @@ fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
 /// When the next pending (or deleting) member turns stuck, or the next member not yet serving
 /// settles or is flagged not serving, so the verdict flips on time.
 fn stuck_deadline(entry: &LbEntry, rules: &GateRules, now: Instant) -> Option<Instant> {
-    let serving = |since: Instant| -> Vec<Instant> {
-        rules
-            .serving
-            .map(|s| vec![since + s.settle, since + s.not_serving_after])
-            .unwrap_or_default()
-    };
-    entry
+    let flips = entry
         .verdict
         .members
         .iter()
-        .flat_map(|(_, _, v)| match v {
+        .filter_map(|(_, _, v)| match v {
             MemberVerdict::Pending { since } | MemberVerdict::Deleting { since } => {
-                vec![*since + rules.stuck_after]
+                Some(*since + rules.stuck_after)
             }
-            MemberVerdict::NotYetServing { since } => serving(*since),
-            _ => Vec::new(),
-        })
-        .filter(|at| *at > now)
-        .min()
+            MemberVerdict::NotYetServing { since } => {
+                rules.serving.map(|s| *since + s.not_serving_after)
+            }
+            _ => None,
+        });
+    // A member reading up turns serving (or may be let in) once it has for the settle time.
+    let settles = entry
+        .track
+        .members
+        .iter()
+        .filter_map(|m| Some(m.up_since? + rules.serving?.settle));
+    flips.chain(settles).filter(|at| *at > now).min()
 }
 
 fn publish(inner: &Inner, entry: &mut LbEntry, observed: std::time::Instant) {

@@ -141,9 +141,14 @@ pub struct MemberTrack {
     pub pool_id: Option<String>,
     pub presence: Presence,
     pub operating: Option<OperatingStatus>,
-    /// When `operating` last changed (or the member was requested, while never seen): the
-    /// serving gate's clock.
+    /// When `operating` last changed (or the member was requested, while never seen).
     pub operating_since: Instant,
+    /// Since when it has read up (ONLINE, or DRAINING: up at weight 0) without a break; `None`
+    /// while it does not.
+    pub up_since: Option<Instant>,
+    /// Its last finished stretch of reading up: the serving gate's clock starts at its end
+    /// when it lasted the settle time.
+    pub last_up: Option<(Instant, Instant)>,
     /// When `presence` last changed (or the member was requested, while never seen).
     pub since: Instant,
     pub first_seen: Option<Instant>,
@@ -203,6 +208,8 @@ impl LbTrack {
                         presence: Presence::Absent,
                         operating: None,
                         operating_since: want.requested_at,
+                        up_since: None,
+                        last_up: None,
                         since: want.requested_at,
                         first_seen: None,
                         active_at: None,
@@ -248,6 +255,18 @@ impl LbTrack {
             if operating != track.operating {
                 track.operating = operating;
                 track.operating_since = now;
+                let up = matches!(
+                    operating,
+                    Some(OperatingStatus::Online | OperatingStatus::Draining)
+                );
+                match (up, track.up_since) {
+                    (true, None) => track.up_since = Some(now),
+                    (false, Some(from)) => {
+                        track.last_up = Some((from, now));
+                        track.up_since = None;
+                    }
+                    _ => {}
+                }
                 changed = true;
             }
             if let Some(m) = found {

@@ -57,6 +57,11 @@ pub enum MemberVerdict {
     NotServing {
         since: Instant,
     },
+    /// ACTIVE, kept out of traffic at weight 0, and its monitor has seen it up (DRAINING) for
+    /// the settle time: it may be let in.
+    OutOfTraffic {
+        since: Instant,
+    },
     /// PENDING_CREATE or PENDING_UPDATE, since then.
     Pending {
         since: Instant,
@@ -87,6 +92,7 @@ impl MemberVerdict {
             MemberVerdict::Active => MemberVerdictKind::Active,
             MemberVerdict::NotYetServing { .. } => MemberVerdictKind::NotYetServing,
             MemberVerdict::NotServing { .. } => MemberVerdictKind::NotServing,
+            MemberVerdict::OutOfTraffic { .. } => MemberVerdictKind::OutOfTraffic,
             MemberVerdict::Pending { .. } => MemberVerdictKind::Pending,
             MemberVerdict::Stuck { .. } => MemberVerdictKind::Stuck,
             MemberVerdict::Error { .. } => MemberVerdictKind::Error,
@@ -107,6 +113,7 @@ pub enum MemberVerdictKind {
     Active,
     NotYetServing,
     NotServing,
+    OutOfTraffic,
     Pending,
     Stuck,
     Error,
@@ -116,10 +123,11 @@ pub enum MemberVerdictKind {
 }
 
 impl MemberVerdictKind {
-    pub const ALL: [MemberVerdictKind; 9] = [
+    pub const ALL: [MemberVerdictKind; 10] = [
         MemberVerdictKind::Active,
         MemberVerdictKind::NotYetServing,
         MemberVerdictKind::NotServing,
+        MemberVerdictKind::OutOfTraffic,
         MemberVerdictKind::Pending,
         MemberVerdictKind::Stuck,
         MemberVerdictKind::Error,
@@ -133,6 +141,7 @@ impl MemberVerdictKind {
             MemberVerdictKind::Active => "Active",
             MemberVerdictKind::NotYetServing => "NotYetServing",
             MemberVerdictKind::NotServing => "NotServing",
+            MemberVerdictKind::OutOfTraffic => "OutOfTraffic",
             MemberVerdictKind::Pending => "Pending",
             MemberVerdictKind::Stuck => "Stuck",
             MemberVerdictKind::Error => "Error",
@@ -153,21 +162,31 @@ pub fn member_verdict(track: &MemberTrack, now: Instant, rules: &GateRules) -> M
     }
 }
 
-/// An ACTIVE member under the serving gate. Its clock starts when it went ACTIVE or when its
-/// operating status last changed, whichever is later: a flapping member restarts it.
+/// An ACTIVE member under the serving gate. It serves once it has read up (ONLINE) for the
+/// settle time without a break; up at weight 0 (DRAINING: a new member kept out of traffic)
+/// that long, it may be let in. Its not-serving clock starts when it went ACTIVE, or when its
+/// last steady stretch of serving ended: a flapping member is flagged too.
 fn serving_verdict(track: &MemberTrack, now: Instant, rules: &ServingRules) -> MemberVerdict {
-    let since = track.active_at.map_or(track.operating_since, |active| {
-        active.max(track.operating_since)
-    });
-    let settled = now.saturating_duration_since(since) >= rules.settle;
-    match track.operating {
-        Some(OperatingStatus::NoMonitor) => MemberVerdict::Active,
-        Some(OperatingStatus::Online) if settled => MemberVerdict::Active,
-        Some(OperatingStatus::Online) => MemberVerdict::NotYetServing { since },
-        _ if now.saturating_duration_since(since) >= rules.not_serving_after => {
-            MemberVerdict::NotServing { since }
-        }
-        _ => MemberVerdict::NotYetServing { since },
+    if track.operating == Some(OperatingStatus::NoMonitor) {
+        return MemberVerdict::Active;
+    }
+    let steady =
+        |from: Instant, until: Instant| until.saturating_duration_since(from) >= rules.settle;
+    if let Some(up) = track.up_since.filter(|up| steady(*up, now)) {
+        return match track.operating {
+            Some(OperatingStatus::Draining) => MemberVerdict::OutOfTraffic { since: up },
+            _ => MemberVerdict::Active,
+        };
+    }
+    let active = track.active_at.unwrap_or(track.since);
+    let since = track
+        .last_up
+        .filter(|(from, until)| steady(*from, *until))
+        .map_or(active, |(_, until)| until.max(active));
+    if now.saturating_duration_since(since) >= rules.not_serving_after {
+        MemberVerdict::NotServing { since }
+    } else {
+        MemberVerdict::NotYetServing { since }
     }
 }
 
@@ -324,6 +343,7 @@ impl LbVerdict {
                     MemberVerdict::Pending { since }
                     | MemberVerdict::NotYetServing { since }
                     | MemberVerdict::NotServing { since }
+                    | MemberVerdict::OutOfTraffic { since }
                     | MemberVerdict::Stuck { since }
                     | MemberVerdict::Error { since }
                     | MemberVerdict::Missing { since }
@@ -357,7 +377,11 @@ impl LbVerdict {
             ),
             Reason::MembersNotYetServing => format!(
                 "members ACTIVE, waiting for their API to serve: {} ({} of {} serving)",
-                named(MemberVerdictKind::NotYetServing).join(", "),
+                named(MemberVerdictKind::NotYetServing)
+                    .into_iter()
+                    .chain(named(MemberVerdictKind::OutOfTraffic))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 self.serving,
                 self.members.len()
             ),
@@ -444,7 +468,9 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict
                     Reason::MembersMissing
                 } else if has(MemberVerdictKind::Pending) {
                     Reason::MembersPending
-                } else if has(MemberVerdictKind::NotYetServing) {
+                } else if has(MemberVerdictKind::NotYetServing)
+                    || has(MemberVerdictKind::OutOfTraffic)
+                {
                     Reason::MembersNotYetServing
                 } else {
                     Reason::Ready
@@ -751,7 +777,8 @@ mod tests {
         track.observe(&seen_operating(OperatingStatus::Online), at(20));
         assert_eq!(
             member_verdict(&track.members[0], at(34), &SERVING),
-            MemberVerdict::NotYetServing { since: at(20) }
+            MemberVerdict::NotYetServing { since: at(5) },
+            "its not-serving clock runs from ACTIVE"
         );
         let ready = lb_verdict(&track, at(35), &SERVING);
         assert!(ready.is_ready(), "{:?}", ready.reason);
@@ -783,6 +810,43 @@ mod tests {
             flapping.observe(&seen_operating(operating), at(second));
             assert!(!lb_verdict(&flapping, at(second + 9), &SERVING).is_ready());
         }
+        assert_eq!(
+            lb_verdict(&flapping, at(599), &SERVING).reason,
+            Reason::MemberNotServing,
+            "never up for the settle time since it went ACTIVE: flagged"
+        );
+        // A member that served steadily counts from when that ended.
+        let mut steady = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        steady.observe(&seen_operating(OperatingStatus::Online), at(5));
+        steady.observe(&seen_operating(OperatingStatus::Error), at(400));
+        assert_eq!(
+            member_verdict(&steady.members[0], at(500), &SERVING),
+            MemberVerdict::NotYetServing { since: at(400) }
+        );
+    }
+
+    #[test]
+    fn a_member_kept_out_of_traffic_may_be_let_in_once_up_for_the_settle_time() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(&seen_operating(OperatingStatus::Offline), at(1));
+        track.observe(&seen_operating(OperatingStatus::Draining), at(3));
+        assert!(matches!(
+            member_verdict(&track.members[0], at(10), &SERVING),
+            MemberVerdict::NotYetServing { .. }
+        ));
+        assert_eq!(
+            member_verdict(&track.members[0], at(18), &SERVING),
+            MemberVerdict::OutOfTraffic { since: at(3) }
+        );
+        assert_eq!(
+            lb_verdict(&track, at(18), &SERVING).reason,
+            Reason::MembersNotYetServing
+        );
+        // Let in: DRAINING -> ONLINE is one stretch up, so it serves at once.
+        track.observe(&seen_operating(OperatingStatus::Online), at(20));
+        assert!(lb_verdict(&track, at(20), &SERVING).is_ready());
     }
 
     #[test]

@@ -43,6 +43,7 @@ pub struct MemberTruth {
     pub provisioning_status: &'static str,
     /// What Octavia's API shows now (its monitor's view, under the simulated API server).
     pub operating_status: &'static str,
+    pub weight: u32,
     /// When it last became ACTIVE or ERROR (tokio clock).
     pub settled_at: Option<tokio::time::Instant>,
 }
@@ -342,6 +343,7 @@ impl OpenStackSim {
                 port: m.protocol_port,
                 provisioning_status: m.meta.status.as_str(),
                 operating_status: octavia::member_operating(&world, m).as_str(),
+                weight: m.weight,
                 settled_at: m.settled_at,
             })
             .collect()

@@ -48,6 +48,10 @@ pub struct LbRef {
     pub member_subnet: Option<MemberSubnet>,
     /// The cluster network's subnets: a member is the machine's address there.
     pub cluster_cidrs: Vec<String>,
+    /// New members start at weight 0, out of traffic, until their monitor sees them up: the
+    /// serving gate is on, the pools have monitors, and the provider honours weights (ovn
+    /// ignores them).
+    pub keep_out: bool,
 }
 
 /// Where members are, when that is not the load balancer's own network.
@@ -82,6 +86,11 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
         return None;
     }
     let cluster_deleting = cluster_deleting(owners, infra);
+    let monitored = recorded.pools.iter().all(|p| p.monitor_id.is_some());
+    let ovn = lb_spec(&infra.spec)
+        .and_then(|lb| lb.provider.as_deref())
+        .is_some_and(|provider| provider.eq_ignore_ascii_case("ovn"));
+    let keep_out = pass.ctx.engine.rules().serving.is_some() && monitored && !ovn;
     Some(LbRef {
         id: recorded.id.clone(),
         pools,
@@ -94,6 +103,7 @@ pub fn load_balancer(pass: &Pass<'_>, owners: &Owners, infra: &OpenStackCluster)
         tags: lb_tags(&infra.spec),
         member_subnet: member_subnet(infra, recorded),
         cluster_cidrs: gate::cluster_cidrs(infra.status.as_ref()?.network.as_ref()),
+        keep_out,
     })
 }
 
@@ -174,6 +184,73 @@ fn note_change(pass: &Pass<'_>, port: u16) {
 }
 
 const REMOVAL_NOTE: &str = "member-removal";
+
+/// On an OpenStackMachine: the ports whose member was created at weight 0 and not let in yet.
+pub const HELD_OUT_ANNOTATION: &str =
+    "infrastructure.cluster.x-k8s.io/capo-rs-member-out-of-traffic";
+
+fn held_out(pass: &Pass<'_>) -> Vec<u16> {
+    pass.osm
+        .annotations()
+        .get(HELD_OUT_ANNOTATION)
+        .map(|ports| {
+            ports
+                .split(',')
+                .filter_map(|p| p.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn set_held_out(pass: &Pass<'_>, ports: &[u16]) -> Result<(), MachineError> {
+    let value = (!ports.is_empty()).then(|| {
+        ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    });
+    set_annotation(pass, HELD_OUT_ANNOTATION, value).await
+}
+
+/// Lets a member kept out of traffic in: weight 1, now that its monitor sees it up.
+async fn admit_member(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    port: u16,
+    member_id: &str,
+    held: &[u16],
+) -> Result<(), MachineError> {
+    let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
+        return Ok(());
+    };
+    let cloud = cloud(pass, lb).await?;
+    match cloud
+        .octavia()
+        .set_member_weight(&pool.id, member_id, 1)
+        .await
+    {
+        Ok(_) => {
+            note_change(pass, port);
+            let rest: Vec<u16> = held.iter().copied().filter(|p| *p != port).collect();
+            set_held_out(pass, &rest).await?;
+            tracing::info!(lb = %lb.id, member = member_id, port, "member let into traffic");
+            let note = format!(
+                "member for port {port} seen up at weight 0: weight 1, it takes traffic now"
+            );
+            pass.event(EventType::Normal, "MemberAdmitted", note).await;
+        }
+        Err(CloudError::Busy(_)) => {}
+        Err(CloudError::NotFound(_)) => set_held_out(pass, &[]).await?,
+        Err(error) => {
+            return Err(MachineError::cloud("setting the member's weight to 1")(
+                error,
+            ));
+        }
+    }
+    pass.ctx.engine.changed_under(&lb.id);
+    Ok(())
+}
 /// When this removal first set a member's weight to 0.
 const DRAIN_NOTE: &str = "member-drain";
 
@@ -257,7 +334,15 @@ async fn join(
             })
     };
     let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
-    let step = plan::join_step(&views, lb_active, repairs, max_repairs, change_unseen);
+    let held = held_out(pass);
+    let step = plan::join_step(
+        &views,
+        lb_active,
+        repairs,
+        max_repairs,
+        &held,
+        change_unseen,
+    );
     let now = Instant::now();
     pass.set(
         status,
@@ -289,6 +374,10 @@ async fn join(
         }
         JoinStep::Repair { port, member_id } => {
             repair_member(pass, lb, port, &member_id, repairs).await?;
+            Ok(safety_net)
+        }
+        JoinStep::Admit { port, member_id } => {
+            admit_member(pass, lb, port, &member_id, &held).await?;
             Ok(safety_net)
         }
         JoinStep::Failed { .. } => Ok(Outcome::Settled),
@@ -328,6 +417,15 @@ async fn create_member(
     let name = lb.names.member(port, &pass.name);
     let mut spec = MemberSpec::new(&name, &address, port);
     spec.tags.clone_from(&lb.tags);
+    if lb.keep_out {
+        // Recorded before the create, so that a lost answer cannot leave it at weight 0.
+        let mut held = held_out(pass);
+        if !held.contains(&port) {
+            held.push(port);
+            set_held_out(pass, &held).await?;
+        }
+        spec.weight = Some(0);
+    }
     if let Some(on) = &lb.member_subnet {
         spec.subnet_id = primary_subnet(&cloud, on.primary.as_ref(), &on.network).await?;
     }

@@ -199,18 +199,22 @@ pub enum JoinStep {
     /// ACTIVE, but its monitor has not seen its API serve past the not-serving threshold:
     /// held, and said so. Nothing is repaired: a new member would not make the API serve.
     NotServing { port: u16 },
+    /// Created at weight 0 to keep it out of traffic, and up: set its weight to 1.
+    Admit { port: u16, member_id: String },
     /// On its way (pending, or waiting for the load balancer to unlock).
     Wait,
 }
 
 /// Chooses the next step: what needs a person first, then repairs, then creations.
 /// `change_unseen(port)`: this machine created or repair-deleted that port's member and no
-/// poll since has shown it, so the snapshot is older than that change.
+/// poll since has shown it, so the snapshot is older than that change. `held_out`: the ports
+/// whose member was created at weight 0 and not let in yet.
 pub fn join_step(
     members: &[MemberView],
     lb_active: bool,
     repairs: u32,
     max_repairs: u32,
+    held_out: &[u16],
     change_unseen: impl Fn(u16) -> bool,
 ) -> JoinStep {
     let first = |wanted: fn(&MemberVerdict) -> bool| members.iter().find(|m| wanted(&m.verdict));
@@ -245,6 +249,22 @@ pub fn join_step(
             JoinStep::Wait
         };
     }
+    // Up at weight 0 for the settle time, or serving while still recorded at weight 0 (a
+    // monitor that went away): let it in before anything else.
+    let admissible = members.iter().find(|m| match m.verdict {
+        MemberVerdict::OutOfTraffic { .. } => true,
+        MemberVerdict::Active => held_out.contains(&m.port),
+        _ => false,
+    });
+    if let Some(member) = admissible {
+        return match (&member.id, lb_active && !change_unseen(member.port)) {
+            (Some(id), true) => JoinStep::Admit {
+                port: member.port,
+                member_id: id.clone(),
+            },
+            _ => JoinStep::Wait,
+        };
+    }
     if members
         .iter()
         .all(|m| matches!(m.verdict, MemberVerdict::Active))
@@ -274,6 +294,11 @@ pub fn join_condition(
         let ago = |since: Instant| now.saturating_duration_since(since).as_secs();
         match m.verdict {
             MemberVerdict::Active => format!("{} ACTIVE", m.port),
+            MemberVerdict::OutOfTraffic { since } => format!(
+                "{} ACTIVE and up at weight 0 for {}s: letting it in",
+                m.port,
+                ago(since)
+            ),
             MemberVerdict::NotYetServing { since } => format!(
                 "{} ACTIVE, {} for {}s",
                 m.port,
@@ -333,6 +358,12 @@ pub fn join_condition(
                 repairs + 1
             ),
         ),
+        JoinStep::Admit { port, .. } => Desired::new(
+            type_,
+            Status::False,
+            reasons::MEMBERS_NOT_YET_SERVING,
+            format!("member for port {port} serves at weight 0: setting its weight to 1 ({state})"),
+        ),
         JoinStep::Stuck { .. } => Desired::new(
             type_,
             Status::False,
@@ -354,9 +385,12 @@ pub fn join_condition(
             let error = members
                 .iter()
                 .any(|m| matches!(m.verdict, MemberVerdict::Error { .. }));
-            let warming = members
-                .iter()
-                .any(|m| matches!(m.verdict, MemberVerdict::NotYetServing { .. }));
+            let warming = members.iter().any(|m| {
+                matches!(
+                    m.verdict,
+                    MemberVerdict::NotYetServing { .. } | MemberVerdict::OutOfTraffic { .. }
+                )
+            });
             let pending = members
                 .iter()
                 .any(|m| matches!(m.verdict, MemberVerdict::Pending { .. }));
@@ -618,11 +652,14 @@ mod tests {
     fn an_active_member_whose_api_does_not_serve_holds_the_machine_and_is_never_repaired() {
         let now = Instant::now();
         let warming = [view(6443, MemberVerdict::NotYetServing { since: now })];
-        assert_eq!(join_step(&warming, true, 0, 3, |_| false), JoinStep::Wait);
+        assert_eq!(
+            join_step(&warming, true, 0, 3, &[], |_| false),
+            JoinStep::Wait
+        );
         let condition = join_condition(&JoinStep::Wait, &warming, 0, 3, now);
         assert_eq!(condition.reason, reasons::MEMBERS_NOT_YET_SERVING);
         let failing = [view(6443, MemberVerdict::NotServing { since: now })];
-        let step = join_step(&failing, true, 0, 3, |_| false);
+        let step = join_step(&failing, true, 0, 3, &[], |_| false);
         assert_eq!(step, JoinStep::NotServing { port: 6443 });
         let condition = join_condition(&step, &failing, 0, 3, now);
         assert_eq!(condition.reason, reasons::MEMBER_NOT_SERVING);
@@ -638,21 +675,32 @@ mod tests {
         let now = Instant::now();
         let active = view(6443, MemberVerdict::Active);
         let pending = view(8443, MemberVerdict::Pending { since: now });
-        let step = join_step(&[active.clone(), pending.clone()], true, 0, 3, |_| false);
+        let step = join_step(&[active.clone(), pending.clone()], true, 0, 3, &[], |_| {
+            false
+        });
         assert_eq!(step, JoinStep::Wait);
         let condition = join_condition(&step, &[active.clone(), pending], 0, 3, now);
         assert_eq!(condition.reason, reasons::MEMBERS_PENDING);
         assert_eq!(condition.status, Status::False);
         let both = [active.clone(), view(8443, MemberVerdict::Active)];
-        assert_eq!(join_step(&both, true, 0, 3, |_| false), JoinStep::Released);
+        assert_eq!(
+            join_step(&both, true, 0, 3, &[], |_| false),
+            JoinStep::Released
+        );
         // An ACTIVE load balancer says nothing: a missing member is created, never passed.
         let missing = [active, view(8443, MemberVerdict::Missing { since: now })];
         assert_eq!(
-            join_step(&missing, true, 0, 3, |_| false),
+            join_step(&missing, true, 0, 3, &[], |_| false),
             JoinStep::Create { port: 8443 }
         );
-        assert_eq!(join_step(&missing, false, 0, 3, |_| false), JoinStep::Wait);
-        assert_eq!(join_step(&missing, true, 0, 3, |_| true), JoinStep::Wait);
+        assert_eq!(
+            join_step(&missing, false, 0, 3, &[], |_| false),
+            JoinStep::Wait
+        );
+        assert_eq!(
+            join_step(&missing, true, 0, 3, &[], |_| true),
+            JoinStep::Wait
+        );
     }
 
     #[test]
@@ -660,19 +708,22 @@ mod tests {
         let now = Instant::now();
         let error = [view(6443, MemberVerdict::Error { since: now })];
         assert_eq!(
-            join_step(&error, true, 2, 3, |_| false),
+            join_step(&error, true, 2, 3, &[], |_| false),
             JoinStep::Repair {
                 port: 6443,
                 member_id: "m-6443".into()
             }
         );
-        assert_eq!(join_step(&error, false, 2, 3, |_| false), JoinStep::Wait);
         assert_eq!(
-            join_step(&error, true, 2, 3, |_| true),
+            join_step(&error, false, 2, 3, &[], |_| false),
+            JoinStep::Wait
+        );
+        assert_eq!(
+            join_step(&error, true, 2, 3, &[], |_| true),
             JoinStep::Wait,
             "a repair no poll has seen yet is not repeated (nor counted twice)"
         );
-        let failed = join_step(&error, true, 3, 3, |_| false);
+        let failed = join_step(&error, true, 3, 3, &[], |_| false);
         assert_eq!(failed, JoinStep::Failed { port: 6443 });
         let condition = join_condition(&failed, &error, 3, 3, now);
         assert_eq!(condition.reason, reasons::MEMBER_ERROR);
@@ -687,7 +738,7 @@ mod tests {
     fn a_stuck_member_holds_and_says_so() {
         let now = Instant::now();
         let stuck = [view(6443, MemberVerdict::Stuck { since: now })];
-        let step = join_step(&stuck, true, 0, 3, |_| false);
+        let step = join_step(&stuck, true, 0, 3, &[], |_| false);
         assert_eq!(step, JoinStep::Stuck { port: 6443 });
         let condition = join_condition(&step, &stuck, 0, 3, now);
         assert_eq!(condition.reason, reasons::MEMBER_STUCK);
