@@ -671,6 +671,29 @@ mod tests {
     }
 
     #[test]
+    fn a_member_kept_out_of_traffic_is_let_in_before_the_machine_is_released() {
+        let now = Instant::now();
+        let up = [view(6443, MemberVerdict::OutOfTraffic { since: now })];
+        let admit = JoinStep::Admit {
+            port: 6443,
+            member_id: "m-6443".into(),
+        };
+        assert_eq!(join_step(&up, true, 0, 3, &[6443], |_| false), admit);
+        assert_eq!(
+            join_step(&up, false, 0, 3, &[6443], |_| false),
+            JoinStep::Wait,
+            "not while the load balancer is locked"
+        );
+        // Serving although recorded at weight 0 (its monitor went away): let in, then released.
+        let serving = [view(6443, MemberVerdict::Active)];
+        assert_eq!(join_step(&serving, true, 0, 3, &[6443], |_| false), admit);
+        assert_eq!(
+            join_step(&serving, true, 0, 3, &[], |_| false),
+            JoinStep::Released
+        );
+    }
+
+    #[test]
     fn a_machine_is_released_only_when_every_pool_has_its_member_active() {
         let now = Instant::now();
         let active = view(6443, MemberVerdict::Active);
