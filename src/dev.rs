@@ -76,6 +76,14 @@ pub struct DemoArgs {
     plain: bool,
 }
 
+fn safety_gate(text: &str) -> Result<capo_bench::safety::Gate, String> {
+    match text {
+        "serving" => Ok(capo_bench::safety::Gate::Serving),
+        "provisioning" => Ok(capo_bench::safety::Gate::Provisioning),
+        _ => Err(format!("unknown gate {text:?} (serving, provisioning)")),
+    }
+}
+
 fn demo_strategy(text: &str) -> Result<Strategy, String> {
     match text.parse::<Strategy>()? {
         Strategy::MemberGet => Err("status-tree or lb-only, not member-get".to_owned()),
@@ -173,7 +181,7 @@ pub async fn prove_dashboards(args: ProveArgs) -> anyhow::Result<ExitCode> {
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Randomized whole-stack rollouts on virtual time (controllers, engine, Cluster API
-    /// actor, both simulators), six safety invariants checked at every write and every cloud
+    /// actor, both simulators), eight safety invariants checked at every write and every cloud
     /// transition. Run i plays seed SEED+i; exits 1 on any violation.
     RolloutSafety {
         /// How many runs (the default takes about 14 minutes on 2 cores).
@@ -189,6 +197,10 @@ pub enum BenchCommand {
         /// shows the violations the checker finds then).
         #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
         strategy: Strategy,
+        /// `serving` (capo-rs run's default: ACTIVE and ONLINE) or `provisioning` (ACTIVE
+        /// alone: shows what invariants 7 and 8 catch then).
+        #[arg(long, default_value = "serving", value_parser = safety_gate)]
+        gate: capo_bench::safety::Gate,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -404,8 +416,9 @@ pub fn bench(
             seed,
             threads,
             strategy,
+            gate,
             json,
-        } => return rollout_safety(runs, seed, threads, strategy, json),
+        } => return rollout_safety(runs, seed, threads, strategy, gate, json),
         BenchCommand::Scale {
             clusters,
             control_plane,
@@ -584,16 +597,24 @@ fn rollout_safety(
     seed: u64,
     threads: Option<u16>,
     strategy: Strategy,
+    gate: capo_bench::safety::Gate,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let threads = threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
+    // Only capo-rs's own strategy has a serving gate.
+    let gate = if strategy == Strategy::StatusTree {
+        gate
+    } else {
+        capo_bench::safety::Gate::Provisioning
+    };
     let config = capo_bench::safety::SafetyConfig {
         runs,
         seed,
         threads,
         strategy,
+        gate,
     };
     // One line per tenth of the runs, on stderr, so that a long run shows it is alive.
     let step = (runs / 10).max(1);

@@ -30,16 +30,24 @@ pub enum Invariant {
     Leak,
     /// 6: a panic, or a reconcile error storm.
     PanicOrStorm,
+    /// 7: a control-plane machine released while its member's monitor did not read it ONLINE
+    /// in every pool (the serving gate's promise).
+    ReleasedNotServing,
+    /// 8: the API pool had no member both ACTIVE and ONLINE after it first had one, before
+    /// deletion.
+    NoServingMember,
 }
 
 impl Invariant {
-    pub const ALL: [Invariant; 6] = [
+    pub const ALL: [Invariant; 8] = [
         Invariant::EarlyRelease,
         Invariant::EmptyPool,
         Invariant::Duplicate,
         Invariant::SilentHold,
         Invariant::Leak,
         Invariant::PanicOrStorm,
+        Invariant::ReleasedNotServing,
+        Invariant::NoServingMember,
     ];
 
     pub fn number(self) -> usize {
@@ -54,6 +62,8 @@ impl Invariant {
             Invariant::SilentHold => "completed, or held with named members",
             Invariant::Leak => "nothing left after deletion",
             Invariant::PanicOrStorm => "no panic, no error storm",
+            Invariant::ReleasedNotServing => "no providerID before the member is ONLINE",
+            Invariant::NoServingMember => "the API pool always has an ACTIVE, ONLINE member",
         }
     }
 }
@@ -94,6 +104,35 @@ pub fn early_release(address: Option<&str>, members: &[MemberTruth]) -> Option<S
         })
         .collect();
     (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Why a released machine at `address` does not serve: its member reads neither ONLINE nor
+/// NO_MONITOR (nothing checks it) in some pool. `None` when it serves in every pool.
+pub fn released_not_serving(address: &str, members: &[MemberTruth]) -> Option<String> {
+    let problems: Vec<String> = members
+        .iter()
+        .filter(|m| m.address == address)
+        .filter(|m| !matches!(m.operating_status, "ONLINE" | "NO_MONITOR"))
+        .map(|m| {
+            format!(
+                "member {} in pool {} reads {}",
+                m.id, m.pool_id, m.operating_status
+            )
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Members of the API pool that serve: ACTIVE, and ONLINE (or NO_MONITOR: unchecked).
+pub fn serving_api_members(members: &[MemberTruth]) -> usize {
+    members
+        .iter()
+        .filter(|m| {
+            m.port == API_PORT
+                && m.provisioning_status == "ACTIVE"
+                && matches!(m.operating_status, "ONLINE" | "NO_MONITOR")
+        })
+        .count()
 }
 
 /// ACTIVE members of the API pool.

@@ -54,6 +54,23 @@ pub enum RestartKind {
     Crash,
 }
 
+/// What a new machine's kube-apiserver does, as its health monitor sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiTroubleKind {
+    /// Listens, but `/readyz` never answers 200.
+    NeverServes,
+    /// Up and down every `period` seconds, shorter than the serving gate's settle time.
+    Flapping { period: f64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ApiTrouble {
+    /// Which new machine of the rollout.
+    pub machine: usize,
+    pub kind: ApiTroubleKind,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Restart {
     /// Seconds after the rollout starts.
@@ -83,6 +100,8 @@ pub struct Draw {
     /// Keystone answers 503.
     pub keystone_outage: Option<Window>,
     pub restart: Option<Restart>,
+    /// A new machine whose API never serves, or flaps.
+    pub api: Option<ApiTrouble>,
 }
 
 /// True with probability `p`.
@@ -137,6 +156,17 @@ impl Draw {
                 RestartKind::Crash
             },
         });
+        // Drawn last, so that every earlier part of a seed's draw stays what it was.
+        let api = chance(&mut rng, 0.25).then(|| ApiTrouble {
+            machine: rng.usize(0..replacements),
+            kind: if rng.bool() {
+                ApiTroubleKind::NeverServes
+            } else {
+                ApiTroubleKind::Flapping {
+                    period: 2.0 + rng.f64() * 10.0,
+                }
+            },
+        });
         Draw {
             seed,
             control_plane,
@@ -150,15 +180,18 @@ impl Draw {
             server_errors,
             keystone_outage,
             restart,
+            api,
         }
     }
 
     /// Whether the rollout may be held for good rather than complete: a member stuck for
-    /// ever, ERROR more often than the gate repairs, or the LB itself in ERROR.
+    /// ever, ERROR more often than the gate repairs, the LB itself in ERROR, or a new
+    /// machine's API that never serves or flaps.
     pub fn may_hold(&self) -> bool {
         self.stuck.is_some_and(|s| s.released_after.is_none())
             || self.error.is_some_and(|e| e.times > 3)
             || self.lb_error
+            || self.api.is_some()
     }
 }
 
@@ -194,6 +227,12 @@ mod tests {
         assert!(share(&|d| d.stuck.is_some_and(|s| s.released_after.is_none())) > 0.05);
         assert!(share(&|d| d.error.is_some_and(|e| e.times > 3)) > 0.02);
         assert!(share(&|d| d.lb_error) > 0.03);
+        let flapping = |d: &Draw| {
+            d.api
+                .is_some_and(|a| matches!(a.kind, ApiTroubleKind::Flapping { .. }))
+        };
+        assert!(share(&flapping) > 0.08);
+        assert!(share(&|d| d.api.is_some() && !flapping(d)) > 0.08);
         assert!(share(&|d| d.rate_limits.is_some()) > 0.2);
         assert!(share(&|d| d.server_errors.is_some()) > 0.2);
         assert!(share(&|d| d.keystone_outage.is_some()) > 0.1);

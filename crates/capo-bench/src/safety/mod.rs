@@ -1,5 +1,5 @@
 //! `capo-rs bench rollout-safety`: randomized whole-stack rollouts, each on its own paused
-//! (virtual-time) runtime, with six invariants checked at every write and every cloud
+//! (virtual-time) runtime, with eight invariants checked at every write and every cloud
 //! transition. Run `i` plays seed `seed + i`, so `--runs 1 --seed <that seed>` replays it.
 
 pub mod check;
@@ -32,6 +32,28 @@ pub struct SafetyConfig {
     /// load balancer as CAPO does, to show the checker catching what that breaks.
     #[serde(serialize_with = "strategy_name")]
     pub strategy: Strategy,
+    /// What releases a machine: the serving gate (production) or the provisioning gate. Only
+    /// `status-tree` has a serving gate; the others' gate is what they read as ACTIVE.
+    pub gate: Gate,
+}
+
+/// `--gate`: the engine's gate in the runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Gate {
+    /// Released once ACTIVE and ONLINE for the settle time (production's default).
+    Serving,
+    /// Released once ACTIVE.
+    Provisioning,
+}
+
+impl Gate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gate::Serving => "serving",
+            Gate::Provisioning => "provisioning",
+        }
+    }
 }
 
 fn strategy_name<S: serde::Serializer>(strategy: &Strategy, out: S) -> Result<S::Ok, S::Error> {
@@ -80,7 +102,7 @@ fn count_panics() {
 }
 
 /// Plays one seed on a fresh paused runtime; a panic anywhere in it is a violation.
-pub fn play_seed(seed: u64, strategy: Strategy) -> (RunReport, Duration) {
+pub fn play_seed(seed: u64, strategy: Strategy, gate: Gate) -> (RunReport, Duration) {
     count_panics();
     PANICS.with(|panics| panics.borrow_mut().clear());
     let started = Instant::now();
@@ -91,7 +113,7 @@ pub fn play_seed(seed: u64, strategy: Strategy) -> (RunReport, Duration) {
             .start_paused(true)
             .build()
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>(runtime.block_on(run::play(&draw, strategy)))
+        Ok::<_, String>(runtime.block_on(run::play(&draw, strategy, gate)))
     }));
     let mut report = match played {
         Ok(Ok(report)) => report,
@@ -138,7 +160,11 @@ pub fn run(config: &SafetyConfig, progress: &(dyn Fn(u64, u64) + Sync)) -> Safet
                     if index >= config.runs {
                         return;
                     }
-                    let played = play_seed(config.seed.wrapping_add(index), config.strategy);
+                    let played = play_seed(
+                        config.seed.wrapping_add(index),
+                        config.strategy,
+                        config.gate,
+                    );
                     results
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -197,7 +223,7 @@ fn summarize(
     report
 }
 
-fn coverage(draw: &Draw) -> [(&'static str, bool); 11] {
+fn coverage(draw: &Draw) -> [(&'static str, bool); 13] {
     [
         ("control plane of 1", draw.control_plane == 1),
         ("control plane of 5", draw.control_plane == 5),
@@ -225,6 +251,16 @@ fn coverage(draw: &Draw) -> [(&'static str, bool); 11] {
             draw.server_errors.is_some() || draw.keystone_outage.is_some(),
         ),
         ("controller restart", draw.restart.is_some()),
+        (
+            "a new node's API never serves",
+            draw.api
+                .is_some_and(|a| a.kind == draw::ApiTroubleKind::NeverServes),
+        ),
+        (
+            "a new node's API flaps",
+            draw.api
+                .is_some_and(|a| matches!(a.kind, draw::ApiTroubleKind::Flapping { .. })),
+        ),
     ]
 }
 
@@ -237,8 +273,9 @@ impl SafetyReport {
         let runs = self.config.runs;
         let last = self.config.seed.wrapping_add(runs.saturating_sub(1));
         println!(
-            "rollout-safety ({}): {runs} runs, seeds {}..={last}, {} threads",
+            "rollout-safety ({}, {} gate): {runs} runs, seeds {}..={last}, {} threads",
             self.config.strategy.as_str(),
+            self.config.gate.as_str(),
             self.config.seed,
             self.config.threads
         );
@@ -289,14 +326,15 @@ impl SafetyReport {
         }
         for violation in self.violations.iter().take(20) {
             println!(
-                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {} --strategy {}",
+                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {} --strategy {} --gate {}",
                 violation.seed,
                 violation.violation.at,
                 violation.violation.invariant.number(),
                 violation.violation.invariant.title(),
                 violation.violation.detail,
                 violation.seed,
-                self.config.strategy.as_str()
+                self.config.strategy.as_str(),
+                self.config.gate.as_str()
             );
         }
     }

@@ -15,12 +15,13 @@ use capo_provider::cloud::neutron::{NetworkSpec, SubnetSpec};
 use capo_provider::cloud::{CloudOptions, Clouds};
 use capo_provider::controllers::gate;
 use capo_provider::manager::{self, ManagerConfig, ManagerError, SharedObserver};
+use capo_provider::membership::ServingRules;
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::store::Change;
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{
-    Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage, RateLimitFault, Rule,
-    Scenario, ServerErrorFault,
+    ApiServer, Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage, RateLimitFault,
+    Rule, Scenario, ServerErrorFault,
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -33,8 +34,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::Gate;
 use super::check::{self, Invariant, Violation};
-use super::draw::{Draw, RestartKind};
+use super::draw::{ApiTroubleKind, Draw, RestartKind};
 use crate::Strategy;
 
 const NAMESPACE: &str = "default";
@@ -57,6 +59,8 @@ pub enum Outcome {
     /// Held: the load balancer itself in ERROR, named in the cluster's condition.
     HeldLoadBalancerError,
     /// Neither completed nor held with a condition naming why (invariant 4).
+    /// Held: a member ACTIVE whose API does not serve, named in the machine's condition.
+    HeldMemberNotServing,
     Hung,
 }
 
@@ -67,6 +71,7 @@ impl Outcome {
             Outcome::HeldMemberStuck => "held: MemberStuck",
             Outcome::HeldMemberError => "held: MemberError",
             Outcome::HeldLoadBalancerError => "held: LoadBalancerError",
+            Outcome::HeldMemberNotServing => "held: MemberNotServing",
             Outcome::Hung => "hung",
         }
     }
@@ -87,10 +92,10 @@ pub struct RunReport {
 
 /// Plays the draw on the current (paused) runtime, the engine observing members as
 /// `strategy` does (`status-tree` in production; `lb-only` shows what the checker catches).
-pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
+pub async fn play(draw: &Draw, strategy: Strategy, gate: Gate) -> RunReport {
     let started = Instant::now();
     let mut violations = Vec::new();
-    let (outcome, world) = match World::start(draw, strategy).await {
+    let (outcome, world) = match World::start(draw, strategy, gate).await {
         Ok(mut world) => {
             let outcome = world.story(draw, &mut violations).await;
             (outcome, Some(world))
@@ -124,6 +129,7 @@ pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
 struct Manager {
     client: kube::Client,
     strategy: Strategy,
+    gate: Gate,
     running: Option<(CancellationToken, JoinHandle<Result<(), ManagerError>>)>,
     errors: Arc<Mutex<ErrorTotals>>,
 }
@@ -164,12 +170,27 @@ fn reconcile_errors(registry: &Registry) -> BTreeMap<String, f64> {
     totals
 }
 
-fn manager_config(strategy: Strategy) -> ManagerConfig {
+/// The serving gate's times in the runs: `capo-rs run`'s defaults.
+const SERVING: ServingRules = ServingRules {
+    settle: Duration::from_secs(15),
+    not_serving_after: Duration::from_secs(300),
+};
+
+fn manager_config(strategy: Strategy, gate: Gate) -> ManagerConfig {
     let mut config = ManagerConfig {
         crd_retry: Duration::from_secs(1),
         ..ManagerConfig::default()
     };
     config.engine.stuck_after = STUCK_AFTER;
+    // Every run checks the API over HTTPS, so that a node whose API never serves reads
+    // ERROR; the gate decides whether that holds its machine. Old members drain for 30 s.
+    config.controllers.api_monitor = gate::MonitorKind::Https;
+    config.controllers.drain_period = Duration::from_secs(30);
+    // The other strategies reproduce providers that know no operating status: their own
+    // gate is whatever they read as ACTIVE.
+    if gate == Gate::Serving && strategy == Strategy::StatusTree {
+        config.engine.serving = Some(SERVING);
+    }
     config.engine.schedule = strategy.schedule(config.engine.schedule.clone());
     if strategy != Strategy::StatusTree {
         config.observer = Some(SharedObserver(strategy.observer()));
@@ -188,8 +209,9 @@ impl Manager {
         }
         let shutdown = CancellationToken::new();
         let (client, stop, strategy) = (self.client.clone(), shutdown.clone(), self.strategy);
+        let gate = self.gate;
         let task = tokio::spawn(async move {
-            manager::run(client, manager_config(strategy), &registry, stop).await
+            manager::run(client, manager_config(strategy, gate), &registry, stop).await
         });
         self.running = Some((shutdown, task));
     }
@@ -235,7 +257,7 @@ struct World {
 }
 
 impl World {
-    async fn start(draw: &Draw, strategy: Strategy) -> anyhow::Result<World> {
+    async fn start(draw: &Draw, strategy: Strategy, gate: Gate) -> anyhow::Result<World> {
         let started = Instant::now();
         let kube = KubeSim::start(KubeSimConfig::default()).await?;
         let crds: Vec<Value> = capo_api::crds::all()
@@ -266,6 +288,7 @@ impl World {
         let mut manager = Manager {
             client: client.clone(),
             strategy,
+            gate,
             running: None,
             errors,
         };
@@ -434,6 +457,9 @@ impl World {
                     reasons::MEMBER_ERROR if names_member => {
                         return (Outcome::HeldMemberError, condition.message.clone());
                     }
+                    reasons::MEMBER_NOT_SERVING if names_member => {
+                        return (Outcome::HeldMemberNotServing, condition.message.clone());
+                    }
                     _ => seen.push(format!(
                         "{}: {} {}",
                         kube::ResourceExt::name_any(machine),
@@ -549,6 +575,15 @@ fn trouble_for(
             times: Some(error.times),
         });
     }
+    if let Some(api) = draw.api.filter(|a| a.machine == index) {
+        let server = match api.kind {
+            ApiTroubleKind::NeverServes => ApiServer::NeverReady,
+            ApiTroubleKind::Flapping { period } => ApiServer::Flapping {
+                period: Duration::from_secs_f64(period),
+            },
+        };
+        cloud.set_api_server_for_members(&members_of, server);
+    }
     let stuck = draw.stuck.filter(|s| s.machine == index)?;
     cloud.add_rule(Rule {
         kind: ObjectKind::Member,
@@ -640,6 +675,7 @@ struct Checker {
     /// Control-plane machines seen released (providerID or provisioned).
     released: HashSet<String>,
     pool_had_active: bool,
+    pool_had_serving: bool,
     reported: BTreeSet<String>,
     /// Objects each controller reconciles, by name.
     live: BTreeMap<String, BTreeSet<String>>,
@@ -662,6 +698,7 @@ impl Checker {
             deleting,
             released: HashSet::new(),
             pool_had_active: false,
+            pool_had_serving: false,
             reported: BTreeSet::new(),
             live: BTreeMap::new(),
             last_errors: BTreeMap::new(),
@@ -759,10 +796,18 @@ impl Checker {
                     .find(|a| a["type"] == "InternalIP")
                     .and_then(|a| a["address"].as_str())
             });
-        if let Some(problem) = check::early_release(address, &self.cloud.member_truth()) {
+        let members = self.cloud.member_truth();
+        if let Some(problem) = check::early_release(address, &members) {
             self.report(
                 &format!("early {name}"),
                 Invariant::EarlyRelease,
+                format!("{name} released: {problem}"),
+            );
+        }
+        if let Some(problem) = address.and_then(|a| check::released_not_serving(a, &members)) {
+            self.report(
+                &format!("not serving {name}"),
+                Invariant::ReleasedNotServing,
                 format!("{name} released: {problem}"),
             );
         }
@@ -782,6 +827,27 @@ impl Checker {
                 "empty",
                 Invariant::EmptyPool,
                 format!("no ACTIVE member in the API pool: [{}]", states.join(", ")),
+            );
+        }
+        if check::serving_api_members(&members) > 0 {
+            self.pool_had_serving = true;
+        } else if self.pool_had_serving && !self.deleting.load(Ordering::SeqCst) {
+            let states: Vec<String> = members
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{} {}/{}",
+                        m.address, m.provisioning_status, m.operating_status
+                    )
+                })
+                .collect();
+            self.report(
+                "no serving member",
+                Invariant::NoServingMember,
+                format!(
+                    "no ACTIVE, ONLINE member in the API pool: [{}]",
+                    states.join(", ")
+                ),
             );
         }
         for duplicate in check::duplicates(&self.cloud.inventory()) {

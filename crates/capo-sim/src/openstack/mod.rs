@@ -234,6 +234,16 @@ impl OpenStackSim {
             .insert(address.to_owned(), server);
     }
 
+    /// How the API servers behind members named like `glob` answer health monitors from now
+    /// on (the last matching glob wins; an address set on its own comes first).
+    pub fn set_api_server_for_members(&self, glob: &str, server: octavia::ApiServer) {
+        self.shared
+            .world()
+            .octavia
+            .api_servers_by_member
+            .push((glob.to_owned(), server));
+    }
+
     /// Octavia's policy refuses (`true`) or allows listing load balancers from now on.
     pub fn refuse_lb_list(&self, refused: bool) {
         self.shared.world().settings.lb_list_refused = refused;

@@ -276,6 +276,9 @@ pub struct Octavia {
     /// The API server behind each member address (by address; `*` for every other address;
     /// absent: it serves).
     pub api_servers: HashMap<String, ApiServer>,
+    /// The API server behind members whose name matches a glob (`*-cp-3`), for members whose
+    /// address is not known in advance; an address set on its own comes first.
+    pub api_servers_by_member: Vec<(String, ApiServer)>,
     /// Pool id -> member ids, in creation order.
     pool_members: HashMap<String, Vec<String>>,
     /// Load balancer id -> its listener ids and pool ids, in creation order: the read paths
@@ -1799,6 +1802,15 @@ pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
                 .octavia
                 .api_servers
                 .get(&member.address)
+                .or_else(|| {
+                    world
+                        .octavia
+                        .api_servers_by_member
+                        .iter()
+                        .rev()
+                        .find(|(glob, _)| super::faults::glob_match(glob, &member.meta.name))
+                        .map(|(_, server)| server)
+                })
                 .or_else(|| world.octavia.api_servers.get("*"))
                 .copied()
                 .unwrap_or_default();

@@ -48,9 +48,9 @@ pub struct LbRef {
     pub member_subnet: Option<MemberSubnet>,
     /// The cluster network's subnets: a member is the machine's address there.
     pub cluster_cidrs: Vec<String>,
-    /// New members start at weight 0, out of traffic, until their monitor sees them up: the
-    /// serving gate is on, the pools have monitors, and the provider honours weights (ovn
-    /// ignores them).
+    /// New members start at weight 0, out of traffic, until their monitor sees them up, when
+    /// other members serve: the serving gate is on, the pools have monitors, and the provider
+    /// honours weights (ovn ignores them).
     pub keep_out: bool,
 }
 
@@ -369,7 +369,12 @@ async fn join(
             Ok(Outcome::Settled)
         }
         JoinStep::Create { port } => {
-            create_member(pass, lb, status, port).await?;
+            // Out of traffic protects only the traffic others serve: the first members of a
+            // cluster take it at once.
+            let others_serve = snapshot.verdict.members.iter().any(|(name, p, verdict)| {
+                *name != pass.name && *p == port && *verdict == MemberVerdict::Active
+            });
+            create_member(pass, lb, status, port, lb.keep_out && others_serve).await?;
             Ok(safety_net)
         }
         JoinStep::Repair { port, member_id } => {
@@ -404,6 +409,7 @@ async fn create_member(
     lb: &LbRef,
     status: &InstanceStatus,
     port: u16,
+    keep_out: bool,
 ) -> Result<(), MachineError> {
     let Some(pool) = lb.pools.iter().find(|p| p.port == port) else {
         return Ok(());
@@ -417,7 +423,7 @@ async fn create_member(
     let name = lb.names.member(port, &pass.name);
     let mut spec = MemberSpec::new(&name, &address, port);
     spec.tags.clone_from(&lb.tags);
-    if lb.keep_out {
+    if keep_out {
         // Recorded before the create, so that a lost answer cannot leave it at weight 0.
         let mut held = held_out(pass);
         if !held.contains(&port) {
