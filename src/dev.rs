@@ -76,17 +76,11 @@ pub struct DemoArgs {
     plain: bool,
 }
 
-fn safety_gate(text: &str) -> Result<capo_bench::safety::Gate, String> {
-    match text {
-        "serving" => Ok(capo_bench::safety::Gate::Serving),
-        "provisioning" => Ok(capo_bench::safety::Gate::Provisioning),
-        _ => Err(format!("unknown gate {text:?} (serving, provisioning)")),
-    }
-}
-
 fn demo_strategy(text: &str) -> Result<Strategy, String> {
     match text.parse::<Strategy>()? {
-        Strategy::MemberGet => Err("status-tree or lb-only, not member-get".to_owned()),
+        Strategy::MemberGet => {
+            Err("status-tree, provisioning or lb-only, not member-get".to_owned())
+        }
         strategy => Ok(strategy),
     }
 }
@@ -193,14 +187,11 @@ pub enum BenchCommand {
         /// Runs at once, one thread each (default: the machine's cores).
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
-        /// `status-tree` (capo-rs) or `lb-only` (trusting the load balancer, as CAPO does:
-        /// shows the violations the checker finds then).
+        /// `status-tree` (capo-rs: status trees and the serving gate), `provisioning` (capo-rs
+        /// with --gate=provisioning) or `lb-only` (trusting the load balancer, as CAPO does):
+        /// the last two show the violations the checker finds then.
         #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
         strategy: Strategy,
-        /// `serving` (capo-rs run's default: ACTIVE and ONLINE) or `provisioning` (ACTIVE
-        /// alone: shows what invariants 7 and 8 catch then).
-        #[arg(long, default_value = "serving", value_parser = safety_gate)]
-        gate: capo_bench::safety::Gate,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -416,9 +407,8 @@ pub fn bench(
             seed,
             threads,
             strategy,
-            gate,
             json,
-        } => return rollout_safety(runs, seed, threads, strategy, gate, json),
+        } => return rollout_safety(runs, seed, threads, strategy, json),
         BenchCommand::Scale {
             clusters,
             control_plane,
@@ -597,24 +587,16 @@ fn rollout_safety(
     seed: u64,
     threads: Option<u16>,
     strategy: Strategy,
-    gate: capo_bench::safety::Gate,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let threads = threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    // Only capo-rs's own strategy has a serving gate.
-    let gate = if strategy == Strategy::StatusTree {
-        gate
-    } else {
-        capo_bench::safety::Gate::Provisioning
-    };
     let config = capo_bench::safety::SafetyConfig {
         runs,
         seed,
         threads,
         strategy,
-        gate,
     };
     // One line per tenth of the runs, on stderr, so that a long run shows it is alive.
     let step = (runs / 10).max(1);

@@ -3,7 +3,7 @@
 //! breaks, and `bench scale` on a small fleet (real processes).
 
 use capo_bench::Strategy;
-use capo_bench::safety::{self, Gate, Invariant, Outcome, SafetyConfig};
+use capo_bench::safety::{self, Invariant, Outcome, SafetyConfig};
 
 const CAPO_RS: &str = env!("CARGO_BIN_EXE_capo-rs");
 
@@ -13,7 +13,6 @@ fn config(runs: u64, seed: u64, strategy: Strategy) -> SafetyConfig {
         seed,
         threads: 2,
         strategy,
-        gate: Gate::Serving,
     }
 }
 
@@ -21,9 +20,7 @@ fn config(runs: u64, seed: u64, strategy: Strategy) -> SafetyConfig {
 fn the_provisioning_gate_is_caught_releasing_machines_whose_api_does_not_serve() {
     // Seeds of the serving gate's run: released on ACTIVE alone, machines go to
     // Cluster API before their health monitor has seen their API answer.
-    let mut config = config(6, 1, Strategy::StatusTree);
-    config.gate = Gate::Provisioning;
-    let report = safety::run(&config, &|_, _| {});
+    let report = safety::run(&config(6, 1, Strategy::Provisioning), &|_, _| {});
     report.print();
     let not_serving = report
         .violations
@@ -68,9 +65,7 @@ fn randomized_rollouts_break_no_invariant() {
 fn trusting_the_load_balancer_is_caught_releasing_machines_early() {
     // The same kind of runs with the engine trusting the LB's status (CAPO's way): where
     // the LB unlocks before its member, machines are released early.
-    let mut config = config(6, 1, Strategy::LbOnly);
-    config.gate = Gate::Provisioning;
-    let report = safety::run(&config, &|_, _| {});
+    let report = safety::run(&config(6, 1, Strategy::LbOnly), &|_, _| {});
     report.print();
     let early = report
         .violations

@@ -18,8 +18,12 @@ use tokio::time::Instant;
 /// How members are observed; the latter two reproduce other providers for comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Strategy {
-    /// One status-tree GET per LB per poll: every member's own status (ours).
+    /// One status-tree GET per LB per poll: every member's own status, and the serving gate
+    /// (ours: `capo-rs run`'s defaults).
     StatusTree,
+    /// The same polls with the provisioning gate: a member counts once ACTIVE, whatever its
+    /// health monitor says (capo-rs's `--gate=provisioning`).
+    Provisioning,
     /// CAPO 0.14: after a member is created, GET it (1 s, x1.25, 20 steps) until ACTIVE, and
     /// GET the LB; a member is never looked at again once ACTIVE or given up on.
     MemberGet,
@@ -28,19 +32,30 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 3] = [Strategy::StatusTree, Strategy::MemberGet, Strategy::LbOnly];
+    pub const ALL: [Strategy; 4] = [
+        Strategy::StatusTree,
+        Strategy::Provisioning,
+        Strategy::MemberGet,
+        Strategy::LbOnly,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Strategy::StatusTree => "status-tree",
+            Strategy::Provisioning => "provisioning",
             Strategy::MemberGet => "member-get",
             Strategy::LbOnly => "lb-only",
         }
     }
 
+    /// Whether a member must also serve (its health monitor reading ONLINE) to count.
+    pub fn serving_gate(self) -> bool {
+        self == Strategy::StatusTree
+    }
+
     pub fn observer(self) -> Arc<dyn Observer> {
         match self {
-            Strategy::StatusTree => Arc::new(StatusTreeObserver),
+            Strategy::StatusTree | Strategy::Provisioning => Arc::new(StatusTreeObserver),
             Strategy::MemberGet => Arc::new(Backoff::new(Strategy::MemberGet)),
             Strategy::LbOnly => Arc::new(Backoff::new(Strategy::LbOnly)),
         }
@@ -50,7 +65,7 @@ impl Strategy {
     /// look at a settled LB again, and start waiting for the LB the moment they changed it.
     pub fn schedule(self, ours: ScheduleConfig) -> ScheduleConfig {
         match self {
-            Strategy::StatusTree => ours,
+            Strategy::StatusTree | Strategy::Provisioning => ours,
             Strategy::MemberGet | Strategy::LbOnly => ScheduleConfig {
                 drift_min: Duration::from_secs(86_400),
                 drift_max: Duration::from_secs(86_400),
@@ -67,7 +82,11 @@ impl FromStr for Strategy {
         Strategy::ALL
             .into_iter()
             .find(|s| s.as_str() == text)
-            .ok_or_else(|| format!("unknown strategy {text:?} (status-tree, member-get, lb-only)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown strategy {text:?} (status-tree, provisioning, member-get, lb-only)"
+                )
+            })
     }
 }
 

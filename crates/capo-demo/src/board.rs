@@ -56,7 +56,8 @@ impl Stage {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Phase {
     pub stage: Stage,
-    /// Rollout steps done (created, joined, old one gone: three per machine) and in all.
+    /// Rollout steps done (a new machine created, joined; the old one asked to go, gone: four
+    /// per machine) and in all.
     pub rollout_steps: (u64, u64),
     /// What the story just made happen.
     pub note: String,
@@ -78,6 +79,8 @@ pub struct MachineRow {
     pub server: String,
     /// Its member's provisioning status in the API pool, if it has one.
     pub member: Option<String>,
+    /// Its member's operating status (what the health monitor says), if it has one.
+    pub operating: Option<String>,
     /// Has a providerID: Cluster API may count it.
     pub released: bool,
     /// The reason of APIServerLoadBalancerMemberReady.
@@ -95,6 +98,8 @@ pub struct Board {
     /// ACTIVE members in the API pool, and all members there.
     pub pool_active: usize,
     pub pool_members: usize,
+    /// Members of the API pool that serve: ACTIVE, and ONLINE (or NO_MONITOR: unchecked).
+    pub pool_serving: usize,
     /// The newest events, newest last: `Reason: note`.
     pub events: Vec<String>,
 }
@@ -110,6 +115,20 @@ pub struct Stats {
     pub gate_held: BTreeMap<String, Duration>,
     /// Control-plane machines seen with a providerID while their member was not ACTIVE.
     pub released_early: BTreeSet<String>,
+    /// The fewest serving members in the API pool during the rollout.
+    pub min_serving: Option<usize>,
+    /// Control-plane machines seen with a providerID while their member did not serve
+    /// (ACTIVE, but its health monitor not reading ONLINE): capacity Cluster API counts and
+    /// nobody has.
+    pub released_not_serving: BTreeSet<String>,
+    /// When each joining machine's member was first seen ACTIVE, and when it was released:
+    /// the difference is what waiting for it to serve added.
+    pub joins: BTreeMap<String, (Option<Duration>, Option<Duration>)>,
+    /// When each leaving machine's member was first seen DRAINING (weight 0), and when it was
+    /// gone: the drain.
+    pub drains: BTreeMap<String, (Option<Duration>, Option<Duration>)>,
+    /// Time sampled so far: the clock of `joins` and `drains`.
+    pub clock: Duration,
     pub stuck: BTreeSet<String>,
     /// Machines whose member was seen in ERROR.
     pub errored: BTreeSet<String>,
@@ -131,12 +150,24 @@ impl Stats {
                 *self.gate_held.entry(gate.reason.clone()).or_default() += elapsed;
             }
         }
+        self.clock += elapsed;
+        if rolling {
+            let serving = board.pool_serving;
+            self.min_serving = Some(self.min_serving.map_or(serving, |min| min.min(serving)));
+        }
+        let deleting_cluster = board.phase.stage == Stage::Deleting;
         for machine in &board.machines {
             let joining = machine.control_plane && !machine.deleting;
             let member_active = machine.member.as_deref() == Some("ACTIVE");
-            if joining && machine.released && !member_active && board.phase.stage != Stage::Deleting
-            {
+            if joining && machine.released && !member_active && !deleting_cluster {
                 self.released_early.insert(machine.name.clone());
+            }
+            let serves = matches!(machine.operating.as_deref(), Some("ONLINE" | "NO_MONITOR"));
+            if joining && machine.released && !serves && !deleting_cluster {
+                self.released_not_serving.insert(machine.name.clone());
+            }
+            if rolling {
+                self.time_rollout_steps(machine);
             }
             if machine.gate_reason.as_deref() == Some("MemberStuck") {
                 self.stuck.insert(machine.name.clone());
@@ -154,6 +185,54 @@ impl Stats {
     pub fn gate_held_total(&self) -> Duration {
         self.gate_held.values().sum()
     }
+
+    /// Notes when a joining member went ACTIVE and its machine was released, and when a
+    /// leaving member began draining and was gone.
+    fn time_rollout_steps(&mut self, machine: &MachineRow) {
+        let now = self.clock;
+        if machine.control_plane && !machine.deleting {
+            let join = self.joins.entry(machine.name.clone()).or_default();
+            if machine.member.as_deref() == Some("ACTIVE") && join.0.is_none() {
+                join.0 = Some(now);
+            }
+            if machine.released && join.1.is_none() {
+                join.1 = Some(now);
+            }
+        }
+        if machine.control_plane && machine.deleting {
+            let drain = self.drains.entry(machine.name.clone()).or_default();
+            if machine.operating.as_deref() == Some("DRAINING") && drain.0.is_none() {
+                drain.0 = Some(now);
+            }
+            if drain.0.is_some() && machine.member.is_none() && drain.1.is_none() {
+                drain.1 = Some(now);
+            }
+        }
+    }
+
+    /// The median time from a new member's ACTIVE to its machine's release, over machines
+    /// whose member was seen ACTIVE before they were released.
+    pub fn median_serving_wait(&self) -> Option<Duration> {
+        median(self.joins.values().filter_map(|(active, released)| {
+            let (active, released) = ((*active)?, (*released)?);
+            (released >= active).then(|| released - active)
+        }))
+    }
+
+    /// The median time from a leaving member's weight 0 to its being gone.
+    pub fn median_drain(&self) -> Option<Duration> {
+        median(
+            self.drains
+                .values()
+                .filter_map(|(from, until)| Some((*until)?.saturating_sub((*from)?))),
+        )
+    }
+}
+
+fn median(values: impl Iterator<Item = Duration>) -> Option<Duration> {
+    let mut values: Vec<Duration> = values.collect();
+    values.sort();
+    values.get(values.len() / 2).copied()
 }
 
 /// The board as plain lines of what changed from `before` (for logs, when there is no
@@ -181,10 +260,11 @@ pub fn changes(before: &Board, after: &Board) -> Vec<String> {
             lines.push(format!("machine {} gone", gone.name));
         }
     }
-    if (before.pool_active, before.pool_members) != (after.pool_active, after.pool_members) {
+    let pool = |b: &Board| (b.pool_active, b.pool_members, b.pool_serving);
+    if pool(before) != pool(after) {
         lines.push(format!(
-            "API pool: {} of {} members ACTIVE",
-            after.pool_active, after.pool_members
+            "API pool: {} of {} members ACTIVE, {} serving",
+            after.pool_active, after.pool_members, after.pool_serving
         ));
     }
     let new_events = after
@@ -210,9 +290,12 @@ fn machine_changes(old: Option<&MachineRow>, new: &MachineRow) -> Vec<String> {
     if old.server != new.server {
         lines.push(format!("machine {name}: server {}", new.server));
     }
-    if old.member != new.member {
+    if (&old.member, &old.operating) != (&new.member, &new.operating) {
         let status = new.member.as_deref().unwrap_or("none");
-        lines.push(format!("machine {name}: member {status}"));
+        match new.operating.as_deref() {
+            Some(operating) => lines.push(format!("machine {name}: member {status}/{operating}")),
+            None => lines.push(format!("machine {name}: member {status}")),
+        }
     }
     if old.gate_reason != new.gate_reason
         && let Some(reason) = &new.gate_reason
@@ -348,6 +431,13 @@ async fn read_board(sources: &Sources) -> Result<Board, kube::Error> {
             .filter(|m| m.provisioning_status == "ACTIVE")
             .count(),
         pool_members: pool.len(),
+        pool_serving: pool
+            .iter()
+            .filter(|m| {
+                m.provisioning_status == "ACTIVE"
+                    && matches!(m.operating_status, "ONLINE" | "NO_MONITOR")
+            })
+            .count(),
         events: recent_events(events),
     })
 }
@@ -365,11 +455,10 @@ fn machine_row(
             .is_some_and(|r| r.name == name)
     });
     let status = machine.status.as_ref();
-    let member = gate::member_address(machine, &[]).and_then(|address| {
-        pool.iter()
-            .find(|m| m.address == address)
-            .map(|m| m.provisioning_status.to_owned())
-    });
+    let seen = gate::member_address(machine, &[])
+        .and_then(|address| pool.iter().find(|m| m.address == address));
+    let member = seen.map(|m| m.provisioning_status.to_owned());
+    let operating = seen.map(|m| m.operating_status.to_owned());
     MachineRow {
         control_plane: capi::is_control_plane(machine.labels()),
         deleting: machine.meta().deletion_timestamp.is_some()
@@ -378,6 +467,7 @@ fn machine_row(
             .and_then(|s| s.instance_state.clone())
             .unwrap_or_else(|| "-".to_owned()),
         member,
+        operating,
         released: machine.spec.provider_id.is_some(),
         gate_reason: status
             .and_then(|s| {
@@ -438,6 +528,7 @@ mod tests {
             deleting: false,
             server: "ACTIVE".into(),
             member: member.map(str::to_owned),
+            operating: member.map(|_| "ONLINE".to_owned()),
             released,
             gate_reason: None,
             repairs: 0,
@@ -458,6 +549,7 @@ mod tests {
             machines,
             pool_active: active,
             pool_members: 3,
+            pool_serving: active,
             events: Vec::new(),
         }
     }
@@ -496,6 +588,42 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_released_while_its_api_does_not_serve_is_caught_and_the_waits_are_timed() {
+        let mut stats = Stats::default();
+        let second = Duration::from_secs(1);
+        let mut joining = row("new", Some("ACTIVE"), false);
+        joining.operating = Some("DRAINING".into());
+        let mut leaving = row("old", Some("ACTIVE"), true);
+        leaving.deleting = true;
+        leaving.operating = Some("DRAINING".into());
+        stats.record(
+            &rolling(2, None, vec![joining.clone(), leaving.clone()]),
+            second,
+        );
+        joining.operating = Some("ONLINE".into());
+        joining.released = true;
+        stats.record(
+            &rolling(2, None, vec![joining.clone(), leaving.clone()]),
+            second * 2,
+        );
+        leaving.member = None;
+        stats.record(
+            &rolling(1, None, vec![joining.clone(), leaving]),
+            second * 3,
+        );
+        assert_eq!(stats.median_serving_wait(), Some(second * 2));
+        assert_eq!(stats.median_drain(), Some(second * 5));
+        assert!(stats.released_not_serving.is_empty());
+        let mut failing = row("failing", Some("ACTIVE"), true);
+        failing.operating = Some("ERROR".into());
+        stats.record(&rolling(1, None, vec![failing]), second);
+        assert_eq!(
+            stats.released_not_serving.iter().collect::<Vec<_>>(),
+            ["failing"]
+        );
+    }
+
+    #[test]
     fn plain_lines_tell_what_changed() {
         let before = rolling(2, Some("Ready"), vec![row("a", Some("ACTIVE"), true)]);
         let mut b = row("b", Some("PENDING_CREATE"), false);
@@ -516,7 +644,7 @@ mod tests {
         assert_eq!(
             changes(&after, &active),
             [
-                "machine b: member ACTIVE",
+                "machine b: member ACTIVE/ONLINE",
                 "machine b: providerID set (released to Cluster API)"
             ]
         );

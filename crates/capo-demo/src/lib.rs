@@ -88,7 +88,8 @@ pub struct Running {
 fn strategy_words(strategy: Strategy) -> &'static str {
     match strategy {
         Strategy::LbOnly => "lb-only: trusting the load balancer's status, as CAPO does",
-        _ => "gated: each member's own provisioning_status",
+        Strategy::Provisioning => "provisioning: each member's provisioning_status, not its health",
+        _ => "serving: each member ACTIVE and its health monitor reading ONLINE",
     }
 }
 

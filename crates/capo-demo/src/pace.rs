@@ -80,6 +80,26 @@ impl Pace {
     pub fn burst(self) -> Duration {
         self.of(4.0)
     }
+
+    /// How long a member must read ONLINE to serve (production: 15 s, one monitor cycle).
+    pub fn serving_settle(self) -> Duration {
+        self.of(1.5)
+    }
+
+    /// An ACTIVE member not serving this long is flagged MemberNotServing (production: 5 min).
+    pub fn not_serving_after(self) -> Duration {
+        self.of(8.0)
+    }
+
+    /// How long a leaving member drains at weight 0 (production: 30 s).
+    pub fn drain_period(self) -> Duration {
+        self.of(2.0)
+    }
+
+    /// How long the API that does not serve stays down once capo-rs has flagged it.
+    pub fn not_serving_shown(self) -> Duration {
+        self.of(4.0)
+    }
 }
 
 #[cfg(test)]

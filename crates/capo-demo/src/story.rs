@@ -1,9 +1,12 @@
 //! The story: a cluster from the template (3 control-plane machines, 2 workers), a rollout of
 //! its control plane in which the first new member is stuck until capo-rs has flagged it, the
-//! second goes ERROR and is repaired, and the third is slow (with a short burst of 429s and
-//! of 503s from the cloud on the way), then the cluster's deletion and a check that nothing
-//! is left. Trusting the load balancer instead, the slow member is the only one that can
-//! serve once the last old machine is gone, and until it is ACTIVE nothing serves.
+//! second goes ERROR and is repaired, and the third is slow and its kube-apiserver does not
+//! answer `/readyz` until capo-rs has flagged it `MemberNotServing` (with a short burst of
+//! 429s and of 503s from the cloud on the way), then the cluster's deletion and a check that
+//! nothing is left. Trusting the load balancer instead, the slow member is the only one that
+//! can serve once the last old machine is gone, and until it is ACTIVE nothing serves. With
+//! the provisioning gate, the third machine is released on ACTIVE and never serves: the
+//! cluster runs a control-plane node short.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use capo_api::capi::Cluster;
 use capo_api::{OpenStackCluster, OpenStackMachineSpec, OpenStackMachineTemplate};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::openstack::{
-    Delay, Effect, ObjectKind, OpenStackSim, RateLimitFault, Rule, ServerErrorFault,
+    ApiServer, Delay, Effect, ObjectKind, OpenStackSim, RateLimitFault, Rule, ServerErrorFault,
 };
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -179,7 +182,8 @@ impl Script<'_> {
 
     /// Rolls the control plane; returns its time and how many machines it replaced.
     async fn rollout(&mut self, plane: &ControlPlane) -> anyhow::Result<(Duration, usize)> {
-        let steps = 3 * plane.replicas as u64;
+        // Each machine: the new one created and joined, the old one asked to go and gone.
+        let steps = 4 * plane.replicas as u64;
         self.sampler.rollout_steps(0, steps);
         let mut done = 0;
         let mut round = 0;
@@ -193,7 +197,7 @@ impl Script<'_> {
             };
             self.actor
                 .rollout(plane, |step| {
-                    done += 1;
+                    done = (done + 1).min(steps);
                     sampler.rollout_steps(done, steps);
                     if let RolloutStep::Created { name } = step {
                         sampler.note(plot.twist(round, &name, side));
@@ -334,14 +338,24 @@ impl Plot {
             _ => {
                 self.cloud.add_rule(Rule {
                     kind: ObjectKind::Member,
-                    name: member,
+                    name: member.clone(),
                     effect: Effect::Delay(Delay::Fixed(pace.slow_member())),
                     times: Some(1),
                 });
+                // Its kube-apiserver listens but never answers /readyz until capo-rs says so.
+                self.cloud
+                    .set_api_server_for_members(&member, ApiServer::NeverReady);
                 side.spawn(burst(self.cloud.clone(), pace.burst(), Burst::Unavailable));
+                side.spawn(serve_when_flagged(
+                    self.cloud.clone(),
+                    self.boards.clone(),
+                    machine.to_owned(),
+                    member,
+                    self.config.clone(),
+                ));
                 format!(
-                    "{machine}: its member will take {:.0} s (slow); Nova answers half its \
-                     requests 503 for {:.0} s",
+                    "{machine}: its member will take {:.0} s (slow), and its API will not \
+                     answer /readyz; Nova answers half its requests 503 for {:.0} s",
                     pace.slow_member(),
                     pace.burst().as_secs_f64()
                 )
@@ -429,6 +443,32 @@ async fn release_when_flagged(
             .rules
             .retain(|rule| !(rule.effect == Effect::Stuck && rule.name == member));
     });
+}
+
+/// Makes the machine's API serve a while after capo-rs flags it `MemberNotServing` (someone
+/// fixed its kube-apiserver). Nothing flags it when machines are released on ACTIVE alone:
+/// it then never serves, and the cluster runs a control-plane node short.
+async fn serve_when_flagged(
+    cloud: Arc<OpenStackSim>,
+    mut boards: watch::Receiver<Board>,
+    machine: String,
+    member: String,
+    config: DemoConfig,
+) {
+    let flagged = boards
+        .wait_for(|board| {
+            board
+                .machines
+                .iter()
+                .any(|m| m.name == machine && m.gate_reason.as_deref() == Some("MemberNotServing"))
+        })
+        .await
+        .is_ok();
+    if !flagged {
+        return;
+    }
+    tokio::time::sleep(config.pace.not_serving_shown()).await;
+    cloud.set_api_server_for_members(&member, ApiServer::Serving);
 }
 
 /// Creates one object of the template, whatever its kind.

@@ -23,9 +23,11 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Whether the API pool stayed serving and every machine waited for its member.
+    /// Whether the API pool stayed serving and every machine waited for its member to serve.
     pub fn api_stayed_up(&self) -> bool {
-        self.stats.min_active.is_some_and(|min| min > 0) && self.stats.released_early.is_empty()
+        self.stats.min_active.is_some_and(|min| min > 0)
+            && self.stats.released_early.is_empty()
+            && self.stats.released_not_serving.is_empty()
     }
 
     /// The process's exit code: 0 when the cluster's API stayed up and nothing leaked.
@@ -45,7 +47,8 @@ impl Summary {
             "capo-rs demo summary ({})",
             match self.strategy {
                 Strategy::LbOnly => "lb-only: trusting the load balancer",
-                _ => "gated on each member's provisioning_status",
+                Strategy::Provisioning => "gated on each member's provisioning_status alone",
+                _ => "gated on each member being ACTIVE and serving",
             }
         );
         let _ = writeln!(out, "  total time          {}", seconds(self.total));
@@ -68,7 +71,26 @@ impl Summary {
             out,
             "  min ACTIVE members  {min} in the API pool during the rollout"
         );
+        let serving = stats
+            .min_serving
+            .map_or_else(|| "never measured".to_owned(), |m| m.to_string());
+        let _ = writeln!(
+            out,
+            "  min serving members {serving} (ACTIVE and ONLINE) in the API pool during the rollout"
+        );
         let _ = writeln!(out, "  gate held           {}", self.gate_words());
+        let _ = writeln!(
+            out,
+            "  waiting to serve    {} per machine (median, from its member ACTIVE to its release)",
+            stats
+                .median_serving_wait()
+                .map_or_else(|| "-".to_owned(), seconds)
+        );
+        let _ = writeln!(
+            out,
+            "  draining            {} per machine (median, from weight 0 to the member gone)",
+            stats.median_drain().map_or_else(|| "-".to_owned(), seconds)
+        );
         let _ = writeln!(out, "  members             {}", self.member_words());
         let leaks = if self.leaked.is_empty() {
             "nothing left in the cloud after the cluster was deleted".to_owned()
@@ -117,18 +139,40 @@ impl Summary {
             return format!(
                 "The cluster's API stayed up: at least {} API server{} served through the whole \
                  rollout, and no machine was handed to Cluster API before its load balancer \
-                 member was ACTIVE.",
+                 member was ACTIVE and its API served.",
                 stats.min_active.unwrap_or_default(),
                 if stats.min_active == Some(1) { "" } else { "s" },
             );
         }
-        let mut words = String::from("THE CLUSTER'S API WENT DOWN. ");
+        let mut words = if stats.min_active == Some(0) || !stats.released_early.is_empty() {
+            String::from("THE CLUSTER'S API WENT DOWN. ")
+        } else {
+            String::from("THE CLUSTER LOST CONTROL-PLANE CAPACITY. ")
+        };
         if stats.min_active == Some(0) {
             let _ = write!(
                 words,
                 "The API load balancer had no ACTIVE member for {}: every request to the \
                  cluster's API failed. ",
                 seconds(stats.zero_active)
+            );
+        }
+        if !stats.released_not_serving.is_empty() {
+            let names: Vec<&str> = stats
+                .released_not_serving
+                .iter()
+                .map(String::as_str)
+                .collect();
+            let _ = write!(
+                words,
+                "{} control-plane machine{} got a providerID while {} API did not serve \
+                 ({}): Cluster API counts {} and replaced a machine that served, so the cluster \
+                 runs with less control-plane capacity than it thinks. ",
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                if names.len() == 1 { "its" } else { "their" },
+                names.join(", "),
+                if names.len() == 1 { "it" } else { "them" },
             );
         }
         if !stats.released_early.is_empty() {
@@ -197,6 +241,19 @@ mod tests {
         let text = trusting.render();
         assert!(text.contains("no ACTIVE member for 12.3 s"), "{text}");
         assert!(text.contains("demo-control-plane-abcde"), "{text}");
+    }
+
+    #[test]
+    fn a_machine_released_whose_api_does_not_serve_is_lost_capacity_and_fails() {
+        let mut provisioning = summary(Strategy::Provisioning, 2);
+        provisioning
+            .stats
+            .released_not_serving
+            .insert("demo-control-plane-xyz".into());
+        assert_eq!(provisioning.exit_code(), 1);
+        let text = provisioning.render();
+        assert!(text.contains("LOST CONTROL-PLANE CAPACITY"), "{text}");
+        assert!(text.contains("demo-control-plane-xyz"), "{text}");
     }
 
     #[test]

@@ -120,12 +120,12 @@ pub fn render(board: &Board, elapsed: Duration, strategy: Strategy) -> String {
     }
     let _ = writeln!(
         out,
-        "API pool: {} of {} members ACTIVE",
-        board.pool_active, board.pool_members
+        "API pool: {} of {} members ACTIVE, {} serving (ACTIVE and ONLINE)",
+        board.pool_active, board.pool_members, board.pool_serving
     );
     let _ = writeln!(
         out,
-        "{:<32} {:<6} {:<9} {:<15} {:<9} GATE",
+        "{:<32} {:<6} {:<9} {:<22} {:<9} GATE",
         "MACHINE", "ROLE", "SERVER", "MEMBER", "RELEASED"
     );
     for machine in &board.machines {
@@ -134,7 +134,11 @@ pub fn render(board: &Board, elapsed: Duration, strategy: Strategy) -> String {
         } else {
             "worker"
         };
-        let member = machine.member.as_deref().unwrap_or("-");
+        let member = match (&machine.member, &machine.operating) {
+            (Some(member), Some(operating)) => format!("{member}/{operating}"),
+            (Some(member), None) => member.clone(),
+            _ => "-".to_owned(),
+        };
         let released = if machine.released { "yes" } else { "held" };
         let mut gate = machine.gate_reason.clone().unwrap_or_default();
         if machine.repairs > 0 {
@@ -145,7 +149,7 @@ pub fn render(board: &Board, elapsed: Duration, strategy: Strategy) -> String {
         }
         let _ = writeln!(
             out,
-            "{:<32} {role:<6} {:<9} {member:<15} {released:<9} {gate}",
+            "{:<32} {role:<6} {:<9} {member:<22} {released:<9} {gate}",
             machine.name, machine.server
         );
     }
@@ -194,18 +198,23 @@ mod tests {
                 deleting: false,
                 server: "ACTIVE".into(),
                 member: Some("PENDING_CREATE".into()),
+                operating: Some("OFFLINE".into()),
                 released: false,
                 gate_reason: Some("MemberStuck".into()),
                 repairs: 1,
             }],
             pool_active: 3,
             pool_members: 4,
+            pool_serving: 2,
             events: vec!["Warning MemberStuck: x".into()],
         };
         let text = render(&board, Duration::from_secs(42), Strategy::StatusTree);
         assert!(text.contains("gate HOLDING  MemberStuck"), "{text}");
-        assert!(text.contains("API pool: 3 of 4 members ACTIVE"), "{text}");
-        assert!(text.contains("PENDING_CREATE  held"), "{text}");
+        assert!(
+            text.contains("API pool: 3 of 4 members ACTIVE, 2 serving"),
+            "{text}"
+        );
+        assert!(text.contains("PENDING_CREATE/OFFLINE held"), "{text}");
         assert!(text.contains("MemberStuck (repaired 1x)"), "{text}");
         assert!(text.contains("Warning MemberStuck: x"), "{text}");
     }

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use capo_bench::Strategy;
+use capo_provider::controllers::gate::MonitorKind;
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
 use capo_provider::manager::{
     self, Health, KubeClientOptions, LeaderElection, ManagerConfig, ManagerError, SharedObserver,
     WatchScope,
 };
+use capo_provider::membership::ServingRules;
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
 use k8s_openapi::api::core::v1::Namespace;
@@ -156,7 +158,19 @@ fn manager_config(config: &DemoConfig) -> ManagerConfig {
     };
     manager.engine.stuck_after = config.pace.stuck_after();
     manager.engine.schedule = config.strategy.schedule(manager.engine.schedule.clone());
-    if config.strategy != Strategy::StatusTree {
+    // As `capo-rs run --api-health-monitor=https`: the demo's API servers answer /readyz.
+    manager.controllers.api_monitor = MonitorKind::Https;
+    manager.controllers.drain_period = config.pace.drain_period();
+    if config.strategy.serving_gate() {
+        manager.engine.serving = Some(ServingRules {
+            settle: config.pace.serving_settle(),
+            not_serving_after: config.pace.not_serving_after(),
+        });
+    }
+    if !matches!(
+        config.strategy,
+        Strategy::StatusTree | Strategy::Provisioning
+    ) {
         manager.observer = Some(SharedObserver(config.strategy.observer()));
     }
     manager

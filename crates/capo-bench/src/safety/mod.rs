@@ -32,28 +32,6 @@ pub struct SafetyConfig {
     /// load balancer as CAPO does, to show the checker catching what that breaks.
     #[serde(serialize_with = "strategy_name")]
     pub strategy: Strategy,
-    /// What releases a machine: the serving gate (production) or the provisioning gate. Only
-    /// `status-tree` has a serving gate; the others' gate is what they read as ACTIVE.
-    pub gate: Gate,
-}
-
-/// `--gate`: the engine's gate in the runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Gate {
-    /// Released once ACTIVE and ONLINE for the settle time (production's default).
-    Serving,
-    /// Released once ACTIVE.
-    Provisioning,
-}
-
-impl Gate {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Gate::Serving => "serving",
-            Gate::Provisioning => "provisioning",
-        }
-    }
 }
 
 fn strategy_name<S: serde::Serializer>(strategy: &Strategy, out: S) -> Result<S::Ok, S::Error> {
@@ -102,7 +80,7 @@ fn count_panics() {
 }
 
 /// Plays one seed on a fresh paused runtime; a panic anywhere in it is a violation.
-pub fn play_seed(seed: u64, strategy: Strategy, gate: Gate) -> (RunReport, Duration) {
+pub fn play_seed(seed: u64, strategy: Strategy) -> (RunReport, Duration) {
     count_panics();
     PANICS.with(|panics| panics.borrow_mut().clear());
     let started = Instant::now();
@@ -113,7 +91,7 @@ pub fn play_seed(seed: u64, strategy: Strategy, gate: Gate) -> (RunReport, Durat
             .start_paused(true)
             .build()
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>(runtime.block_on(run::play(&draw, strategy, gate)))
+        Ok::<_, String>(runtime.block_on(run::play(&draw, strategy)))
     }));
     let mut report = match played {
         Ok(Ok(report)) => report,
@@ -160,11 +138,7 @@ pub fn run(config: &SafetyConfig, progress: &(dyn Fn(u64, u64) + Sync)) -> Safet
                     if index >= config.runs {
                         return;
                     }
-                    let played = play_seed(
-                        config.seed.wrapping_add(index),
-                        config.strategy,
-                        config.gate,
-                    );
+                    let played = play_seed(config.seed.wrapping_add(index), config.strategy);
                     results
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -273,9 +247,8 @@ impl SafetyReport {
         let runs = self.config.runs;
         let last = self.config.seed.wrapping_add(runs.saturating_sub(1));
         println!(
-            "rollout-safety ({}, {} gate): {runs} runs, seeds {}..={last}, {} threads",
+            "rollout-safety ({}): {runs} runs, seeds {}..={last}, {} threads",
             self.config.strategy.as_str(),
-            self.config.gate.as_str(),
             self.config.seed,
             self.config.threads
         );
@@ -326,15 +299,14 @@ impl SafetyReport {
         }
         for violation in self.violations.iter().take(20) {
             println!(
-                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {} --strategy {} --gate {}",
+                "\nseed {} at {:.1} s: invariant {} ({}): {}\n  replay: capo-rs bench rollout-safety --runs 1 --seed {} --strategy {}",
                 violation.seed,
                 violation.violation.at,
                 violation.violation.invariant.number(),
                 violation.violation.invariant.title(),
                 violation.violation.detail,
                 violation.seed,
-                self.config.strategy.as_str(),
-                self.config.gate.as_str()
+                self.config.strategy.as_str()
             );
         }
     }

@@ -34,7 +34,6 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Gate;
 use super::check::{self, Invariant, Violation};
 use super::draw::{ApiTroubleKind, Draw, RestartKind};
 use crate::Strategy;
@@ -92,10 +91,10 @@ pub struct RunReport {
 
 /// Plays the draw on the current (paused) runtime, the engine observing members as
 /// `strategy` does (`status-tree` in production; `lb-only` shows what the checker catches).
-pub async fn play(draw: &Draw, strategy: Strategy, gate: Gate) -> RunReport {
+pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
     let started = Instant::now();
     let mut violations = Vec::new();
-    let (outcome, world) = match World::start(draw, strategy, gate).await {
+    let (outcome, world) = match World::start(draw, strategy).await {
         Ok(mut world) => {
             let outcome = world.story(draw, &mut violations).await;
             (outcome, Some(world))
@@ -129,7 +128,6 @@ pub async fn play(draw: &Draw, strategy: Strategy, gate: Gate) -> RunReport {
 struct Manager {
     client: kube::Client,
     strategy: Strategy,
-    gate: Gate,
     running: Option<(CancellationToken, JoinHandle<Result<(), ManagerError>>)>,
     errors: Arc<Mutex<ErrorTotals>>,
 }
@@ -176,23 +174,21 @@ const SERVING: ServingRules = ServingRules {
     not_serving_after: Duration::from_secs(300),
 };
 
-fn manager_config(strategy: Strategy, gate: Gate) -> ManagerConfig {
+fn manager_config(strategy: Strategy) -> ManagerConfig {
     let mut config = ManagerConfig {
         crd_retry: Duration::from_secs(1),
         ..ManagerConfig::default()
     };
     config.engine.stuck_after = STUCK_AFTER;
     // Every run checks the API over HTTPS, so that a node whose API never serves reads
-    // ERROR; the gate decides whether that holds its machine. Old members drain for 30 s.
+    // ERROR; the strategy decides whether that holds its machine. Old members drain for 30 s.
     config.controllers.api_monitor = gate::MonitorKind::Https;
     config.controllers.drain_period = Duration::from_secs(30);
-    // The other strategies reproduce providers that know no operating status: their own
-    // gate is whatever they read as ACTIVE.
-    if gate == Gate::Serving && strategy == Strategy::StatusTree {
+    if strategy.serving_gate() {
         config.engine.serving = Some(SERVING);
     }
     config.engine.schedule = strategy.schedule(config.engine.schedule.clone());
-    if strategy != Strategy::StatusTree {
+    if !matches!(strategy, Strategy::StatusTree | Strategy::Provisioning) {
         config.observer = Some(SharedObserver(strategy.observer()));
     }
     config
@@ -209,9 +205,8 @@ impl Manager {
         }
         let shutdown = CancellationToken::new();
         let (client, stop, strategy) = (self.client.clone(), shutdown.clone(), self.strategy);
-        let gate = self.gate;
         let task = tokio::spawn(async move {
-            manager::run(client, manager_config(strategy, gate), &registry, stop).await
+            manager::run(client, manager_config(strategy), &registry, stop).await
         });
         self.running = Some((shutdown, task));
     }
@@ -257,7 +252,7 @@ struct World {
 }
 
 impl World {
-    async fn start(draw: &Draw, strategy: Strategy, gate: Gate) -> anyhow::Result<World> {
+    async fn start(draw: &Draw, strategy: Strategy) -> anyhow::Result<World> {
         let started = Instant::now();
         let kube = KubeSim::start(KubeSimConfig::default()).await?;
         let crds: Vec<Value> = capo_api::crds::all()
@@ -288,7 +283,6 @@ impl World {
         let mut manager = Manager {
             client: client.clone(),
             strategy,
-            gate,
             running: None,
             errors,
         };

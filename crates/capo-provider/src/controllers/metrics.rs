@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use super::error::ErrorCategory;
 
@@ -40,6 +42,7 @@ pub struct ReconcileMetrics {
     active_workers: IntGaugeVec,
     max_concurrent: IntGaugeVec,
     gate_latency: HistogramVec,
+    member_drain: Histogram,
     queue_depth: IntGaugeVec,
     /// Objects waiting for a worker, by controller. kube-runtime's scheduler does not show its
     /// queue, so it is counted at its edges: a trigger adds its object (repeats merge, as in
@@ -108,6 +111,16 @@ impl ReconcileMetrics {
                 ]),
                 &["pass"],
             )?,
+            member_drain: Histogram::with_opts(
+                HistogramOpts::new(
+                    "capo_lb_member_drain_seconds",
+                    "How long a leaving control-plane member took new connections no more \
+                     (weight 0) before it was deleted",
+                )
+                .buckets(vec![
+                    1.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0,
+                ]),
+            )?,
             queue_depth: IntGaugeVec::new(
                 Opts::new(
                     "workqueue_depth",
@@ -119,6 +132,7 @@ impl ReconcileMetrics {
         };
         registry.register(Box::new(metrics.queue_depth.clone()))?;
         registry.register(Box::new(metrics.gate_latency.clone()))?;
+        registry.register(Box::new(metrics.member_drain.clone()))?;
         registry.register(Box::new(metrics.total.clone()))?;
         registry.register(Box::new(metrics.errors.clone()))?;
         registry.register(Box::new(metrics.terminal_errors.clone()))?;
@@ -134,6 +148,11 @@ impl ReconcileMetrics {
         self.gate_latency
             .with_label_values(&[pass])
             .observe(observed.elapsed().as_secs_f64());
+    }
+
+    /// A drained member is being deleted, `drained` after its weight went to 0.
+    pub fn member_drained(&self, drained: std::time::Duration) {
+        self.member_drain.observe(drained.as_secs_f64());
     }
 
     /// A controller starts with this many workers.

@@ -610,6 +610,15 @@ pub async fn leave(
             let cloud = cloud(pass, lb).await?;
             match cloud.octavia().delete_member(&pool_id, &member_id).await {
                 Ok(()) | Err(CloudError::NotFound(_)) => {
+                    let counted = format!("{}/counted", drain_note(port));
+                    if let Some(drained) = pass.ctx.noted(pass.key, &drain_note(port))
+                        && pass.ctx.noted(pass.key, &counted).is_none()
+                    {
+                        pass.ctx.note(pass.key, &counted, now);
+                        pass.ctx
+                            .metrics
+                            .member_drained(now.saturating_duration_since(drained));
+                    }
                     // Only a poll after this delete can confirm it.
                     pass.ctx.unnote(pass.key, REMOVAL_NOTE);
                     pass.ctx.note(pass.key, REMOVAL_NOTE, Instant::now());
