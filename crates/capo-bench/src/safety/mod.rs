@@ -60,6 +60,19 @@ pub struct SafetyReport {
     pub worst_errors_per_object_minute: f64,
     /// Runs whose draw had each kind of trouble.
     pub coverage: BTreeMap<&'static str, u64>,
+    /// Seconds from a control-plane member's first ACTIVE to its machine's release, over
+    /// every release: (median, count).
+    pub release_wait: (f64, usize),
+    /// Seconds from a leaving member's weight 0 to its being gone: (median, count).
+    pub drain: (f64, usize),
+}
+
+fn median(values: &mut [f64]) -> (f64, usize) {
+    values.sort_by(f64::total_cmp);
+    (
+        values.get(values.len() / 2).copied().unwrap_or(0.0),
+        values.len(),
+    )
 }
 
 thread_local! {
@@ -121,6 +134,8 @@ fn failed(draw: &Draw, detail: String) -> RunReport {
         cloud_requests: 0,
         kube_requests: 0,
         worst_errors_per_object_minute: 0.0,
+        release_waits: Vec::new(),
+        drains: Vec::new(),
     }
 }
 
@@ -169,8 +184,14 @@ fn summarize(
         kube_requests: 0,
         worst_errors_per_object_minute: 0.0,
         coverage: BTreeMap::new(),
+        release_wait: (0.0, 0),
+        drain: (0.0, 0),
     };
+    let mut waits = Vec::new();
+    let mut drains = Vec::new();
     for (run, took) in results {
+        waits.extend_from_slice(&run.release_waits);
+        drains.extend_from_slice(&run.drains);
         let seed = run.draw.seed;
         *report.outcomes.entry(run.outcome).or_default() += 1;
         report
@@ -194,6 +215,8 @@ fn summarize(
             }
         }
     }
+    report.release_wait = median(&mut waits);
+    report.drain = median(&mut drains);
     report
 }
 
@@ -266,6 +289,10 @@ impl SafetyReport {
             self.kube_requests,
             self.worst_errors_per_object_minute,
             check::STORM_ERRORS_PER_OBJECT_MINUTE
+        );
+        println!(
+            "per machine (median, virtual time): {:.1} s from its member ACTIVE to its release ({} releases); {:.1} s drained at weight 0 before deletion ({} drains)",
+            self.release_wait.0, self.release_wait.1, self.drain.0, self.drain.1
         );
         println!(
             "\n{:<3} {:<44} {:>10}  seeds",

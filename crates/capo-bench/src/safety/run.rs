@@ -2,7 +2,7 @@
 //! Cluster API actor, the trouble the draw asks for, and a checker that looks at every write
 //! to the API server and every transition of the cloud as it happens.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,8 +20,8 @@ use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::kube::store::Change;
 use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{
-    ApiServer, Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage, RateLimitFault,
-    Rule, Scenario, ServerErrorFault,
+    ApiServer, Delay, Effect, MemberTruth, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage,
+    RateLimitFault, Rule, Scenario, ServerErrorFault,
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -87,6 +87,11 @@ pub struct RunReport {
     pub kube_requests: u64,
     /// The most reconcile errors one object cost in one minute.
     pub worst_errors_per_object_minute: f64,
+    /// For each control-plane machine released: seconds from its API member's first ACTIVE
+    /// to its release.
+    pub release_waits: Vec<f64>,
+    /// For each member drained: seconds from its weight going to 0 to its being gone.
+    pub drains: Vec<f64>,
 }
 
 /// Plays the draw on the current (paused) runtime, the engine observing members as
@@ -116,6 +121,8 @@ pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
         cloud_requests: 0,
         kube_requests: 0,
         worst_errors_per_object_minute: 0.0,
+        release_waits: Vec::new(),
+        drains: Vec::new(),
     };
     if let Some(world) = world {
         world.finish(&mut report).await;
@@ -528,6 +535,8 @@ impl World {
                 Ok(checker) => {
                     report.violations.extend(checker.violations);
                     report.worst_errors_per_object_minute = checker.worst_rate;
+                    report.release_waits = checker.release_waits;
+                    report.drains = checker.drains;
                 }
                 Err(error) => report.violations.push(self.violation(
                     Invariant::PanicOrStorm,
@@ -670,6 +679,13 @@ struct Checker {
     released: HashSet<String>,
     pool_had_active: bool,
     pool_had_serving: bool,
+    /// When each member was first seen ACTIVE, and each member's weight, by member id.
+    first_active: HashMap<String, Instant>,
+    weights: HashMap<String, u32>,
+    /// Members whose weight went from 1 to 0 (drained), since when.
+    draining: HashMap<String, Instant>,
+    release_waits: Vec<f64>,
+    drains: Vec<f64>,
     reported: BTreeSet<String>,
     /// Objects each controller reconciles, by name.
     live: BTreeMap<String, BTreeSet<String>>,
@@ -693,6 +709,11 @@ impl Checker {
             released: HashSet::new(),
             pool_had_active: false,
             pool_had_serving: false,
+            first_active: HashMap::new(),
+            weights: HashMap::new(),
+            draining: HashMap::new(),
+            release_waits: Vec::new(),
+            drains: Vec::new(),
             reported: BTreeSet::new(),
             live: BTreeMap::new(),
             last_errors: BTreeMap::new(),
@@ -791,6 +812,13 @@ impl Checker {
                     .and_then(|a| a["address"].as_str())
             });
         let members = self.cloud.member_truth();
+        let first_active = members
+            .iter()
+            .filter(|m| m.port == check::API_PORT && Some(m.address.as_str()) == address)
+            .find_map(|m| self.first_active.get(&m.id));
+        if let Some(at) = first_active {
+            self.release_waits.push(at.elapsed().as_secs_f64());
+        }
         if let Some(problem) = check::early_release(address, &members) {
             self.report(
                 &format!("early {name}"),
@@ -809,6 +837,7 @@ impl Checker {
 
     fn check_cloud(&mut self) {
         let members = self.cloud.member_truth();
+        self.time_members(&members);
         let active = check::active_api_members(&members);
         if active > 0 {
             self.pool_had_active = true;
@@ -846,6 +875,33 @@ impl Checker {
         }
         for duplicate in check::duplicates(&self.cloud.inventory()) {
             self.report(&duplicate, Invariant::Duplicate, duplicate.clone());
+        }
+    }
+
+    /// First ACTIVE of each member, and drains: a weight going from 1 to 0 until the member
+    /// is gone.
+    fn time_members(&mut self, members: &[MemberTruth]) {
+        let now = Instant::now();
+        for m in members {
+            if m.provisioning_status == "ACTIVE" {
+                self.first_active.entry(m.id.clone()).or_insert(now);
+            }
+            let before = self.weights.insert(m.id.clone(), m.weight);
+            if before.is_some_and(|w| w > 0) && m.weight == 0 {
+                self.draining.entry(m.id.clone()).or_insert(now);
+            }
+        }
+        let present: HashSet<&str> = members.iter().map(|m| m.id.as_str()).collect();
+        let gone: Vec<String> = self
+            .draining
+            .keys()
+            .filter(|id| !present.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(since) = self.draining.remove(&id) {
+                self.drains.push(since.elapsed().as_secs_f64());
+            }
         }
     }
 
