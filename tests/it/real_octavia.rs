@@ -17,7 +17,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use capo_provider::cloud::neutron::Filter;
 use capo_provider::cloud::octavia::{
-    ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec, ProvisioningStatus,
+    HealthMonitorSpec, ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, PoolSpec,
+    ProvisioningStatus,
 };
 use capo_provider::cloud::{CloudClient, CloudError, CloudOptions, Clouds, Service};
 use capo_provider::membership::{Change, Engine, EngineConfig, Reason, ScheduleConfig, Snapshot};
@@ -503,6 +504,101 @@ async fn lifecycle(backend: &dyn Backend) {
         }
     });
     gone.await.expect("the LB goes away");
+}
+
+/// A raw PUT of `body` to `lbaas/{path}`: its status (to see what Octavia refuses).
+async fn raw_put(client: &CloudClient, path: &str, body: serde_json::Value) -> u16 {
+    let session = client.path().session();
+    let base = session
+        .service_url(Service::LoadBalancer)
+        .await
+        .expect("Octavia's URL");
+    let url = base.join(&format!("lbaas/{path}")).expect("URL");
+    let request = http::Request::put(url.as_str())
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).expect("JSON"))
+        .expect("request");
+    session
+        .send(request)
+        .await
+        .expect("answers")
+        .status()
+        .as_u16()
+}
+
+/// (s) What the serving gate relies on: an HTTPS `/readyz` monitor is accepted; its type
+/// cannot change in place, its request can; a member's weight goes to 0 and back; and with no
+/// health manager (the real tier, the simulator without heartbeats) a member created before
+/// the monitor keeps NO_MONITOR, one created under it reads OFFLINE, and the monitor's deletion
+/// turns both NO_MONITOR.
+async fn serving_knobs(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let name = unique("serve");
+    let (lb, pool) = api_load_balancer(backend, &name).await;
+    let before = create_member(&client, &lb, &pool, &format!("{name}-before"), "10.0.0.7").await;
+    settle(&client, &lb).await;
+    let monitor = octavia
+        .create_health_monitor(&HealthMonitorSpec {
+            name: name.clone(),
+            pool_id: pool.clone(),
+            kind: "HTTPS".into(),
+            delay: 10,
+            timeout: 5,
+            max_retries: 5,
+            max_retries_down: Some(3),
+            http_method: Some("GET".into()),
+            url_path: Some("/readyz".into()),
+            expected_codes: Some("200".into()),
+            tags: Vec::new(),
+        })
+        .await
+        .expect("an HTTPS monitor is accepted");
+    assert_eq!(monitor.kind, "HTTPS");
+    settle(&client, &lb).await;
+    let after = create_member(&client, &lb, &pool, &format!("{name}-after"), "10.0.0.8").await;
+    settle(&client, &lb).await;
+    let operating = async |id: &str| {
+        octavia
+            .get_member(&pool, id)
+            .await
+            .expect("get member")
+            .operating_status
+    };
+    assert_eq!(operating(&before).await, OperatingStatus::NoMonitor);
+    assert_eq!(operating(&after).await, OperatingStatus::Offline);
+    let path = format!("healthmonitors/{}", monitor.id);
+    let retype = serde_json::json!({"healthmonitor": {"type": "TCP"}});
+    assert_eq!(raw_put(&client, &path, retype).await, 400, "type is fixed");
+    let mut livez = HealthMonitorSpec {
+        url_path: Some("/livez".into()),
+        ..HealthMonitorSpec::default()
+    };
+    (livez.delay, livez.timeout, livez.max_retries) = (10, 5, 5);
+    livez.max_retries_down = Some(3);
+    let changed = octavia
+        .update_health_monitor(&monitor.id, &livez)
+        .await
+        .expect("the path changes in place");
+    assert_eq!(changed.url_path.as_deref(), Some("/livez"));
+    settle(&client, &lb).await;
+    let drained = octavia
+        .set_member_weight(&pool, &after, 0)
+        .await
+        .expect("weight 0");
+    assert_eq!(drained.weight, Some(0));
+    settle(&client, &lb).await;
+    octavia
+        .delete_health_monitor(&monitor.id)
+        .await
+        .expect("delete the monitor");
+    settle(&client, &lb).await;
+    assert_eq!(operating(&before).await, OperatingStatus::NoMonitor);
+    assert_eq!(operating(&after).await, OperatingStatus::NoMonitor);
+    octavia
+        .delete_load_balancer(&lb, true)
+        .await
+        .expect("cascade delete");
 }
 
 /// A change while the LB is locked is refused with 409, which we map to `Busy` (retry later).
@@ -1041,6 +1137,11 @@ both!(
     restart_trusts_unchanged_rows,
     real_restart_trusts_unchanged_rows,
     sim_restart_trusts_unchanged_rows
+);
+both!(
+    serving_knobs,
+    real_serving_knobs_monitor_weight_and_unreported_status,
+    sim_serving_knobs_monitor_weight_and_unreported_status
 );
 both!(
     removal_confirmed_after_404,

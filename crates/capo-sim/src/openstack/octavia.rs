@@ -215,6 +215,11 @@ pub struct Member {
     pub online: bool,
     /// When the monitor first checked it: a flapping API server's phase counts from here.
     pub checked_at: Option<Instant>,
+    /// What Octavia's API writes and keeps when no health manager runs (no heartbeats), as
+    /// the real tier showed: OFFLINE for a member created under a monitor or admin down,
+    /// NO_MONITOR otherwise; a monitor's deletion makes it NO_MONITOR, and neither a new
+    /// monitor nor an admin-state update moves it.
+    pub unreported: Oper,
     /// When it last settled (ACTIVE or ERROR), on the simulator's clock: ground truth for
     /// benchmarks measuring how late a poller noticed.
     pub settled_at: Option<Instant>,
@@ -791,6 +796,16 @@ pub fn on_lb_timer(world: &mut World, lb_id: &str) {
             && let Some(pool) = octavia.pools.get_mut(&monitor.pool)
         {
             pool.healthmonitor = None;
+            for member in octavia
+                .pool_members
+                .get(&monitor.pool)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(member) = octavia.members.get_mut(member) {
+                    member.unreported = Oper::NoMonitor;
+                }
+            }
         }
     }
     for id in gone_pools {
@@ -1536,6 +1551,12 @@ fn new_member(
     let id = world.uuid();
     let now = world.timestamp();
     let meta = world.octavia.meta(id, body, now);
+    let monitored = world
+        .octavia
+        .pools
+        .get(pool_id)
+        .is_some_and(|p| p.healthmonitor.is_some());
+    let admin_state_up = body["admin_state_up"].as_bool().unwrap_or(true);
     Member {
         meta,
         pool: pool_id.to_owned(),
@@ -1546,7 +1567,7 @@ fn new_member(
             .and_then(|w| u32::try_from(w).ok())
             .unwrap_or(1),
         backup: body["backup"].as_bool().unwrap_or(false),
-        admin_state_up: body["admin_state_up"].as_bool().unwrap_or(true),
+        admin_state_up,
         subnet_id: str_field(body, "subnet_id"),
         monitor_address: str_field(body, "monitor_address"),
         monitor_port: body["monitor_port"]
@@ -1555,6 +1576,11 @@ fn new_member(
         pending: None,
         online: false,
         checked_at: None,
+        unreported: if monitored || !admin_state_up {
+            Oper::Offline
+        } else {
+            Oper::NoMonitor
+        },
         settled_at: None,
     }
 }
@@ -1784,10 +1810,12 @@ pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
     let ovn = pool
         .and_then(|p| world.octavia.lbs.get(&p.lb))
         .is_some_and(|lb| lb.provider == "ovn");
+    if !world.settings.heartbeats {
+        return member.unreported;
+    }
     match (monitor, member.admin_state_up) {
         (_, false) => Oper::Offline,
         (None, true) => Oper::NoMonitor,
-        (Some(_), true) if !world.settings.heartbeats => Oper::Offline,
         // ovn reports a new member ONLINE at once, before any check (helper.py,
         // member_create); an amphora's API row says OFFLINE until a heartbeat.
         (Some(_), true) if !member.online => {
