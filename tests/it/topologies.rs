@@ -601,3 +601,70 @@ both!(
     real_floating_ips_a_restart_left_behind_are_adopted_then_deleted_with_the_cluster,
     sim_floating_ips_a_restart_left_behind_are_adopted_then_deleted_with_the_cluster
 );
+
+/// A control-plane machine of a cluster with a load balancer fails (its server deleted behind
+/// capo-rs's back) and Cluster API deletes it: its member leaves the pool and capo-rs's hook
+/// goes, so the Machine is not held behind a server that will never run again. The other
+/// machine's member stays.
+async fn a_failed_member_machine_leaves(e2e: &mut E2e) {
+    let name = unique_cluster_name("lbfail");
+    let before = census(&e2e.tenant).await;
+    let mut spec = cluster_spec(e2e.cloud_name, &e2e.external_network);
+    if let Some(spec) = spec.as_object_mut() {
+        spec.remove("bastion");
+    }
+    create_cluster_with(e2e, &name, &name, spec).await;
+    let cluster = wait_provisioned(e2e, &name).await;
+    let lb = cluster
+        .status
+        .and_then(|s| s.api_server_managed_load_balancer)
+        .expect("a load balancer");
+    let actor = actor(e2e);
+    let machines = actor
+        .scale_control_plane(&plane(&name, 2))
+        .await
+        .expect("two control-plane machines");
+    let failed = e2e.machines().get(&machines[0]).await.expect("a machine");
+    let status = failed.status.as_ref().expect("a status");
+    let server = status.instance_id.clone().expect("its server");
+    let address = capo_provider::controllers::gate::member_address(&failed, &[])
+        .expect("its address")
+        .to_owned();
+    e2e.tenant
+        .nova()
+        .delete_server(&server)
+        .await
+        .expect("the server deleted out of band");
+    actor
+        .delete_machine(&machines[0])
+        .await
+        .expect("Cluster API deletes the failed machine");
+    actor
+        .wait_gone(&machines[0])
+        .await
+        .expect("the failed machine goes: its hook is not held by its dead server");
+    let pool = lb.pools.first().expect("a pool").pool_id.clone();
+    let members = e2e
+        .tenant
+        .octavia()
+        .list_members(&pool)
+        .await
+        .expect("members");
+    assert!(
+        !members.iter().any(|m| m.address == address),
+        "{}: the failed machine's member is gone: {members:?}",
+        e2e.label
+    );
+    assert_eq!(members.len(), 1, "{}: the other member stays", e2e.label);
+    delete_cluster(e2e, Some(&actor), &name).await;
+    actor.stop().await;
+    assert_nothing_left(e2e, &before).await;
+}
+
+both!(
+    a_failed_member_machine_leaves,
+    PASSWORD_CLOUD,
+    false,
+    real_a_failed_control_plane_machine_leaves_the_api_pool_and_goes,
+    sim_a_failed_control_plane_machine_leaves_the_api_pool_and_goes
+);

@@ -317,13 +317,16 @@ async fn provision(
     copy_server_status(&server, status);
     let instance_ready =
         conditions::status_of(&status.conditions, types::INSTANCE_READY) == Status::True;
-    // A Machine deleted while its server does not run (a failed node) still gets capo-rs's
-    // hook removed: the address moves on without it.
-    if !instance_ready
-        && machine.metadata.deletion_timestamp.is_some()
-        && let Some(address) = api_address::wanted(pass, owners, infra)
-    {
-        return api_address::join(pass, machine, &address, status).await;
+    // A Machine deleted while its server does not run (a failed node) still leaves at
+    // capo-rs's hook: the address moves on without it, or its members go (never the pool's
+    // last ready one), and the hook is removed.
+    if !instance_ready && machine.metadata.deletion_timestamp.is_some() {
+        if let Some(address) = api_address::wanted(pass, owners, infra) {
+            return api_address::join(pass, machine, &address, status).await;
+        }
+        if let Some(lb) = members::load_balancer(pass, owners, infra) {
+            return members::reconcile(pass, machine, &lb, status).await;
+        }
     }
     if !instance_ready {
         // The server controller writes its status as it builds: its watch wakes us.
