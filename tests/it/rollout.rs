@@ -148,6 +148,13 @@ async fn cluster_with_actor_counted(
     strategy: Strategy,
     stuck_after: Duration,
 ) -> (World, CapiActor, BTreeMap<String, usize>) {
+    cluster_with_actor_configured(config(strategy, stuck_after)).await
+}
+
+/// The same, with the manager configured as given.
+async fn cluster_with_actor_configured(
+    config: ManagerConfig,
+) -> (World, CapiActor, BTreeMap<String, usize>) {
     // CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
     if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
         let _ = tracing_subscriber::fmt()
@@ -157,7 +164,7 @@ async fn cluster_with_actor_counted(
     }
     let mut world = World::start().await;
     world.stop_manager().await;
-    world.start_manager_with(config(strategy, stuck_after));
+    world.start_manager_with(config);
     let baseline = world.cloud.object_counts();
     create_cluster(&world, "c1", cluster_spec()).await;
     // Cluster API's own finalizer: the Cluster stays, deleting, until its parts are gone.
@@ -554,21 +561,7 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
     });
     config.controllers.api_monitor = gate::MonitorKind::Https;
     config.controllers.drain_period = Duration::from_secs(1);
-    let mut world = World::start().await;
-    world.stop_manager().await;
-    world.start_manager_with(config);
-    create_cluster(&world, "c1", cluster_spec()).await;
-    wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
-    let actor = CapiActor::start(
-        world.client.clone(),
-        CapiActorConfig {
-            namespace: NAMESPACE.into(),
-            tick: Duration::from_millis(50),
-            join_delay: Duration::from_millis(200),
-            wait_timeout: Duration::from_secs(60),
-        },
-        CancellationToken::new(),
-    );
+    let (mut world, actor, _) = cluster_with_actor_configured(config).await;
     let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
     // Every API server from now on listens but never answers /readyz with 200.
     world

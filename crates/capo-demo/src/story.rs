@@ -420,24 +420,14 @@ async fn throttle_when_built(
 /// flags it when the load balancer is trusted: it then stays stuck until the cluster goes.
 async fn release_when_flagged(
     cloud: Arc<OpenStackSim>,
-    mut boards: watch::Receiver<Board>,
+    boards: watch::Receiver<Board>,
     machine: String,
     member: String,
     config: DemoConfig,
 ) {
-    let flagged = boards
-        .wait_for(|board| {
-            board
-                .machines
-                .iter()
-                .any(|m| m.name == machine && m.gate_reason.as_deref() == Some("MemberStuck"))
-        })
-        .await
-        .is_ok();
-    if !flagged {
+    if !shown_flagged(boards, &machine, "MemberStuck", config.pace.stuck_shown()).await {
         return;
     }
-    tokio::time::sleep(config.pace.stuck_shown()).await;
     cloud.update_scenario(|scenario| {
         scenario
             .rules
@@ -450,25 +440,38 @@ async fn release_when_flagged(
 /// it then never serves, and the cluster runs a control-plane node short.
 async fn serve_when_flagged(
     cloud: Arc<OpenStackSim>,
-    mut boards: watch::Receiver<Board>,
+    boards: watch::Receiver<Board>,
     machine: String,
     member: String,
     config: DemoConfig,
 ) {
+    let shown = config.pace.not_serving_shown();
+    if shown_flagged(boards, &machine, "MemberNotServing", shown).await {
+        cloud.set_api_server_for_members(&member, ApiServer::Serving);
+    }
+}
+
+/// Waits until the board shows `machine` held for `reason`, then `shown` more, so that the
+/// board shows it a while; false when the story ended first (nothing flagged it).
+async fn shown_flagged(
+    mut boards: watch::Receiver<Board>,
+    machine: &str,
+    reason: &str,
+    shown: Duration,
+) -> bool {
     let flagged = boards
         .wait_for(|board| {
             board
                 .machines
                 .iter()
-                .any(|m| m.name == machine && m.gate_reason.as_deref() == Some("MemberNotServing"))
+                .any(|m| m.name == machine && m.gate_reason.as_deref() == Some(reason))
         })
         .await
         .is_ok();
-    if !flagged {
-        return;
+    if flagged {
+        tokio::time::sleep(shown).await;
     }
-    tokio::time::sleep(config.pace.not_serving_shown()).await;
-    cloud.set_api_server_for_members(&member, ApiServer::Serving);
+    flagged
 }
 
 /// Creates one object of the template, whatever its kind.
