@@ -265,10 +265,12 @@ pub fn join_step(
             _ => JoinStep::Wait,
         };
     }
-    if members
+    // Never on a snapshot older than this machine's own last change (a weight set to 1 leaves
+    // the member PENDING_UPDATE, which only a later poll shows).
+    let all_active = members
         .iter()
-        .all(|m| matches!(m.verdict, MemberVerdict::Active))
-    {
+        .all(|m| matches!(m.verdict, MemberVerdict::Active));
+    if all_active && !members.iter().any(|m| change_unseen(m.port)) {
         JoinStep::Released
     } else {
         JoinStep::Wait
@@ -690,6 +692,11 @@ mod tests {
         assert_eq!(
             join_step(&serving, true, 0, 3, &[], |_| false),
             JoinStep::Released
+        );
+        assert_eq!(
+            join_step(&serving, true, 0, 3, &[], |_| true),
+            JoinStep::Wait,
+            "not on a snapshot older than the weight change"
         );
     }
 
