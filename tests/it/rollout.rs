@@ -637,3 +637,75 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
     actor.stop().await;
     world.stop_manager().await;
 }
+
+/// A drain undone: the new machine's API stops serving while the old member drains. The old
+/// member takes traffic again and its machine waits; once the new API serves again, the old
+/// member is drained afresh and goes.
+#[tokio::test]
+async fn a_drain_is_undone_when_the_only_other_member_stops_serving() {
+    let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
+    config.engine.serving = Some(capo_provider::membership::ServingRules {
+        settle: Duration::from_millis(500),
+        not_serving_after: Duration::from_secs(3),
+    });
+    config.controllers.api_monitor = gate::MonitorKind::Https;
+    config.controllers.drain_period = Duration::from_secs(10);
+    let (mut world, actor, _) = cluster_with_actor_configured(config).await;
+    let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
+    let second = actor.scale_control_plane(&plane(2)).await.unwrap();
+    let second = second
+        .into_iter()
+        .find(|n| *n != first)
+        .expect("a second machine");
+    wait_member_reason(&world, &second, reasons::READY).await;
+    let address = |name: String| {
+        let api = machines(&world);
+        async move {
+            let machine = api.get(&name).await.unwrap();
+            gate::member_address(&machine, &[]).unwrap().to_owned()
+        }
+    };
+    let (old, new) = (address(first.clone()).await, address(second).await);
+    let member = |address: &str| {
+        world
+            .cloud
+            .member_truth()
+            .into_iter()
+            .find(|m| m.address == address && m.port == 6443)
+    };
+    actor.delete_machine(&first).await.unwrap();
+    eventually("the old member drained", || async {
+        member(&old).filter(|m| m.weight == 0)
+    })
+    .await;
+    world
+        .cloud
+        .set_api_server(&new, capo_sim::openstack::ApiServer::Down);
+    let held = wait_member_reason(&world, &first, reasons::LAST_ACTIVE_MEMBER).await;
+    assert!(held.status.is_some());
+    let restored = eventually("the old member back at weight 1", || async {
+        member(&old).filter(|m| m.weight == 1 && m.provisioning_status == "ACTIVE")
+    })
+    .await;
+    assert_eq!(restored.operating_status, "ONLINE", "it serves again");
+    let undone = events(&world, "MemberDrainUndone").await;
+    assert!(undone.iter().any(|n| n.contains("weight 1")), "{undone:?}");
+    let all: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    assert!(
+        all.get_opt(&first).await.unwrap().is_some(),
+        "the old machine waits"
+    );
+    // The new API serves again: the old member is drained afresh, then goes.
+    world
+        .cloud
+        .set_api_server(&new, capo_sim::openstack::ApiServer::Serving);
+    actor.wait_gone(&first).await.unwrap();
+    let pool = world.cloud.member_truth();
+    assert_eq!(pool.len(), 1, "{pool:#?}");
+    assert_eq!(
+        (pool[0].address.as_str(), pool[0].operating_status),
+        (new.as_str(), "ONLINE")
+    );
+    actor.stop().await;
+    world.stop_manager().await;
+}

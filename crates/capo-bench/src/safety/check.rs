@@ -1,4 +1,4 @@
-//! The six invariants, as pure functions of what the simulators hold at one instant.
+//! The eight invariants, as pure functions of what the simulators hold at one instant.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,8 +33,10 @@ pub enum Invariant {
     /// 7: a control-plane machine released while its member's monitor did not read it ONLINE
     /// in every pool (the serving gate's promise).
     ReleasedNotServing,
-    /// 8: the API pool had no member both ACTIVE and ONLINE after it first had one, before
-    /// deletion.
+    /// 8: the API pool had no member both ACTIVE and ONLINE (after it first had one, before
+    /// deletion) because of capo-rs: it removed the only serving member, or kept a member
+    /// that passes its monitor at weight 0 past the reaction allowance. A member failing its
+    /// monitor on its own is the node's doing, not the provider's.
     NoServingMember,
 }
 
@@ -125,14 +127,65 @@ pub fn released_not_serving(address: &str, members: &[MemberTruth]) -> Option<St
 
 /// Members of the API pool that serve: ACTIVE, and ONLINE (or NO_MONITOR: unchecked).
 pub fn serving_api_members(members: &[MemberTruth]) -> usize {
+    members.iter().filter(|m| serves(m)).count()
+}
+
+/// How long a member that passes its monitor may stay at weight 0 while nothing else serves:
+/// the time capo-rs has to see the others fail (a status tree, 10 s apart while anything
+/// moves) and put the weight back (one member update).
+pub const HELD_OUT_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn serves(m: &MemberTruth) -> bool {
+    m.port == API_PORT
+        && m.provisioning_status == "ACTIVE"
+        && matches!(m.operating_status, "ONLINE" | "NO_MONITOR")
+}
+
+/// A member of the API pool that passes its monitor and is not being deleted: it serves, or
+/// would at weight 1.
+fn could_serve(m: &MemberTruth) -> bool {
+    m.port == API_PORT
+        && matches!(m.provisioning_status, "ACTIVE" | "PENDING_UPDATE")
+        && matches!(m.operating_status, "ONLINE" | "DRAINING" | "NO_MONITOR")
+}
+
+/// Why the API pool has no serving member by capo-rs's doing: a member that served or could
+/// (drained) was removed (gone or PENDING_DELETE now) while, at the previous look, no other
+/// member served. `None` when a member serves now, or when the ones that served before
+/// failed on their own.
+pub fn removed_the_only_server(before: &[MemberTruth], now: &[MemberTruth]) -> Option<String> {
+    if now.iter().any(serves) {
+        return None;
+    }
+    let removed = |m: &&MemberTruth| {
+        now.iter()
+            .find(|n| n.id == m.id)
+            .is_none_or(|n| n.provisioning_status == "PENDING_DELETE")
+    };
+    let alone = |m: &MemberTruth| !before.iter().any(|o| o.id != m.id && serves(o));
+    before
+        .iter()
+        .filter(|m| could_serve(m) && alone(m))
+        .find(removed)
+        .map(|m| {
+            format!(
+                "member {} ({}) removed while no other member served",
+                m.id, m.address
+            )
+        })
+}
+
+/// Members of the API pool that pass their monitor but take no traffic (weight 0, read
+/// DRAINING) while no member serves: capo-rs keeps capacity out that the pool needs.
+pub fn held_out_while_unserved(members: &[MemberTruth]) -> Vec<String> {
+    if members.iter().any(serves) {
+        return Vec::new();
+    }
     members
         .iter()
-        .filter(|m| {
-            m.port == API_PORT
-                && m.provisioning_status == "ACTIVE"
-                && matches!(m.operating_status, "ONLINE" | "NO_MONITOR")
-        })
-        .count()
+        .filter(|m| m.port == API_PORT && m.operating_status == "DRAINING")
+        .map(|m| format!("{} {}/DRAINING", m.address, m.provisioning_status))
+        .collect()
 }
 
 /// ACTIVE members of the API pool.
@@ -235,6 +288,47 @@ mod tests {
             other_port,
         ];
         assert_eq!(active_api_members(&members), 1);
+    }
+
+    fn reading(mut m: MemberTruth, operating: &'static str, weight: u32) -> MemberTruth {
+        m.operating_status = operating;
+        m.weight = weight;
+        m
+    }
+
+    #[test]
+    fn only_capo_rs_taking_the_last_server_away_counts() {
+        let a = reading(member("api", "10.0.0.1", "ACTIVE"), "ONLINE", 1);
+        let b = reading(member("api", "10.0.0.2", "ACTIVE"), "ERROR", 1);
+        // The old member served alone and was deleted: capo-rs emptied the pool.
+        let before = vec![a.clone(), b.clone()];
+        let deleting = reading(member("api", "10.0.0.1", "PENDING_DELETE"), "ONLINE", 1);
+        let found = removed_the_only_server(&before, &[deleting, b.clone()]).unwrap();
+        assert!(found.contains("10.0.0.1"), "{found}");
+        assert!(removed_the_only_server(&before, std::slice::from_ref(&b)).is_some());
+        // Both served, then the new one failed as the old one went: the node's doing.
+        let b_online = reading(b.clone(), "ONLINE", 1);
+        assert_eq!(
+            removed_the_only_server(&[a.clone(), b_online], std::slice::from_ref(&b)),
+            None
+        );
+        // Nothing removed: a member failing on its own is not capo-rs's doing.
+        let a_failed = reading(a.clone(), "ERROR", 1);
+        assert_eq!(
+            removed_the_only_server(&before, &[a_failed, b.clone()]),
+            None
+        );
+        // A drained member deleted while the other fails: the pool lost what could serve.
+        let drained_before = vec![reading(a.clone(), "DRAINING", 0), b.clone()];
+        assert!(removed_the_only_server(&drained_before, std::slice::from_ref(&b)).is_some());
+        // A drained member that still passes its monitor, while the other fails.
+        let a_drained = reading(a.clone(), "DRAINING", 0);
+        assert_eq!(
+            held_out_while_unserved(&[a_drained.clone(), b.clone()]),
+            vec!["10.0.0.1 ACTIVE/DRAINING".to_owned()]
+        );
+        let b_online = reading(b, "ONLINE", 1);
+        assert!(held_out_while_unserved(&[a_drained, b_online]).is_empty());
     }
 
     #[test]

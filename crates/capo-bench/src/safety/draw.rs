@@ -60,7 +60,10 @@ pub enum RestartKind {
 pub enum ApiTroubleKind {
     /// Listens, but `/readyz` never answers 200.
     NeverServes,
-    /// Up and down every `period` seconds, shorter than the serving gate's settle time.
+    /// Up for `period` seconds, then down as long, and so on (a crash-looping API server).
+    /// Through the monitor's rise and fall (checks 10 s apart, up after 5 passes, down after
+    /// 3 failures) it reads up at first, then down; it reads up again only when a phase
+    /// holds 5 checks.
     Flapping { period: f64 },
 }
 
@@ -163,7 +166,7 @@ impl Draw {
                 ApiTroubleKind::NeverServes
             } else {
                 ApiTroubleKind::Flapping {
-                    period: 2.0 + rng.f64() * 10.0,
+                    period: 20.0 + rng.f64() * 100.0,
                 }
             },
         });

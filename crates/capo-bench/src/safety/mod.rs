@@ -65,6 +65,9 @@ pub struct SafetyReport {
     pub release_wait: (f64, usize),
     /// Seconds from a leaving member's weight 0 to its being gone: (median, count).
     pub drain: (f64, usize),
+    /// The longest a member passing its monitor stayed at weight 0 while nothing served, and
+    /// the seed.
+    pub longest_held_out: (f64, u64),
 }
 
 fn median(values: &mut [f64]) -> (f64, usize) {
@@ -136,6 +139,7 @@ fn failed(draw: &Draw, detail: String) -> RunReport {
         worst_errors_per_object_minute: 0.0,
         release_waits: Vec::new(),
         drains: Vec::new(),
+        longest_held_out: 0.0,
     }
 }
 
@@ -186,6 +190,7 @@ fn summarize(
         coverage: BTreeMap::new(),
         release_wait: (0.0, 0),
         drain: (0.0, 0),
+        longest_held_out: (0.0, config.seed),
     };
     let mut waits = Vec::new();
     let mut drains = Vec::new();
@@ -203,6 +208,9 @@ fn summarize(
         report.virtual_seconds += run.virtual_seconds;
         if took.as_secs_f64() > report.slowest_run.0 {
             report.slowest_run = (took.as_secs_f64(), seed);
+        }
+        if run.longest_held_out > report.longest_held_out.0 {
+            report.longest_held_out = (run.longest_held_out, seed);
         }
         report.cloud_requests += run.cloud_requests;
         report.kube_requests += run.kube_requests;
@@ -293,6 +301,12 @@ impl SafetyReport {
         println!(
             "per machine (median, virtual time): {:.1} s from its member ACTIVE to its release ({} releases); {:.1} s drained at weight 0 before deletion ({} drains)",
             self.release_wait.0, self.release_wait.1, self.drain.0, self.drain.1
+        );
+        println!(
+            "longest a member passing its monitor was kept at weight 0 while no member served: {:.1} s (seed {}; allowed {} s)",
+            self.longest_held_out.0,
+            self.longest_held_out.1,
+            check::HELD_OUT_ALLOWANCE.as_secs()
         );
         println!(
             "\n{:<3} {:<44} {:>10}  seeds",

@@ -92,6 +92,9 @@ pub struct RunReport {
     pub release_waits: Vec<f64>,
     /// For each member drained: seconds from its weight going to 0 to its being gone.
     pub drains: Vec<f64>,
+    /// The longest stretch a member passing its monitor stayed at weight 0 while no member
+    /// of the API pool served (seconds; how fast capo-rs puts a drained member back).
+    pub longest_held_out: f64,
 }
 
 /// Plays the draw on the current (paused) runtime, the engine observing members as
@@ -123,6 +126,7 @@ pub async fn play(draw: &Draw, strategy: Strategy) -> RunReport {
         worst_errors_per_object_minute: 0.0,
         release_waits: Vec::new(),
         drains: Vec::new(),
+        longest_held_out: 0.0,
     };
     if let Some(world) = world {
         world.finish(&mut report).await;
@@ -424,7 +428,7 @@ impl World {
     }
 
     /// A held rollout must say why: a joining machine's condition naming its member, or
-    /// the cluster's naming its load balancer in ERROR.
+    /// the cluster's naming its load balancer in ERROR or the members that do not serve.
     async fn why_held(&self) -> (Outcome, String) {
         let machines: Api<OpenStackMachine> = Api::namespaced(self.client.clone(), NAMESPACE);
         let clusters: Api<OpenStackCluster> = Api::namespaced(self.client.clone(), NAMESPACE);
@@ -477,6 +481,13 @@ impl World {
             if let Some(condition) = condition {
                 if condition.reason == reasons::LOAD_BALANCER_ERROR {
                     return (Outcome::HeldLoadBalancerError, condition.message.clone());
+                }
+                // A released machine whose API stopped serving: the old machine's removal
+                // waits for it (the last serving member stays), and the cluster names it.
+                if condition.reason == reasons::MEMBER_NOT_SERVING
+                    && condition.message.contains(':')
+                {
+                    return (Outcome::HeldMemberNotServing, condition.message.clone());
                 }
                 seen.push(format!(
                     "cluster: {} {}",
@@ -537,6 +548,7 @@ impl World {
                     report.worst_errors_per_object_minute = checker.worst_rate;
                     report.release_waits = checker.release_waits;
                     report.drains = checker.drains;
+                    report.longest_held_out = checker.longest_held_out;
                 }
                 Err(error) => report.violations.push(self.violation(
                     Invariant::PanicOrStorm,
@@ -679,6 +691,11 @@ struct Checker {
     released: HashSet<String>,
     pool_had_active: bool,
     pool_had_serving: bool,
+    /// The API pool's members at the previous look, and since when a member passing its
+    /// monitor has been held at weight 0 while none served.
+    api_before: Vec<MemberTruth>,
+    held_out_since: Option<Instant>,
+    longest_held_out: f64,
     /// When each member was first seen ACTIVE, and each member's weight, by member id.
     first_active: HashMap<String, Instant>,
     weights: HashMap<String, u32>,
@@ -709,6 +726,9 @@ impl Checker {
             released: HashSet::new(),
             pool_had_active: false,
             pool_had_serving: false,
+            api_before: Vec::new(),
+            held_out_since: None,
+            longest_held_out: 0.0,
             first_active: HashMap::new(),
             weights: HashMap::new(),
             draining: HashMap::new(),
@@ -852,10 +872,44 @@ impl Checker {
                 format!("no ACTIVE member in the API pool: [{}]", states.join(", ")),
             );
         }
-        if check::serving_api_members(&members) > 0 {
+        self.check_serving(&members);
+        for duplicate in check::duplicates(&self.cloud.inventory()) {
+            self.report(&duplicate, Invariant::Duplicate, duplicate.clone());
+        }
+    }
+
+    /// Invariant 8: whenever the API pool has no serving member, it is not capo-rs's doing.
+    fn check_serving(&mut self, members: &[MemberTruth]) {
+        let api: Vec<MemberTruth> = members
+            .iter()
+            .filter(|m| m.port == check::API_PORT)
+            .cloned()
+            .collect();
+        let before = std::mem::replace(&mut self.api_before, api.clone());
+        if check::serving_api_members(&api) > 0 {
             self.pool_had_serving = true;
-        } else if self.pool_had_serving && !self.deleting.load(Ordering::SeqCst) {
-            let states: Vec<String> = members
+        }
+        if !self.pool_had_serving || self.deleting.load(Ordering::SeqCst) {
+            self.held_out_since = None;
+            return;
+        }
+        if let Some(removed) = check::removed_the_only_server(&before, &api) {
+            self.report(
+                "removed the only server",
+                Invariant::NoServingMember,
+                format!("no ACTIVE, ONLINE member in the API pool: {removed}"),
+            );
+        }
+        let held = check::held_out_while_unserved(&api);
+        if held.is_empty() {
+            self.held_out_since = None;
+            return;
+        }
+        let since = *self.held_out_since.get_or_insert_with(Instant::now);
+        let held_for = since.elapsed();
+        self.longest_held_out = self.longest_held_out.max(held_for.as_secs_f64());
+        if held_for > check::HELD_OUT_ALLOWANCE {
+            let states: Vec<String> = api
                 .iter()
                 .map(|m| {
                     format!(
@@ -865,16 +919,15 @@ impl Checker {
                 })
                 .collect();
             self.report(
-                "no serving member",
+                "held out",
                 Invariant::NoServingMember,
                 format!(
-                    "no ACTIVE, ONLINE member in the API pool: [{}]",
+                    "no ACTIVE, ONLINE member in the API pool for {:.0} s while {} passed its monitor at weight 0: [{}]",
+                    held_for.as_secs_f64(),
+                    held.join(", "),
                     states.join(", ")
                 ),
             );
-        }
-        for duplicate in check::duplicates(&self.cloud.inventory()) {
-            self.report(&duplicate, Invariant::Duplicate, duplicate.clone());
         }
     }
 

@@ -255,9 +255,9 @@ pub enum ApiServer {
 }
 
 impl ApiServer {
-    /// Whether a monitor of `kind` (`TCP`, `HTTPS`, ...) passes, `checked_for` after its
-    /// first check.
-    pub fn passes(self, kind: &str, checked_for: Duration) -> bool {
+    /// Whether one check of a monitor of `kind` (`TCP`, `HTTPS`, ...) passes, made
+    /// `checked_for` after the monitor's first check.
+    fn check_passes(self, kind: &str, checked_for: Duration) -> bool {
         let checks_http = kind.eq_ignore_ascii_case("HTTPS") || kind.eq_ignore_ascii_case("HTTP");
         match self {
             ApiServer::Serving => true,
@@ -266,6 +266,91 @@ impl ApiServer {
             ApiServer::Flapping { period } => {
                 let period = period.as_millis().max(1);
                 (checked_for.as_millis() / period).is_multiple_of(2)
+            }
+        }
+    }
+
+    /// Whether a monitor of `kind` checking at `cadence` reads the member up `checked_for`
+    /// after its first check. A steady server reads what its latest check says; a flapping
+    /// one is sampled, so that a flap faster than the checks can read steady either way.
+    pub fn passes(self, kind: &str, cadence: Cadence, checked_for: Duration) -> bool {
+        if !matches!(self, ApiServer::Flapping { .. }) {
+            return self.check_passes(kind, checked_for);
+        }
+        let checks = checked_for.as_millis() / cadence.delay.as_millis().max(1);
+        let mut health = Health::starting();
+        for k in 0..=checks {
+            let at = cadence
+                .delay
+                .saturating_mul(u32::try_from(k).unwrap_or(u32::MAX));
+            health.record(self.check_passes(kind, at), cadence.rise, cadence.fall);
+        }
+        health.up
+    }
+}
+
+/// How a monitor checks: every `delay`; as haproxy does with the `rise`/`fall` Octavia
+/// writes from `max_retries`/`max_retries_down` (and OVN's service monitor with its success
+/// and failure counts), a member goes down after `fall` failed checks in a row and up after
+/// `rise` passed ones.
+#[derive(Clone, Copy, Debug)]
+pub struct Cadence {
+    pub delay: Duration,
+    pub rise: u32,
+    pub fall: u32,
+}
+
+impl Cadence {
+    pub fn of(monitor: &HealthMonitor) -> Self {
+        Cadence {
+            delay: Duration::from_secs(u64::from(monitor.delay.max(1))),
+            rise: monitor.max_retries.max(1),
+            fall: monitor.max_retries_down.max(1),
+        }
+    }
+}
+
+/// haproxy's health counter for one server: `rise` passes in a row bring it up, `fall`
+/// failures in a row bring it down.
+struct Health {
+    up: bool,
+    /// Checks in a row that disagree with `up`.
+    streak: u32,
+    /// Up since the start with no check passed yet: haproxy starts a server at health
+    /// `rise`, one failure from down.
+    fresh: bool,
+}
+
+impl Health {
+    fn starting() -> Self {
+        Health {
+            up: true,
+            streak: 0,
+            fresh: true,
+        }
+    }
+
+    fn record(&mut self, passed: bool, rise: u32, fall: u32) {
+        match (self.up, passed) {
+            (true, true) => {
+                self.streak = 0;
+                self.fresh = false;
+            }
+            (false, false) => self.streak = 0,
+            (true, false) => {
+                self.streak += 1;
+                if self.fresh || self.streak >= fall {
+                    self.up = false;
+                    self.streak = 0;
+                }
+            }
+            (false, true) => {
+                self.streak += 1;
+                if self.streak >= rise {
+                    self.up = true;
+                    self.streak = 0;
+                    self.fresh = false;
+                }
             }
         }
     }
@@ -1843,7 +1928,10 @@ pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
                 .copied()
                 .unwrap_or_default();
             let checked_for = member.checked_at.map(|at| at.elapsed()).unwrap_or_default();
-            match (server.passes(&monitor.kind, checked_for), ovn) {
+            match (
+                server.passes(&monitor.kind, Cadence::of(monitor), checked_for),
+                ovn,
+            ) {
                 // haproxy shows an UP server at weight 0 as DRAIN; ovn ignores weights.
                 (true, false) if member.weight == 0 => Oper::Draining,
                 (true, _) => Oper::Online,
@@ -2192,6 +2280,46 @@ fn status_tree(world: &World, id: &str) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a monitor reads at each of its first `n` checks.
+    fn readings(server: ApiServer, cadence: Cadence, n: u32) -> Vec<bool> {
+        (0..n)
+            .map(|k| server.passes("HTTPS", cadence, cadence.delay * k))
+            .collect()
+    }
+
+    #[test]
+    fn a_monitor_reads_a_flapping_server_through_its_rise_and_fall() {
+        let cadence = Cadence {
+            delay: Duration::from_secs(10),
+            rise: 5,
+            fall: 3,
+        };
+        // Up for 10 s, down for 10 s: the checks alternate, never 3 failures in a row, so
+        // the member, up from its first check, never reads down.
+        let fast = ApiServer::Flapping {
+            period: Duration::from_secs(10),
+        };
+        assert!(readings(fast, cadence, 30).iter().all(|up| *up));
+        // Up for 60 s, down for 60 s: down at the third failed check (80 s), up again at
+        // the fifth passed one (160 s), down at 200 s.
+        let slow = ApiServer::Flapping {
+            period: Duration::from_secs(60),
+        };
+        let expected = [[true; 8], [false; 8]].concat();
+        let expected = [expected, vec![true; 4], vec![false; 4]].concat();
+        assert_eq!(readings(slow, cadence, 24), expected);
+        // A server down from the start reads down at the first check.
+        assert!(!ApiServer::Down.passes("TCP", cadence, Duration::ZERO));
+        // Steady servers read their state from the first check.
+        assert!(
+            readings(ApiServer::Serving, cadence, 3)
+                .iter()
+                .all(|up| *up)
+        );
+        assert!(!ApiServer::NeverReady.passes("HTTPS", cadence, Duration::ZERO));
+        assert!(ApiServer::NeverReady.passes("TCP", cadence, Duration::ZERO));
+    }
 
     fn q(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

@@ -259,6 +259,11 @@ fn drain_note(port: u16) -> String {
     format!("member-drained/{port}")
 }
 
+/// The member for `port` was given its weight back in this removal, at the noted time.
+fn restore_note(port: u16) -> String {
+    format!("member-restored/{port}")
+}
+
 /// Sets a leaving member's weight to 0, once per removal (the PUT locks the load balancer).
 async fn drain_member(
     pass: &Pass<'_>,
@@ -267,32 +272,72 @@ async fn drain_member(
     pool_id: &str,
     member_id: &str,
 ) -> Result<(), MachineError> {
+    if set_leaving_weight(pass, lb, pool_id, member_id, 0).await? {
+        let now = Instant::now();
+        pass.ctx.note(pass.key, &drain_note(port), now);
+        pass.ctx.note(pass.key, DRAIN_NOTE, now);
+        tracing::info!(lb = %lb.id, member = member_id, port, "draining the member");
+        let note = format!(
+            "draining the member for port {port}: weight 0 for {}s before it is deleted",
+            pass.ctx.config.drain_period.as_secs()
+        );
+        pass.event(EventType::Normal, "MemberDraining", note).await;
+    }
+    Ok(())
+}
+
+/// Gives a drained member its weight back: no other member of its pool serves any more. A
+/// later drain starts its period afresh.
+async fn restore_member(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    port: u16,
+    pool_id: &str,
+    member_id: &str,
+) -> Result<(), MachineError> {
+    if set_leaving_weight(pass, lb, pool_id, member_id, 1).await? {
+        pass.ctx.unnote(pass.key, &drain_note(port));
+        pass.ctx.unnote(pass.key, DRAIN_NOTE);
+        pass.ctx.unnote(pass.key, &restore_note(port));
+        pass.ctx.note(pass.key, &restore_note(port), Instant::now());
+        tracing::warn!(lb = %lb.id, member = member_id, port, "no other member serves: the drained member takes traffic again");
+        let note = format!(
+            "no other member of the pool for port {port} serves: this member takes traffic again (weight 1) and stays until another does"
+        );
+        pass.event(EventType::Warning, "MemberDrainUndone", note)
+            .await;
+    }
+    Ok(())
+}
+
+/// Whether the weight was set (a member already gone counts); `false` when the load
+/// balancer was busy.
+async fn set_leaving_weight(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    pool_id: &str,
+    member_id: &str,
+    weight: u32,
+) -> Result<bool, MachineError> {
     let cloud = cloud(pass, lb).await?;
-    match cloud
+    let set = match cloud
         .octavia()
-        .set_member_weight(pool_id, member_id, 0)
+        .set_member_weight(pool_id, member_id, weight)
         .await
     {
-        Ok(_) | Err(CloudError::NotFound(_)) => {
-            let now = Instant::now();
-            pass.ctx.note(pass.key, &drain_note(port), now);
-            pass.ctx.note(pass.key, DRAIN_NOTE, now);
-            tracing::info!(lb = %lb.id, member = member_id, port, "draining the member");
-            let note = format!(
-                "draining the member for port {port}: weight 0 for {}s before it is deleted",
-                pass.ctx.config.drain_period.as_secs()
-            );
-            pass.event(EventType::Normal, "MemberDraining", note).await;
-        }
-        Err(CloudError::Busy(_)) => {}
+        Ok(_) | Err(CloudError::NotFound(_)) => true,
+        Err(CloudError::Busy(_)) => false,
         Err(error) => {
-            return Err(MachineError::cloud("setting the member's weight to 0")(
-                error,
-            ));
+            let doing = if weight == 0 {
+                "setting the member's weight to 0"
+            } else {
+                "setting the drained member's weight back to 1"
+            };
+            return Err(MachineError::cloud(doing)(error));
         }
-    }
+    };
     pass.ctx.engine.changed_under(&lb.id);
-    Ok(())
+    Ok(set)
 }
 
 async fn join(
@@ -540,8 +585,29 @@ pub async fn leave(
         .map(|p| p.port)
         .filter(|port| pass.ctx.noted(pass.key, &drain_note(*port)).is_some())
         .collect();
-    let present = leaving_members(&snapshot, &pass.name, &address, &lb.pools, &drained);
+    // A member given its weight back reads DRAINING until the next poll: not drained.
+    let restoring: Vec<u16> = lb
+        .pools
+        .iter()
+        .map(|p| p.port)
+        .filter(|port| {
+            pass.ctx
+                .noted(pass.key, &restore_note(*port))
+                .is_some_and(|at| snapshot.last_poll.is_none_or(|polled| polled <= at))
+        })
+        .collect();
+    let present = leaving_members(
+        &snapshot,
+        &pass.name,
+        &address,
+        &lb.pools,
+        (&drained, &restoring),
+    );
     let now = Instant::now();
+    if present.iter().any(|m| m.drained) {
+        // Drained before a restart lost the note: its period starts again now.
+        pass.ctx.note(pass.key, DRAIN_NOTE, now);
+    }
     pass.ctx.note(pass.key, REMOVAL_NOTE, now);
     let started = pass.ctx.noted(pass.key, REMOVAL_NOTE).unwrap_or(now);
     let fresh = snapshot.last_poll.is_some_and(|polled| polled > started);
@@ -588,9 +654,27 @@ pub async fn leave(
                 left.max(Duration::from_millis(100)),
             )))
         }
+        LeaveStep::Restore {
+            port,
+            pool_id,
+            member_id,
+        } => {
+            restore_member(pass, lb, port, &pool_id, &member_id).await?;
+            let message = format!(
+                "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
+            );
+            set(
+                pass,
+                status,
+                reasons::LAST_ACTIVE_MEMBER,
+                Status::True,
+                message,
+            );
+            Ok(safety_net)
+        }
         LeaveStep::Hold { port } => {
             let message = format!(
-                "removal held: this machine's member is the last ACTIVE one of the pool for port {port}; it goes once another member is ACTIVE"
+                "removal held: this machine's member is the last ready one of the pool for port {port} (ACTIVE; and serving, under the serving gate); it goes once another member is"
             );
             set(
                 pass,
@@ -694,7 +778,7 @@ fn leaving_members(
     machine: &str,
     address: &str,
     pools: &[Pool],
-    drained: &[u16],
+    (drained, restoring): (&[u16], &[u16]),
 ) -> Vec<Leaving> {
     let mut present = Vec::new();
     for pool in pools {
@@ -744,7 +828,11 @@ fn leaving_members(
                 operating,
                 Some(OperatingStatus::Error | OperatingStatus::Offline)
             ),
-            drained: drained.contains(&pool.port),
+            // At weight 0 by this removal, or as its monitor reads it (a restart forgets
+            // the note; amphora shows a passing member at weight 0 as DRAINING).
+            drained: drained.contains(&pool.port)
+                || (operating == Some(OperatingStatus::Draining)
+                    && !restoring.contains(&pool.port)),
             member_id,
             status,
             others_active,

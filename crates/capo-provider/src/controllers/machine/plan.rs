@@ -438,6 +438,13 @@ pub struct Drain {
 pub enum LeaveStep {
     /// The member is the last ready one of its pool and the cluster stays: it stays too.
     Hold { port: u16 },
+    /// The member was drained, and now no other member of its pool is ready (one stopped
+    /// serving during the drain): its weight goes back to 1 and it is held.
+    Restore {
+        port: u16,
+        pool_id: String,
+        member_id: String,
+    },
     /// Set the member's weight to 0: no new connections, open ones go on.
     Drain {
         port: u16,
@@ -474,6 +481,13 @@ pub fn leave_step(
     if let Some(last) = remaining.iter().find(|m| {
         !cluster_deleting && m.status == ProvisioningStatus::Active && m.others_active == 0
     }) {
+        if last.drained && lb_active {
+            return LeaveStep::Restore {
+                port: last.port,
+                pool_id: last.pool_id.clone(),
+                member_id: last.member_id.clone(),
+            };
+        }
         return LeaveStep::Hold { port: last.port };
     }
     if let Some(member) = remaining.first() {
@@ -858,6 +872,18 @@ mod tests {
         let last = [leaving(6443, ProvisioningStatus::Active, 0)];
         assert_eq!(
             leave_step(&last, false, true, true, fresh),
+            LeaveStep::Hold { port: 6443 }
+        );
+        // Drained, then the other member stopped serving: back to weight 1, and held; not
+        // while the load balancer is locked.
+        let mut alone = drained.clone();
+        alone[0].others_active = 0;
+        assert!(matches!(
+            leave_step(&alone, false, true, true, after(10)),
+            LeaveStep::Restore { port: 6443, .. }
+        ));
+        assert_eq!(
+            leave_step(&alone, false, true, false, after(10)),
             LeaveStep::Hold { port: 6443 }
         );
         // A member whose API fails (a failed node) has nothing worth draining.
