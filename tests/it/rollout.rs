@@ -549,18 +549,24 @@ async fn the_last_active_member_of_a_pool_is_held_until_another_serves() {
     world.stop_manager().await;
 }
 
-/// The serving gate's rollout: a new machine whose API never answers `/readyz` is held with
-/// MemberNotServing (its member ACTIVE all along), released once its API serves; the old
-/// machine's member is drained at weight 0 before it is deleted.
-#[tokio::test]
-async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_old_one() {
+/// The serving gate on an HTTPS monitor, its clocks shortened for a test, and the drain.
+fn serving_gate_config(drain_period: Duration) -> ManagerConfig {
     let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
     config.engine.serving = Some(capo_provider::membership::ServingRules {
         settle: Duration::from_millis(500),
         not_serving_after: Duration::from_secs(3),
     });
     config.controllers.api_monitor = gate::MonitorKind::Https;
-    config.controllers.drain_period = Duration::from_secs(1);
+    config.controllers.drain_period = drain_period;
+    config
+}
+
+/// The serving gate's rollout: a new machine whose API never answers `/readyz` is held with
+/// MemberNotServing (its member ACTIVE all along), released once its API serves; the old
+/// machine's member is drained at weight 0 before it is deleted.
+#[tokio::test]
+async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_old_one() {
+    let config = serving_gate_config(Duration::from_secs(1));
     let (mut world, actor, _) = cluster_with_actor_configured(config).await;
     let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
     // Every API server from now on listens but never answers /readyz with 200.
@@ -643,13 +649,7 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
 /// member is drained afresh and goes.
 #[tokio::test]
 async fn a_drain_is_undone_when_the_only_other_member_stops_serving() {
-    let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
-    config.engine.serving = Some(capo_provider::membership::ServingRules {
-        settle: Duration::from_millis(500),
-        not_serving_after: Duration::from_secs(3),
-    });
-    config.controllers.api_monitor = gate::MonitorKind::Https;
-    config.controllers.drain_period = Duration::from_secs(10);
+    let config = serving_gate_config(Duration::from_secs(10));
     let (mut world, actor, _) = cluster_with_actor_configured(config).await;
     let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
     let second = actor.scale_control_plane(&plane(2)).await.unwrap();

@@ -19,17 +19,24 @@ fn config(runs: u64, seed: u64, strategy: Strategy) -> SafetyConfig {
 #[test]
 fn the_provisioning_gate_is_caught_releasing_machines_whose_api_does_not_serve() {
     // Seeds of the serving gate's run: released on ACTIVE alone, machines go to
-    // Cluster API before their health monitor has seen their API answer.
+    // Cluster API before their health monitor has seen their API answer, and the old
+    // machines leave while the new ones do not serve.
     let report = safety::run(&config(6, 1, Strategy::Provisioning), &|_, _| {});
     report.print();
-    let not_serving = report
-        .violations
-        .iter()
-        .filter(|v| v.violation.invariant == Invariant::ReleasedNotServing)
-        .count();
+    let broken = |invariant| {
+        report
+            .violations
+            .iter()
+            .filter(|v| v.violation.invariant == invariant)
+            .count()
+    };
     assert!(
-        not_serving > 0,
+        broken(Invariant::ReleasedNotServing) > 0,
         "the checker saw no such release: {report:#?}"
+    );
+    assert!(
+        broken(Invariant::NoServingMember) > 0,
+        "the checker saw the pool always served: {report:#?}"
     );
 }
 

@@ -663,26 +663,14 @@ pub async fn leave(
             let message = format!(
                 "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
             );
-            set(
-                pass,
-                status,
-                reasons::LAST_ACTIVE_MEMBER,
-                Status::True,
-                message,
-            );
+            set_held(pass, status, message);
             Ok(safety_net)
         }
         LeaveStep::Hold { port } => {
             let message = format!(
                 "removal held: this machine's member is the last ready one of the pool for port {port} (ACTIVE; and serving, under the serving gate); it goes once another member is"
             );
-            set(
-                pass,
-                status,
-                reasons::LAST_ACTIVE_MEMBER,
-                Status::True,
-                message,
-            );
+            set_held(pass, status, message);
             Ok(safety_net)
         }
         LeaveStep::Delete {
@@ -768,6 +756,17 @@ pub async fn leave(
             Ok(Left::Done)
         }
     }
+}
+
+/// The removal waits: this machine's member is the last ready one of its pool.
+fn set_held(pass: &Pass<'_>, status: &mut InstanceStatus, message: String) {
+    set(
+        pass,
+        status,
+        reasons::LAST_ACTIVE_MEMBER,
+        Status::True,
+        message,
+    );
 }
 
 /// The machine's members still in the pools, each with how many other members of its pool
