@@ -229,6 +229,25 @@ def ensure_no_room(conn):
     conn.set_volume_quotas(project.id, volumes=0)
 
 
+def ensure_room(conn):
+    """The tests' project gets room for several whole clusters at once (each e2e test holds a
+    bastion, 3 control-plane machines, a worker and a rollout's extra machine): Nova's default
+    of 10 instances stalled two concurrent rollouts, and every later test with them."""
+    project = conn.identity.find_project(TENANT, domain_id="default")
+    conn.set_compute_quotas(project.id, instances=200, cores=800, ram=1638400)
+    conn.set_volume_quotas(project.id, volumes=200, gigabytes=10000, snapshots=200)
+    conn.network.update_quota(
+        project.id,
+        networks=200,
+        subnets=400,
+        ports=2000,
+        routers=100,
+        floating_ips=200,
+        security_groups=400,
+        security_group_rules=4000,
+    )
+
+
 def ensure_tenant_network(conn):
     network = conn.network.find_network(LB_TEST_NETWORK)
     if network is None:
@@ -302,6 +321,7 @@ def resources():
     # A /30: the gateway takes .1, so .2 is the only address to hand out.
     ensure_external_network(conn, TINY_EXTERNAL_NETWORK, "tiny", TINY_EXTERNAL_CIDR)
     ensure_no_room(conn)
+    ensure_room(conn)
     user = tenant()
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.
