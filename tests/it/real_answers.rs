@@ -687,7 +687,60 @@ async fn security_group(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Mad
         neutron.list_security_group_rules(&of_group),
     )
     .await;
+    bulk_rules(r, &neutron, &rule).await;
     (made.group, made.rule) = (group, created.id);
+}
+
+/// Rules in one request, as the cluster controller adds a group's missing rules: Neutron makes
+/// them all, or refuses the whole request when one is already there or given twice.
+async fn bulk_rules(
+    r: &Recorder,
+    neutron: &capo_provider::cloud::neutron::Neutron<'_>,
+    existing: &SecurityGroupRule,
+) {
+    let on_port = |port: u16| SecurityGroupRule {
+        port_range_min: Some(port),
+        port_range_max: Some(port),
+        description: Some(format!("port {port}")),
+        ..existing.clone()
+    };
+    let made = must(
+        r,
+        "security_group_rule_bulk_create",
+        neutron.create_security_group_rules(&[on_port(10250), on_port(179)]),
+    )
+    .await;
+    assert_eq!(made.len(), 2, "both rules made: {made:?}");
+    let of_group = Filter::default().with("security_group_id", existing.security_group_id.clone());
+    let before = must(
+        r,
+        "security_group_rule_list (before refused bulk creates)",
+        neutron.list_security_group_rules(&of_group),
+    )
+    .await;
+    refused(
+        r,
+        "security_group_rule_bulk_create (one exists)",
+        neutron.create_security_group_rules(&[on_port(2379), existing.clone()]),
+    )
+    .await;
+    refused(
+        r,
+        "security_group_rule_bulk_create (one twice)",
+        neutron.create_security_group_rules(&[on_port(2380), on_port(2380)]),
+    )
+    .await;
+    let after = must(
+        r,
+        "security_group_rule_list (after refused bulk creates)",
+        neutron.list_security_group_rules(&of_group),
+    )
+    .await;
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "a refused bulk request makes none of its rules"
+    );
 }
 
 /// A machine: its port (and an address clash), trunk, server and a volume.

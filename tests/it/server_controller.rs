@@ -442,6 +442,47 @@ async fn a_server_goes_build_to_active_with_its_ports_and_addresses() {
 }
 
 #[tokio::test]
+async fn servers_share_lookups_and_an_image_published_again_is_looked_up_again() {
+    let world = World::start().await;
+    for name in ["first", "second"] {
+        world.create(server_manifest(name)).await;
+        world.wait_for(name, "Ready", is_ready).await;
+    }
+    for lookup in [
+        "image image_list",
+        "compute flavor_list",
+        "network network_list",
+    ] {
+        assert_eq!(
+            world.requests(lookup),
+            1,
+            "{lookup}: the second server used the first's"
+        );
+    }
+    // The image is rebuilt and published under its name: the remembered ID is gone.
+    let image = "ubuntu-2404-kube-v1.33.4";
+    let republished = world.cloud.republish_image(image);
+    world.create(server_manifest("third")).await;
+    let third = world.wait_for("third", "Ready", is_ready).await;
+    let resolved = third.status.unwrap().resolved.unwrap();
+    assert_eq!(
+        resolved.image_id,
+        Some(republished),
+        "the new image is booted"
+    );
+    assert_eq!(
+        world.requests("image image_list"),
+        2,
+        "looked up again once"
+    );
+    assert_eq!(
+        world.requests("compute server_create"),
+        4,
+        "three servers and the one refusal of the stale image"
+    );
+}
+
+#[tokio::test]
 async fn a_missing_image_or_flavor_is_terminal_with_a_warning_and_no_requeue_storm() {
     let world = World::start().await;
     let mut no_image = server_manifest("no-image");

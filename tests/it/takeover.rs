@@ -34,8 +34,30 @@ pub fn capo_crds() -> Vec<Value> {
     }
     capo_api::crds::all()
         .into_iter()
-        .map(|crd| v1beta1_only(&serde_json::to_value(crd).expect("CRD")))
+        .map(|crd| {
+            with_capi_v1beta1_conditions(v1beta1_only(&serde_json::to_value(crd).expect("CRD")))
+        })
         .collect()
+}
+
+/// CAPO 0.14 keeps Cluster API v1beta1 conditions on every kind, OpenStackServer (v1alpha1)
+/// too: a True condition needs no reason or message. Ours (metav1 conditions) would refuse
+/// the statuses CAPO wrote.
+fn with_capi_v1beta1_conditions(mut crd: Value) -> Value {
+    if let Some(Value::Array(versions)) = crd.pointer_mut("/spec/versions") {
+        for version in versions {
+            let items = version.pointer_mut(
+                "/schema/openAPIV3Schema/properties/status/properties/conditions/items",
+            );
+            if let Some(Value::Object(items)) = items {
+                items.insert(
+                    "required".into(),
+                    json!(["lastTransitionTime", "status", "type"]),
+                );
+            }
+        }
+    }
+    crd
 }
 
 /// The kinds copied, owners before what they own, with the version CAPO 0.14's world

@@ -15,6 +15,7 @@ use super::capabilities::Capabilities;
 use super::credentials::{CloudCredentials, ResolvedCloud};
 use super::error::ErrorContext;
 use super::limiter::{EndpointGate, GateKey, RateLimit};
+use super::lookups::Lookups;
 use super::metrics::ApiMetrics;
 use super::path::{PathOptions, RequestPath, ServiceGates};
 use super::session::{SdkSession, Session, SessionScope};
@@ -63,6 +64,8 @@ pub struct Clouds {
     sessions: Mutex<HashMap<String, SessionSlot>>,
     /// What each cloud (auth URL, region) offers, shared by its clients.
     capabilities: Mutex<HashMap<(String, String), Arc<Capabilities>>>,
+    /// What each credential's names resolved to lately, shared by its clients.
+    lookups: Mutex<HashMap<(String, String, String), Arc<Lookups>>>,
     cancel: CancellationToken,
 }
 
@@ -84,6 +87,7 @@ impl Clouds {
             gates: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             capabilities: Mutex::new(HashMap::new()),
+            lookups: Mutex::new(HashMap::new()),
             cancel,
         }))
     }
@@ -127,6 +131,7 @@ impl Clouds {
                 self.options.path.clone(),
                 self.cancel.clone(),
                 self.capabilities_of(&scope),
+                self.lookups_of(&scope),
             ),
         }
     }
@@ -134,6 +139,16 @@ impl Clouds {
     fn capabilities_of(&self, scope: &SessionScope) -> Arc<Capabilities> {
         let key = (scope.auth_url.clone(), scope.region.clone());
         let mut known = self.capabilities.lock().unwrap_or_else(|e| e.into_inner());
+        known.entry(key).or_default().clone()
+    }
+
+    fn lookups_of(&self, scope: &SessionScope) -> Arc<Lookups> {
+        let key = (
+            scope.auth_url.clone(),
+            scope.region.clone(),
+            scope.identity.clone(),
+        );
+        let mut known = self.lookups.lock().unwrap_or_else(|e| e.into_inner());
         known.entry(key).or_default().clone()
     }
 

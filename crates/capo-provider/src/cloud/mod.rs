@@ -21,6 +21,7 @@ mod endpoint;
 mod error;
 pub mod glance;
 mod limiter;
+pub mod lookups;
 mod metrics;
 pub mod neutron;
 pub mod nova;

@@ -630,6 +630,19 @@ impl<'a> Neutron<'a> {
             .await
     }
 
+    /// Several rules of one group in one request (Neutron's native bulk create). Neutron
+    /// creates all of them or none: a rule the group already has (or one given twice) refuses
+    /// the whole request with a 409, and rules of two groups with a 400.
+    pub async fn create_security_group_rules(
+        &self,
+        rules: &[SecurityGroupRule],
+    ) -> Result<Vec<SecurityGroupRule>, CloudError> {
+        let op = op("security_group_rule_bulk_create");
+        let body = serde_json::to_value(rules).map_err(|e| encode_error(op, &e))?;
+        self.create(op, "security-group-rules", "security_group_rules", body)
+            .await
+    }
+
     pub async fn delete_security_group_rule(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("security_group_rule_delete"), "security-group-rules", id)
             .await

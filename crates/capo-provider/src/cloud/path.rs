@@ -13,6 +13,7 @@ use url::Url;
 use super::capabilities::Capabilities;
 use super::error::{CloudError, ErrorContext, classify_response};
 use super::limiter::{EndpointGate, Refused};
+use super::lookups::Lookups;
 use super::metrics::ApiMetrics;
 use super::retry::{RetryPolicy, is_retryable};
 use super::session::{SendError, Session};
@@ -83,6 +84,7 @@ pub struct RequestPath {
     cancel: CancellationToken,
     call_cancel: Option<CancellationToken>,
     capabilities: Arc<Capabilities>,
+    lookups: Arc<Lookups>,
 }
 
 /// One HTTP request, kept whole so it can be sent again.
@@ -113,6 +115,7 @@ impl RequestPath {
         options: PathOptions,
         cancel: CancellationToken,
         capabilities: Arc<Capabilities>,
+        lookups: Arc<Lookups>,
     ) -> Self {
         RequestPath {
             session,
@@ -122,12 +125,18 @@ impl RequestPath {
             cancel,
             call_cancel: None,
             capabilities,
+            lookups,
         }
     }
 
     /// What this cloud was found to offer.
     pub fn capabilities(&self) -> &Capabilities {
         &self.capabilities
+    }
+
+    /// Names these credentials resolved to IDs lately.
+    pub fn lookups(&self) -> &Lookups {
+        &self.lookups
     }
 
     /// The same path, cancelled by `cancel` as well as by the client's own token.

@@ -54,6 +54,26 @@ pub fn add_image(world: &mut World, name: &str, tags: &[&str]) -> String {
     id
 }
 
+/// The image named `name` uploaded again, as an image pipeline publishes a rebuild: the old
+/// ones of that name are deleted, and the new one (a new ID) takes the name and tags.
+pub fn republish_image(world: &mut World, name: &str) -> String {
+    let tags: Vec<String> = world
+        .glance
+        .images
+        .iter()
+        .find(|i| i["name"] == name)
+        .and_then(|i| i["tags"].as_array())
+        .map(|tags| {
+            tags.iter()
+                .filter_map(|t| t.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    world.glance.images.retain(|i| i["name"] != name);
+    let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
+    add_image(world, name, &tags)
+}
+
 pub fn handle(
     world: &mut World,
     method: &Method,

@@ -175,6 +175,12 @@ impl OpenStackSim {
         neutron::add_external_network(&mut self.shared.world(), name, cidr);
     }
 
+    /// Deletes the images named `name` and uploads a new one under it (a new ID), as an
+    /// image pipeline republishes a rebuild.
+    pub fn republish_image(&self, name: &str) -> String {
+        glance::republish_image(&mut self.shared.world(), name)
+    }
+
     /// Adds one fault rule.
     pub fn add_rule(&self, rule: Rule) {
         self.shared.world().scenario.rules.push(rule);

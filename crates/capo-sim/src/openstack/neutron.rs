@@ -180,6 +180,9 @@ pub fn handle(
                 .collect();
             Reply::ok(json!({ path.replace('-', "_"): items }))
         }
+        ("POST", []) if path == "security-group-rules" && body.get(key).is_none() => {
+            create_rules(world, &body["security_group_rules"])
+        }
         ("POST", []) => match body.get(key) {
             Some(object) if object.is_object() => match validate(world, path, object) {
                 Ok(()) => Reply::json(201, {
@@ -217,6 +220,51 @@ pub fn handle(
         }
         _ => Reply::neutron(404, "HTTPNotFound", "The resource could not be found."),
     }
+}
+
+/// Neutron's native bulk create of rules: all of one group, none given twice, none the group
+/// has; all are created or none (Neutron's `create_security_group_rule_bulk_native`).
+fn create_rules(world: &mut World, rules: &Value) -> Reply {
+    let Some(rules) = rules.as_array().filter(|r| !r.is_empty()) else {
+        return Reply::neutron(400, "BadRequest", "Resources required");
+    };
+    let groups: std::collections::BTreeSet<&str> = rules
+        .iter()
+        .map(|r| r["security_group_id"].as_str().unwrap_or_default())
+        .collect();
+    if groups.len() > 1 {
+        return Reply::neutron(
+            400,
+            "SecurityGroupNotSingleGroupRules",
+            "Only allowed to update rules for one security profile at a time",
+        );
+    }
+    let mut keys = Vec::with_capacity(rules.len());
+    for rule in rules {
+        if !rule.is_object() {
+            return Reply::neutron(400, "BadRequest", "Resource body required");
+        }
+        if let Err(reply) = check_rule(world, rule) {
+            return reply;
+        }
+        let key = rule_key(rule);
+        if keys.contains(&key) {
+            return Reply::neutron(
+                409,
+                "DuplicateSecurityGroupRuleInPost",
+                "Duplicate Security Group Rule in POST.",
+            );
+        }
+        keys.push(key);
+    }
+    let created: Vec<Value> = rules
+        .iter()
+        .map(|rule| {
+            let made = create_object(world, "security-group-rules", rule.clone());
+            shown(world, "security-group-rules", &made)
+        })
+        .collect();
+    Reply::json(201, json!({ "security_group_rules": created }))
 }
 
 /// One extension, as `GET /v2.0/extensions/{alias}` shows it. Recorded on the real tier: 200

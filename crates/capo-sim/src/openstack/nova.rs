@@ -240,7 +240,8 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         return Reply::nova(400, "Missing imageRef attribute");
     }
     if !image_ref.is_empty() && !world.glance.exists(image_ref) {
-        return Reply::nova(400, format!("Image {image_ref} could not be found."));
+        // Nova's create API turns ImageNotFound into this (servers.py, `create`).
+        return Reply::nova(400, "Can not find requested image");
     }
     if let Some(refused) = over_quota(world, request) {
         return refused;

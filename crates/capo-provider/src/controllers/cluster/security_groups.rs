@@ -104,22 +104,7 @@ pub async fn reconcile(
                 Err(e) => return Err(ClusterError::cloud("deleting a security group rule")(e)),
             }
         }
-        for rule in create {
-            let rule = SecurityGroupRule {
-                security_group_id: group.id.clone(),
-                ..rule.clone()
-            };
-            match cloud.neutron().create_security_group_rule(&rule).await {
-                // Another pass made it meanwhile: what we wanted exists.
-                Ok(_) | Err(CloudError::Conflict(_)) => work.created += 1,
-                Err(e) => {
-                    return Err(ClusterError::cloud(format!(
-                        "adding a rule to the {} security group",
-                        role.as_str()
-                    ))(e));
-                }
-            }
-        }
+        work.created += add_rules(cloud, *role, &group.id, wanted, create).await?;
     }
     if work.created + work.deleted > 0 {
         tracing::info!(
@@ -129,6 +114,55 @@ pub async fn reconcile(
         );
     }
     Ok(work)
+}
+
+/// A group's missing rules, in one bulk request. Neutron refuses the whole request when the
+/// group already has one of them (another pass, or someone else, added it meanwhile); then the
+/// group's rules are read again and what is still missing is sent once more.
+async fn add_rules(
+    cloud: &CloudClient,
+    role: Role,
+    group_id: &str,
+    wanted: &[SecurityGroupRule],
+    missing: Vec<&SecurityGroupRule>,
+) -> Result<usize, ClusterError> {
+    let failed = || {
+        ClusterError::cloud(format!(
+            "adding rules to the {} security group",
+            role.as_str()
+        ))
+    };
+    let mut missing = in_group(group_id, missing);
+    let mut reread = false;
+    loop {
+        if missing.is_empty() {
+            return Ok(0);
+        }
+        match cloud.neutron().create_security_group_rules(&missing).await {
+            Ok(made) => return Ok(made.len()),
+            Err(CloudError::Conflict(_)) if !reread => {
+                reread = true;
+                let of_group = Filter::default().with("security_group_id", group_id);
+                let existing = cloud
+                    .neutron()
+                    .list_security_group_rules(&of_group)
+                    .await
+                    .map_err(failed())?;
+                missing = in_group(group_id, rules::changes(group_id, wanted, &existing).0);
+            }
+            Err(e) => return Err(failed()(e)),
+        }
+    }
+}
+
+fn in_group(group_id: &str, rules: Vec<&SecurityGroupRule>) -> Vec<SecurityGroupRule> {
+    rules
+        .into_iter()
+        .map(|rule| SecurityGroupRule {
+            security_group_id: group_id.to_owned(),
+            ..rule.clone()
+        })
+        .collect()
 }
 
 async fn find(cloud: &CloudClient, name: &str) -> Result<Option<SecurityGroup>, ClusterError> {

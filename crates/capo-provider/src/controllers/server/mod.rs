@@ -82,6 +82,10 @@ pub enum ServerError {
         #[source]
         source: CloudError,
     },
+    /// The cloud refused a create because an image, flavor or network this server found by
+    /// name is gone: it is looked up again on the next pass.
+    #[error("{0}; looking it up again")]
+    LookupGone(String),
     #[error("volume {0} is in ERROR: delete it, and capo-rs creates it again")]
     VolumeFailed(String),
     /// Several servers carry our server's name: which one is ours cannot be told.
@@ -114,6 +118,7 @@ impl Categorized for ServerError {
             } => ErrorCategory::InvalidSpec,
             ServerError::Resolve(ResolveError::Cloud { source, .. })
             | ServerError::Cloud { source, .. } => source.category(),
+            ServerError::LookupGone(_) => ErrorCategory::Transient,
             ServerError::UserData(_)
             | ServerError::ImageNotReady(_)
             | ServerError::WaitingForAddress(_) => ErrorCategory::Dependency,

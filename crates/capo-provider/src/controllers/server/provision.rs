@@ -29,6 +29,9 @@ use crate::cloud::{CloudClient, CloudError};
 use crate::controllers::identity;
 use crate::controllers::{Context, Outcome, writes};
 
+/// How a port create's failure begins (a 404 there may be a network found by filter gone).
+const CREATING_PORT: &str = "creating port";
+
 /// The Secret key holding user data, as Cluster API's bootstrap providers write it.
 pub const USER_DATA_KEY: &str = "value";
 
@@ -105,7 +108,63 @@ pub(super) async fn run(
         floating,
     };
     pass.observe(status).await?;
-    pass.apply(status).await
+    let cloud = pass.cloud.clone();
+    pass.apply(status)
+        .await
+        .map_err(|error| look_up_again(&cloud, spec, error, status))
+}
+
+/// A create the cloud refused because something this server found by name is gone (an image
+/// re-published, a network replaced): the shared lookups forget what it was resolved to, and
+/// the server resolves again on its next pass instead of failing on a stale ID. What the spec
+/// names by ID stays the spec's problem.
+fn look_up_again(
+    cloud: &CloudClient,
+    spec: &OpenStackServerSpec,
+    error: ServerError,
+    status: &mut InstanceStatus,
+) -> ServerError {
+    if !is_stale_lookup(spec, &error) {
+        return error;
+    }
+    let Some(resolved) = status.resolved.take() else {
+        return error;
+    };
+    let mut ids: Vec<&str> = [&resolved.image_id, &resolved.flavor_id]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    ids.extend(resolved.ports.iter().map(|p| p.network_id.as_str()));
+    let forgotten = cloud.path().lookups().forget_ids(&ids);
+    tracing::info!(forgotten, %error, "the cloud lost something this server was resolved to");
+    ServerError::LookupGone(error.to_string())
+}
+
+/// Whether the cloud refused a create for want of something the spec names by filter or
+/// name: Neutron's 404 for a port's network, Nova's 400 for the image or the flavor.
+fn is_stale_lookup(spec: &OpenStackServerSpec, error: &ServerError) -> bool {
+    let ServerError::Cloud { action, source } = error else {
+        return false;
+    };
+    match source {
+        CloudError::NotFound(_) if action.starts_with(CREATING_PORT) => spec
+            .ports
+            .iter()
+            .any(|p| p.network.as_ref().is_some_and(|n| n.id.is_none())),
+        CloudError::BadRequest(context)
+            if context.message.contains("Can not find requested image") =>
+        {
+            spec.image.id.is_none()
+        }
+        CloudError::BadRequest(context)
+            if context.message.contains("Flavor ")
+                && context.message.contains("could not be found") =>
+        {
+            spec.flavor_id.is_none()
+        }
+        _ => false,
+    }
 }
 
 /// A trunk is asked for only where Neutron has the extension, as CAPO checks: a clear
@@ -357,7 +416,7 @@ impl Pass<'_> {
                 .neutron()
                 .create_port(&plan::port_request(want))
                 .await
-                .map_err(ServerError::cloud(format!("creating port {}", want.name)))?;
+                .map_err(ServerError::cloud(format!("{CREATING_PORT} {}", want.name)))?;
             tracing::info!(port = %port.id, name = %want.name, "created port");
             self.observed.ports[index] = Some(port.id.clone());
             record_ports(status, &self.observed.ports);

@@ -65,9 +65,8 @@ pub async fn resolve(
     };
     let default_groups = security_groups(cloud_client, &spec.security_groups).await?;
     let mut ports = Vec::with_capacity(spec.ports.len());
-    let mut networks = NetworkMemo::default();
     for (index, port) in spec.ports.iter().enumerate() {
-        let refs = port_refs(cloud_client, index, port, &default_groups, &mut networks).await?;
+        let refs = port_refs(cloud_client, index, port, &default_groups).await?;
         ports.push(resolved_port(server, index, port, spec, cluster, refs));
     }
     Ok(ResolvedServerSpec {
@@ -85,7 +84,27 @@ async fn image(
     if let Some(id) = &spec.image.id {
         return Ok(id.clone());
     }
-    find_image(cloud_client, &spec.image).await.map(|i| i.id)
+    let question = format!("image {:?}", spec.image.filter);
+    remembered(cloud_client, question, async || {
+        find_image(cloud_client, &spec.image).await.map(|i| i.id)
+    })
+    .await
+}
+
+/// `ask`'s answer to `question`, shared with the other servers of these credentials for a
+/// while ([`crate::cloud::lookups`]): a burst of servers naming one image asks once.
+async fn remembered(
+    cloud_client: &CloudClient,
+    question: String,
+    ask: impl AsyncFnOnce() -> Result<String, ResolveError>,
+) -> Result<String, ResolveError> {
+    let lookups = cloud_client.path().lookups();
+    if let Some(id) = lookups.known(&question) {
+        return Ok(id);
+    }
+    let id = ask().await?;
+    lookups.remember(&question, &id);
+    Ok(id)
 }
 
 /// The one image an image parameter names: by ID, or the one its filter matches.
@@ -126,16 +145,21 @@ async fn flavor(
             "neither flavor nor flavorID is set".into(),
         ));
     };
-    match cloud_client.nova().flavor_by_name(name).await {
-        Ok(flavor) => Ok(flavor.id),
-        Err(CloudError::NotFound(_)) => {
-            Err(ResolveError::Spec(format!("no flavor named {name:?}")))
-        }
-        Err(source) => Err(ResolveError::Cloud {
-            what: "the flavor".into(),
-            source,
-        }),
-    }
+    remembered(
+        cloud_client,
+        format!("flavor {name}"),
+        async || match cloud_client.nova().flavor_by_name(name).await {
+            Ok(flavor) => Ok(flavor.id),
+            Err(CloudError::NotFound(_)) => {
+                Err(ResolveError::Spec(format!("no flavor named {name:?}")))
+            }
+            Err(source) => Err(ResolveError::Cloud {
+                what: "the flavor".into(),
+                source,
+            }),
+        },
+    )
+    .await
 }
 
 async fn server_group(
@@ -189,10 +213,6 @@ async fn security_groups(
     Ok(ids)
 }
 
-/// Networks already resolved in this pass, by filter: ports on one network ask once.
-#[derive(Default)]
-struct NetworkMemo(std::collections::HashMap<String, String>);
-
 /// A port's network, fixed IPs' subnets and security groups (the server's when the port
 /// names none).
 async fn port_refs(
@@ -200,27 +220,23 @@ async fn port_refs(
     index: usize,
     port: &PortOpts,
     default_groups: &[String],
-    networks: &mut NetworkMemo,
 ) -> Result<ResolvedRefs, ResolveError> {
     let mut network_id = match &port.network {
         Some(IdOrFilter { id: Some(id), .. }) => Some(id.clone()),
         Some(IdOrFilter { filter, .. }) => {
             let filter = neutron_filter(filter.as_ref());
-            let key = format!("{filter:?}");
-            match networks.0.get(&key) {
-                Some(id) => Some(id.clone()),
-                None => {
-                    let found = cloud_client
-                        .neutron()
-                        .list_networks(&filter)
-                        .await
-                        .map_err(cloud(format!("the network of port {index}")))?;
-                    let what = format!("network for port {index}");
-                    let id = exactly_one(&what, found, |n| &n.id)?.id;
-                    networks.0.insert(key, id.clone());
-                    Some(id)
-                }
-            }
+            let question = format!("network {filter:?}");
+            let id = remembered(cloud_client, question, async || {
+                let found = cloud_client
+                    .neutron()
+                    .list_networks(&filter)
+                    .await
+                    .map_err(cloud(format!("the network of port {index}")))?;
+                let what = format!("network for port {index}");
+                Ok(exactly_one(&what, found, |n| &n.id)?.id)
+            })
+            .await?;
+            Some(id)
         }
         None => None,
     };
