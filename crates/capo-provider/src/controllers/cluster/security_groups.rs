@@ -55,10 +55,11 @@ pub async fn reconcile(
         return Ok(RuleWork::default());
     }
     let mut groups: BTreeMap<Role, SecurityGroup> = BTreeMap::new();
+    let mut found = find_all(cloud, names).await?;
     for role in Role::ALL {
         let wanted = role != Role::Bastion || bastion_enabled;
         let name = group_name(names, role).to_owned();
-        let existing = find(cloud, &name).await?;
+        let existing = only_one(&name, found.remove(&name).unwrap_or_default())?;
         match (wanted, existing) {
             (true, Some(group)) => {
                 keep_tags(spec, cloud, &group).await?;
@@ -165,12 +166,28 @@ fn in_group(group_id: &str, rules: Vec<&SecurityGroupRule>) -> Vec<SecurityGroup
         .collect()
 }
 
-async fn find(cloud: &CloudClient, name: &str) -> Result<Option<SecurityGroup>, ClusterError> {
-    let found = cloud
+/// Every group named as one of the cluster's, in one list (Neutron reads a repeated filter
+/// as any of its values), by name.
+async fn find_all(
+    cloud: &CloudClient,
+    names: &Names,
+) -> Result<BTreeMap<String, Vec<SecurityGroup>>, ClusterError> {
+    let filter = Role::ALL.iter().fold(Filter::default(), |filter, role| {
+        filter.with("name", group_name(names, *role))
+    });
+    let listed = cloud
         .neutron()
-        .list_security_groups(&Filter::by_name(name))
+        .list_security_groups(&filter)
         .await
-        .map_err(ClusterError::cloud("finding a security group"))?;
+        .map_err(ClusterError::cloud("finding the security groups"))?;
+    let mut by_name: BTreeMap<String, Vec<SecurityGroup>> = BTreeMap::new();
+    for group in listed {
+        by_name.entry(group.name.clone()).or_default().push(group);
+    }
+    Ok(by_name)
+}
+
+fn only_one(name: &str, found: Vec<SecurityGroup>) -> Result<Option<SecurityGroup>, ClusterError> {
     match found.len() {
         0 => Ok(None),
         1 => Ok(found.into_iter().next()),
