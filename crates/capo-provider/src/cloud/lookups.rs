@@ -5,7 +5,7 @@
 //! its ID is gone.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,9 +18,24 @@ pub const FRESH_FOR: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct Lookups {
     answers: Mutex<HashMap<String, (Instant, String)>>,
+    /// One lock per question being asked: servers created together wait for the first one's
+    /// answer instead of all asking at once.
+    asking: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Lookups {
+    /// The right to ask `question`, held while it is asked; a caller that waited for it finds
+    /// the answer in [`Lookups::known`].
+    pub async fn ask(&self, question: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+            // Locks nobody holds or waits for are dropped, so the map stays small.
+            asking.retain(|_, lock| Arc::strong_count(lock) > 1);
+            asking.entry(question.to_owned()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
     /// The ID `question` was answered with less than [`FRESH_FOR`] ago.
     pub fn known(&self, question: &str) -> Option<String> {
         let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
@@ -57,6 +72,24 @@ mod tests {
         assert_eq!(lookups.known("image name=debian"), None);
         tokio::time::advance(FRESH_FOR).await;
         assert_eq!(lookups.known("image name=ubuntu"), None);
+    }
+
+    #[tokio::test]
+    async fn callers_asking_together_wait_for_one_answer() {
+        let lookups = Arc::new(Lookups::default());
+        let first = lookups.ask("flavor m1.small").await;
+        let waiting = tokio::spawn({
+            let lookups = lookups.clone();
+            async move {
+                let _turn = lookups.ask("flavor m1.small").await;
+                lookups.known("flavor m1.small")
+            }
+        });
+        // Another question is not held up by this one.
+        drop(lookups.ask("image name=ubuntu").await);
+        lookups.remember("flavor m1.small", "fl-1");
+        drop(first);
+        assert_eq!(waiting.await.unwrap().as_deref(), Some("fl-1"));
     }
 
     #[tokio::test(start_paused = true)]

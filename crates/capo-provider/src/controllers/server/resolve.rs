@@ -102,6 +102,10 @@ async fn remembered(
     if let Some(id) = lookups.known(&question) {
         return Ok(id);
     }
+    let _turn = lookups.ask(&question).await;
+    if let Some(id) = lookups.known(&question) {
+        return Ok(id);
+    }
     let id = ask().await?;
     lookups.remember(&question, &id);
     Ok(id)
