@@ -161,6 +161,12 @@ pub struct RunArgs {
     /// --watch-filter).
     #[arg(long)]
     pub watch_filter: Option<String>,
+    /// This shard's share of each cloud's OpenStack budget (`--openstack-qps` and
+    /// `--openstack-burst` give the whole budget): 0.5 for one of two shards. With
+    /// `--leader-elect` it is written on the shard's Lease, and a shard whose share and the
+    /// other shards' come to more than 1 stops before calling any cloud.
+    #[arg(long, value_parser = capo_provider::manager::shards::parse_share)]
+    pub openstack_budget_share: Option<f64>,
     /// OpenStackServers reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub openstackserver_concurrency: u16,
@@ -251,6 +257,9 @@ pub enum ApiMonitor {
 }
 
 /// Leader election flags, as Cluster API's providers name them.
+/// The Lease replicas without `--watch-filter` compete for.
+const DEFAULT_LEASE: &str = "capo-rs-leader-election";
+
 #[derive(Debug, clap::Args)]
 pub struct LeaderArgs {
     /// Run the controllers only while holding a coordination.k8s.io Lease, so that several
@@ -268,12 +277,27 @@ pub struct LeaderArgs {
     /// How often candidates try for the Lease, and the leader renews it.
     #[arg(long, default_value = "2s", value_parser = capo_provider::manager::parse_duration)]
     pub leader_elect_retry_period: Duration,
-    /// The Lease's name.
-    #[arg(long, default_value = "capo-rs-leader-election")]
+    /// The Lease's name (a shard's default adds its `--watch-filter`).
+    #[arg(long, default_value = DEFAULT_LEASE)]
     pub leader_election_id: String,
     /// The Lease's namespace (default: the pod's, else the kubeconfig context's).
     #[arg(long, env = "POD_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
+}
+
+/// A shard's part of each endpoint's budget: the rate and the burst scaled by its share (at
+/// least one request each).
+fn shared_budget(mut options: CloudOptions, share: Option<f64>) -> CloudOptions {
+    let Some(share) = share else {
+        return options;
+    };
+    let scale = |whole: NonZeroU32| {
+        let part = (f64::from(whole.get()) * share).floor() as u32;
+        NonZeroU32::new(part).unwrap_or(NonZeroU32::MIN)
+    };
+    options.rate_limit.qps = scale(options.rate_limit.qps);
+    options.rate_limit.burst = scale(options.rate_limit.burst);
+    options
 }
 
 fn positive_rate(text: &str) -> Result<f64, String> {
@@ -319,10 +343,34 @@ impl RunArgs {
                 ),
                 ..defaults.engine.clone()
             },
-            cloud: self.openstack.options()?,
+            cloud: shared_budget(self.openstack.options()?, self.openstack_budget_share),
+            budget_share: self.openstack_budget_share.or(Some(1.0)),
             crd_wait: Some(self.crd_wait),
             ..defaults
         })
+    }
+
+    /// The Lease's name: a shard (`--watch-filter`) competes for its own, named after its
+    /// filter, unless `--leader-election-id` names one.
+    fn lease_name(&self) -> String {
+        let id = &self.leader.leader_election_id;
+        match self.watch_filter.as_deref().filter(|f| !f.is_empty()) {
+            Some(filter) if id == DEFAULT_LEASE => {
+                let suffix: String = filter
+                    .to_ascii_lowercase()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '.' {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect();
+                format!("{id}-{}", suffix.trim_matches(|c| c == '-' || c == '.'))
+            }
+            _ => id.clone(),
+        }
     }
 
     /// The Lease to compete for, when asked.
@@ -341,11 +389,15 @@ impl RunArgs {
             .unwrap_or_else(|| default_namespace.to_owned());
         let election = LeaderElection {
             namespace,
-            name: args.leader_election_id.clone(),
+            name: self.lease_name(),
             identity: identity.to_owned(),
             lease_duration: args.leader_elect_lease_duration,
             renew_deadline: args.leader_elect_renew_deadline,
             retry_period: args.leader_elect_retry_period,
+            annotations: std::collections::BTreeMap::from([(
+                capo_provider::manager::shards::SHARE_ANNOTATION.to_owned(),
+                self.openstack_budget_share.unwrap_or(1.0).to_string(),
+            )]),
         };
         election.validate().map_err(anyhow::Error::msg)?;
         Ok(Some(election))
@@ -641,5 +693,45 @@ mod tests {
         )
         .expect("written");
         assert!(read_ca_bundle(&good).is_ok());
+    }
+
+    fn parse(flags: &[&str]) -> Result<RunArgs, clap::Error> {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let argv = std::iter::once("capo-rs").chain(flags.iter().copied());
+        Wrapper::try_parse_from(argv).map(|w| w.run)
+    }
+
+    fn run_args(flags: &[&str]) -> RunArgs {
+        parse(flags).expect("flags parse")
+    }
+
+    #[test]
+    fn a_shard_competes_for_its_own_lease_and_takes_its_share_of_the_budget() {
+        assert_eq!(run_args(&[]).lease_name(), DEFAULT_LEASE);
+        let shard = run_args(&[
+            "--watch-filter",
+            "Team_A",
+            "--openstack-budget-share",
+            "0.25",
+        ]);
+        assert_eq!(shard.lease_name(), "capo-rs-leader-election-team-a");
+        let named = run_args(&["--watch-filter", "a", "--leader-election-id", "mine"]);
+        assert_eq!(named.lease_name(), "mine");
+        let mut whole = CloudOptions::default();
+        whole.rate_limit.qps = NonZeroU32::new(100).expect("non-zero");
+        whole.rate_limit.burst = NonZeroU32::new(200).expect("non-zero");
+        let part = shared_budget(whole.clone(), shard.openstack_budget_share);
+        assert_eq!(
+            (part.rate_limit.qps.get(), part.rate_limit.burst.get()),
+            (25, 50)
+        );
+        let tiny = shared_budget(whole, Some(0.001));
+        assert_eq!(tiny.rate_limit.qps.get(), 1, "never below one request");
+        let refused = parse(&["--openstack-budget-share", "1.5"]).expect_err("over the whole");
+        assert!(refused.to_string().contains("(0, 1]"), "{refused}");
     }
 }

@@ -631,6 +631,65 @@ async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
     assert_eq!(spec.lease_transitions, Some(1));
 }
 
+/// A shard's flags: its filter and its share of the budget, under leader election.
+fn shard_flags<'a>(filter: &'a str, share: &'a str) -> Vec<&'a str> {
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend(["--watch-filter", filter, "--openstack-budget-share", share]);
+    flags
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget() {
+    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let (_dir, kubeconfig) = kubeconfig_file(&world);
+    let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let a = Replica::spawn(&kubeconfig, "shard-a", &shard_flags("a", "0.6"));
+    a.wait_log("became the leader").await;
+
+    // A second shard asking for half: 0.6 + 0.5 is more than the cloud allows.
+    let mut greedy = Replica::spawn(&kubeconfig, "shard-b", &shard_flags("b", "0.5"));
+    assert_eq!(
+        greedy.exit_code(LONG).await,
+        Some(1),
+        "{}",
+        greedy.log_text()
+    );
+    let said = greedy.log_text();
+    assert!(
+        said.contains("add up to 1.100") && said.contains("capo-rs-leader-election-a 0.6"),
+        "{said}"
+    );
+    let let_go = leases.get("capo-rs-leader-election-b").await.unwrap();
+    assert_eq!(
+        let_go.spec.and_then(|s| s.holder_identity),
+        None,
+        "the refused shard let its Lease go"
+    );
+
+    // With 0.4 it fits, and each shard holds its own Lease, its share written on it.
+    let b = Replica::spawn(&kubeconfig, "shard-b", &shard_flags("b", "0.4"));
+    b.wait_log("became the leader").await;
+    for (lease, holder, share) in [("a", "shard-a", "0.6"), ("b", "shard-b", "0.4")] {
+        let lease = leases
+            .get(&format!("capo-rs-leader-election-{lease}"))
+            .await
+            .unwrap();
+        let annotations = lease.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(capo_provider::manager::shards::SHARE_ANNOTATION)
+                .map(String::as_str),
+            Some(share)
+        );
+        let held_by = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        assert!(held_by.starts_with(holder), "{held_by}");
+    }
+    drop((a, b));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_in_a_burst_of_reconciles_exits_in_time_and_loses_nothing() {
     let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;

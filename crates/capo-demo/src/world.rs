@@ -153,6 +153,7 @@ fn manager_config(config: &DemoConfig) -> ManagerConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            annotations: Default::default(),
         }),
         ..ManagerConfig::default()
     };

@@ -16,6 +16,7 @@
 //! renew believing it leads until it next reads another holder (no renew deadline), so a
 //! partitioned leader would reconcile beside its successor.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -41,6 +42,8 @@ pub struct LeaderElection {
     pub renew_deadline: Duration,
     /// How often candidates try, and the leader renews.
     pub retry_period: Duration,
+    /// Written on the Lease whenever this replica takes or renews it (a shard's budget share).
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl LeaderElection {
@@ -183,6 +186,8 @@ impl Candidate {
                     metadata: ObjectMeta {
                         name: Some(self.config.name.clone()),
                         namespace: Some(self.config.namespace.clone()),
+                        annotations: Some(self.config.annotations.clone())
+                            .filter(|a| !a.is_empty()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {
@@ -202,6 +207,13 @@ impl Candidate {
             } => {
                 let mut lease = current.unwrap_or_default();
                 lease.metadata.resource_version = Some(resource_version);
+                if !self.config.annotations.is_empty() {
+                    lease
+                        .metadata
+                        .annotations
+                        .get_or_insert_with(BTreeMap::new)
+                        .extend(self.config.annotations.clone());
+                }
                 lease.spec = Some(*spec);
                 self.api
                     .replace(&self.config.name, &PostParams::default(), &lease)
@@ -429,6 +441,7 @@ mod tests {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            annotations: BTreeMap::new(),
         }
     }
 

@@ -184,7 +184,8 @@ pub const CLUSTER_RULES: &[Rule] = &[
 pub const LEASE_RULES: &[Rule] = &[Rule {
     group: "coordination.k8s.io",
     resources: &["leases"],
-    verbs: &["get", "create", "update"],
+    // list: a shard adds up the budget shares written on the other shards' Leases.
+    verbs: &["get", "list", "create", "update"],
 }];
 
 /// A setting of `capo-rs run` that clusterctl users set with a variable.

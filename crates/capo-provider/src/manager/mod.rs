@@ -15,6 +15,7 @@ pub mod kube_client;
 pub mod leader;
 pub mod manifests;
 pub mod migration;
+pub mod shards;
 pub mod shared;
 pub mod wakeups;
 pub mod webhook;
@@ -55,6 +56,9 @@ pub struct ManagerConfig {
     pub crd_wait: Option<Duration>,
     /// Run the controllers only while holding this Lease; `None` runs them at once.
     pub leader_election: Option<LeaderElection>,
+    /// This shard's share of every cloud's OpenStack budget, written on its Lease and checked
+    /// against the other shards' once it leads ([`shards`]); `None` checks nothing.
+    pub budget_share: Option<f64>,
     /// How the engine observes members; status trees when `None` (production). Benchmarks
     /// and tests plug in the strategies they compare against.
     pub observer: Option<SharedObserver>,
@@ -83,6 +87,7 @@ impl Default for ManagerConfig {
             crd_retry: Duration::from_secs(10),
             crd_wait: None,
             leader_election: None,
+            budget_share: None,
             observer: None,
         }
     }
@@ -102,6 +107,33 @@ pub enum ManagerError {
     Metrics(#[from] prometheus::Error),
     #[error("lost the leader Lease: stopping at once so that the new leader works alone")]
     LeadershipLost,
+    #[error("{0}")]
+    BudgetShares(String),
+}
+
+/// Why this shard may not run: its budget share and the other shards' come to more than a
+/// cloud's whole budget, or their Leases cannot be read.
+async fn budget_refusal(
+    client: &kube::Client,
+    election: &LeaderElection,
+    share: f64,
+) -> Option<ManagerError> {
+    match shards::shares(client.clone(), &election.namespace, &election.name, share).await {
+        Ok(shares) if shares.exceed_budget() => Some(ManagerError::BudgetShares(
+            shards::over_budget_message(&shares),
+        )),
+        Ok(shares) => {
+            tracing::info!(
+                total = shares.total,
+                shards = shares.by_lease.len(),
+                "the shards' OpenStack budget shares fit the budget"
+            );
+            None
+        }
+        Err(error) => Some(ManagerError::Connect(format!(
+            "reading the shards' Leases: {error}"
+        ))),
+    }
 }
 
 /// Our CRDs' names.
@@ -235,6 +267,14 @@ pub async fn run_with_health(
             }
         }
     };
+    if let (Some(election), Some(share)) = (&config.leader_election, config.budget_share)
+        && let Some(refusal) = budget_refusal(&client, election, share).await
+    {
+        if let Some(leadership) = leadership {
+            leadership.release().await;
+        }
+        return Err(refusal);
+    }
     health.set_phase(Phase::Leading);
     // The leader alone migrates storage; the controllers start beside it.
     let migration = tokio::spawn(migration::migrate_until_done(
