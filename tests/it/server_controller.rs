@@ -1425,3 +1425,88 @@ async fn a_ready_server_keeps_its_condition_while_its_secret_is_gone_and_still_d
     assert_eq!(after["servers"], before["servers"] - 1);
     assert_eq!(after["ports"], before["ports"] - 1);
 }
+
+/// A shard of its own: a manager watching `watch-filter=<filter>`, with a User-Agent that
+/// names it.
+async fn start_shard(world: &World, dir: &std::path::Path, filter: &str) -> CancellationToken {
+    let kubeconfig = dir.join(format!("kubeconfig-{filter}"));
+    std::fs::write(&kubeconfig, world._kube.kubeconfig()).unwrap();
+    let options = manager::KubeClientOptions {
+        user_agent: format!("capo-rs/test (shard-{filter})"),
+        ..manager::KubeClientOptions::default()
+    };
+    let client = manager::connect(Some(&kubeconfig), &options).await.unwrap();
+    let scope = WatchScope {
+        namespace: None,
+        watch_filter: Some(filter.to_owned()),
+    };
+    let (_registry, shutdown, _manager) = spawn_manager(&client, manager_config(scope));
+    shutdown
+}
+
+#[tokio::test]
+async fn a_server_moved_between_shards_while_paused_is_let_go_by_one_and_taken_by_the_other() {
+    let capi = capo_api::capi::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect();
+    let world = World::prepare(Scenario::default(), capi).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stop_a = start_shard(&world, dir.path(), "a").await;
+    let stop_b = start_shard(&world, dir.path(), "b").await;
+    let filter = "cluster.x-k8s.io/watch-filter";
+    let mut manifest = server_manifest("moved");
+    manifest["metadata"]["labels"] = json!({filter: "a"});
+    world.create(manifest).await;
+    world.wait_for("moved", "Ready", is_ready).await;
+
+    // The move: pause, wait until the old shard says so, relabel, unpause.
+    let patch = |body: Value| {
+        let servers = world.servers();
+        async move {
+            servers
+                .patch("moved", &PatchParams::default(), &Patch::Merge(&body))
+                .await
+                .unwrap()
+        }
+    };
+    patch(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}})).await;
+    world
+        .wait_for(
+            "moved",
+            "Paused",
+            has_reason(types::PAUSED, reasons::PAUSED),
+        )
+        .await;
+    let relabelled_at = world._kube.requests().len();
+    patch(json!({"metadata": {"labels": {filter: "b"}}})).await;
+    patch(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": null}}})).await;
+    world
+        .wait_for(
+            "moved",
+            "unpaused",
+            has_reason(types::PAUSED, reasons::NOT_PAUSED),
+        )
+        .await;
+    // The new shard owns it now: it deletes the server and lets the object go.
+    world
+        .servers()
+        .delete("moved", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("moved").await;
+    assert_eq!(world.cloud.server("moved"), None, "the server is gone");
+
+    let since: Vec<_> = world._kube.requests().split_off(relabelled_at);
+    let writes_by = |shard: &str| {
+        since
+            .iter()
+            .filter(|r| r.user_agent.contains(&format!("(shard-{shard})")))
+            .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+            .count()
+    };
+    assert_eq!(writes_by("a"), 0, "the old shard wrote after the move");
+    assert!(writes_by("b") >= 2, "the new shard unpaused and deleted it");
+    stop_a.cancel();
+    stop_b.cancel();
+}
