@@ -220,6 +220,11 @@ pub enum BenchCommand {
         /// Seconds of steady state measured.
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         steady: u64,
+        /// Run the controller as this many shards (processes with `--watch-filter`, each with
+        /// its share of the budget), the clusters labelled for them in turn: checks that the
+        /// shards stay within the cloud's budget together and that each object has one shard.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        shards: u32,
         /// The controller to measure: a `capo-rs` binary (the production build, say), or a
         /// wrapper that execs one with its arguments. Default: this binary.
         #[arg(long)]
@@ -418,6 +423,7 @@ pub fn bench(
             openstack_burst,
             concurrency,
             steady,
+            shards,
             controller,
             json,
         } => {
@@ -435,6 +441,16 @@ pub fn bench(
                 steady: Duration::from_secs(steady),
             };
             let say = |line: &str| eprintln!("scale: {line}");
+            if shards > 1 {
+                let report =
+                    runtime()?.block_on(capo_bench::shards::run(config, shards, &say))?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    report.print();
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let report = runtime()?.block_on(capo_bench::scale::run(config, &say))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

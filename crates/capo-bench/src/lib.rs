@@ -6,6 +6,7 @@ pub mod request_path;
 pub mod safety;
 pub mod scale;
 pub mod servers;
+pub mod shards;
 pub mod sim_status_tree;
 pub mod strategies;
 pub mod webhook;

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::safety::run::put_cloud_secret;
 
-const NAMESPACE: &str = "default";
+pub(crate) const NAMESPACE: &str = "default";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ScaleConfig {
@@ -99,7 +99,7 @@ pub struct ScaleReport {
 }
 
 /// One child process; killed when dropped.
-struct Process {
+pub(crate) struct Process {
     child: Child,
     name: &'static str,
 }
@@ -123,14 +123,14 @@ impl Process {
         Ok(Process { child, name })
     }
 
-    fn pid(&self) -> anyhow::Result<u32> {
+    pub(crate) fn pid(&self) -> anyhow::Result<u32> {
         self.child
             .id()
             .with_context(|| format!("{} has exited", self.name))
     }
 
     /// SIGTERM, then waits for the exit.
-    async fn terminate(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn terminate(mut self) -> anyhow::Result<()> {
         let pid = self.pid()?;
         std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -144,13 +144,13 @@ impl Process {
 
 /// Memory and CPU of a process, from /proc.
 #[derive(Clone, Copy, Debug, Default)]
-struct ProcSample {
-    rss: u64,
-    peak_rss: u64,
+pub(crate) struct ProcSample {
+    pub(crate) rss: u64,
+    pub(crate) peak_rss: u64,
     cpu_ticks: u64,
 }
 
-fn proc_sample(pid: u32) -> ProcSample {
+pub(crate) fn proc_sample(pid: u32) -> ProcSample {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |key: &str| -> u64 {
         status
@@ -196,19 +196,20 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<String> {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
 /// The controller: `capo-rs run` as users run it, on this budget.
-fn start_controller(
+pub(crate) fn start_controller(
     config: &ScaleConfig,
     kubeconfig: &Path,
     admin: u16,
     dir: &Path,
     name: &'static str,
+    extra: &[String],
 ) -> anyhow::Result<Process> {
     let concurrency = config.concurrency.to_string();
     let args: Vec<String> = [
@@ -236,11 +237,12 @@ fn start_controller(
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(extra.iter().cloned())
     .collect();
     Process::spawn(&config.controller, name, &args, dir)
 }
 
-async fn wait_ready(http: &reqwest::Client, admin: u16) -> anyhow::Result<()> {
+pub(crate) async fn wait_ready(http: &reqwest::Client, admin: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let ready = http
@@ -383,7 +385,7 @@ pub fn windows_over_budget(per_second: &BTreeMap<u64, u64>, qps: u64, burst: u64
 }
 
 /// The simulated cloud's arrivals per second, by service.
-fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, BTreeMap<u64, u64>> {
+pub(crate) fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, BTreeMap<u64, u64>> {
     let Some(services) = log.as_object() else {
         return BTreeMap::new();
     };
@@ -403,20 +405,20 @@ fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, BTreeMap<u64
 
 /// Both simulators' request counts at one moment.
 #[derive(Clone, Debug, Default)]
-struct Requests {
-    kube: f64,
-    openstack: f64,
+pub(crate) struct Requests {
+    pub(crate) kube: f64,
+    pub(crate) openstack: f64,
     at: Option<Instant>,
 }
 
-struct Sims {
+pub(crate) struct Sims {
     http: reqwest::Client,
-    kube_url: String,
-    openstack_url: String,
+    pub(crate) kube_url: String,
+    pub(crate) openstack_url: String,
 }
 
 impl Sims {
-    async fn get(&self, url: String) -> anyhow::Result<Value> {
+    pub(crate) async fn get(&self, url: String) -> anyhow::Result<Value> {
         let text = self
             .http
             .get(url)
@@ -430,7 +432,7 @@ impl Sims {
 
     /// The controller's requests (by its User-Agent) to Kubernetes, and every request to
     /// OpenStack (only the controller talks to it).
-    async fn requests(&self) -> anyhow::Result<Requests> {
+    pub(crate) async fn requests(&self) -> anyhow::Result<Requests> {
         let kube = self.get(format!("{}/_sim/requests", self.kube_url)).await?;
         let controller: f64 = kube["by_client_verb"]
             .as_object()
@@ -464,7 +466,7 @@ fn rates(from: &Requests, to: &Requests) -> (f64, f64) {
     )
 }
 
-fn machine_template() -> OpenStackMachineSpec {
+pub(crate) fn machine_template() -> OpenStackMachineSpec {
     serde_json::from_value(json!({
         "flavor": {"filter": {"name": "m1.small"}},
         "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
@@ -472,15 +474,24 @@ fn machine_template() -> OpenStackMachineSpec {
     .unwrap_or_default()
 }
 
-fn cluster_name(index: u32) -> String {
+pub(crate) fn cluster_name(index: u32) -> String {
     format!("scale-{index:04}")
 }
 
-async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+/// A Cluster and its OpenStackCluster, labelled for `shard` (`--watch-filter`) when given.
+pub(crate) async fn create_cluster(
+    client: &kube::Client,
+    name: &str,
+    shard: Option<&str>,
+) -> anyhow::Result<()> {
     let clusters: Api<Cluster> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut labels = json!({capo_api::capi::labels::CLUSTER_NAME: name});
+    if let Some(shard) = shard {
+        labels[capo_api::capi::labels::WATCH_FILTER] = json!(shard);
+    }
     let cluster: Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                         "kind": "OpenStackCluster", "name": name}}
     }))?;
@@ -489,8 +500,7 @@ async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()>
     // external network's /24.
     let infrastructure: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": name, "namespace": NAMESPACE,
-                     "labels": {capo_api::capi::labels::CLUSTER_NAME: name}},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
         "spec": {
             "apiServer": {"managedLoadBalancer": {"enabled": true}, "enableFloatingIP": false},
             "enableExternalNetwork": false,
@@ -506,7 +516,7 @@ async fn create_cluster(client: &kube::Client, name: &str) -> anyhow::Result<()>
 
 /// Until every OpenStackCluster reports provisioned: the machines come after, so the requests
 /// until then are the clusters' own.
-async fn wait_clusters_provisioned(client: &kube::Client, clusters: u32) -> anyhow::Result<()> {
+pub(crate) async fn wait_clusters_provisioned(client: &kube::Client, clusters: u32) -> anyhow::Result<()> {
     let api: Api<OpenStackCluster> = Api::namespaced(client.clone(), NAMESPACE);
     let started = Instant::now();
     loop {
@@ -531,7 +541,7 @@ async fn wait_clusters_provisioned(client: &kube::Client, clusters: u32) -> anyh
     }
 }
 
-fn plane(cluster: String, replicas: u32) -> ControlPlane {
+pub(crate) fn plane(cluster: String, replicas: u32) -> ControlPlane {
     ControlPlane {
         cluster,
         replicas: replicas as usize,
@@ -561,71 +571,106 @@ fn watch_memory(
 }
 
 /// Plays the whole benchmark; `say` reports progress.
-pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Result<ScaleReport> {
-    let dir = std::env::temp_dir().join(format!("capo-rs-scale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let kubeconfig = dir.join("kubeconfig");
-    let clouds = dir.join("clouds.yaml");
-    let _kube = Process::spawn(
-        &config.binary,
-        "sim-kube",
-        &[
-            "--log-level".into(),
-            "error".into(),
-            "sim".into(),
-            "kube".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--kubeconfig-out".into(),
-            kubeconfig.display().to_string(),
-            "--with-crds".into(),
-        ],
-        &dir,
-    )?;
-    let _openstack = Process::spawn(
-        &config.binary,
-        "sim-openstack",
-        &[
-            "--log-level".into(),
-            "error".into(),
-            "sim".into(),
-            "openstack".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--clouds-yaml-out".into(),
-            clouds.display().to_string(),
-        ],
-        &dir,
-    )?;
-    let kubeconfig_text = wait_for_file(&kubeconfig).await?;
-    let clouds_yaml = wait_for_file(&clouds).await?;
-    let kube_url = kubeconfig_text
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("server: "))
-        .context("no server in the kubeconfig")?
-        .trim()
-        .to_owned();
-    let openstack_url = clouds_yaml
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("auth_url: "))
-        .and_then(|url| url.trim().strip_suffix("/identity/v3"))
-        .context("no auth_url in clouds.yaml")?
-        .to_owned();
-    let http = reqwest::Client::new();
-    let sims = Sims {
-        http: http.clone(),
-        kube_url,
-        openstack_url,
-    };
-    let client = {
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_text)?;
-        let options = kube::config::KubeConfigOptions::default();
-        kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?)?
-    };
-    put_cloud_secret(&client, &clouds_yaml).await?;
+/// Both simulators in processes of their own, and a client of the simulated API server with
+/// the cloud's Secret in place.
+pub(crate) struct Stage {
+    _kube: Process,
+    _openstack: Process,
+    pub(crate) dir: PathBuf,
+    pub(crate) kubeconfig: PathBuf,
+    pub(crate) http: reqwest::Client,
+    pub(crate) sims: Sims,
+    pub(crate) client: kube::Client,
+}
 
+impl Stage {
+    pub(crate) async fn start(config: &ScaleConfig) -> anyhow::Result<Stage> {
+        let dir = std::env::temp_dir().join(format!("capo-rs-scale-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        let clouds = dir.join("clouds.yaml");
+        let kube = Process::spawn(
+            &config.binary,
+            "sim-kube",
+            &[
+                "--log-level".into(),
+                "error".into(),
+                "sim".into(),
+                "kube".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--kubeconfig-out".into(),
+                kubeconfig.display().to_string(),
+                "--with-crds".into(),
+            ],
+            &dir,
+        )?;
+        let openstack = Process::spawn(
+            &config.binary,
+            "sim-openstack",
+            &[
+                "--log-level".into(),
+                "error".into(),
+                "sim".into(),
+                "openstack".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--clouds-yaml-out".into(),
+                clouds.display().to_string(),
+            ],
+            &dir,
+        )?;
+        let kubeconfig_text = wait_for_file(&kubeconfig).await?;
+        let clouds_yaml = wait_for_file(&clouds).await?;
+        let kube_url = kubeconfig_text
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("server: "))
+            .context("no server in the kubeconfig")?
+            .trim()
+            .to_owned();
+        let openstack_url = clouds_yaml
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("auth_url: "))
+            .and_then(|url| url.trim().strip_suffix("/identity/v3"))
+            .context("no auth_url in clouds.yaml")?
+            .to_owned();
+        let http = reqwest::Client::new();
+        let sims = Sims {
+            http: http.clone(),
+            kube_url,
+            openstack_url,
+        };
+        let client = {
+            let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_text)?;
+            let options = kube::config::KubeConfigOptions::default();
+            kube::Client::try_from(
+                kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?,
+            )?
+        };
+        put_cloud_secret(&client, &clouds_yaml).await?;
+        Ok(Stage {
+            _kube: kube,
+            _openstack: openstack,
+            dir,
+            kubeconfig,
+            http,
+            sims,
+            client,
+        })
+    }
+}
+
+pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Result<ScaleReport> {
+    let stage = Stage::start(&config).await?;
+    let (dir, kubeconfig, http, sims, client) = (
+        stage.dir.clone(),
+        stage.kubeconfig.clone(),
+        stage.http.clone(),
+        &stage.sims,
+        stage.client.clone(),
+    );
     let admin = free_port()?;
-    let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller")?;
+    let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller", &[])?;
     wait_ready(&http, admin).await?;
     let pid = Arc::new(AtomicU64::new(u64::from(controller.pid()?)));
     let mut report = ScaleReport {
@@ -642,7 +687,7 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
     let before = sims.requests().await?;
     let names: Vec<String> = (0..config.clusters).map(cluster_name).collect();
     futures::stream::iter(names.iter())
-        .map(|name| create_cluster(&client, name))
+        .map(|name| create_cluster(&client, name, None))
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await
@@ -785,7 +830,8 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
     report.reconcile_times = reconcile_times(&samples(&metrics));
     let restart = Instant::now();
     controller.terminate().await?;
-    let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller-restarted")?;
+    let controller =
+        start_controller(&config, &kubeconfig, admin, &dir, "controller-restarted", &[])?;
     pid.store(u64::from(controller.pid()?), Ordering::Relaxed);
     let members = f64::from(config.clusters * config.control_plane);
     loop {

@@ -360,6 +360,7 @@ impl CapiActor {
         template: OpenStackMachineSpec,
     ) -> Result<Vec<String>, ActorError> {
         let mut names = Vec::with_capacity(count);
+        let watch_filter = self.watch_filter_of(cluster).await?;
         for _ in 0..count {
             let new = NewMachine {
                 cluster,
@@ -368,6 +369,7 @@ impl CapiActor {
                 template: &template,
                 version: None,
                 failure_domain: None,
+                watch_filter: watch_filter.clone(),
             };
             names.push(self.create_machine(&new).await?);
         }
@@ -436,8 +438,26 @@ impl CapiActor {
             template: &plane.template,
             version: Some(plane.version.clone()),
             failure_domain,
+            watch_filter: self.watch_filter_of(&plane.cluster).await?,
         };
         self.create_machine(&new).await
+    }
+
+    /// The Cluster's `cluster.x-k8s.io/watch-filter` label, which its machines carry too (as
+    /// a user's templates set it for a sharded provider).
+    async fn watch_filter_of(&self, cluster: &str) -> Result<Option<String>, ActorError> {
+        let clusters: Api<Cluster> =
+            Api::namespaced(self.inner.client.clone(), &self.inner.config.namespace);
+        let what = format!("Cluster {cluster} to be read");
+        self.wait_until(&what, async || match clusters.get_opt(cluster).await {
+            Ok(found) => Ok(Some(found.and_then(|c| {
+                c.metadata
+                    .labels
+                    .and_then(|l| l.get(labels::WATCH_FILTER).cloned())
+            }))),
+            Err(error) => Err(error),
+        })
+        .await
     }
 
     /// Creates an OpenStackMachine and then its Machine under a fresh name, retrying on the
@@ -539,6 +559,7 @@ struct NewMachine<'a> {
     template: &'a OpenStackMachineSpec,
     version: Option<String>,
     failure_domain: Option<String>,
+    watch_filter: Option<String>,
 }
 
 impl NewMachine<'_> {
@@ -547,6 +568,9 @@ impl NewMachine<'_> {
             BTreeMap::from([(labels::CLUSTER_NAME.to_owned(), self.cluster.to_owned())]);
         if self.control_plane {
             labels.insert(labels::CONTROL_PLANE.to_owned(), String::new());
+        }
+        if let Some(filter) = &self.watch_filter {
+            labels.insert(labels::WATCH_FILTER.to_owned(), filter.clone());
         }
         labels
     }

@@ -155,7 +155,16 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
         let mut by_resource: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut writers: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
         for record in requests.iter() {
+            if is_provider_write(record) {
+                let kind = record.resource.split('/').next().unwrap_or_default();
+                writers
+                    .entry(format!("{kind} {}/{}", record.namespace, record.name))
+                    .or_default()
+                    .insert(instance_of(&record.user_agent).to_owned());
+            }
             let client = record.user_agent.split('/').next().unwrap_or_default();
             *counts
                 .entry(format!("{client} {}", record.verb))
@@ -176,6 +185,7 @@ impl Shared {
             "total": requests.len(),
             "by_client_verb": counts,
             "by_client_verb_resource": by_resource,
+            "writers_by_object": writers,
         })
     }
 
@@ -186,6 +196,23 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
+}
+
+/// A write to one of the infrastructure provider's objects (what tells which replica works on
+/// an object).
+fn is_provider_write(record: &RequestRecord) -> bool {
+    record.group == "infrastructure.cluster.x-k8s.io"
+        && !record.name.is_empty()
+        && !matches!(record.verb.as_str(), "get" | "list" | "watch")
+}
+
+/// The instance a User-Agent names, as capo-rs writes it: `capo-rs/<version> (<instance>_<id>)`;
+/// the whole agent when it has no such part.
+fn instance_of(user_agent: &str) -> &str {
+    user_agent
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split(['_', ')']).next())
+        .unwrap_or(user_agent)
 }
 
 /// The router: every path goes through one dispatcher, as kube-apiserver's paths are
