@@ -442,8 +442,7 @@ pub fn bench(
             };
             let say = |line: &str| eprintln!("scale: {line}");
             if shards > 1 {
-                let report =
-                    runtime()?.block_on(capo_bench::shards::run(config, shards, &say))?;
+                let report = runtime()?.block_on(capo_bench::shards::run(config, shards, &say))?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&report)?);
                 } else {

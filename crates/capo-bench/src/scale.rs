@@ -478,6 +478,52 @@ pub(crate) fn cluster_name(index: u32) -> String {
     format!("scale-{index:04}")
 }
 
+/// The benchmark's Cluster API: KCP and MachineDeployments played by the actor.
+pub(crate) fn start_actor(client: &kube::Client) -> CapiActor {
+    CapiActor::start(
+        client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_secs(5),
+            join_delay: Duration::from_secs(1),
+            wait_timeout: Duration::from_secs(3600),
+        },
+        CancellationToken::new(),
+    )
+}
+
+/// Every cluster's workers and control plane (one machine at a time, as KCP), until each
+/// worker has joined.
+pub(crate) async fn bring_up(
+    actor: &CapiActor,
+    clusters: &[String],
+    config: &ScaleConfig,
+) -> anyhow::Result<()> {
+    let brought_up = futures::stream::iter(clusters.iter())
+        .map(|name| async move {
+            let workers = actor
+                .create_workers(name, config.workers as usize, machine_template())
+                .await?;
+            actor
+                .scale_control_plane(&plane(name.clone(), config.control_plane))
+                .await?;
+            for worker in &workers {
+                actor.wait_joined(worker).await?;
+            }
+            Ok::<_, capo_sim::capi::ActorError>(())
+        })
+        .buffer_unordered(clusters.len().max(1))
+        .collect::<Vec<_>>()
+        .await;
+    let failed = brought_up.iter().filter(|r| r.is_err()).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} clusters never came up: {:?}",
+        brought_up.iter().find(|r| r.is_err())
+    );
+    Ok(())
+}
+
 /// A Cluster and its OpenStackCluster, labelled for `shard` (`--watch-filter`) when given.
 pub(crate) async fn create_cluster(
     client: &kube::Client,
@@ -516,7 +562,10 @@ pub(crate) async fn create_cluster(
 
 /// Until every OpenStackCluster reports provisioned: the machines come after, so the requests
 /// until then are the clusters' own.
-pub(crate) async fn wait_clusters_provisioned(client: &kube::Client, clusters: u32) -> anyhow::Result<()> {
+pub(crate) async fn wait_clusters_provisioned(
+    client: &kube::Client,
+    clusters: u32,
+) -> anyhow::Result<()> {
     let api: Api<OpenStackCluster> = Api::namespaced(client.clone(), NAMESPACE);
     let started = Instant::now();
     loop {
@@ -701,41 +750,8 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         "{} clusters provisioned, {:.1} OpenStack requests each",
         config.clusters, report.openstack_requests_per_cluster_created
     ));
-    let actor = CapiActor::start(
-        client.clone(),
-        CapiActorConfig {
-            namespace: NAMESPACE.into(),
-            tick: Duration::from_secs(5),
-            join_delay: Duration::from_secs(1),
-            wait_timeout: Duration::from_secs(3600),
-        },
-        CancellationToken::new(),
-    );
-    let brought_up = futures::stream::iter(names.iter())
-        .map(|name| {
-            let actor = &actor;
-            async move {
-                let workers = actor
-                    .create_workers(name, config.workers as usize, machine_template())
-                    .await?;
-                actor
-                    .scale_control_plane(&plane(name.clone(), config.control_plane))
-                    .await?;
-                for worker in &workers {
-                    actor.wait_joined(worker).await?;
-                }
-                Ok::<_, capo_sim::capi::ActorError>(())
-            }
-        })
-        .buffer_unordered(names.len().max(1))
-        .collect::<Vec<_>>()
-        .await;
-    let failed = brought_up.iter().filter(|r| r.is_err()).count();
-    anyhow::ensure!(
-        failed == 0,
-        "{failed} clusters never came up: {:?}",
-        brought_up.iter().find(|r| r.is_err())
-    );
+    let actor = start_actor(&client);
+    bring_up(&actor, &names, &config).await?;
     report.bring_up_seconds = started.elapsed().as_secs_f64();
     let up = sims.requests().await?;
     let (kube_rate, openstack_rate) = rates(&before, &up);
@@ -830,8 +846,14 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
     report.reconcile_times = reconcile_times(&samples(&metrics));
     let restart = Instant::now();
     controller.terminate().await?;
-    let controller =
-        start_controller(&config, &kubeconfig, admin, &dir, "controller-restarted", &[])?;
+    let controller = start_controller(
+        &config,
+        &kubeconfig,
+        admin,
+        &dir,
+        "controller-restarted",
+        &[],
+    )?;
     pid.store(u64::from(controller.pid()?), Ordering::Relaxed);
     let members = f64::from(config.clusters * config.control_plane);
     loop {

@@ -6,18 +6,16 @@
 //! one its label names.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt as _;
 use serde::Serialize;
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::scale::{
-    ScaleConfig, Stage, create_cluster, free_port, machine_template, per_service_seconds, plane,
-    proc_sample, start_controller, wait_clusters_provisioned, wait_ready, windows_over_budget,
+    ScaleConfig, Stage, bring_up, create_cluster, free_port, per_service_seconds, proc_sample,
+    start_actor, start_controller, wait_clusters_provisioned, wait_ready, windows_over_budget,
 };
-use capo_sim::capi::{CapiActor, CapiActorConfig};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ShardReport {
@@ -87,7 +85,9 @@ pub async fn run(
         wait_ready(&stage.http, admin).await?;
         controllers.push((name, process));
     }
-    say(&format!("{shards} shards leading, each with {share} of the budget"));
+    say(&format!(
+        "{shards} shards leading, each with {share} of the budget"
+    ));
 
     let started = Instant::now();
     let before = stage.sims.requests().await?;
@@ -109,41 +109,9 @@ pub async fn run(
         "{} clusters provisioned, {per_cluster:.1} OpenStack requests each",
         config.clusters
     ));
-    let actor = CapiActor::start(
-        stage.client.clone(),
-        CapiActorConfig {
-            namespace: crate::scale::NAMESPACE.into(),
-            tick: Duration::from_secs(5),
-            join_delay: Duration::from_secs(1),
-            wait_timeout: Duration::from_secs(3600),
-        },
-        CancellationToken::new(),
-    );
-    let brought_up = futures::stream::iter(names.iter())
-        .map(|(name, _)| {
-            let actor = &actor;
-            async move {
-                let workers = actor
-                    .create_workers(name, config.workers as usize, machine_template())
-                    .await?;
-                actor
-                    .scale_control_plane(&plane(name.clone(), config.control_plane))
-                    .await?;
-                for worker in &workers {
-                    actor.wait_joined(worker).await?;
-                }
-                Ok::<_, capo_sim::capi::ActorError>(())
-            }
-        })
-        .buffer_unordered(names.len().max(1))
-        .collect::<Vec<_>>()
-        .await;
-    let failed = brought_up.iter().filter(|r| r.is_err()).count();
-    anyhow::ensure!(
-        failed == 0,
-        "{failed} clusters never came up: {:?}",
-        brought_up.iter().find(|r| r.is_err())
-    );
+    let actor = start_actor(&stage.client);
+    let clusters: Vec<String> = names.iter().map(|(name, _)| name.clone()).collect();
+    bring_up(&actor, &clusters, &config).await?;
     let bring_up_seconds = started.elapsed().as_secs_f64();
     say(&format!("machines up in {bring_up_seconds:.0} s"));
     actor.stop().await;
