@@ -276,6 +276,13 @@ fn used_elsewhere() -> BTreeSet<(String, String, String)> {
     .collect()
 }
 
+/// A shard adds up the budget shares on the Leases beside its own (shown used by
+/// `shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget`; the demo runs no
+/// shards).
+pub(crate) fn used_by_shards() -> BTreeSet<(String, String, String)> {
+    BTreeSet::from([("list".into(), "coordination.k8s.io".into(), "leases".into())])
+}
+
 /// Grants for what the demo has none of: an ORC Image a server names (shown used by the ORC
 /// scenario) and a machine template's status (by the scale-from-zero scenario).
 pub(crate) fn used_by_orc_and_templates() -> BTreeSet<(String, String, String)> {
@@ -318,6 +325,7 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
     elsewhere.extend(used_by_the_storage_migration());
     elsewhere.extend(used_by_orc_and_templates());
     elsewhere.extend(used_by_floating_ip_pools());
+    elsewhere.extend(used_by_shards());
     let idle: Vec<_> = granted
         .difference(&used)
         .filter(|grant| !elsewhere.contains(*grant))
@@ -686,6 +694,16 @@ async fn shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget(
             .and_then(|s| s.holder_identity)
             .unwrap_or_default();
         assert!(held_by.starts_with(holder), "{held_by}");
+    }
+    let sent: BTreeSet<(String, String, String)> = world
+        ._kube
+        .requests()
+        .into_iter()
+        .filter(|r| b.sent(r))
+        .map(|r| (r.verb, r.group, r.resource))
+        .collect();
+    for grant in used_by_shards() {
+        assert!(sent.contains(&grant), "a shard uses {grant:?}");
     }
     drop((a, b));
 }
