@@ -360,6 +360,23 @@ fn quantile(buckets: &[(f64, f64)], total: f64, q: f64) -> f64 {
 /// `burst` lets through. The simulator counts arrivals, not sends: on a loaded machine a
 /// request sent at the end of one second may be counted in the next, so each window is
 /// allowed one second of `qps` for that jitter.
+/// Windows over the budget `config` gives each service, summed over the services.
+pub(crate) fn windows_over_the_budget(
+    per_service: &BTreeMap<String, BTreeMap<u64, u64>>,
+    config: &ScaleConfig,
+) -> u64 {
+    per_service
+        .values()
+        .map(|seconds| {
+            windows_over_budget(
+                seconds,
+                u64::from(config.openstack_qps),
+                u64::from(config.openstack_burst),
+            )
+        })
+        .sum()
+}
+
 pub fn windows_over_budget(per_second: &BTreeMap<u64, u64>, qps: u64, burst: u64) -> u64 {
     let (Some(first), Some(last)) = (per_second.keys().next(), per_second.keys().last()) else {
         return 0;
@@ -935,16 +952,7 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .max()
         .unwrap_or(0);
     report.openstack_budget_per_second = u64::from(config.openstack_qps + config.openstack_burst);
-    report.openstack_windows_over_budget = per_service
-        .values()
-        .map(|seconds| {
-            windows_over_budget(
-                seconds,
-                u64::from(config.openstack_qps),
-                u64::from(config.openstack_burst),
-            )
-        })
-        .sum();
+    report.openstack_windows_over_budget = windows_over_the_budget(&per_service, &config);
     actor.stop().await;
     controller.terminate().await?;
     let _ = std::fs::remove_dir_all(&dir);

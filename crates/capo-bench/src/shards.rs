@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::scale::{
     ScaleConfig, Stage, bring_up, create_cluster, free_port, per_service_seconds, proc_sample,
-    start_actor, start_controller, wait_clusters_provisioned, wait_ready, windows_over_budget,
+    start_actor, start_controller, wait_clusters_provisioned, wait_ready, windows_over_the_budget,
 };
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -141,16 +141,7 @@ pub async fn run(
         .max()
         .unwrap_or(0);
     report.openstack_budget_per_second = u64::from(config.openstack_qps + config.openstack_burst);
-    report.openstack_windows_over_budget = per_service
-        .values()
-        .map(|seconds| {
-            windows_over_budget(
-                seconds,
-                u64::from(config.openstack_qps),
-                u64::from(config.openstack_burst),
-            )
-        })
-        .sum();
+    report.openstack_windows_over_budget = windows_over_the_budget(&per_service, &config);
     let kube = stage
         .sims
         .get(format!("{}/_sim/requests", stage.sims.kube_url))
