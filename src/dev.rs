@@ -283,7 +283,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Status-tree: seconds between polls of an LB with something pending (at least 0.05).
-        #[arg(long, default_value_t = 1.5, value_parser = poll_interval)]
+        #[arg(long, default_value_t = ScheduleConfig::default().urgent_initial.as_secs_f64(), value_parser = poll_interval)]
         urgent_interval: f64,
         /// Status-tree: seconds a pending state is polled at that interval before backing off.
         #[arg(long, default_value_t = 180.0, value_parser = seconds)]

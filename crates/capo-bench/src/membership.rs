@@ -100,6 +100,13 @@ pub struct StrategyReport {
     /// Poll answer -> subscriber holding the change, real microseconds.
     pub wakeup_p50_us: f64,
     pub wakeup_max_us: f64,
+    /// Those that changed a verdict, less the simulator's turns on the benchmark's thread ...
+    pub wakeup_news_p50_us: f64,
+    pub wakeup_news_max_us: f64,
+    /// ... and of those, the ones no LB list page was answered (and parsed) during.
+    pub wakeup_quiet_p50_us: f64,
+    pub wakeup_quiet_max_us: f64,
+    pub wakeup_quiet_samples: u64,
     /// Member ACTIVE in the cloud -> gate verdict change, seconds.
     pub detection_lag_p50: f64,
     pub detection_lag_p99: f64,
@@ -138,6 +145,22 @@ struct CountingSession {
     list_pages: std::sync::atomic::AtomicU64,
     /// Requests about one LB or pool, by its id.
     per_object: Mutex<HashMap<String, u64>>,
+    sim: Arc<OpenStackSim>,
+    /// Each answer as it came back.
+    answered: Mutex<Vec<Answer>>,
+}
+
+impl CountingSession {
+    fn new(sim: Arc<OpenStackSim>) -> Self {
+        CountingSession {
+            inner: sim.session(),
+            sent: Mutex::new(Vec::new()),
+            list_pages: Default::default(),
+            per_object: Default::default(),
+            sim,
+            answered: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 /// The LB or pool a request is about (`.../loadbalancers/{id}/...`, `.../pools/{id}/...`).
@@ -166,7 +189,8 @@ impl Session for CountingSession {
         if let Ok(mut sent) = self.sent.lock() {
             sent.push(Instant::now());
         }
-        if request.uri().path().ends_with("/lbaas/loadbalancers") {
+        let list = request.uri().path().ends_with("/lbaas/loadbalancers");
+        if list {
             self.list_pages
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -175,8 +199,81 @@ impl Session for CountingSession {
         {
             *per_object.entry(object.to_owned()).or_default() += 1;
         }
-        self.inner.send(request).await
+        let answer = self.inner.send(request).await;
+        if let Ok(mut answered) = self.answered.lock() {
+            answered.push(Answer {
+                at: std::time::Instant::now(),
+                sim_busy: self.sim.busy(),
+                list,
+            });
+        }
+        answer
     }
+}
+
+/// An answer as it came back to the engine.
+struct Answer {
+    at: std::time::Instant,
+    /// The simulator's busy time by then.
+    sim_busy: Duration,
+    /// It was a page of an LB list (which the engine then parses on the same thread).
+    list: bool,
+}
+
+/// Wake-up latencies (microseconds, sorted).
+#[derive(Default)]
+struct WakeupLatencies {
+    every: Vec<f64>,
+    /// Those that changed a verdict, less the simulator's turns on the benchmark's one
+    /// thread meanwhile (its busy time between the answer the verdict came from and the
+    /// wake-up) ...
+    news: Vec<f64>,
+    /// ... and of those, the ones during which no LB list page was answered (and parsed).
+    news_without_list: Vec<f64>,
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A verdict's way from the poll that saw it to the cluster waiting on it.
+struct Wakeup {
+    observed: std::time::Instant,
+    received: std::time::Instant,
+    /// The simulator's busy time when it was received.
+    sim_busy: Duration,
+    /// It changed the verdict its cluster held (not the same one published again).
+    news: bool,
+}
+
+fn wakeup_latencies(wakeups: &[Wakeup], answered: &[Answer]) -> WakeupLatencies {
+    let mut latencies = WakeupLatencies::default();
+    for w in wakeups {
+        let took = w.received.saturating_duration_since(w.observed);
+        latencies.every.push(took.as_secs_f64() * 1e6);
+        if !w.news {
+            continue;
+        }
+        let before = answered.partition_point(|a| a.at <= w.observed);
+        let busy_then = before
+            .checked_sub(1)
+            .and_then(|i| answered.get(i))
+            .map_or(Duration::ZERO, |a| a.sim_busy);
+        let net = took.saturating_sub(w.sim_busy.saturating_sub(busy_then));
+        latencies.news.push(net.as_secs_f64() * 1e6);
+        let meanwhile = answered[before..].iter().take_while(|a| a.at <= w.received);
+        if !meanwhile.into_iter().any(|a| a.list) {
+            latencies.news_without_list.push(net.as_secs_f64() * 1e6);
+        }
+    }
+    for v in [
+        &mut latencies.every,
+        &mut latencies.news,
+        &mut latencies.news_without_list,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    latencies
 }
 
 /// The gate as each cluster's driver sees it.
@@ -366,13 +463,9 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let fleet = build_fleet(&driver, config).await?;
     tracing::info!(load_balancers = fleet.lbs.len(), "fleet built");
     sim.reset_request_log();
+    let sim = Arc::new(sim);
 
-    let counting = Arc::new(CountingSession {
-        inner: sim.session(),
-        sent: Mutex::new(Vec::new()),
-        list_pages: Default::default(),
-        per_object: Default::default(),
-    });
+    let counting = Arc::new(CountingSession::new(sim.clone()));
     let mut engine_options = unlimited_options();
     let qps = std::num::NonZeroU32::new(config.qps).unwrap_or(std::num::NonZeroU32::MIN);
     let burst = std::num::NonZeroU32::new(config.burst).unwrap_or(std::num::NonZeroU32::MIN);
@@ -422,20 +515,31 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let mut changes = engine.subscribe();
     let dispatch_gates = gates.clone();
     let dispatch_engine = engine.clone();
-    let wakeups: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
+    let wakeups: Arc<Mutex<Vec<Wakeup>>> = Arc::new(Mutex::new(Vec::new()));
     let dispatch_wakeups = wakeups.clone();
+    let dispatch_sim = sim.clone();
     let dispatcher = tokio::spawn(async move {
         loop {
             match changes.recv().await {
                 Some(Notice::Changed(change)) => {
-                    if let Ok(mut wakeups) = dispatch_wakeups.lock() {
-                        wakeups.push(change.observed.elapsed().as_secs_f64() * 1e6);
-                    }
-                    if let Some(gate) = dispatch_gates
+                    let received = std::time::Instant::now();
+                    let gate = dispatch_gates
                         .lock()
                         .ok()
-                        .and_then(|g| g.get(&change.lb_id).cloned())
-                    {
+                        .and_then(|g| g.get(&change.lb_id).cloned());
+                    let news = gate.as_ref().is_none_or(|gate| {
+                        let (reason, _, generation) = *gate.borrow();
+                        (reason, generation) != (change.reason, change.generation)
+                    });
+                    if let Ok(mut wakeups) = dispatch_wakeups.lock() {
+                        wakeups.push(Wakeup {
+                            observed: change.observed,
+                            received,
+                            sim_busy: dispatch_sim.busy(),
+                            news,
+                        });
+                    }
+                    if let Some(gate) = gate {
                         let _ = gate.send((change.reason, Instant::now(), change.generation));
                     }
                 }
@@ -466,7 +570,6 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let mut rng = fastrand::Rng::with_seed(config.seed);
     let mut drivers = tokio::task::JoinSet::new();
     let mut worst_fates: Vec<([String; 2], &'static str)> = Vec::new();
-    let sim = Arc::new(sim);
     for (cluster, (lb, pool)) in fleet.lbs.into_iter().enumerate() {
         let cluster = u32::try_from(cluster).unwrap_or(u32::MAX);
         let (gate_tx, gate_rx) = watch::channel((Reason::NotObserved, Instant::now(), 0));
@@ -538,8 +641,16 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let record = record
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned record"))?;
-    let mut wakeups = wakeups.lock().map(|w| w.clone()).unwrap_or_default();
-    wakeups.sort_by(f64::total_cmp);
+    let wakeups = {
+        let wakeups = wakeups
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned wake-ups"))?;
+        let answered = counting
+            .answered
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned answers"))?;
+        wakeup_latencies(&wakeups, &answered)
+    };
     let mut lags = record.lags.clone();
     lags.sort_by(f64::total_cmp);
     let quantile = |q: f64| {
@@ -561,8 +672,13 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
             / (record.transitions.max(1) as f64),
         peak_requests_per_second: per_second.values().copied().max().unwrap_or(0),
         over_budget: over_budget(&sent, f64::from(config.qps), f64::from(config.burst)),
-        wakeup_p50_us: wakeups.get(wakeups.len() / 2).copied().unwrap_or(0.0),
-        wakeup_max_us: wakeups.last().copied().unwrap_or(0.0),
+        wakeup_p50_us: median(&wakeups.every),
+        wakeup_max_us: wakeups.every.last().copied().unwrap_or(0.0),
+        wakeup_news_p50_us: median(&wakeups.news),
+        wakeup_news_max_us: wakeups.news.last().copied().unwrap_or(0.0),
+        wakeup_quiet_p50_us: median(&wakeups.news_without_list),
+        wakeup_quiet_max_us: wakeups.news_without_list.last().copied().unwrap_or(0.0),
+        wakeup_quiet_samples: wakeups.news_without_list.len() as u64,
         detection_lag_p50: quantile(0.5),
         detection_lag_p99: quantile(0.99),
         detection_lag_max: lags.last().copied().unwrap_or(0.0),
@@ -1037,6 +1153,26 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
             Box::new(|r| format!("{:.0}", r.wakeup_max_us)),
         ),
         (
+            "  verdict changes less simulator, p50",
+            Box::new(|r| format!("{:.0}", r.wakeup_news_p50_us)),
+        ),
+        (
+            "  verdict changes less simulator, max",
+            Box::new(|r| format!("{:.0}", r.wakeup_news_max_us)),
+        ),
+        (
+            "  of which no list parsed meanwhile, p50",
+            Box::new(|r| format!("{:.0}", r.wakeup_quiet_p50_us)),
+        ),
+        (
+            "  of which no list parsed meanwhile, max",
+            Box::new(|r| format!("{:.0}", r.wakeup_quiet_max_us)),
+        ),
+        (
+            "    measured on",
+            Box::new(|r| r.wakeup_quiet_samples.to_string()),
+        ),
+        (
             "detection lag p50 (s)",
             Box::new(|r| format!("{:.2}", r.detection_lag_p50)),
         ),
@@ -1217,14 +1353,16 @@ pub fn steady(
             members,
             ..BenchConfig::default()
         };
-        let sim = OpenStackSim::start(OpenStackSimConfig {
-            scenario: Scenario {
-                seed: Some(1),
-                ..Scenario::default()
-            },
-            ..OpenStackSimConfig::default()
-        })
-        .await?;
+        let sim = Arc::new(
+            OpenStackSim::start(OpenStackSimConfig {
+                scenario: Scenario {
+                    seed: Some(1),
+                    ..Scenario::default()
+                },
+                ..OpenStackSimConfig::default()
+            })
+            .await?,
+        );
         let registry = prometheus::Registry::new();
         let clouds = Clouds::new(unlimited_options(), &registry, CancellationToken::new())?;
         let client = clouds.client(sim.session());
@@ -1239,12 +1377,7 @@ pub fn steady(
         };
         let engine_registry = prometheus::Registry::new();
         let engine_clouds = Clouds::new(options, &engine_registry, CancellationToken::new())?;
-        let counting = Arc::new(CountingSession {
-            inner: sim.session(),
-            sent: Mutex::new(Vec::new()),
-            list_pages: Default::default(),
-            per_object: Default::default(),
-        });
+        let counting = Arc::new(CountingSession::new(sim.clone()));
         let engine_client = engine_clouds.client(counting.clone());
         let cancel = CancellationToken::new();
         let engine_config = EngineConfig {

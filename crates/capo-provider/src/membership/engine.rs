@@ -862,11 +862,15 @@ fn fold(
                 | Reason::MembersNotYetServing
                 | Reason::MemberNotServing
         );
+    let stuck = entry.verdict.reason == Reason::MemberStuck;
     (
         PollOutcome {
             // A load balancer that is gone stays reported but is only re-checked at drift pace.
             urgent: urgent && !matches!(seen, Seen::Gone),
-            changed: changed || verdict_changed,
+            // Turning stuck is the clock's doing, not news from the cloud: no reason to look
+            // closely again.
+            changed: changed || (verdict_changed && !stuck),
+            stuck,
             deadline,
             creating_for: creating_for(entry, now),
             lb_locked: matches!(seen, Seen::Observed(o) if o.provisioning.is_pending()),

@@ -18,6 +18,12 @@
 //!   stretches where none ever happened. One that has outlasted every finish seen is an outlier
 //!   (most such are stuck): its polls back off by `urgent_backoff` to `outlasted_max`, and its
 //!   stuck deadline brings a poll of its own, so it is flagged on time.
+//! - A stretch "where none ever finished" must have been watched: polls of a member on its way
+//!   are at most `unwatched_max` apart, except across ages through which at least
+//!   `watched_enough` other members were seen still on their way. So the first slow members
+//!   of an endpoint, before any like them finished, are noticed within `unwatched_max`, and
+//!   backing off waits for evidence instead of assuming it. A member already flagged stuck is
+//!   exempt: its verdict is said, and a recovery is seen within the slow pace.
 //! - Where the cloud lets us list load balancers, one list ([`Target::List`], a request per
 //!   1,000 LBs) watches every LB its identity sees: a settled LB gets a status tree only when
 //!   its row (statuses, `updated_at`) changed since the last list, and otherwise a safety-net
@@ -56,6 +62,13 @@ pub struct ScheduleConfig {
     pub learned_max: Duration,
     /// Polls of a member that has outlasted every provisioning time seen back off to this.
     pub outlasted_max: Duration,
+    /// Polls of a member on its way are at most this far apart across ages fewer than
+    /// `watched_enough` other members were seen to reach still on their way (how late a
+    /// finish unlike any seen before can be noticed).
+    pub unwatched_max: Duration,
+    /// How many other members must have been seen on their way past an age before polls
+    /// may be further apart than `unwatched_max` there.
+    pub watched_enough: usize,
     pub urgent_backoff: f64,
     pub drift_min: Duration,
     pub drift_max: Duration,
@@ -85,18 +98,20 @@ impl Default for ScheduleConfig {
             budget_qps: 10.0,
             burst: 20.0,
             drift_share: 0.5,
-            urgent_initial: Duration::from_millis(1500),
-            look_after_change: Duration::from_millis(1500),
+            urgent_initial: Duration::from_millis(1900),
+            look_after_change: Duration::from_millis(1900),
             urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
             learned_max: Duration::from_secs(60),
             outlasted_max: Duration::from_secs(60),
+            unwatched_max: Duration::from_secs(4),
+            watched_enough: 3,
             urgent_backoff: 1.5,
             drift_min: Duration::from_secs(60),
             drift_max: Duration::from_secs(300),
             list_sweep: true,
             sweep_settled: Duration::from_secs(30),
-            sweep_locked: Duration::from_millis(1500),
+            sweep_locked: Duration::from_millis(1900),
             locked_max: Duration::from_secs(30),
             safety_share: 0.005,
             safety_min: Duration::from_secs(600),
@@ -121,6 +136,8 @@ pub struct PollOutcome {
     /// The LB itself was PENDING_* (locked): where a list covers it, the list watches for the
     /// unlock.
     pub lb_locked: bool,
+    /// A member is flagged stuck: the verdict is said, so no lag bound holds its polls close.
+    pub stuck: bool,
     /// The poll read the LB (a failed one did not).
     pub read: bool,
 }
@@ -192,6 +209,31 @@ impl ProvisioningTimes {
     }
 }
 
+impl ProvisioningTimes {
+    /// The `n` longest ages at which members that later finished were last seen on their way
+    /// (the windows are sorted by `earliest`).
+    fn longest_waits(&self, n: usize) -> impl Iterator<Item = Duration> + '_ {
+        self.sorted.iter().rev().take(n).map(|(f, _)| f.earliest)
+    }
+}
+
+/// The age through which at least `enough` members were seen still on their way: the
+/// `enough`-th longest of `waits`. `None` when fewer are known.
+pub fn watched_through(
+    waits: impl IntoIterator<Item = Duration>,
+    enough: usize,
+) -> Option<Duration> {
+    if enough == 0 {
+        return Some(Duration::MAX);
+    }
+    let mut waits: Vec<Duration> = waits.into_iter().collect();
+    if waits.len() < enough {
+        return None;
+    }
+    let at = waits.len() - enough;
+    Some(*waits.select_nth_unstable(at).1)
+}
+
 /// What the learned windows say about a member on its way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NextFinish {
@@ -232,6 +274,9 @@ struct Entry {
     /// A state recalled from before a restart, as of this row: waits for the list to show
     /// the row unchanged (no tree needed) or not.
     recalled: Option<String>,
+    /// How long its longest-waiting member being created had been on its way at the last
+    /// read: evidence, for other LBs, that members live that long without finishing.
+    creating_seen: Option<Duration>,
 }
 
 impl Entry {
@@ -409,6 +454,7 @@ impl Scheduler {
             last_tree: None,
             vouched: None,
             recalled: None,
+            creating_seen: None,
         });
         entry.urgent = true;
         entry.rollout_waiting = rollout_waiting;
@@ -747,6 +793,33 @@ impl Scheduler {
         soonest.map_or(NextFinish::Unknown, NextFinish::In)
     }
 
+    /// The age through which `watched_enough` members other than `lb`'s were seen on their
+    /// way: those that finished (their windows) and those still on theirs.
+    fn watched_through_others(&self, lb: &str) -> Option<Duration> {
+        let enough = self.config.watched_enough;
+        let others = self
+            .entries
+            .iter()
+            .filter(|(name, _)| name.as_str() != lb)
+            .filter_map(|(_, e)| e.creating_seen);
+        watched_through(self.times.longest_waits(enough).chain(others), enough)
+    }
+
+    /// The longest wait that keeps members on their way for `creating_for` within
+    /// `unwatched_max` of any finish, except across ages others were `watched` through.
+    fn evidence_cap(&self, creating_for: &[Duration], watched: Option<Duration>) -> Duration {
+        // A pace set slower than the bound is the operator's choice.
+        let floor = self.config.unwatched_max.max(self.config.urgent_initial);
+        creating_for
+            .iter()
+            .map(|elapsed| {
+                let quiet = watched.and_then(|w| w.checked_sub(*elapsed));
+                quiet.map_or(floor, |quiet| quiet.max(floor))
+            })
+            .min()
+            .unwrap_or(Duration::MAX)
+    }
+
     /// A poll of `lb` finished with `outcome`.
     pub fn done(&mut self, lb: &str, outcome: &PollOutcome, now: Instant) {
         let PollOutcome {
@@ -773,6 +846,12 @@ impl Scheduler {
         } else {
             NextFinish::Unknown
         };
+        let evidence_cap = if urgent && !outcome.stuck && !outcome.creating_for.is_empty() {
+            let watched = self.watched_through_others(lb);
+            self.evidence_cap(&outcome.creating_for, watched)
+        } else {
+            Duration::MAX
+        };
         let config = &self.config;
         let Some(entry) = self.entries.get_mut(lb) else {
             return;
@@ -783,6 +862,7 @@ impl Scheduler {
             entry.last_tree = sent.map(|sent| (sent, now));
             entry.vouched = None;
             entry.recalled = None;
+            entry.creating_seen = outcome.creating_for.iter().max().copied();
         }
         let was_urgent = entry.urgent;
         entry.urgent = urgent;
@@ -798,16 +878,20 @@ impl Scheduler {
             entry.park(now);
             config.locked_max
         } else if let NextFinish::In(learned) = learned {
-            learned
+            learned.min(evidence_cap)
         } else if learned == NextFinish::Outlasted && !changed && was_urgent {
             // Slower than every member seen: most such are stuck, and the stuck deadline
             // brings its own poll.
-            entry.back_off(config.urgent_backoff, config.outlasted_max)
+            entry
+                .back_off(config.urgent_backoff, config.outlasted_max)
+                .min(evidence_cap)
         } else if changed || !was_urgent || fresh {
             // Too little known to aim: watch a new state closely for a while.
             config.urgent_initial
         } else {
-            entry.back_off(config.urgent_backoff, config.urgent_max)
+            entry
+                .back_off(config.urgent_backoff, config.urgent_max)
+                .min(evidence_cap)
         };
         if !(urgent && listed && outcome.lb_locked) {
             entry.unpark();
@@ -1045,12 +1129,23 @@ impl Scheduler {
 mod tests {
     use super::*;
 
+    /// The defaults at the 1.5 s pace these tests' arithmetic was written for.
+    fn paced() -> ScheduleConfig {
+        let pace = Duration::from_millis(1500);
+        ScheduleConfig {
+            urgent_initial: pace,
+            look_after_change: pace,
+            sweep_locked: pace,
+            ..ScheduleConfig::default()
+        }
+    }
+
     fn config(qps: f64) -> ScheduleConfig {
         ScheduleConfig {
             budget_qps: qps,
             burst: qps,
             urgent_fresh: Duration::ZERO,
-            ..ScheduleConfig::default()
+            ..paced()
         }
     }
 
@@ -1157,7 +1252,7 @@ mod tests {
             ScheduleConfig {
                 budget_qps: qps,
                 burst: 40.0,
-                ..ScheduleConfig::default()
+                ..paced()
             },
             t0,
         );
@@ -1339,6 +1434,65 @@ mod tests {
         // wait, through the next window at the fast pace, then, once past every window seen,
         // backing off (an outlier: its stuck deadline brings a poll of its own).
         assert_eq!(waits, [2.0, 1.5, 25.0, 1.5, 1.5, 2.25, 3.375]);
+    }
+
+    #[test]
+    fn a_member_past_every_finish_backs_off_only_as_far_as_others_were_watched() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        for _ in 0..ENOUGH_TO_LEARN {
+            s.learn(finish(2.0, 3.5));
+        }
+        let creating = |elapsed: f64, stuck: bool| PollOutcome {
+            urgent: true,
+            creating_for: vec![secs(elapsed)],
+            stuck,
+            read: true,
+            ..PollOutcome::default()
+        };
+        // Walks "a" through `polls` reads of a member on its way since `since`: the waits.
+        let walk = |s: &mut Scheduler, since: Instant, polls: usize, stuck: bool| {
+            let due_a = |s: &Scheduler| s.entries.get("a").map(|e| e.due);
+            let mut now = due_a(s).unwrap_or(t0).max(since);
+            let mut waits = Vec::new();
+            for _ in 0..polls {
+                s.done("a", &creating((now - since).as_secs_f64(), stuck), now);
+                let due = due_a(s).unwrap();
+                waits.push((due - now).as_secs_f64());
+                now = due;
+            }
+            waits
+        };
+        s.wake("a", true, t0);
+        // Past every finish seen, and no member ever watched this long: polls stay within
+        // `unwatched_max`, however long it lasts.
+        let waits = walk(&mut s, t0, 12, false);
+        assert!(waits[2..].iter().all(|w| *w <= 4.0), "{waits:?}");
+        assert_eq!(waits.last(), Some(&4.0), "{waits:?}");
+        // Three other members have been seen on their way for 300 s: across ages up to
+        // there, the outlier's polls back off.
+        for other in ["b", "c", "d"] {
+            s.wake(other, false, t0);
+            s.done(other, &creating(300.0, false), t0);
+        }
+        let waits = walk(&mut s, t0, 4, false);
+        assert!(waits.iter().any(|w| *w > 4.0), "{waits:?}");
+        // Flagged stuck, it backs off with no evidence needed.
+        let mut lone = Scheduler::new(config(10.0), t0);
+        for _ in 0..ENOUGH_TO_LEARN {
+            lone.learn(finish(2.0, 3.5));
+        }
+        lone.wake("a", true, t0);
+        let waits = walk(&mut lone, t0, 12, true);
+        assert!(waits.iter().any(|w| *w > 4.0), "{waits:?}");
+    }
+
+    #[test]
+    fn watched_through_is_the_age_enough_members_reached() {
+        let waits = [10.0, 40.0, 20.0, 30.0].map(secs);
+        assert_eq!(watched_through(waits, 3), Some(secs(20.0)));
+        assert_eq!(watched_through(waits, 5), None);
+        assert_eq!(watched_through(waits, 0), Some(Duration::MAX));
     }
 
     #[test]
