@@ -387,6 +387,26 @@ fn describe(c: &Condition) -> String {
 
 /// The status of an object that lacks `status.observedGeneration` is treated as never
 /// reconciled, as the CRD default says.
+/// Our own spec write moved the object from generation `from` to `to`, and nothing else did:
+/// what was observed at `from` is observed at `to`. Saves the pass the write would wake from
+/// writing the status again only to move its generations.
+pub fn advance_generation(
+    conditions: &mut [Condition],
+    observed: &mut Option<i64>,
+    from: Option<i64>,
+    to: i64,
+) {
+    for condition in conditions
+        .iter_mut()
+        .filter(|c| c.observed_generation == from)
+    {
+        condition.observed_generation = Some(to);
+    }
+    if *observed == from {
+        *observed = Some(to);
+    }
+}
+
 pub fn observed_generation_or_default(observed: Option<i64>) -> i64 {
     observed.unwrap_or(-1)
 }
@@ -688,5 +708,21 @@ mod tests {
         ));
         assert_eq!(kstatus(&with("Ready", "True")), KStatus::Current);
         assert_eq!(kstatus(&with("Ready", "Unknown")), KStatus::Current);
+    }
+
+    #[test]
+    fn our_own_spec_write_moves_what_was_observed_to_its_generation() {
+        let now = Timestamp::now();
+        let mut cs = Vec::new();
+        let ready = Desired::new(types::READY, Status::True, "Ready", "");
+        set(&mut cs, &ready, Some(4), now);
+        let other = Desired::new("Other", Status::True, "Done", "");
+        set(&mut cs, &other, Some(3), now);
+        let mut observed = Some(4);
+        advance_generation(&mut cs, &mut observed, Some(4), 5);
+        assert_eq!(observed, Some(5));
+        assert_eq!(cs[0].observed_generation, Some(5));
+        // A condition observed at another generation says so still.
+        assert_eq!(cs[1].observed_generation, Some(3));
     }
 }

@@ -323,10 +323,12 @@ pub fn member_statuses(
     now: Instant,
     wall_now: Timestamp,
 ) -> Vec<LoadBalancerMemberStatus> {
+    // To the second, as the API server keeps it: a finer time never reads back equal.
     let wall = |at: Instant| -> Time {
         let ago = now.saturating_duration_since(at);
         let ago = k8s_openapi::jiff::SignedDuration::try_from(ago).unwrap_or_default();
-        Time(wall_now.checked_sub(ago).unwrap_or(wall_now))
+        let at = wall_now.checked_sub(ago).unwrap_or(wall_now);
+        Time(Timestamp::from_second(at.as_second()).unwrap_or(at))
     };
     members
         .iter()
@@ -352,6 +354,35 @@ pub fn member_statuses(
             }
         })
         .collect()
+}
+
+/// How far a member's `since`, mapped from the engine's clock to the wall's at each pass, may
+/// drift from the recorded one and still be the same moment (the mapping moves with the
+/// pass's duration and the second it rounds to).
+const SINCE_DRIFT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `fresh` with each member's `since` as `recorded` has it when the member is in the same
+/// state there and the times agree within [`SINCE_DRIFT`]: a pass that sees nothing new
+/// writes nothing.
+pub fn keep_recorded_since(
+    mut fresh: Vec<LoadBalancerMemberStatus>,
+    recorded: &[LoadBalancerMemberStatus],
+) -> Vec<LoadBalancerMemberStatus> {
+    for member in &mut fresh {
+        let same = recorded.iter().find(|r| {
+            r.name == member.name
+                && r.pool == member.pool
+                && r.id == member.id
+                && r.provisioning_status == member.provisioning_status
+                && r.operating_status == member.operating_status
+        });
+        if let (Some(kept), Some(Time(new))) = (same.and_then(|r| r.since.as_ref()), &member.since)
+            && new.duration_since(kept.0).abs() <= SINCE_DRIFT.try_into().unwrap_or_default()
+        {
+            member.since = Some(kept.clone());
+        }
+    }
+    fresh
 }
 
 /// What the recorded status says of the LB's members, for a restarted engine to confirm
@@ -669,6 +700,32 @@ mod tests {
             id: id.map(str::to_owned),
             recreated: false,
         }
+    }
+
+    #[test]
+    fn a_pass_that_sees_nothing_new_keeps_the_members_as_recorded() {
+        let pools = BTreeMap::from([(6443, "pool-1".to_owned())]);
+        let active = Presence::Seen(ProvisioningStatus::Active);
+        let tracks = vec![seen("cp-1", Some("m-1"), active)];
+        let now = Instant::now();
+        let wall = Timestamp::from_second(1_800_000_000).expect("a time");
+        let recorded = member_statuses(&tracks, &pools, now, wall);
+        // The next pass maps the engine's clock to the wall's a moment later, off the second.
+        let later = wall + std::time::Duration::from_millis(1_700);
+        let next = member_statuses(&tracks, &pools, now, later);
+        assert_ne!(next, recorded, "the fresh mapping drifted");
+        assert_eq!(keep_recorded_since(next, &recorded), recorded);
+        // A member whose state changed takes the fresh time, to the second.
+        let pending = Presence::Seen(ProvisioningStatus::PendingUpdate);
+        let changed = member_statuses(&[seen("cp-1", Some("m-1"), pending)], &pools, now, later);
+        let kept = keep_recorded_since(changed.clone(), &recorded);
+        assert_eq!(kept, changed);
+        let since = kept[0].since.as_ref().map(|t| t.0);
+        assert_eq!(since.map(|t| t.subsec_nanosecond()), Some(0));
+        // So does one whose times disagree by more than the drift.
+        let much_later = wall + std::time::Duration::from_secs(5);
+        let far = member_statuses(&tracks, &pools, now, much_later);
+        assert_eq!(keep_recorded_since(far.clone(), &recorded), far);
     }
 
     #[test]

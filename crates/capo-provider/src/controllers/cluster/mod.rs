@@ -221,6 +221,9 @@ struct Pass<'a> {
     capi_name: String,
     generation: Option<i64>,
     now: Timestamp,
+    /// The generation our own spec write (the control-plane endpoint) moved the object to,
+    /// when nothing else moved it.
+    own_write: std::sync::OnceLock<i64>,
 }
 
 impl Pass<'_> {
@@ -331,6 +334,7 @@ async fn reconcile_cluster(
         capi_name,
         generation,
         now,
+        own_write: std::sync::OnceLock::new(),
     };
     let result = if deleting {
         delete::run(&pass, &api, &mut status).await
@@ -353,6 +357,14 @@ async fn reconcile_cluster(
         set_cluster_ready(&mut status, generation, now);
     }
     capo_conditions::derive(&mut status.conditions, Owner::Cluster, generation, now);
+    if let Some(&to) = pass.own_write.get() {
+        conditions::advance_generation(
+            &mut status.conditions,
+            &mut status.observed_generation,
+            generation,
+            to,
+        );
+    }
     write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
@@ -680,8 +692,11 @@ async fn set_endpoint(
         .map_err(ClusterError::kube("setting spec.controlPlaneEndpoint"))?;
     // Only our write moved the generation: the steps done stay done.
     let next = pass.generation.map(|g| g + 1);
-    if written.metadata.generation == next {
+    if written.metadata.generation.is_some() && written.metadata.generation == next {
         pass.ctx.steps_carried(pass.key, pass.generation, next);
+        if let Some(next) = next {
+            let _ = pass.own_write.set(next);
+        }
     }
     tracing::info!(host = ?endpoint.host, port = ?endpoint.port, "control plane endpoint set");
     Ok(())
@@ -775,7 +790,8 @@ async fn publish_gate(
         gate::health_condition(&snapshot.health, &snapshot.verdict, monitor_note.as_ref()),
     );
     if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
-        recorded.members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
+        let members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
+        recorded.members = gate::keep_recorded_since(members, &recorded.members);
         recorded.members_as_of = snapshot.members_as_of.clone();
     }
     Ok(())

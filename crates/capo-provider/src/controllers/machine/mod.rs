@@ -163,6 +163,9 @@ struct Pass<'a> {
     name: String,
     generation: Option<i64>,
     now: Timestamp,
+    /// The generation our own spec write (the providerID) moved the object to, when nothing
+    /// else moved it.
+    own_write: std::sync::OnceLock<i64>,
 }
 
 impl Pass<'_> {
@@ -210,6 +213,7 @@ async fn reconcile_machine(
         namespace,
         generation,
         now,
+        own_write: std::sync::OnceLock::new(),
     };
     let deleting = osm.meta().deletion_timestamp.is_some();
     let result = if deleting {
@@ -237,6 +241,14 @@ async fn reconcile_machine(
         generation,
         now,
     );
+    if let Some(&to) = pass.own_write.get() {
+        conditions::advance_generation(
+            &mut status.conditions,
+            &mut status.observed_generation,
+            generation,
+            to,
+        );
+    }
     members::announce(&pass, before.as_ref(), &status).await;
     write_status(&api, osm, before.as_ref(), &status).await?;
     result
@@ -470,9 +482,17 @@ async fn release(pass: &Pass<'_>, status: &mut InstanceStatus) -> Result<bool, M
     let provider_id = plan::provider_id(region, &instance);
     let api: Api<OpenStackMachine> = Api::namespaced(pass.ctx.client.clone(), &pass.namespace);
     let patch = Patch::Merge(json!({ "spec": { "providerID": provider_id } }));
-    api.patch(&pass.name, &PatchParams::default(), &patch)
+    let written = api
+        .patch(&pass.name, &PatchParams::default(), &patch)
         .await
         .map_err(MachineError::kube("setting spec.providerID"))?;
+    if written.metadata.generation.is_some()
+        && written.metadata.generation == pass.generation.map(|g| g + 1)
+    {
+        if let Some(next) = written.metadata.generation {
+            let _ = pass.own_write.set(next);
+        }
+    }
     tracing::info!(%provider_id, "machine released to Cluster API");
     Ok(true)
 }
