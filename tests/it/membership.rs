@@ -326,9 +326,12 @@ async fn re_ensuring_the_same_members_keeps_the_first_request_time() {
 }
 
 /// Once it has watched 30 members finish, the engine polls a new one where members finish
-/// on this cloud instead of every 1.5 s, and still notices within the fast pace.
+/// on this cloud instead of at every beat of its pace, and still notices within the pace.
 #[tokio::test(start_paused = true)]
 async fn polls_aim_at_learned_provisioning_times() {
+    let pace = capo_provider::membership::ScheduleConfig::default()
+        .urgent_initial
+        .as_secs_f64();
     let mut s = setup(vec![], Strategy::StatusTree).await;
     let mut slow = scenario(vec![]);
     slow.timings.member_create = Delay::Fixed(20.0);
@@ -356,7 +359,8 @@ async fn polls_aim_at_learned_provisioning_times() {
         let polls = s.sim.request_count("load-balancer loadbalancer_status_get") - polls_before;
         last = (polls, (ready - settled).as_secs_f64());
         if i == 0 {
-            assert!(polls >= 13, "unlearnt: every 1.5 s for 20 s, got {polls}");
+            let beats = (20.0 / pace).floor() as u64;
+            assert!(polls >= beats, "unlearnt: every {pace} s for 20 s, got {polls}");
         }
     }
     let (polls, lag) = last;
@@ -364,7 +368,7 @@ async fn polls_aim_at_learned_provisioning_times() {
         polls <= 5,
         "learnt: a few polls for a 20 s member, got {polls}"
     );
-    assert!(lag <= 1.6, "noticed {lag} s after the member finished");
+    assert!(lag <= pace + 0.1, "noticed {lag} s after the member finished");
 }
 
 #[tokio::test(start_paused = true)]

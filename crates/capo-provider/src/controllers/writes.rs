@@ -99,6 +99,11 @@ where
         return Ok(None);
     }
     let mut body = serde_json::to_value(status).map_err(kube::Error::SerdeError)?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let before = before.and_then(|b| serde_json::to_value(b).ok());
+        let changed = changed_fields(before.as_ref(), &body);
+        tracing::debug!(changed = %changed.join(","), "writing status");
+    }
     for field in owned {
         let path: Vec<&str> = field.split('/').collect();
         null_if_missing(&mut body, &path);
@@ -106,6 +111,77 @@ where
     let patch = Patch::Merge(json!({ "status": body }));
     let written = api.patch_status(name, &params(), &patch).await?;
     Ok(written.resource_version())
+}
+
+/// Which of `after`'s top-level fields differ from `before`'s (conditions by type), to say in
+/// the log why a status is written. Names only: never the values.
+fn changed_fields(before: Option<&serde_json::Value>, after: &serde_json::Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let before = before.and_then(|b| b.as_object()).unwrap_or(&empty);
+    let after = after.as_object().unwrap_or(&empty);
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut changed = Vec::new();
+    for key in keys {
+        let (was, is) = (before.get(key), after.get(key));
+        if was == is {
+            continue;
+        }
+        match (key.as_str(), was, is) {
+            ("conditions", _, _) => changed.extend(changed_conditions(was, is)),
+            // One level down, to tell a field of a nested status from its neighbours.
+            (_, Some(a @ serde_json::Value::Object(_)), Some(b @ serde_json::Value::Object(_))) => {
+                changed.extend(
+                    changed_fields(Some(a), b)
+                        .into_iter()
+                        .map(|inner| format!("{key}.{inner}")),
+                );
+            }
+            (_, Some(serde_json::Value::Array(a)), Some(serde_json::Value::Array(b)))
+                if a.len() == b.len() =>
+            {
+                for (i, (a, b)) in a.iter().zip(b).enumerate().filter(|(_, (a, b))| a != b) {
+                    let inner = changed_fields(Some(a), b);
+                    changed.push(format!("{key}[{i}].{}", inner.join("+")));
+                }
+            }
+            _ => changed.push(key.clone()),
+        }
+    }
+    changed
+}
+
+/// The condition types whose entries differ, each with the first field that does.
+fn changed_conditions(
+    was: Option<&serde_json::Value>,
+    is: Option<&serde_json::Value>,
+) -> Vec<String> {
+    let by_type = |v: Option<&serde_json::Value>| -> std::collections::BTreeMap<String, serde_json::Value> {
+        v.and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| Some((c.get("type")?.as_str()?.to_owned(), c.clone())))
+            .collect()
+    };
+    let (was, is) = (by_type(was), by_type(is));
+    let mut types: Vec<&String> = was.keys().chain(is.keys()).collect();
+    types.sort();
+    types.dedup();
+    types
+        .into_iter()
+        .filter_map(|t| {
+            let (a, b) = (was.get(t), is.get(t));
+            if a == b {
+                return None;
+            }
+            let field = ["status", "reason", "message", "observedGeneration", "lastTransitionTime"]
+                .into_iter()
+                .find(|f| a.and_then(|a| a.get(*f)) != b.and_then(|b| b.get(*f)))
+                .unwrap_or("added");
+            Some(format!("conditions[{t}].{field}"))
+        })
+        .collect()
 }
 
 /// Sets the field at `path` to `null` where its parent exists and it does not.

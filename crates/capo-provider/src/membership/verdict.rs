@@ -332,7 +332,10 @@ impl LbVerdict {
             && kinds(self) == kinds(other)
     }
 
-    /// A sentence for a condition message: which members and since when (relative to `now`).
+    /// A sentence for a condition message: which members, and for how long (relative to
+    /// `now`) only for states an operator acts on (not serving, stuck, ERROR). A state on its
+    /// way gives no duration: the message then stays the same from one pass to the next, and
+    /// a status with nothing new is not written again (the members' `since` says when).
     pub fn message(&self, now: Instant) -> String {
         let ago = |since: Instant| human(now.saturating_duration_since(since));
         let named = |wanted: MemberVerdictKind| -> Vec<String> {
@@ -340,14 +343,9 @@ impl LbVerdict {
                 .iter()
                 .filter(|(_, _, v)| v.kind() == wanted)
                 .map(|(name, port, v)| match v {
-                    MemberVerdict::Pending { since }
-                    | MemberVerdict::NotYetServing { since }
-                    | MemberVerdict::NotServing { since }
-                    | MemberVerdict::OutOfTraffic { since }
+                    MemberVerdict::NotServing { since }
                     | MemberVerdict::Stuck { since }
-                    | MemberVerdict::Error { since }
-                    | MemberVerdict::Missing { since }
-                    | MemberVerdict::Deleting { since } => {
+                    | MemberVerdict::Error { since } => {
                         format!("{name}:{port} for {}", ago(*since))
                     }
                     _ => format!("{name}:{port}"),
@@ -390,11 +388,10 @@ impl LbVerdict {
                 Some(_) => format!("load balancer in ERROR for {}", ago(self.lb_since)),
             },
             Reason::LoadBalancerPending => format!(
-                "load balancer {} for {}",
+                "load balancer {}",
                 self.lb_status
                     .map(ProvisioningStatus::as_str)
                     .unwrap_or("pending"),
-                ago(self.lb_since)
             ),
             Reason::MemberError => format!(
                 "members in ERROR: {}",
@@ -735,15 +732,21 @@ mod tests {
         let t0 = Instant::now();
         let track = track_with(Active, Some(PendingCreate), t0);
         let later = t0 + Duration::from_secs(42);
+        // On its way: the same message at every pass.
         assert_eq!(
             lb_verdict(&track, later, &RULES).message(later),
-            "members pending: m1:6443 for 42s"
+            "members pending: m1:6443"
         );
         let track = track_with(PendingUpdate, Some(PendingCreate), t0);
         assert_eq!(
             lb_verdict(&track, later, &RULES).message(later),
-            "load balancer PENDING_UPDATE for 42s"
+            "load balancer PENDING_UPDATE"
         );
+        // Stuck: how long, for the operator.
+        let stuck_at = t0 + STUCK + Duration::from_secs(42);
+        let track = track_with(Active, Some(PendingCreate), t0);
+        let message = lb_verdict(&track, stuck_at, &RULES).message(stuck_at);
+        assert!(message.ends_with("m1:6443 for 10m42s"), "{message}");
     }
 
     const SERVING: GateRules = GateRules {

@@ -928,7 +928,7 @@ mod tests {
             types::API_SERVER_LOAD_BALANCER_READY,
             Status::parse(state),
             reason,
-            "cp-1:6443 for 5s",
+            "cp-1:6443",
         );
         conditions::set(&mut status.conditions, &gate, Some(1), now);
         set_cluster_ready(&mut status, Some(1), now);

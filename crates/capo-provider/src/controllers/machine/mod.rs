@@ -486,12 +486,11 @@ async fn release(pass: &Pass<'_>, status: &mut InstanceStatus) -> Result<bool, M
         .patch(&pass.name, &PatchParams::default(), &patch)
         .await
         .map_err(MachineError::kube("setting spec.providerID"))?;
-    if written.metadata.generation.is_some()
-        && written.metadata.generation == pass.generation.map(|g| g + 1)
+    // Only our write moved the generation: what this pass observed holds at the next one.
+    if let Some(next) = written.metadata.generation
+        && pass.generation.map(|g| g + 1) == Some(next)
     {
-        if let Some(next) = written.metadata.generation {
-            let _ = pass.own_write.set(next);
-        }
+        let _ = pass.own_write.set(next);
     }
     tracing::info!(%provider_id, "machine released to Cluster API");
     Ok(true)

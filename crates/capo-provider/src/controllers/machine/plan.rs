@@ -296,17 +296,16 @@ pub fn join_condition(
         let ago = |since: Instant| now.saturating_duration_since(since).as_secs();
         match m.verdict {
             MemberVerdict::Active => format!("{} ACTIVE", m.port),
-            MemberVerdict::OutOfTraffic { since } => format!(
-                "{} ACTIVE and up at weight 0 for {}s: letting it in",
-                m.port,
-                ago(since)
-            ),
-            MemberVerdict::NotYetServing { since } => format!(
-                "{} ACTIVE, {} for {}s",
+            // States on their way say no duration: the message stays the same from pass to
+            // pass, so a status with nothing new is not written again.
+            MemberVerdict::OutOfTraffic { .. } => {
+                format!("{} ACTIVE and up at weight 0: letting it in", m.port)
+            }
+            MemberVerdict::NotYetServing { .. } => format!(
+                "{} ACTIVE, {}",
                 m.port,
                 m.operating
                     .map_or("not checked yet", OperatingStatus::as_str),
-                ago(since)
             ),
             MemberVerdict::NotServing { since } => format!(
                 "{}{} ACTIVE but its API does not serve ({}) for {}s",
@@ -315,7 +314,7 @@ pub fn join_condition(
                 m.operating.map_or("not checked", OperatingStatus::as_str),
                 ago(since)
             ),
-            MemberVerdict::Pending { since } => format!("{} PENDING for {}s", m.port, ago(since)),
+            MemberVerdict::Pending { .. } => format!("{} PENDING", m.port),
             // A held rollout names the member, so that an operator can look it up.
             MemberVerdict::Stuck { since } => {
                 format!(
