@@ -360,7 +360,10 @@ async fn polls_aim_at_learned_provisioning_times() {
         last = (polls, (ready - settled).as_secs_f64());
         if i == 0 {
             let beats = (20.0 / pace).floor() as u64;
-            assert!(polls >= beats, "unlearnt: every {pace} s for 20 s, got {polls}");
+            assert!(
+                polls >= beats,
+                "unlearnt: every {pace} s for 20 s, got {polls}"
+            );
         }
     }
     let (polls, lag) = last;
@@ -368,7 +371,10 @@ async fn polls_aim_at_learned_provisioning_times() {
         polls <= 5,
         "learnt: a few polls for a 20 s member, got {polls}"
     );
-    assert!(lag <= pace + 0.1, "noticed {lag} s after the member finished");
+    assert!(
+        lag <= pace + 0.1,
+        "noticed {lag} s after the member finished"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -157,13 +157,14 @@ fn changed_conditions(
     was: Option<&serde_json::Value>,
     is: Option<&serde_json::Value>,
 ) -> Vec<String> {
-    let by_type = |v: Option<&serde_json::Value>| -> std::collections::BTreeMap<String, serde_json::Value> {
-        v.and_then(|v| v.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|c| Some((c.get("type")?.as_str()?.to_owned(), c.clone())))
-            .collect()
-    };
+    let by_type =
+        |v: Option<&serde_json::Value>| -> std::collections::BTreeMap<String, serde_json::Value> {
+            v.and_then(|v| v.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|c| Some((c.get("type")?.as_str()?.to_owned(), c.clone())))
+                .collect()
+        };
     let (was, is) = (by_type(was), by_type(is));
     let mut types: Vec<&String> = was.keys().chain(is.keys()).collect();
     types.sort();
@@ -175,10 +176,16 @@ fn changed_conditions(
             if a == b {
                 return None;
             }
-            let field = ["status", "reason", "message", "observedGeneration", "lastTransitionTime"]
-                .into_iter()
-                .find(|f| a.and_then(|a| a.get(*f)) != b.and_then(|b| b.get(*f)))
-                .unwrap_or("added");
+            let field = [
+                "status",
+                "reason",
+                "message",
+                "observedGeneration",
+                "lastTransitionTime",
+            ]
+            .into_iter()
+            .find(|f| a.and_then(|a| a.get(*f)) != b.and_then(|b| b.get(*f)))
+            .unwrap_or("added");
             Some(format!("conditions[{t}].{field}"))
         })
         .collect()
