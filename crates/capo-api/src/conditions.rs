@@ -385,8 +385,6 @@ fn describe(c: &Condition) -> String {
     }
 }
 
-/// The status of an object that lacks `status.observedGeneration` is treated as never
-/// reconciled, as the CRD default says.
 /// Our own spec write moved the object from generation `from` to `to`, and nothing else did:
 /// what was observed at `from` is observed at `to`. Saves the pass the write would wake from
 /// writing the status again only to move its generations.
@@ -394,8 +392,11 @@ pub fn advance_generation(
     conditions: &mut [Condition],
     observed: &mut Option<i64>,
     from: Option<i64>,
-    to: i64,
+    to: Option<i64>,
 ) {
+    let Some(to) = to else {
+        return;
+    };
     for condition in conditions
         .iter_mut()
         .filter(|c| c.observed_generation == from)
@@ -407,6 +408,8 @@ pub fn advance_generation(
     }
 }
 
+/// The status of an object that lacks `status.observedGeneration` is treated as never
+/// reconciled, as the CRD default says.
 pub fn observed_generation_or_default(observed: Option<i64>) -> i64 {
     observed.unwrap_or(-1)
 }
@@ -719,7 +722,7 @@ mod tests {
         let other = Desired::new("Other", Status::True, "Done", "");
         set(&mut cs, &other, Some(3), now);
         let mut observed = Some(4);
-        advance_generation(&mut cs, &mut observed, Some(4), 5);
+        advance_generation(&mut cs, &mut observed, Some(4), Some(5));
         assert_eq!(observed, Some(5));
         assert_eq!(cs[0].observed_generation, Some(5));
         // A condition observed at another generation says so still.

@@ -359,7 +359,8 @@ pub fn member_statuses(
 /// How far a member's `since`, mapped from the engine's clock to the wall's at each pass, may
 /// drift from the recorded one and still be the same moment (the mapping moves with the
 /// pass's duration and the second it rounds to).
-const SINCE_DRIFT: std::time::Duration = std::time::Duration::from_secs(2);
+const SINCE_DRIFT: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(2);
 
 /// `fresh` with each member's `since` as `recorded` has it when the member is in the same
 /// state there and the times agree within [`SINCE_DRIFT`]: a pass that sees nothing new
@@ -377,7 +378,7 @@ pub fn keep_recorded_since(
                 && r.operating_status == member.operating_status
         });
         if let (Some(kept), Some(Time(new))) = (same.and_then(|r| r.since.as_ref()), &member.since)
-            && new.duration_since(kept.0).abs() <= SINCE_DRIFT.try_into().unwrap_or_default()
+            && new.duration_since(kept.0).abs() <= SINCE_DRIFT
         {
             member.since = Some(kept.clone());
         }

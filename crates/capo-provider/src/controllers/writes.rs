@@ -80,6 +80,12 @@ where
     }
 }
 
+/// The generation our own spec write moved the object to, when nothing else moved it (the
+/// write answered exactly one past the generation the pass read).
+pub fn moved_only_by_us(read: Option<i64>, written: Option<i64>) -> Option<i64> {
+    written.filter(|w| read.map(|g| g + 1) == Some(*w))
+}
+
 /// Writes `status` with a merge patch on the status subresource, unless it equals `before`.
 /// `owned` lists the fields (`a`, or `a/b` inside `a`) this controller writes: those `status`
 /// leaves out (an empty list, a `None`) are sent as `null`, so the patch removes them rather
@@ -214,6 +220,18 @@ fn null_if_missing(value: &mut serde_json::Value, path: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generation_is_ours_only_when_our_write_alone_moved_it() {
+        assert_eq!(moved_only_by_us(Some(4), Some(5)), Some(5));
+        assert_eq!(
+            moved_only_by_us(Some(4), Some(6)),
+            None,
+            "someone else wrote too"
+        );
+        assert_eq!(moved_only_by_us(Some(4), Some(4)), None, "nothing moved");
+        assert_eq!(moved_only_by_us(None, Some(1)), None);
+    }
 
     #[test]
     fn owned_fields_left_out_are_sent_as_null() {

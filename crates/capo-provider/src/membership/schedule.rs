@@ -193,6 +193,12 @@ impl ProvisioningTimes {
         self.sorted.is_empty()
     }
 
+    /// The `n` longest ages at which members that later finished were last seen on their way
+    /// (the windows are sorted by `earliest`).
+    fn longest_waits(&self, n: usize) -> impl Iterator<Item = Duration> + '_ {
+        self.sorted.iter().rev().take(n).map(|(f, _)| f.earliest)
+    }
+
     /// When a member on its way for `elapsed` could next finish, by the windows seen.
     pub fn next_finish(&self, elapsed: Duration) -> NextFinish {
         if self.sorted.len() < ENOUGH_TO_LEARN {
@@ -206,14 +212,6 @@ impl ProvisioningTimes {
             Some((next, _)) => NextFinish::In(next.earliest - elapsed),
             None => NextFinish::Outlasted,
         }
-    }
-}
-
-impl ProvisioningTimes {
-    /// The `n` longest ages at which members that later finished were last seen on their way
-    /// (the windows are sorted by `earliest`).
-    fn longest_waits(&self, n: usize) -> impl Iterator<Item = Duration> + '_ {
-        self.sorted.iter().rev().take(n).map(|(f, _)| f.earliest)
     }
 }
 

@@ -357,14 +357,9 @@ async fn reconcile_cluster(
         set_cluster_ready(&mut status, generation, now);
     }
     capo_conditions::derive(&mut status.conditions, Owner::Cluster, generation, now);
-    if let Some(&to) = pass.own_write.get() {
-        conditions::advance_generation(
-            &mut status.conditions,
-            &mut status.observed_generation,
-            generation,
-            to,
-        );
-    }
+    let own_write = pass.own_write.get().copied();
+    let observed = &mut status.observed_generation;
+    conditions::advance_generation(&mut status.conditions, observed, generation, own_write);
     write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
@@ -691,12 +686,10 @@ async fn set_endpoint(
         .await
         .map_err(ClusterError::kube("setting spec.controlPlaneEndpoint"))?;
     // Only our write moved the generation: the steps done stay done.
-    let next = pass.generation.map(|g| g + 1);
-    if written.metadata.generation.is_some() && written.metadata.generation == next {
-        pass.ctx.steps_carried(pass.key, pass.generation, next);
-        if let Some(next) = next {
-            let _ = pass.own_write.set(next);
-        }
+    if let Some(next) = writes::moved_only_by_us(pass.generation, written.metadata.generation) {
+        pass.ctx
+            .steps_carried(pass.key, pass.generation, Some(next));
+        let _ = pass.own_write.set(next);
     }
     tracing::info!(host = ?endpoint.host, port = ?endpoint.port, "control plane endpoint set");
     Ok(())

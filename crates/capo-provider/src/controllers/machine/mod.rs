@@ -241,14 +241,9 @@ async fn reconcile_machine(
         generation,
         now,
     );
-    if let Some(&to) = pass.own_write.get() {
-        conditions::advance_generation(
-            &mut status.conditions,
-            &mut status.observed_generation,
-            generation,
-            to,
-        );
-    }
+    let own_write = pass.own_write.get().copied();
+    let observed = &mut status.observed_generation;
+    conditions::advance_generation(&mut status.conditions, observed, generation, own_write);
     members::announce(&pass, before.as_ref(), &status).await;
     write_status(&api, osm, before.as_ref(), &status).await?;
     result
@@ -487,9 +482,7 @@ async fn release(pass: &Pass<'_>, status: &mut InstanceStatus) -> Result<bool, M
         .await
         .map_err(MachineError::kube("setting spec.providerID"))?;
     // Only our write moved the generation: what this pass observed holds at the next one.
-    if let Some(next) = written.metadata.generation
-        && pass.generation.map(|g| g + 1) == Some(next)
-    {
+    if let Some(next) = writes::moved_only_by_us(pass.generation, written.metadata.generation) {
         let _ = pass.own_write.set(next);
     }
     tracing::info!(%provider_id, "machine released to Cluster API");
