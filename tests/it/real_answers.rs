@@ -1283,20 +1283,8 @@ async fn real_answers_match_the_fixture() {
     let Some(target) = real_target().await else {
         return;
     };
-    let tag = format!("{TAG}-{:04x}", fastrand::u16(..));
-    tokio::time::timeout(Duration::from_secs(300), exercise(&target, &tag))
-        .await
-        .expect("the exercise finished within 5 minutes");
-    let clouds_yaml = real_cloud().expect("the real tier").clouds_yaml;
-    exercise_keystone(
-        &target.recorder,
-        &clouds_yaml,
-        PASSWORD_CLOUD,
-        APPCRED_CLOUD,
-    )
-    .await;
-    let mut recording = merged(&target);
     if std::env::var("CAPO_RECORD_REAL_ANSWERS").is_ok_and(|v| v == "1") {
+        let mut recording = record_real(&target).await;
         recording.recorded = "tests/openstack/up.sh (keystone 30.0.0, glance 33.0.0, nova 34.0.0 with the fake virt driver, neutron 29.0.0 ML2, cinder 29.0.0), by tests/it/real_answers.rs".into();
         let text = serde_json::to_string_pretty(&recording).expect("JSON");
         std::fs::write(fixture(), text + "\n").expect("write the fixture");
@@ -1308,11 +1296,35 @@ async fn real_answers_match_the_fixture() {
         return;
     }
     let recorded = read_fixture();
-    recording.recorded = recorded.recorded.clone();
-    // What only timing decides (a fleeting state caught or not) may differ between two runs.
-    let differences = unaccepted(differences(&recorded, &recording));
+    // What only timing decides (a fleeting state caught or not) may differ between two runs. A
+    // difference the real tier really has shows again in a second exercise; one a busy machine
+    // made once does not, so only what both exercises show fails the test.
+    let first = unaccepted(differences(&recorded, &record_real(&target).await));
+    if first.is_empty() {
+        return;
+    }
+    eprintln!("the first exercise differed from the fixture, trying once more:\n{first:#?}");
+    let second = unaccepted(differences(&recorded, &record_real(&target).await));
+    let both: Vec<_> = second.iter().filter(|d| first.contains(d)).collect();
     assert!(
-        differences.is_empty(),
-        "the real tier no longer answers as recorded (CAPO_RECORD_REAL_ANSWERS=1 records it again):\n{differences:#?}"
+        both.is_empty(),
+        "the real tier no longer answers as recorded (CAPO_RECORD_REAL_ANSWERS=1 records it again):\n{both:#?}"
     );
+}
+
+/// One exercise on the real tier, under a tag of its own, and what it saw.
+async fn record_real(target: &Target) -> Recording {
+    let tag = format!("{TAG}-{:04x}", fastrand::u16(..));
+    tokio::time::timeout(Duration::from_secs(300), exercise(target, &tag))
+        .await
+        .expect("the exercise finished within 5 minutes");
+    let clouds_yaml = real_cloud().expect("the real tier").clouds_yaml;
+    exercise_keystone(
+        &target.recorder,
+        &clouds_yaml,
+        PASSWORD_CLOUD,
+        APPCRED_CLOUD,
+    )
+    .await;
+    merged(target)
 }
