@@ -709,3 +709,81 @@ async fn a_drain_is_undone_when_the_only_other_member_stops_serving() {
     actor.stop().await;
     world.stop_manager().await;
 }
+
+/// A controller restart shows nothing new to a user: released machines keep their member
+/// condition (never Unknown while the engine has not looked again, and not written again),
+/// and a machine that joins after the restart is still released only on an ACTIVE member.
+#[tokio::test]
+async fn a_restart_leaves_what_the_machines_said_until_the_engine_looks_again() {
+    let (mut world, actor) =
+        cluster_with_actor(Strategy::StatusTree, Duration::from_secs(600)).await;
+    actor.scale_control_plane(&plane(3)).await.unwrap();
+    let api = machines(&world);
+    let released: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|m| {
+            (
+                kube::ResourceExt::name_any(&m),
+                kube::ResourceExt::resource_version(&m).unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(released.len(), 3);
+    for (name, _) in &released {
+        wait_member_reason(&world, name, reasons::READY).await;
+    }
+    let stop = CancellationToken::new();
+    let (seen, watcher) = watch(&world, stop.clone());
+    let changes = record_member_conditions(&world, stop.clone());
+    world.stop_manager().await;
+    world.start_manager_with(config(Strategy::StatusTree, Duration::from_secs(600)));
+    // A fourth machine released means the engine looked at the load balancer again.
+    actor.scale_control_plane(&plane(4)).await.unwrap();
+    stop.cancel();
+    watcher.await.unwrap();
+    let changes = changes.await.unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(seen.released_early.is_empty(), "{:?}", seen.released_early);
+    for (name, version) in &released {
+        let after: Vec<_> = changes
+            .iter()
+            .filter(|(n, v, _)| n == name && v != version)
+            .map(|(_, _, condition)| condition)
+            .collect();
+        assert!(
+            after.is_empty(),
+            "{name}'s status was written again after the restart: {after:?}"
+        );
+    }
+    world.stop_manager().await;
+}
+
+/// Every version of every OpenStackMachine until `stop`: name, resourceVersion, and its
+/// member condition's (status, reason).
+fn record_member_conditions(
+    world: &World,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Vec<(String, String, (String, String))>> {
+    use futures::StreamExt;
+    let stream = kube::runtime::watcher(machines(world), Default::default());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
+        let mut changes = Vec::new();
+        loop {
+            let next = tokio::select! {
+                () = stop.cancelled() => return changes,
+                next = stream.next() => next,
+            };
+            let Some(Ok(machine)) = next else { continue };
+            changes.push((
+                kube::ResourceExt::name_any(&machine),
+                kube::ResourceExt::resource_version(&machine).unwrap_or_default(),
+                member_condition(&machine),
+            ));
+        }
+    })
+}

@@ -775,6 +775,12 @@ async fn publish_gate(
     let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
         return Ok(());
     };
+    // After a restart, what was recorded stands until the engine has looked: Unknown and
+    // no members, then the same again a moment later, would be two writes saying nothing.
+    let recorded = conditions::find(&status.conditions, types::API_SERVER_LOAD_BALANCER_READY);
+    if snapshot.verdict.reason == crate::membership::Reason::NotObserved && recorded.is_some() {
+        return Ok(());
+    }
     set(status, gate::gate_condition(&snapshot.verdict, now));
     let monitor_note = plan::load_balancer(&pass.cluster.spec)
         .and_then(|lb_spec| monitor_choice(pass, lb_spec).note);

@@ -27,7 +27,7 @@ use crate::controllers::cluster::plan::{Names, load_balancer as lb_spec, tags as
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
 use crate::controllers::server::resolve::primary_subnet;
-use crate::membership::{MemberVerdict, Presence, Snapshot};
+use crate::membership::{MemberVerdict, Presence, Reason, Snapshot};
 
 /// On an OpenStackMachine: how many times its members in ERROR were deleted to be created
 /// again. Kept on the object so that a restart does not reset the bound.
@@ -346,7 +346,22 @@ async fn join(
     status: &mut InstanceStatus,
 ) -> Result<Outcome, MachineError> {
     let safety_net = Outcome::Poll(pass.ctx.config.poll_max);
-    let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
+    let snapshot = pass.ctx.engine.snapshot(&lb.id);
+    let observed = snapshot
+        .as_ref()
+        .is_some_and(|s| s.verdict.reason != Reason::NotObserved);
+    let recorded = conditions::find(
+        &status.conditions,
+        types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
+    )
+    .is_some();
+    // After a restart the recorded condition stays what it was until the engine has looked
+    // (nothing is released before it has): writing Unknown, then the same condition again a
+    // moment later, would be two writes per machine saying nothing.
+    if !observed && recorded {
+        return Ok(safety_net);
+    }
+    let Some(snapshot) = snapshot else {
         let message = "waiting for the membership engine's first look at the load balancer";
         set(
             pass,

@@ -301,12 +301,11 @@ pub fn join_condition(
             MemberVerdict::OutOfTraffic { .. } => {
                 format!("{} ACTIVE and up at weight 0: letting it in", m.port)
             }
-            MemberVerdict::NotYetServing { .. } => format!(
-                "{} ACTIVE, {}",
-                m.port,
-                m.operating
-                    .map_or("not checked yet", OperatingStatus::as_str),
-            ),
+            // Its health checks' progress (not checked, OFFLINE until the monitor's rises
+            // pass) is in the cluster's members; here it would be a write per check.
+            MemberVerdict::NotYetServing { .. } => {
+                format!("{} ACTIVE, its API not yet seen serving", m.port)
+            }
             MemberVerdict::NotServing { since } => format!(
                 "{}{} ACTIVE but its API does not serve ({}) for {}s",
                 m.port,

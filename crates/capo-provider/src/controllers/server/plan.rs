@@ -475,11 +475,9 @@ pub fn instance_view(
         "BUILD" | "" => view(
             Status::False,
             reasons::INSTANCE_BUILDING,
-            format!(
-                "Nova is building server {} ({}s so far)",
-                server.id,
-                age.as_secs()
-            ),
+            // No duration: a message that moves each poll would be a status write each poll
+            // (and one on the machine that copies it); Nova's `created` says since when.
+            format!("Nova is building server {}", server.id),
             false,
             Some(poll(age)),
         ),
