@@ -762,12 +762,15 @@ async fn a_restart_leaves_what_the_machines_said_until_the_engine_looks_again() 
     world.stop_manager().await;
 }
 
-/// Every version of every OpenStackMachine until `stop`: name, resourceVersion, and its
-/// member condition's (status, reason).
+/// One version of an OpenStackMachine: name, resourceVersion, and its member condition's
+/// (status, reason).
+type MachineVersion = (String, String, (String, String));
+
+/// Every version of every OpenStackMachine until `stop`.
 fn record_member_conditions(
     world: &World,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<Vec<(String, String, (String, String))>> {
+) -> tokio::task::JoinHandle<Vec<MachineVersion>> {
     use futures::StreamExt;
     let stream = kube::runtime::watcher(machines(world), Default::default());
     tokio::spawn(async move {
