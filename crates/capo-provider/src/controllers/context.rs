@@ -3,12 +3,14 @@
 //! per-object backoff that turns a category of error into the next attempt's delay.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use serde::Serialize;
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::caches::Caches;
@@ -91,6 +93,8 @@ pub struct Context {
     /// The resourceVersion of each object as a reconcile last knew it whole (read from the
     /// API server, or written): a cached copy at that version needs no fresh read.
     versions: Mutex<HashMap<String, String>>,
+    /// What each object's status was last written with (see [`LastWrites`]).
+    pub last_writes: LastWrites,
     /// In-memory notes about objects (when a member was created, when a removal began), by
     /// object key and what. Lost on a restart; every use of them is safe without.
     notes: Mutex<HashMap<(String, String), tokio::time::Instant>>,
@@ -120,6 +124,7 @@ impl Context {
             wakes: Mutex::default(),
             steps: Mutex::default(),
             versions: Mutex::default(),
+            last_writes: LastWrites::default(),
             notes: Mutex::default(),
             config,
         })
@@ -172,6 +177,7 @@ impl Context {
         lock(&self.wakes).remove(key);
         lock(&self.steps).forget(key);
         lock(&self.versions).remove(key);
+        self.last_writes.forget(key);
         lock(&self.notes).retain(|(object, _), _| object != key);
     }
 
@@ -272,6 +278,41 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What this process last wrote to each object's status, and over what. A pass that starts
+/// from a cached copy our last write has not reached yet (another wake-up queued before the
+/// watch brought it) computes the same status again; it has nothing to write.
+#[derive(Default)]
+pub struct LastWrites(Mutex<HashMap<String, (u64, u64)>>);
+
+impl LastWrites {
+    /// Whether `status` is what we last wrote over `before`.
+    pub fn repeats<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) -> bool {
+        let last = self.lock().get(key).copied();
+        last == Some((digest(before), digest(Some(status))))
+    }
+
+    pub fn wrote<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) {
+        let entry = (digest(before), digest(Some(status)));
+        self.lock().insert(key.to_owned(), entry);
+    }
+
+    pub fn forget(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
+        lock(&self.0)
+    }
+}
+
+fn digest<S: Serialize>(value: Option<&S>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(&value)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,5 +329,21 @@ mod tests {
             config.poll_after(Duration::from_secs(3600)),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn a_status_repeats_only_over_the_same_copy_it_was_written_over() {
+        let last = LastWrites::default();
+        let (stale, ours) = ("pending".to_owned(), "ready".to_owned());
+        assert!(!last.repeats("m", Some(&stale), &ours));
+        last.wrote("m", Some(&stale), &ours);
+        // The cache still shows the copy we wrote over, and we arrive at our write again.
+        assert!(last.repeats("m", Some(&stale), &ours));
+        // Someone else's write since (or a different result) is written as usual.
+        assert!(!last.repeats("m", Some(&"error".to_owned()), &ours));
+        assert!(!last.repeats("m", Some(&stale), &"gone".to_owned()));
+        assert!(!last.repeats("other", Some(&stale), &ours));
+        last.forget("m");
+        assert!(!last.repeats("m", Some(&stale), &ours));
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::context::FIELD_MANAGER;
+use super::context::{FIELD_MANAGER, LastWrites};
 
 fn params() -> PatchParams {
     PatchParams {
@@ -86,6 +86,33 @@ pub fn moved_only_by_us(read: Option<i64>, written: Option<i64>) -> Option<i64> 
     written.filter(|w| read.map(|g| g + 1) == Some(*w))
 }
 
+/// [`patch_status`], unless this process already wrote `status` over `before` (`key`'s
+/// cached copy lags our own write).
+pub async fn patch_status_once<K, S>(
+    last: &LastWrites,
+    key: &str,
+    api: &Api<K>,
+    name: &str,
+    before: Option<&S>,
+    status: &S,
+    owned: &[&str],
+) -> Result<Option<String>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+    S: Serialize + PartialEq,
+{
+    if before != Some(status) && last.repeats(key, before, status) {
+        tracing::debug!(name, "status already written; the cache has not caught up");
+        return Ok(None);
+    }
+    let written = patch_status(api, name, before, status, owned).await?;
+    if written.is_some() {
+        last.wrote(key, before, status);
+    }
+    Ok(written)
+}
+
 /// Writes `status` with a merge patch on the status subresource, unless it equals `before`.
 /// `owned` lists the fields (`a`, or `a/b` inside `a`) this controller writes: those `status`
 /// leaves out (an empty list, a `None`) are sent as `null`, so the patch removes them rather
@@ -99,6 +126,7 @@ pub async fn patch_status<K, S>(
 ) -> Result<Option<String>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
     S: Serialize + PartialEq,
 {
     if before == Some(status) {
@@ -108,7 +136,9 @@ where
     if tracing::enabled!(tracing::Level::DEBUG) {
         let before = before.and_then(|b| serde_json::to_value(b).ok());
         let changed = changed_fields(before.as_ref(), &body);
-        tracing::debug!(changed = %changed.join(","), "writing status");
+        let types = K::DynamicType::default();
+        let kind = K::kind(&types);
+        tracing::debug!(%kind, name, changed = %changed.join(","), "writing status");
     }
     for field in owned {
         let path: Vec<&str> = field.split('/').collect();

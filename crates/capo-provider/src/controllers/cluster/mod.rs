@@ -19,6 +19,7 @@ mod security_groups;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use capo_api::capi::{self, Cluster};
 use capo_api::capo_conditions::{self, Owner};
@@ -360,11 +361,74 @@ async fn reconcile_cluster(
     let own_write = pass.own_write.get().copied();
     let observed = &mut status.observed_generation;
     conditions::advance_generation(&mut status.conditions, observed, generation, own_write);
+    let stamp_due = hold_lone_stamp(ctx, key, before.as_ref(), &mut status);
     write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
     }
-    result
+    result.map(|outcome| match (outcome, stamp_due) {
+        (Outcome::Settled, Some(due)) => Outcome::Poll(due),
+        (Outcome::Poll(after), Some(due)) => Outcome::Poll(after.min(due)),
+        (outcome, _) => outcome,
+    })
+}
+
+/// The recorded `membersAsOf` when a new (not cleared) one is all that differs from it.
+fn lone_stamp(
+    before: Option<&OpenStackClusterStatus>,
+    status: &OpenStackClusterStatus,
+) -> Option<Option<String>> {
+    let stamp = |s: &OpenStackClusterStatus| {
+        s.api_server_managed_load_balancer
+            .as_ref()
+            .and_then(|lb| lb.members_as_of.clone())
+    };
+    let before = before?;
+    let recorded = stamp(before);
+    let new = stamp(status);
+    if new.is_none() || new == recorded {
+        return None;
+    }
+    let mut without = status.clone();
+    if let Some(lb) = without.api_server_managed_load_balancer.as_mut() {
+        lb.members_as_of.clone_from(&recorded);
+    }
+    (*before == without).then_some(recorded)
+}
+
+/// How long a new `membersAsOf` that is the only news waits to be written. It only spares a
+/// restarted engine a tree for this LB, and each member change brings a new one a moment
+/// after its own write: held, the stamps of a join, or of a whole rollout, go out as one.
+const LONE_STAMP_QUIET: Duration = Duration::from_secs(60);
+const LONE_STAMP: &str = "lone-members-as-of";
+
+/// Keeps the recorded `membersAsOf` when a new stamp is all that changed and it has not been
+/// the only news for [`LONE_STAMP_QUIET`]; says when it is due. A stamp cleared, or one that
+/// comes with any other change, goes out at once: a recorded stamp must never vouch for
+/// members other than the recorded ones, and those are written as soon as they change.
+fn hold_lone_stamp(
+    ctx: &Context,
+    key: &str,
+    before: Option<&OpenStackClusterStatus>,
+    status: &mut OpenStackClusterStatus,
+) -> Option<Duration> {
+    let Some(recorded) = lone_stamp(before, status) else {
+        ctx.unnote(key, LONE_STAMP);
+        return None;
+    };
+    let now = tokio::time::Instant::now();
+    ctx.note(key, LONE_STAMP, now);
+    let waited = ctx
+        .noted(key, LONE_STAMP)
+        .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+    if waited >= LONE_STAMP_QUIET {
+        ctx.unnote(key, LONE_STAMP);
+        return None;
+    }
+    if let Some(lb) = status.api_server_managed_load_balancer.as_mut() {
+        lb.members_as_of = recorded;
+    }
+    Some(LONE_STAMP_QUIET - waited)
 }
 
 /// The Cluster API Cluster: by label, else by owner reference.
@@ -854,7 +918,9 @@ async fn write_status(
     before: Option<&OpenStackClusterStatus>,
     status: &OpenStackClusterStatus,
 ) -> Result<(), ClusterError> {
-    let written = writes::patch_status(api, &cluster.name_any(), before, status, STATUS_FIELDS)
+    let name = cluster.name_any();
+    let last = &ctx.last_writes;
+    let written = writes::patch_status_once(last, key, api, &name, before, status, STATUS_FIELDS)
         .await
         .map_err(ClusterError::kube("writing status"))?;
     ctx.note_version(key, written);
@@ -905,6 +971,35 @@ async fn report_invalid(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_stamp(stamp: Option<&str>, members: usize) -> OpenStackClusterStatus {
+        let member = capo_api::cluster::LoadBalancerMemberStatus::default();
+        OpenStackClusterStatus {
+            api_server_managed_load_balancer: Some(capo_api::cluster::LoadBalancerStatus {
+                members_as_of: stamp.map(str::to_owned),
+                members: vec![member; members],
+                ..Default::default()
+            }),
+            ..OpenStackClusterStatus::default()
+        }
+    }
+
+    #[test]
+    fn only_a_new_stamp_with_nothing_else_new_is_held() {
+        let recorded = with_stamp(Some("2026-11-25T10:00:00"), 2);
+        let newer = with_stamp(Some("2026-11-25T10:00:09"), 2);
+        assert_eq!(
+            lone_stamp(Some(&recorded), &newer),
+            Some(Some("2026-11-25T10:00:00".into()))
+        );
+        let first = with_stamp(None, 2);
+        assert_eq!(lone_stamp(Some(&first), &newer), Some(None));
+        // With the members it vouches for, or cleared, or unchanged: written as it is.
+        assert_eq!(lone_stamp(Some(&recorded), &with_stamp(Some("x"), 3)), None);
+        assert_eq!(lone_stamp(Some(&recorded), &with_stamp(None, 2)), None);
+        assert_eq!(lone_stamp(Some(&recorded), &recorded.clone()), None);
+        assert_eq!(lone_stamp(None, &newer), None);
+    }
 
     fn status_with_gate(provisioned: bool, gate: (&str, &str)) -> OpenStackClusterStatus {
         let mut status = OpenStackClusterStatus {

@@ -373,13 +373,14 @@ async fn join(
         return Ok(safety_net);
     };
     let Some(views) = plan::member_views(&snapshot, &pass.name, &lb.pools) else {
-        let message = "waiting for the cluster to add this machine to its load balancer's members";
+        // Said as the engine says it a moment later, once the cluster has added this machine
+        // to the members it wants: the same condition, not a second write.
         set(
             pass,
             status,
             reasons::MEMBERS_MISSING,
             Status::False,
-            message.into(),
+            plan::not_in_pools(&lb.pools),
         );
         return Ok(safety_net);
     };

@@ -202,7 +202,7 @@ async fn reconcile_machine(
         now,
     );
     if paused {
-        write_status(&api, osm, before.as_ref(), &status).await?;
+        write_status(ctx, key, &api, osm, before.as_ref(), &status).await?;
         return Ok(Outcome::Paused);
     }
     let pass = Pass {
@@ -245,7 +245,7 @@ async fn reconcile_machine(
     let observed = &mut status.observed_generation;
     conditions::advance_generation(&mut status.conditions, observed, generation, own_write);
     members::announce(&pass, before.as_ref(), &status).await;
-    write_status(&api, osm, before.as_ref(), &status).await?;
+    write_status(ctx, key, &api, osm, before.as_ref(), &status).await?;
     result
 }
 
@@ -565,15 +565,26 @@ async fn delete(
 }
 
 async fn write_status(
+    ctx: &Context,
+    key: &str,
     api: &Api<OpenStackMachine>,
     osm: &OpenStackMachine,
     before: Option<&InstanceStatus>,
     status: &InstanceStatus,
 ) -> Result<(), MachineError> {
-    writes::patch_status(api, &osm.name_any(), before, status, STATUS_FIELDS)
-        .await
-        .map(|_| ())
-        .map_err(MachineError::kube("writing status"))
+    let name = osm.name_any();
+    writes::patch_status_once(
+        &ctx.last_writes,
+        key,
+        api,
+        &name,
+        before,
+        status,
+        STATUS_FIELDS,
+    )
+    .await
+    .map(|_| ())
+    .map_err(MachineError::kube("writing status"))
 }
 
 /// The condition of the failing part says what went wrong, unless it is True; terminal

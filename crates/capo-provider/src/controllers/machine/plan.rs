@@ -277,6 +277,16 @@ pub fn join_step(
     }
 }
 
+fn not_in_pool(port: u16) -> String {
+    format!("{port} not in its pool")
+}
+
+/// The member condition's message while none of the machine's members is in its pool.
+pub fn not_in_pools(pools: &[Pool]) -> String {
+    let ports: Vec<String> = pools.iter().map(|p| not_in_pool(p.port)).collect();
+    ports.join(", ")
+}
+
 /// `APIServerLoadBalancerMemberReady` for a joining machine.
 pub fn join_condition(
     step: &JoinStep,
@@ -327,7 +337,7 @@ pub fn join_condition(
             MemberVerdict::Error { since } => {
                 format!("{}{} in ERROR for {}s", m.port, named(m), ago(since))
             }
-            MemberVerdict::Missing { .. } => format!("{} not in its pool", m.port),
+            MemberVerdict::Missing { .. } => not_in_pool(m.port),
             MemberVerdict::Deleting { .. } => format!("{} being deleted", m.port),
             MemberVerdict::Gone => format!("{} pool unknown", m.port),
         }
@@ -358,11 +368,13 @@ pub fn join_condition(
                 repairs + 1
             ),
         ),
-        JoinStep::Admit { port, .. } => Desired::new(
+        // What the waits before and after the weight's change say too: one message, not
+        // three writes.
+        JoinStep::Admit { .. } => Desired::new(
             type_,
             Status::False,
             reasons::MEMBERS_NOT_YET_SERVING,
-            format!("member for port {port} serves at weight 0: setting its weight to 1 ({state})"),
+            state,
         ),
         JoinStep::Stuck { .. } => Desired::new(
             type_,

@@ -185,7 +185,7 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
         now,
     );
     if paused {
-        write_status(&api, server, before.as_ref(), &status).await?;
+        write_status(ctx, &api, server, before.as_ref(), &status).await?;
         tracing::debug!("paused: nothing else touched");
         return Ok(Outcome::Paused);
     }
@@ -211,7 +211,7 @@ async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Out
         now,
     );
     capo_conditions::derive(&mut status.conditions, Owner::Server, generation, now);
-    write_status(&api, server, before.as_ref(), &status).await?;
+    write_status(ctx, &api, server, before.as_ref(), &status).await?;
     result
 }
 
@@ -223,15 +223,26 @@ fn cluster_label(server: &OpenStackServer, cluster: Option<&Cluster>) -> Option<
 }
 
 async fn write_status(
+    ctx: &Context,
     api: &Api<OpenStackServer>,
     server: &OpenStackServer,
     before: Option<&InstanceStatus>,
     status: &InstanceStatus,
 ) -> Result<(), ServerError> {
-    writes::patch_status(api, &server.name_any(), before, status, STATUS_FIELDS)
-        .await
-        .map(|_| ())
-        .map_err(ServerError::kube("writing status"))
+    let key = super::object_key(CONTROLLER, server);
+    let name = server.name_any();
+    writes::patch_status_once(
+        &ctx.last_writes,
+        &key,
+        api,
+        &name,
+        before,
+        status,
+        STATUS_FIELDS,
+    )
+    .await
+    .map(|_| ())
+    .map_err(ServerError::kube("writing status"))
 }
 
 /// The condition says what went wrong, unless InstanceReady is True: a failure while looking
