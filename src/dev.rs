@@ -233,6 +233,19 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Memory per stored object, by kind: each kind's objects (shaped as `bench scale` makes
+    /// them) decoded, trimmed and stored as the manager's watches do, in a process of its own.
+    StoreMemory {
+        /// Objects stored per kind.
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+        objects: u32,
+        /// Measure this kind only, in this process, and print bytes per object.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The webhook's latency per review (one object per ConversionReview, as the API server
     /// sends them; one AdmissionReview per update), over HTTPS and, for conversions, in process.
     Webhook {
@@ -572,6 +585,22 @@ pub fn bench(
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 report.print();
+            }
+        }
+        BenchCommand::StoreMemory {
+            objects,
+            kind,
+            json,
+        } => {
+            if let Some(kind) = kind {
+                println!("{}", capo_bench::store_memory::measure_here(&kind, objects)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let figures = capo_bench::store_memory::run(&std::env::current_exe()?, objects)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&figures)?);
+            } else {
+                capo_bench::store_memory::print(&figures);
             }
         }
         BenchCommand::Webhook { requests, json } => {

@@ -23,6 +23,7 @@ use capo_provider::manager::{ManagerConfig, SharedObserver, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutReport, RolloutStep};
 use capo_sim::openstack::{Delay, Effect, ObjectKind, Rule};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -155,13 +156,7 @@ async fn cluster_with_actor_counted(
 async fn cluster_with_actor_configured(
     config: ManagerConfig,
 ) -> (World, CapiActor, BTreeMap<String, usize>) {
-    // CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
-    if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_test_writer()
-            .try_init();
-    }
+    init_test_log();
     let mut world = World::start().await;
     world.stop_manager().await;
     world.start_manager_with(config);
@@ -186,6 +181,16 @@ async fn cluster_with_actor_configured(
         CancellationToken::new(),
     );
     (world, actor, baseline)
+}
+
+/// CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
+fn init_test_log() {
+    if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
 }
 
 /// Requests the simulated cloud served so far.
@@ -789,4 +794,166 @@ fn record_member_conditions(
             ));
         }
     })
+}
+
+/// The objects of cluster c1 whose `Paused` condition does not say `reason`, with what it says.
+async fn not_saying(world: &World, reason: &str) -> Vec<String> {
+    let said = |kind: &str, name: String, conditions: Option<&Vec<Condition>>| {
+        let found = conditions.and_then(|c| conditions::find(c, types::PAUSED));
+        let says = found.map_or("nothing", |c| c.reason.as_str());
+        (says != reason).then(|| format!("{kind} {name}: {says}"))
+    };
+    let mut lagging = Vec::new();
+    if let Ok(cluster) = crate::cluster_controller::clusters(world).get("c1").await {
+        let name = kube::ResourceExt::name_any(&cluster);
+        lagging.extend(said("OpenStackCluster", name, cluster.status.as_ref().map(|s| &s.conditions)));
+    }
+    for machine in machines(world).list(&ListParams::default()).await.unwrap() {
+        let name = kube::ResourceExt::name_any(&machine);
+        lagging.extend(said("OpenStackMachine", name, machine.status.as_ref().map(|s| &s.conditions)));
+    }
+    for server in world.servers().list(&ListParams::default()).await.unwrap() {
+        let name = kube::ResourceExt::name_any(&server);
+        lagging.extend(said("OpenStackServer", name, server.status.as_ref().map(|s| &s.conditions)));
+    }
+    lagging
+}
+
+/// Waits until the cluster's OpenStackCluster, OpenStackMachines and OpenStackServers all
+/// say `reason` on `Paused`; names those that do not when it gives up.
+async fn wait_all_paused_reason(world: &World, reason: &str) {
+    let deadline = tokio::time::Instant::now() + crate::server_controller::WAIT;
+    loop {
+        let lagging = not_saying(world, reason).await;
+        if lagging.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not {reason} after {:?}: {lagging:?}",
+            crate::server_controller::WAIT
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Labels every object of cluster c1 for shard `filter`: the OpenStack objects first, the
+/// Cluster last (docs/sharding.md: while the old shard still sees the paused Cluster, all it
+/// still holds of the cluster reads paused).
+async fn relabel_cluster(world: &World, filter: &str) {
+    let label = json!({"metadata": {"labels": {capi::labels::WATCH_FILTER: filter}}});
+    let patch = Patch::Merge(&label);
+    let params = PatchParams::default();
+    for server in world.servers().list(&ListParams::default()).await.unwrap() {
+        let name = kube::ResourceExt::name_any(&server);
+        world.servers().patch(&name, &params, &patch).await.unwrap();
+    }
+    for machine in machines(world).list(&ListParams::default()).await.unwrap() {
+        let name = kube::ResourceExt::name_any(&machine);
+        machines(world).patch(&name, &params, &patch).await.unwrap();
+    }
+    let owners: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    for machine in owners.list(&ListParams::default()).await.unwrap() {
+        let name = kube::ResourceExt::name_any(&machine);
+        owners.patch(&name, &params, &patch).await.unwrap();
+    }
+    let infra = crate::cluster_controller::clusters(world);
+    infra.patch("c1", &params, &patch).await.unwrap();
+    let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    clusters.patch("c1", &params, &patch).await.unwrap();
+}
+
+/// A whole load-balanced cluster moved between shards as docs/sharding.md says (pause, wait
+/// for the old shard to say so, relabel, unpause): the old shard writes nothing to it after
+/// the relabel; the new one takes it from its status, rolls its control plane under the gate
+/// (the API pool never empty, no machine released before its member is ACTIVE), and deletes
+/// it, leaving nothing in the cloud.
+#[tokio::test]
+async fn a_cluster_moved_between_shards_is_let_go_by_one_then_rolled_and_deleted_by_the_other() {
+    let capi = capi::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect();
+    init_test_log();
+    let world = World::prepare(capo_sim::openstack::Scenario::default(), capi).await;
+    let dir = tempfile::tempdir().unwrap();
+    let stop_a = crate::server_controller::start_shard(&world, dir.path(), "a").await;
+    let stop_b = crate::server_controller::start_shard(&world, dir.path(), "b").await;
+    let baseline = world.cloud.object_counts();
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    // Cluster API's own finalizer on the Cluster, as in the other rollouts.
+    let owned = json!({"metadata": {"finalizers": ["cluster.cluster.x-k8s.io"]}});
+    clusters
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&owned))
+        .await
+        .unwrap();
+    relabel_cluster(&world, "a").await;
+    wait_cluster(&world, "c1", "provisioned by shard a", |c| {
+        provisioned(c) && ready(c)
+    })
+    .await;
+    let actor = CapiActor::start(
+        world.client.clone(),
+        CapiActorConfig {
+            namespace: NAMESPACE.into(),
+            tick: Duration::from_millis(50),
+            join_delay: Duration::from_millis(200),
+            wait_timeout: Duration::from_secs(60),
+        },
+        CancellationToken::new(),
+    );
+    let plane = plane(3);
+    actor.scale_control_plane(&plane).await.unwrap();
+
+    // The move.
+    let pause = |paused: Option<bool>| {
+        let clusters = clusters.clone();
+        async move {
+            let body = json!({"spec": {"paused": paused}});
+            clusters
+                .patch("c1", &PatchParams::default(), &Patch::Merge(&body))
+                .await
+                .unwrap();
+        }
+    };
+    pause(Some(true)).await;
+    wait_all_paused_reason(&world, reasons::PAUSED).await;
+    let relabelled_at = world._kube.requests().len();
+    relabel_cluster(&world, "b").await;
+    pause(None).await;
+    wait_all_paused_reason(&world, reasons::NOT_PAUSED).await;
+
+    // Shard b rolls the control plane under the gate, then deletes the cluster.
+    let stop = CancellationToken::new();
+    let (seen, watcher) = watch(&world, stop.clone());
+    let report = actor.rollout(&plane, |_| {}).await.unwrap();
+    stop.cancel();
+    watcher.await.unwrap();
+    assert_eq!(report.replaced.len(), 3, "shard b replaced every machine");
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.released_early.is_empty(),
+        "released before ACTIVE: {:?}",
+        seen.released_early
+    );
+    assert!(
+        seen.min_active >= Some(1),
+        "the API pool emptied: {:?}",
+        seen.min_active
+    );
+    delete_everything(&world, &actor, &baseline).await;
+
+    let since: Vec<_> = world._kube.requests().split_off(relabelled_at);
+    let writes_by = |shard: &str| {
+        since
+            .iter()
+            .filter(|r| r.user_agent.contains(&format!("(shard-{shard})")))
+            .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+            .count()
+    };
+    assert_eq!(writes_by("a"), 0, "the old shard wrote after the move");
+    assert!(writes_by("b") > 0, "the new shard took the cluster");
+    stop_a.cancel();
+    stop_b.cancel();
 }

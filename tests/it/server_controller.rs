@@ -1428,7 +1428,11 @@ async fn a_ready_server_keeps_its_condition_while_its_secret_is_gone_and_still_d
 
 /// A shard of its own: a manager watching `watch-filter=<filter>`, with a User-Agent that
 /// names it.
-async fn start_shard(world: &World, dir: &std::path::Path, filter: &str) -> CancellationToken {
+pub(crate) async fn start_shard(
+    world: &World,
+    dir: &std::path::Path,
+    filter: &str,
+) -> CancellationToken {
     let kubeconfig = dir.join(format!("kubeconfig-{filter}"));
     std::fs::write(&kubeconfig, world._kube.kubeconfig()).unwrap();
     let options = manager::KubeClientOptions {

@@ -8,6 +8,7 @@ pub mod scale;
 pub mod servers;
 pub mod shards;
 pub mod sim_status_tree;
+pub mod store_memory;
 pub mod strategies;
 pub mod webhook;
 

@@ -297,7 +297,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A Machine as the store keeps it: of its conditions only `Deleting`, the one read here
 /// (Cluster API sets a dozen, with messages).
-fn trim_machine(machine: &mut DeserializeGuard<capi::Machine>) {
+pub fn trim_machine(machine: &mut DeserializeGuard<capi::Machine>) {
     strip_for_cache(machine);
     if let Ok(machine) = machine.0.as_mut()
         && let Some(status) = machine.status.as_mut()

@@ -263,6 +263,10 @@ async fn reconcile_cluster(
     if capi::is_externally_managed(cluster.annotations()) {
         return leave_to_its_manager(&api, cluster).await;
     }
+    if let Some(owner) = super::unseen_cluster(ctx, &namespace, cluster.meta()) {
+        tracing::debug!(cluster = %owner, "its Cluster is not in the cache yet: waiting for it");
+        return Ok(Outcome::Paused);
+    }
     // The cache may not hold our own last status write yet (the watch lags behind it, most
     // often right after we changed the spec). A pass that skips the steps done before would
     // write that stale status back over the good one, so unless the cached copy is the one
