@@ -806,15 +806,27 @@ async fn not_saying(world: &World, reason: &str) -> Vec<String> {
     let mut lagging = Vec::new();
     if let Ok(cluster) = crate::cluster_controller::clusters(world).get("c1").await {
         let name = kube::ResourceExt::name_any(&cluster);
-        lagging.extend(said("OpenStackCluster", name, cluster.status.as_ref().map(|s| &s.conditions)));
+        lagging.extend(said(
+            "OpenStackCluster",
+            name,
+            cluster.status.as_ref().map(|s| &s.conditions),
+        ));
     }
     for machine in machines(world).list(&ListParams::default()).await.unwrap() {
         let name = kube::ResourceExt::name_any(&machine);
-        lagging.extend(said("OpenStackMachine", name, machine.status.as_ref().map(|s| &s.conditions)));
+        lagging.extend(said(
+            "OpenStackMachine",
+            name,
+            machine.status.as_ref().map(|s| &s.conditions),
+        ));
     }
     for server in world.servers().list(&ListParams::default()).await.unwrap() {
         let name = kube::ResourceExt::name_any(&server);
-        lagging.extend(said("OpenStackServer", name, server.status.as_ref().map(|s| &s.conditions)));
+        lagging.extend(said(
+            "OpenStackServer",
+            name,
+            server.status.as_ref().map(|s| &s.conditions),
+        ));
     }
     lagging
 }

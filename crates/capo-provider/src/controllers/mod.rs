@@ -73,7 +73,10 @@ pub fn unseen_cluster<'l>(
         return None;
     }
     let name = capi::cluster_name(meta.labels.as_ref()?)?;
-    ctx.caches.cluster(namespace, name).is_none().then_some(name)
+    ctx.caches
+        .cluster(namespace, name)
+        .is_none()
+        .then_some(name)
 }
 
 /// Sets `Ready` from the conditions it summarises.
