@@ -593,7 +593,10 @@ pub fn bench(
             json,
         } => {
             if let Some(kind) = kind {
-                println!("{}", capo_bench::store_memory::measure_here(&kind, objects)?);
+                println!(
+                    "{}",
+                    capo_bench::store_memory::measure_here(&kind, objects)?
+                );
                 return Ok(ExitCode::SUCCESS);
             }
             let figures = capo_bench::store_memory::run(&std::env::current_exe()?, objects)?;

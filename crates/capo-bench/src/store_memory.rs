@@ -131,10 +131,12 @@ fn uid(kind: &str, i: u32) -> String {
     format!("{tag:08x}-5a30-4afa-980d-{i:012x}")
 }
 
-/// Object `i` of `kind`, as `bench scale` leaves it at steady state (a control-plane
-/// machine of cluster `i / 6`, its server, its cluster).
+/// Object `i` of `kind`, as `bench scale` leaves it at steady state: a control-plane machine
+/// (of cluster `i / 6`), its server, or cluster `i`.
 pub fn sample(kind: &str, i: u32) -> anyhow::Result<Value> {
-    let cluster = format!("scale-{:04}", i / 6);
+    // Six machines to a cluster; the cluster kinds' object `i` is cluster `i`.
+    let cluster_index = if kind.ends_with("Cluster") { i } else { i / 6 };
+    let cluster = format!("scale-{cluster_index:04}");
     let machine = format!("{cluster}-control-plane-{i:05}");
     let meta = |name: &str, generation: u32| {
         json!({
@@ -300,9 +302,7 @@ fn open_stack_cluster(
             "since": "2026-11-25T19:01:41Z",
         })
     };
-    let group = |role: &str| {
-        json!({"id": uid(role, i), "name": format!("k8s-cluster-default-{cluster}-secgroup-{role}")})
-    };
+    let group = |role: &str| json!({"id": uid(role, i), "name": format!("k8s-cluster-default-{cluster}-secgroup-{role}")});
     json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
         "metadata": metadata,
@@ -361,7 +361,10 @@ pub fn print(figures: &[KindFigure]) {
             figure.kind, figure.json_bytes, figure.bytes_per_object, figure.at_1000_clusters, there
         );
     }
-    println!("{:<18} {:>10} {:>16} {:>14} {:>12.1}", "all stores", "", "", "", total);
+    println!(
+        "{:<18} {:>10} {:>16} {:>14} {:>12.1}",
+        "all stores", "", "", "", total
+    );
 }
 
 #[cfg(test)]
