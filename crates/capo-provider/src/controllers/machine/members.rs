@@ -628,12 +628,16 @@ pub async fn leave(
     let started = pass.ctx.noted(pass.key, REMOVAL_NOTE).unwrap_or(now);
     let fresh = snapshot.last_poll.is_some_and(|polled| polled > started);
     let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
+    let drained_at = pass.ctx.noted(pass.key, DRAIN_NOTE);
+    let period = pass.ctx.config.drain_period;
     let drain = plan::Drain {
-        period: pass.ctx.config.drain_period,
-        elapsed: pass
-            .ctx
-            .noted(pass.key, DRAIN_NOTE)
-            .map(|at| now.saturating_duration_since(at)),
+        period,
+        elapsed: drained_at.map(|at| now.saturating_duration_since(at)),
+        looked_after: drained_at.is_some_and(|at| {
+            snapshot
+                .last_poll
+                .is_some_and(|polled| polled >= at + period)
+        }),
     };
     match plan::leave_step(&present, false, fresh, lb_active, drain) {
         LeaveStep::Drain {
@@ -669,6 +673,19 @@ pub async fn leave(
             Ok(Left::Waiting(Outcome::Poll(
                 left.max(Duration::from_millis(100)),
             )))
+        }
+        LeaveStep::Look => {
+            pass.ctx.engine.changed_under(&lb.id);
+            let message =
+                "drained: looking again that another member serves before this one goes".to_owned();
+            set(
+                pass,
+                status,
+                reasons::MEMBER_REMOVING,
+                Status::False,
+                message,
+            );
+            Ok(Left::Waiting(Outcome::Poll(pass.ctx.config.poll_min)))
         }
         LeaveStep::Restore {
             port,

@@ -441,6 +441,10 @@ pub struct Drain {
     pub period: Duration,
     /// Since the first member's weight went to 0 in this removal (`None`: not yet).
     pub elapsed: Option<Duration>,
+    /// The engine has looked at the load balancer since the drain period ended. What
+    /// `others_active` says is then at most a poll old when the drained member is deleted:
+    /// over the drain period, another member may have stopped serving unseen.
+    pub looked_after: bool,
 }
 
 /// The next thing to do for a leaving machine's members.
@@ -463,6 +467,9 @@ pub enum LeaveStep {
     },
     /// Drained; open connections get the rest of the drain period.
     Draining { left: Duration },
+    /// Drained for the whole period: the pool is looked at again before the member goes, so
+    /// that it goes only if another member serves then.
+    Look,
     Delete {
         port: u16,
         pool_id: String,
@@ -519,6 +526,9 @@ pub fn leave_step(
                 return LeaveStep::Draining {
                     left: drain.period - elapsed,
                 };
+            }
+            if remaining.iter().any(|m| m.drained) && !drain.looked_after {
+                return LeaveStep::Look;
             }
         }
         return LeaveStep::Delete {
@@ -845,6 +855,7 @@ mod tests {
     const NO_DRAIN: Drain = Drain {
         period: Duration::ZERO,
         elapsed: None,
+        looked_after: false,
     };
 
     #[test]
@@ -853,6 +864,7 @@ mod tests {
         let fresh = Drain {
             period,
             elapsed: None,
+            looked_after: false,
         };
         let going = [leaving(6443, ProvisioningStatus::Active, 2)];
         assert!(
@@ -867,6 +879,7 @@ mod tests {
         let after = |secs| Drain {
             period,
             elapsed: Some(Duration::from_secs(secs)),
+            looked_after: secs >= 31,
         };
         assert_eq!(
             leave_step(&drained, false, true, true, after(10)),
@@ -874,8 +887,13 @@ mod tests {
                 left: Duration::from_secs(20)
             }
         );
-        assert!(matches!(
+        // The period is over, but the snapshot is from before its end: look again first.
+        assert_eq!(
             leave_step(&drained, false, true, true, after(30)),
+            LeaveStep::Look
+        );
+        assert!(matches!(
+            leave_step(&drained, false, true, true, after(31)),
             LeaveStep::Delete { port: 6443, .. }
         ));
         // The last serving member is held before anything is drained.
