@@ -161,16 +161,28 @@ async fn cluster_with_actor_configured(
     world.stop_manager().await;
     world.start_manager_with(config);
     let baseline = world.cloud.object_counts();
-    create_cluster(&world, "c1", cluster_spec()).await;
-    // Cluster API's own finalizer: the Cluster stays, deleting, until its parts are gone.
+    create_owned_cluster(&world).await;
+    wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let actor = start_actor(&world);
+    (world, actor, baseline)
+}
+
+/// Cluster `c1` and its OpenStackCluster, with Cluster API's own finalizer on the Cluster: it
+/// stays, deleting, until its parts are gone.
+async fn create_owned_cluster(world: &World) -> Api<Cluster> {
+    create_cluster(world, "c1", cluster_spec()).await;
     let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
     let finalizer = json!({"metadata": {"finalizers": ["cluster.cluster.x-k8s.io"]}});
     clusters
         .patch("c1", &PatchParams::default(), &Patch::Merge(&finalizer))
         .await
         .unwrap();
-    wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
-    let actor = CapiActor::start(
+    clusters
+}
+
+/// The Cluster API actor, at the tests' pace.
+fn start_actor(world: &World) -> CapiActor {
+    CapiActor::start(
         world.client.clone(),
         CapiActorConfig {
             namespace: NAMESPACE.into(),
@@ -179,8 +191,7 @@ async fn cluster_with_actor_configured(
             wait_timeout: Duration::from_secs(60),
         },
         CancellationToken::new(),
-    );
-    (world, actor, baseline)
+    )
 }
 
 /// CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
@@ -892,29 +903,13 @@ async fn a_cluster_moved_between_shards_is_let_go_by_one_then_rolled_and_deleted
     let stop_a = crate::server_controller::start_shard(&world, dir.path(), "a").await;
     let stop_b = crate::server_controller::start_shard(&world, dir.path(), "b").await;
     let baseline = world.cloud.object_counts();
-    create_cluster(&world, "c1", cluster_spec()).await;
-    let clusters: Api<Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
-    // Cluster API's own finalizer on the Cluster, as in the other rollouts.
-    let owned = json!({"metadata": {"finalizers": ["cluster.cluster.x-k8s.io"]}});
-    clusters
-        .patch("c1", &PatchParams::default(), &Patch::Merge(&owned))
-        .await
-        .unwrap();
+    let clusters = create_owned_cluster(&world).await;
     relabel_cluster(&world, "a").await;
     wait_cluster(&world, "c1", "provisioned by shard a", |c| {
         provisioned(c) && ready(c)
     })
     .await;
-    let actor = CapiActor::start(
-        world.client.clone(),
-        CapiActorConfig {
-            namespace: NAMESPACE.into(),
-            tick: Duration::from_millis(50),
-            join_delay: Duration::from_millis(200),
-            wait_timeout: Duration::from_secs(60),
-        },
-        CancellationToken::new(),
-    );
+    let actor = start_actor(&world);
     let plane = plane(3);
     actor.scale_control_plane(&plane).await.unwrap();
 
@@ -956,14 +951,8 @@ async fn a_cluster_moved_between_shards_is_let_go_by_one_then_rolled_and_deleted
     );
     delete_everything(&world, &actor, &baseline).await;
 
-    let since: Vec<_> = world._kube.requests().split_off(relabelled_at);
-    let writes_by = |shard: &str| {
-        since
-            .iter()
-            .filter(|r| r.user_agent.contains(&format!("(shard-{shard})")))
-            .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
-            .count()
-    };
+    let writes_by =
+        |shard| crate::server_controller::shard_writes_since(&world, relabelled_at, shard);
     assert_eq!(writes_by("a"), 0, "the old shard wrote after the move");
     assert!(writes_by("b") > 0, "the new shard took the cluster");
     stop_a.cancel();

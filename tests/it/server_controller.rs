@@ -1448,6 +1448,18 @@ pub(crate) async fn start_shard(
     shutdown
 }
 
+/// Kubernetes writes shard `shard` (started by [`start_shard`]) sent after request `from`.
+pub(crate) fn shard_writes_since(world: &World, from: usize, shard: &str) -> usize {
+    world
+        ._kube
+        .requests()
+        .split_off(from)
+        .iter()
+        .filter(|r| r.user_agent.contains(&format!("(shard-{shard})")))
+        .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+        .count()
+}
+
 #[tokio::test]
 async fn a_server_moved_between_shards_while_paused_is_let_go_by_one_and_taken_by_the_other() {
     let capi = capo_api::capi::crds()
@@ -1501,14 +1513,7 @@ async fn a_server_moved_between_shards_while_paused_is_let_go_by_one_and_taken_b
     world.wait_gone("moved").await;
     assert_eq!(world.cloud.server("moved"), None, "the server is gone");
 
-    let since: Vec<_> = world._kube.requests().split_off(relabelled_at);
-    let writes_by = |shard: &str| {
-        since
-            .iter()
-            .filter(|r| r.user_agent.contains(&format!("(shard-{shard})")))
-            .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
-            .count()
-    };
+    let writes_by = |shard| shard_writes_since(&world, relabelled_at, shard);
     assert_eq!(writes_by("a"), 0, "the old shard wrote after the move");
     assert!(writes_by("b") >= 2, "the new shard unpaused and deleted it");
     stop_a.cancel();
