@@ -628,16 +628,12 @@ pub async fn leave(
     let started = pass.ctx.noted(pass.key, REMOVAL_NOTE).unwrap_or(now);
     let fresh = snapshot.last_poll.is_some_and(|polled| polled > started);
     let lb_active = snapshot.verdict.lb_status == Some(ProvisioningStatus::Active);
-    let drained_at = pass.ctx.noted(pass.key, DRAIN_NOTE);
-    let period = pass.ctx.config.drain_period;
     let drain = plan::Drain {
-        period,
-        elapsed: drained_at.map(|at| now.saturating_duration_since(at)),
-        looked_after: drained_at.is_some_and(|at| {
-            snapshot
-                .last_poll
-                .is_some_and(|polled| polled >= at + period)
-        }),
+        period: pass.ctx.config.drain_period,
+        elapsed: pass
+            .ctx
+            .noted(pass.key, DRAIN_NOTE)
+            .map(|at| now.saturating_duration_since(at)),
     };
     match plan::leave_step(&present, false, fresh, lb_active, drain) {
         LeaveStep::Drain {
@@ -674,19 +670,6 @@ pub async fn leave(
                 left.max(Duration::from_millis(100)),
             )))
         }
-        LeaveStep::Look => {
-            pass.ctx.engine.changed_under(&lb.id);
-            let message =
-                "drained: looking again that another member serves before this one goes".to_owned();
-            set(
-                pass,
-                status,
-                reasons::MEMBER_REMOVING,
-                Status::False,
-                message,
-            );
-            Ok(Left::Waiting(Outcome::Poll(pass.ctx.config.poll_min)))
-        }
         LeaveStep::Restore {
             port,
             pool_id,
@@ -713,6 +696,18 @@ pub async fn leave(
         } => {
             mark_leaving(pass).await?;
             let cloud = cloud(pass, lb).await?;
+            if drained.contains(&port)
+                && !another_serves_now(pass, &cloud, &pool_id, &member_id).await?
+            {
+                // Another member stopped serving during the drain, unseen: not this one too.
+                pass.ctx.engine.changed_under(&lb.id);
+                restore_member(pass, lb, port, &pool_id, &member_id).await?;
+                let message = format!(
+                    "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
+                );
+                set_held(pass, status, message);
+                return Ok(safety_net);
+            }
             match cloud.octavia().delete_member(&pool_id, &member_id).await {
                 Ok(()) | Err(CloudError::NotFound(_)) => {
                     let counted = format!("{}/counted", drain_note(port));
@@ -871,6 +866,26 @@ fn leaving_members(
         });
     }
     present
+}
+
+/// Whether another member of the pool takes traffic, as Octavia lists the pool now.
+async fn another_serves_now(
+    pass: &Pass<'_>,
+    cloud: &CloudClient,
+    pool_id: &str,
+    member_id: &str,
+) -> Result<bool, MachineError> {
+    let members = cloud
+        .octavia()
+        .list_members(pool_id)
+        .await
+        .map_err(MachineError::cloud("listing the pool's members"))?;
+    let serving_gate = pass.ctx.engine.rules().serving.is_some();
+    Ok(plan::another_member_serves(
+        &members,
+        member_id,
+        serving_gate,
+    ))
 }
 
 /// Takes the machine out of the desired members before its member is deleted, so nothing

@@ -12,7 +12,7 @@ use capo_api::server::LocalObjectReference;
 use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
 use tokio::time::Instant;
 
-use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
+use crate::cloud::octavia::{Member, OperatingStatus, ProvisioningStatus};
 use crate::membership::{MemberVerdict, Presence, Snapshot};
 
 /// What the server of a machine (or of the bastion) is built from, besides its own spec.
@@ -441,10 +441,6 @@ pub struct Drain {
     pub period: Duration,
     /// Since the first member's weight went to 0 in this removal (`None`: not yet).
     pub elapsed: Option<Duration>,
-    /// The engine has looked at the load balancer since the drain period ended. What
-    /// `others_active` says is then at most a poll old when the drained member is deleted:
-    /// over the drain period, another member may have stopped serving unseen.
-    pub looked_after: bool,
 }
 
 /// The next thing to do for a leaving machine's members.
@@ -467,9 +463,6 @@ pub enum LeaveStep {
     },
     /// Drained; open connections get the rest of the drain period.
     Draining { left: Duration },
-    /// Drained for the whole period: the pool is looked at again before the member goes, so
-    /// that it goes only if another member serves then.
-    Look,
     Delete {
         port: u16,
         pool_id: String,
@@ -479,6 +472,19 @@ pub enum LeaveStep {
     WaitGone,
     /// Gone from every pool, seen by a poll after the removal began, the LB ACTIVE.
     Confirmed,
+}
+
+/// Whether a member of the pool other than `leaving` can serve as Octavia lists it now:
+/// ACTIVE, and ONLINE under the serving gate. Read just before a drained member is deleted:
+/// the engine's snapshot may be from before another member stopped serving during the drain.
+/// Its weight does not count: a new member kept out of traffic (weight 0) until it serves is
+/// let in once no other member serves, so requiring its weight would hold both for good.
+pub fn another_member_serves(members: &[Member], leaving: &str, serving_gate: bool) -> bool {
+    members.iter().any(|m| {
+        m.id != leaving
+            && m.provisioning_status == ProvisioningStatus::Active
+            && (!serving_gate || m.operating_status == OperatingStatus::Online)
+    })
 }
 
 /// Chooses the next removal step. `fresh` is whether the engine has polled since removal
@@ -526,9 +532,6 @@ pub fn leave_step(
                 return LeaveStep::Draining {
                     left: drain.period - elapsed,
                 };
-            }
-            if remaining.iter().any(|m| m.drained) && !drain.looked_after {
-                return LeaveStep::Look;
             }
         }
         return LeaveStep::Delete {
@@ -840,6 +843,51 @@ mod tests {
         assert_eq!(stuck_leaving(&settled, stuck_after, stuck_after), None);
     }
 
+    #[test]
+    fn a_drained_member_goes_only_while_another_takes_traffic_now() {
+        let member = |id: &str, operating: OperatingStatus, weight: Option<u32>| Member {
+            id: id.to_owned(),
+            name: String::new(),
+            provisioning_status: ProvisioningStatus::Active,
+            operating_status: operating,
+            address: "10.6.0.3".to_owned(),
+            protocol_port: 6443,
+            subnet_id: None,
+            weight,
+            created_at: None,
+            updated_at: None,
+            tags: Vec::new(),
+        };
+        let old = member("old", OperatingStatus::Draining, Some(0));
+        let new_up = member("new", OperatingStatus::Online, Some(1));
+        let new_down = member("new", OperatingStatus::Error, Some(1));
+        assert!(another_member_serves(
+            &[old.clone(), new_up.clone()],
+            "old",
+            true
+        ));
+        assert!(!another_member_serves(
+            &[old.clone(), new_down.clone()],
+            "old",
+            true
+        ));
+        // Under the provisioning gate, ACTIVE is enough (the real tier's members read
+        // OFFLINE or NO_MONITOR for good).
+        assert!(another_member_serves(
+            &[old.clone(), new_down],
+            "old",
+            false
+        ));
+        // The leaving member itself does not count; a member kept out of traffic at weight 0
+        // that passes its monitor does (it is let in once it is the only one).
+        assert!(!another_member_serves(std::slice::from_ref(&old), "old", false));
+        let held_out = member("new", OperatingStatus::Online, Some(0));
+        assert!(another_member_serves(&[old, held_out], "old", true));
+        let mut pending = new_up;
+        pending.provisioning_status = ProvisioningStatus::PendingUpdate;
+        assert!(!another_member_serves(&[pending], "old", true));
+    }
+
     fn leaving(port: u16, status: ProvisioningStatus, others_active: usize) -> Leaving {
         Leaving {
             port,
@@ -855,7 +903,6 @@ mod tests {
     const NO_DRAIN: Drain = Drain {
         period: Duration::ZERO,
         elapsed: None,
-        looked_after: false,
     };
 
     #[test]
@@ -864,7 +911,6 @@ mod tests {
         let fresh = Drain {
             period,
             elapsed: None,
-            looked_after: false,
         };
         let going = [leaving(6443, ProvisioningStatus::Active, 2)];
         assert!(
@@ -879,7 +925,6 @@ mod tests {
         let after = |secs| Drain {
             period,
             elapsed: Some(Duration::from_secs(secs)),
-            looked_after: secs >= 31,
         };
         assert_eq!(
             leave_step(&drained, false, true, true, after(10)),
@@ -887,13 +932,8 @@ mod tests {
                 left: Duration::from_secs(20)
             }
         );
-        // The period is over, but the snapshot is from before its end: look again first.
-        assert_eq!(
-            leave_step(&drained, false, true, true, after(30)),
-            LeaveStep::Look
-        );
         assert!(matches!(
-            leave_step(&drained, false, true, true, after(31)),
+            leave_step(&drained, false, true, true, after(30)),
             LeaveStep::Delete { port: 6443, .. }
         ));
         // The last serving member is held before anything is drained.
