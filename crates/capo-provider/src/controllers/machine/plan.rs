@@ -880,7 +880,11 @@ mod tests {
         ));
         // The leaving member itself does not count; a member kept out of traffic at weight 0
         // that passes its monitor does (it is let in once it is the only one).
-        assert!(!another_member_serves(std::slice::from_ref(&old), "old", false));
+        assert!(!another_member_serves(
+            std::slice::from_ref(&old),
+            "old",
+            false
+        ));
         let held_out = member("new", OperatingStatus::Online, Some(0));
         assert!(another_member_serves(&[old, held_out], "old", true));
         let mut pending = new_up;
