@@ -57,26 +57,25 @@ pub fn owning_cluster(
     ctx.caches.cluster(namespace, name)
 }
 
-/// The Cluster an object's `cluster.x-k8s.io/cluster-name` label names, when the cache does
-/// not hold it (yet): the object waits for it, doing and writing nothing. The Cluster says
-/// whether the object is paused, and a watch can bring an object before its Cluster: a shard
-/// that a paused cluster is moved to sees the cluster's objects in the order their watches
-/// deliver them, and must not take an object whose Cluster it has not seen as unpaused.
-/// The Cluster's arrival wakes the objects labelled for it. A deleting object does not wait:
-/// its Cluster may be gone for good.
-pub fn unseen_cluster<'l>(
-    ctx: &Context,
-    namespace: &str,
-    meta: &'l kube::api::ObjectMeta,
-) -> Option<&'l str> {
+/// Whether the Cluster an object's `cluster.x-k8s.io/cluster-name` label names is missing
+/// from the cache (yet): the object then waits for it, doing and writing nothing. The Cluster
+/// says whether the object is paused, and a watch can bring an object before its Cluster: a
+/// shard that a paused cluster is moved to sees the cluster's objects in the order their
+/// watches deliver them, and must not take an object whose Cluster it has not seen as
+/// unpaused. The Cluster's arrival wakes the objects labelled for it. A deleting object does
+/// not wait: its Cluster may be gone for good.
+pub fn waits_for_its_cluster(ctx: &Context, namespace: &str, meta: &kube::api::ObjectMeta) -> bool {
     if meta.deletion_timestamp.is_some() {
-        return None;
+        return false;
     }
-    let name = capi::cluster_name(meta.labels.as_ref()?)?;
-    ctx.caches
-        .cluster(namespace, name)
-        .is_none()
-        .then_some(name)
+    let Some(cluster) = meta.labels.as_ref().and_then(capi::cluster_name) else {
+        return false;
+    };
+    let unseen = ctx.caches.cluster(namespace, cluster).is_none();
+    if unseen {
+        tracing::debug!(%cluster, "its Cluster is not in the cache yet: waiting for it");
+    }
+    unseen
 }
 
 /// Sets `Ready` from the conditions it summarises.

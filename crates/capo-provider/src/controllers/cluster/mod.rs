@@ -263,8 +263,7 @@ async fn reconcile_cluster(
     if capi::is_externally_managed(cluster.annotations()) {
         return leave_to_its_manager(&api, cluster).await;
     }
-    if let Some(owner) = super::unseen_cluster(ctx, &namespace, cluster.meta()) {
-        tracing::debug!(cluster = %owner, "its Cluster is not in the cache yet: waiting for it");
+    if super::waits_for_its_cluster(ctx, &namespace, cluster.meta()) {
         return Ok(Outcome::Paused);
     }
     // The cache may not hold our own last status write yet (the watch lags behind it, most

@@ -675,11 +675,7 @@ pub async fn leave(
             pool_id,
             member_id,
         } => {
-            restore_member(pass, lb, port, &pool_id, &member_id).await?;
-            let message = format!(
-                "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
-            );
-            set_held(pass, status, message);
+            restore_and_hold(pass, lb, status, port, &pool_id, &member_id).await?;
             Ok(safety_net)
         }
         LeaveStep::Hold { port } => {
@@ -701,11 +697,7 @@ pub async fn leave(
             {
                 // Another member stopped serving during the drain, unseen: not this one too.
                 pass.ctx.engine.changed_under(&lb.id);
-                restore_member(pass, lb, port, &pool_id, &member_id).await?;
-                let message = format!(
-                    "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
-                );
-                set_held(pass, status, message);
+                restore_and_hold(pass, lb, status, port, &pool_id, &member_id).await?;
                 return Ok(safety_net);
             }
             match cloud.octavia().delete_member(&pool_id, &member_id).await {
@@ -866,6 +858,24 @@ fn leaving_members(
         });
     }
     present
+}
+
+/// A drained member whose pool has no other serving member takes traffic again, and the
+/// machine says its removal is held.
+async fn restore_and_hold(
+    pass: &Pass<'_>,
+    lb: &LbRef,
+    status: &mut InstanceStatus,
+    port: u16,
+    pool_id: &str,
+    member_id: &str,
+) -> Result<(), MachineError> {
+    restore_member(pass, lb, port, pool_id, member_id).await?;
+    let message = format!(
+        "removal held: no other member of the pool for port {port} serves now, so this machine's drained member takes traffic again; it goes once another member serves"
+    );
+    set_held(pass, status, message);
+    Ok(())
 }
 
 /// Whether another member of the pool takes traffic, as Octavia lists the pool now.

@@ -187,8 +187,7 @@ async fn reconcile_machine(
     key: &str,
 ) -> Result<Outcome, MachineError> {
     let namespace = osm.namespace().unwrap_or_default();
-    if let Some(cluster) = super::unseen_cluster(ctx, &namespace, osm.meta()) {
-        tracing::debug!(%cluster, "its Cluster is not in the cache yet: waiting for it");
+    if super::waits_for_its_cluster(ctx, &namespace, osm.meta()) {
         return Ok(Outcome::Paused);
     }
     let api: Api<OpenStackMachine> = Api::namespaced(ctx.client.clone(), &namespace);

@@ -170,8 +170,7 @@ pub fn error_policy(object: Arc<Watched>, error: &ServerError, ctx: Arc<Context>
 
 async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Outcome, ServerError> {
     let namespace = server.namespace().unwrap_or_default();
-    if let Some(cluster) = super::unseen_cluster(ctx, &namespace, server.meta()) {
-        tracing::debug!(%cluster, "its Cluster is not in the cache yet: waiting for it");
+    if super::waits_for_its_cluster(ctx, &namespace, server.meta()) {
         return Ok(Outcome::Paused);
     }
     let api: Api<OpenStackServer> = Api::namespaced(ctx.client.clone(), &namespace);
