@@ -195,6 +195,10 @@ pub struct RunArgs {
     /// member ONLINE before its first check; an amphora starts it UP until a check fails).
     #[arg(long, default_value = "15s", value_parser = capo_provider::manager::parse_duration_or_zero)]
     pub serving_settle: Duration,
+    /// Serving gate: how long a member that stopped serving must read ONLINE again without a
+    /// break before it counts again (a flapping API is not trusted on its good stretches).
+    #[arg(long, default_value = "5m", value_parser = capo_provider::manager::parse_duration_or_zero)]
+    pub serving_recovery: Duration,
     /// Serving gate: how long an ACTIVE member may not serve before MemberNotServing holds
     /// its machine with a Warning.
     #[arg(long, default_value = "5m", value_parser = capo_provider::manager::parse_duration)]
@@ -338,6 +342,7 @@ impl RunArgs {
                 serving: (self.gate == Gate::Serving).then_some(
                     capo_provider::membership::ServingRules {
                         settle: self.serving_settle,
+                        recovery: self.serving_recovery,
                         not_serving_after: self.member_not_serving_after,
                     },
                 ),

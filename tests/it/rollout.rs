@@ -570,6 +570,7 @@ fn serving_gate_config(drain_period: Duration) -> ManagerConfig {
     let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
     config.engine.serving = Some(capo_provider::membership::ServingRules {
         settle: Duration::from_millis(500),
+        recovery: Duration::from_secs(3),
         not_serving_after: Duration::from_secs(3),
     });
     config.controllers.api_monitor = gate::MonitorKind::Https;

@@ -165,6 +165,7 @@ fn manager_config(config: &DemoConfig) -> ManagerConfig {
     if config.strategy.serving_gate() {
         manager.engine.serving = Some(ServingRules {
             settle: config.pace.serving_settle(),
+            recovery: config.pace.not_serving_after(),
             not_serving_after: config.pace.not_serving_after(),
         });
     }

@@ -182,6 +182,7 @@ fn reconcile_errors(registry: &Registry) -> BTreeMap<String, f64> {
 /// The serving gate's times in the runs: `capo-rs run`'s defaults.
 const SERVING: ServingRules = ServingRules {
     settle: Duration::from_secs(15),
+    recovery: Duration::from_secs(300),
     not_serving_after: Duration::from_secs(300),
 };
 

@@ -694,7 +694,7 @@ mod tests {
             operating: Some(OperatingStatus::Online),
             operating_since: now,
             up_since: Some(now),
-            last_up: None,
+            fell_at: None,
             since: now,
             first_seen: Some(now),
             active_at: None,

@@ -812,7 +812,12 @@ fn fold(
     let previous_poll = entry.track.last_poll;
     let before: Vec<MemberTrack> = entry.track.members.clone();
     let changed = match seen {
-        Seen::Observed(observation) => entry.track.observe(observation, now),
+        Seen::Observed(observation) => {
+            let rules = inner.config.rules();
+            entry
+                .track
+                .observe(observation, now, rules.serving.as_ref())
+        }
         Seen::Gone => entry.track.observe_gone(now),
     };
     if changed {
@@ -921,12 +926,13 @@ fn stuck_deadline(entry: &LbEntry, rules: &GateRules, now: Instant) -> Option<In
             }
             _ => None,
         });
-    // A member reading up turns serving (or may be let in) once it has for the settle time.
+    // A member reading up turns serving (or may be let in) once it has for the settle time
+    // (the recovery time, once it has stopped serving).
     let settles = entry
         .track
         .members
         .iter()
-        .filter_map(|m| Some(m.up_since? + rules.serving?.settle));
+        .filter_map(|m| Some(m.up_since? + rules.serving?.steady_for(m)));
     flips.chain(settles).filter(|at| *at > now).min()
 }
 

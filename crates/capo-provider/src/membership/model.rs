@@ -3,10 +3,34 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus, StatusTree};
+
+/// The serving gate's times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServingRules {
+    /// How long a member must have read ONLINE without a break.
+    pub settle: Duration,
+    /// How long a member that stopped serving must read ONLINE again without a break before
+    /// it counts again: a flapping API is not trusted on its short good stretches.
+    pub recovery: Duration,
+    /// A monitored ACTIVE member not serving for longer than this holds the rollout, flagged.
+    pub not_serving_after: Duration,
+}
+
+impl ServingRules {
+    /// How long `member` must read up without a break to count as serving: the settle time,
+    /// or the recovery time once it has stopped serving.
+    pub fn steady_for(&self, member: &MemberTrack) -> Duration {
+        match member.fell_at {
+            Some(_) => self.recovery.max(self.settle),
+            None => self.settle,
+        }
+    }
+}
 
 /// A namespaced object's name. Its kind follows from where it stands: [`DesiredLb::cluster`]
 /// names an OpenStackCluster, [`DesiredMember::owner`] an OpenStackMachine. (Not kube's
@@ -146,9 +170,10 @@ pub struct MemberTrack {
     /// Since when it has read up (ONLINE, or DRAINING: up at weight 0) without a break; `None`
     /// while it does not.
     pub up_since: Option<Instant>,
-    /// Its last finished stretch of reading up: the serving gate's clock starts at its end
-    /// when it lasted the settle time.
-    pub last_up: Option<(Instant, Instant)>,
+    /// When it stopped reading up after a stretch long enough to count as serving, and has
+    /// not served that long since: the serving gate's not-serving clock runs from here, and
+    /// the member needs the recovery time to count again.
+    pub fell_at: Option<Instant>,
     /// When `presence` last changed (or the member was requested, while never seen).
     pub since: Instant,
     pub first_seen: Option<Instant>,
@@ -209,7 +234,7 @@ impl LbTrack {
                         operating: None,
                         operating_since: want.requested_at,
                         up_since: None,
-                        last_up: None,
+                        fell_at: None,
                         since: want.requested_at,
                         first_seen: None,
                         active_at: None,
@@ -223,7 +248,13 @@ impl LbTrack {
     }
 
     /// Folds one observation in; returns whether anything the verdict depends on changed.
-    pub fn observe(&mut self, seen: &Observation, now: Instant) -> bool {
+    /// `serving` (the serving gate's times, when on) says which stretches up counted.
+    pub fn observe(
+        &mut self,
+        seen: &Observation,
+        now: Instant,
+        serving: Option<&ServingRules>,
+    ) -> bool {
         let lb = Some((seen.provisioning, seen.operating));
         let previous = self.lb.flatten().map(|(provisioning, _)| provisioning);
         if previous != Some(seen.provisioning) {
@@ -262,7 +293,12 @@ impl LbTrack {
                 match (up, track.up_since) {
                     (true, None) => track.up_since = Some(now),
                     (false, Some(from)) => {
-                        track.last_up = Some((from, now));
+                        let counted = serving.is_some_and(|rules| {
+                            now.duration_since(from) >= rules.steady_for(track)
+                        });
+                        if counted {
+                            track.fell_at = Some(now);
+                        }
                         track.up_since = None;
                     }
                     _ => {}
@@ -275,6 +311,7 @@ impl LbTrack {
                 if another_object {
                     track.id = Some(m.id.clone());
                     track.active_at = None;
+                    track.fell_at = None;
                     track.recreated = true;
                     track.since = now;
                     changed = true;
@@ -403,7 +440,8 @@ pub(crate) mod tests {
                 ProvisioningStatus::PendingUpdate,
                 &[("10.0.0.1", ProvisioningStatus::PendingCreate)]
             ),
-            t1
+            t1,
+            None
         ));
         assert_eq!(
             track.members[0].presence,
@@ -418,7 +456,8 @@ pub(crate) mod tests {
                 ProvisioningStatus::PendingUpdate,
                 &[("10.0.0.1", ProvisioningStatus::PendingCreate)]
             ),
-            t2
+            t2,
+            None
         ));
         assert_eq!(track.members[0].since, t1);
         let t3 = t2 + Duration::from_secs(1);
@@ -429,7 +468,7 @@ pub(crate) mod tests {
                 ("10.0.0.9", ProvisioningStatus::Active),
             ],
         );
-        assert!(track.observe(&both, t3));
+        assert!(track.observe(&both, t3, None));
         assert_eq!(track.members[0].active_at, Some(t3));
         assert_eq!(track.stale.len(), 1);
         assert_eq!(track.stale[0].address, "10.0.0.9");
@@ -445,6 +484,7 @@ pub(crate) mod tests {
                 &[("10.0.0.1", ProvisioningStatus::Active)],
             ),
             t0,
+            None,
         );
         track.set_desired(desired(vec![
             member("m1", "10.0.0.1", t0),

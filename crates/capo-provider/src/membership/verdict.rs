@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use capo_api::conditions::reasons;
 
+pub use super::model::ServingRules;
 use super::model::{LbTrack, MemberTrack, Presence};
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 
@@ -23,15 +24,6 @@ pub struct GateRules {
     pub stuck_after: Duration,
     /// The serving gate, when on; `None` is the provisioning gate.
     pub serving: Option<ServingRules>,
-}
-
-/// The serving gate's times.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServingRules {
-    /// How long a member must have read ONLINE without a break.
-    pub settle: Duration,
-    /// A monitored ACTIVE member not serving for longer than this holds the rollout, flagged.
-    pub not_serving_after: Duration,
 }
 
 impl GateRules {
@@ -164,25 +156,25 @@ pub fn member_verdict(track: &MemberTrack, now: Instant, rules: &GateRules) -> M
 
 /// An ACTIVE member under the serving gate. It serves once it has read up (ONLINE) for the
 /// settle time without a break; up at weight 0 (DRAINING: a new member kept out of traffic)
-/// that long, it may be let in. Its not-serving clock starts when it went ACTIVE, or when its
-/// last steady stretch of serving ended: a flapping member is flagged too.
+/// that long, it may be let in. Once it has stopped serving, it needs the longer recovery
+/// time to count again. Its not-serving clock starts when it went ACTIVE, or when it stopped
+/// serving; short good stretches do not restart it, so a flapping member is flagged too.
 fn serving_verdict(track: &MemberTrack, now: Instant, rules: &ServingRules) -> MemberVerdict {
     if track.operating == Some(OperatingStatus::NoMonitor) {
         return MemberVerdict::Active;
     }
-    let steady =
-        |from: Instant, until: Instant| until.saturating_duration_since(from) >= rules.settle;
-    if let Some(up) = track.up_since.filter(|up| steady(*up, now)) {
+    let needed = rules.steady_for(track);
+    if let Some(up) = track
+        .up_since
+        .filter(|up| now.saturating_duration_since(*up) >= needed)
+    {
         return match track.operating {
             Some(OperatingStatus::Draining) => MemberVerdict::OutOfTraffic { since: up },
             _ => MemberVerdict::Active,
         };
     }
     let active = track.active_at.unwrap_or(track.since);
-    let since = track
-        .last_up
-        .filter(|(from, until)| steady(*from, *until))
-        .map_or(active, |(_, until)| until.max(active));
+    let since = track.fell_at.map_or(active, |fell| fell.max(active));
     if now.saturating_duration_since(since) >= rules.not_serving_after {
         MemberVerdict::NotServing { since }
     } else {
@@ -556,12 +548,12 @@ mod tests {
         let t0 = Instant::now();
         let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
         let t1 = t0 + Duration::from_secs(300);
-        track.observe(&seen(Active, &[("10.0.0.1", Error)]), t1);
+        track.observe(&seen(Active, &[("10.0.0.1", Error)]), t1, None);
         // Deleted and created again: another member object at the same address.
         let t2 = t1 + Duration::from_secs(400);
         let mut again = seen(Active, &[("10.0.0.1", PendingCreate)]);
         again.members[0].id = "id-new".into();
-        assert!(track.observe(&again, t2));
+        assert!(track.observe(&again, t2, None));
         let soon = t2 + Duration::from_secs(10);
         assert_eq!(
             member_verdict(&track.members[0], soon, &RULES),
@@ -583,7 +575,7 @@ mod tests {
         let members: Vec<(&str, ProvisioningStatus)> = member_status
             .map(|s| vec![("10.0.0.1", s)])
             .unwrap_or_default();
-        track.observe(&seen(lb, &members), t0);
+        track.observe(&seen(lb, &members), t0, None);
         track
     }
 
@@ -753,6 +745,7 @@ mod tests {
         stuck_after: STUCK,
         serving: Some(ServingRules {
             settle: Duration::from_secs(15),
+            recovery: Duration::from_secs(120),
             not_serving_after: Duration::from_secs(300),
         }),
     };
@@ -768,7 +761,11 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
-        track.observe(&seen_operating(OperatingStatus::Offline), at(5));
+        track.observe(
+            &seen_operating(OperatingStatus::Offline),
+            at(5),
+            SERVING.serving.as_ref(),
+        );
         let verdict = lb_verdict(&track, at(5), &SERVING);
         assert_eq!(verdict.reason, Reason::MembersNotYetServing);
         assert_eq!(verdict.serving, 0);
@@ -777,7 +774,11 @@ mod tests {
             "the provisioning gate takes ACTIVE alone"
         );
         // ONLINE at 20 s: ovn says so before any check, so it must hold for the settle time.
-        track.observe(&seen_operating(OperatingStatus::Online), at(20));
+        track.observe(
+            &seen_operating(OperatingStatus::Online),
+            at(20),
+            SERVING.serving.as_ref(),
+        );
         assert_eq!(
             member_verdict(&track.members[0], at(34), &SERVING),
             MemberVerdict::NotYetServing { since: at(5) },
@@ -794,7 +795,11 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
-        track.observe(&seen_operating(OperatingStatus::Error), at(5));
+        track.observe(
+            &seen_operating(OperatingStatus::Error),
+            at(5),
+            SERVING.serving.as_ref(),
+        );
         assert_eq!(
             lb_verdict(&track, at(304), &SERVING).reason,
             Reason::MembersNotYetServing
@@ -810,7 +815,11 @@ mod tests {
             } else {
                 OperatingStatus::Error
             };
-            flapping.observe(&seen_operating(operating), at(second));
+            flapping.observe(
+                &seen_operating(operating),
+                at(second),
+                SERVING.serving.as_ref(),
+            );
             assert!(!lb_verdict(&flapping, at(second + 9), &SERVING).is_ready());
         }
         assert_eq!(
@@ -820,11 +829,67 @@ mod tests {
         );
         // A member that served steadily counts from when that ended.
         let mut steady = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
-        steady.observe(&seen_operating(OperatingStatus::Online), at(5));
-        steady.observe(&seen_operating(OperatingStatus::Error), at(400));
+        steady.observe(
+            &seen_operating(OperatingStatus::Online),
+            at(5),
+            SERVING.serving.as_ref(),
+        );
+        steady.observe(
+            &seen_operating(OperatingStatus::Error),
+            at(400),
+            SERVING.serving.as_ref(),
+        );
         assert_eq!(
             member_verdict(&steady.members[0], at(500), &SERVING),
             MemberVerdict::NotYetServing { since: at(400) }
+        );
+    }
+
+    #[test]
+    fn a_member_that_stopped_serving_counts_again_only_after_the_recovery_time() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let serving = SERVING.serving.as_ref();
+        let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
+        track.observe(&seen_operating(OperatingStatus::Online), at(5), serving);
+        assert!(lb_verdict(&track, at(20), &SERVING).is_ready());
+        // It falls at 100 s, then comes back up for 60 s at a time: each stretch is longer
+        // than the settle time but shorter than the recovery time, so it never counts.
+        track.observe(&seen_operating(OperatingStatus::Error), at(100), serving);
+        for start in [130, 220, 310] {
+            track.observe(&seen_operating(OperatingStatus::Online), at(start), serving);
+            let up = lb_verdict(&track, at(start + 59), &SERVING);
+            assert!(
+                !up.is_ready(),
+                "up {start}..{}: {:?}",
+                start + 59,
+                up.reason
+            );
+            track.observe(
+                &seen_operating(OperatingStatus::Error),
+                at(start + 60),
+                serving,
+            );
+        }
+        assert_eq!(
+            member_verdict(&track.members[0], at(399), &SERVING),
+            MemberVerdict::NotYetServing { since: at(100) },
+            "its clock runs from the first fall"
+        );
+        let flagged = lb_verdict(&track, at(400), &SERVING);
+        assert_eq!(flagged.reason, Reason::MemberNotServing);
+        // Still flagged on a short good stretch, and serving once up for the recovery time.
+        track.observe(&seen_operating(OperatingStatus::Online), at(410), serving);
+        assert_eq!(
+            lb_verdict(&track, at(480), &SERVING).reason,
+            Reason::MemberNotServing
+        );
+        assert!(lb_verdict(&track, at(530), &SERVING).is_ready());
+        // A fall after that recovery starts a new clock.
+        track.observe(&seen_operating(OperatingStatus::Error), at(600), serving);
+        assert_eq!(
+            member_verdict(&track.members[0], at(610), &SERVING),
+            MemberVerdict::NotYetServing { since: at(600) }
         );
     }
 
@@ -833,8 +898,16 @@ mod tests {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
-        track.observe(&seen_operating(OperatingStatus::Offline), at(1));
-        track.observe(&seen_operating(OperatingStatus::Draining), at(3));
+        track.observe(
+            &seen_operating(OperatingStatus::Offline),
+            at(1),
+            SERVING.serving.as_ref(),
+        );
+        track.observe(
+            &seen_operating(OperatingStatus::Draining),
+            at(3),
+            SERVING.serving.as_ref(),
+        );
         assert!(matches!(
             member_verdict(&track.members[0], at(10), &SERVING),
             MemberVerdict::NotYetServing { .. }
@@ -848,7 +921,11 @@ mod tests {
             Reason::MembersNotYetServing
         );
         // Let in: DRAINING -> ONLINE is one stretch up, so it serves at once.
-        track.observe(&seen_operating(OperatingStatus::Online), at(20));
+        track.observe(
+            &seen_operating(OperatingStatus::Online),
+            at(20),
+            SERVING.serving.as_ref(),
+        );
         assert!(lb_verdict(&track, at(20), &SERVING).is_ready());
     }
 
@@ -856,7 +933,11 @@ mod tests {
     fn without_a_monitor_the_serving_gate_falls_back_to_provisioning_and_says_so() {
         let t0 = Instant::now();
         let mut track = LbTrack::new(desired(vec![member("m1", "10.0.0.1", t0)]), t0);
-        track.observe(&seen_operating(OperatingStatus::NoMonitor), t0);
+        track.observe(
+            &seen_operating(OperatingStatus::NoMonitor),
+            t0,
+            SERVING.serving.as_ref(),
+        );
         let verdict = lb_verdict(&track, t0, &SERVING);
         assert!(verdict.is_ready());
         assert!(verdict.unmonitored && !verdict.checks_serving());

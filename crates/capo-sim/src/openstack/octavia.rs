@@ -1965,18 +1965,49 @@ fn pool_operating(world: &World, pool: &Pool) -> Oper {
     if !world.settings.heartbeats || pool.meta.status == Prov::PendingCreate {
         return Oper::Offline;
     }
-    aggregate(
-        world
-            .octavia
-            .members_of(&pool.meta.id)
-            .iter()
-            .filter_map(|id| world.octavia.members.get(id))
-            .filter(|m| !m.meta.status.is_pending())
-            .map(|m| match m.meta.status {
-                Prov::Error => Oper::Error,
-                _ => member_operating(world, m),
-            }),
-    )
+    let members = world
+        .octavia
+        .members_of(&pool.meta.id)
+        .iter()
+        .filter_map(|id| world.octavia.members.get(id))
+        .filter(|m| !m.meta.status.is_pending())
+        .map(|m| match m.meta.status {
+            Prov::Error => (Oper::Error, m.weight),
+            _ => (member_operating(world, m), m.weight),
+        });
+    let ovn = world
+        .octavia
+        .lbs
+        .get(&pool.lb)
+        .is_some_and(|lb| lb.provider == "ovn");
+    if ovn {
+        aggregate(members.map(|(status, _)| status))
+    } else {
+        haproxy_pool(members)
+    }
+}
+
+/// A pool's operating status as an amphora's health manager writes it (update_db.py,
+/// `_process_pool_status`): haproxy calls a backend DOWN when it has servers but no weight
+/// among the UP ones (a DRAIN server, at weight 0, takes nothing), and the pool is ERROR
+/// then; an UP backend is ONLINE, DEGRADED if a member is DOWN. DRAINING and OFFLINE members
+/// degrade nothing.
+fn haproxy_pool(members: impl Iterator<Item = (Oper, u32)>) -> Oper {
+    let (mut any, mut serving_weight, mut any_down) = (false, 0u64, false);
+    for (status, weight) in members {
+        any = true;
+        match status {
+            Oper::Online | Oper::NoMonitor => serving_weight += u64::from(weight),
+            Oper::Error => any_down = true,
+            _ => {}
+        }
+    }
+    match (any, serving_weight > 0, any_down) {
+        (false, _, _) => Oper::Online,
+        (true, false, _) => Oper::Error,
+        (true, true, true) => Oper::Degraded,
+        (true, true, false) => Oper::Online,
+    }
 }
 
 fn listener_operating(world: &World, listener: &Listener) -> Oper {
@@ -2280,6 +2311,28 @@ fn status_tree(world: &World, id: &str) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_amphora_pool_whose_only_weighted_member_is_down_reads_error_not_degraded() {
+        use Oper::*;
+        // The old member drained (UP at weight 0), the new one DOWN: haproxy's backend has
+        // no weight left, so the pool (and its LB) read ERROR, and the LB's row changes.
+        assert_eq!(haproxy_pool([(Draining, 0), (Error, 1)].into_iter()), Error);
+        assert_eq!(
+            haproxy_pool([(Draining, 0), (Online, 1)].into_iter()),
+            Online
+        );
+        assert_eq!(
+            haproxy_pool([(Online, 1), (Error, 1)].into_iter()),
+            Degraded
+        );
+        assert_eq!(
+            haproxy_pool([(Offline, 1), (Online, 1)].into_iter()),
+            Online
+        );
+        assert_eq!(haproxy_pool([(NoMonitor, 1)].into_iter()), Online);
+        assert_eq!(haproxy_pool(std::iter::empty()), Online);
+    }
 
     /// What a monitor reads at each of its first `n` checks.
     fn readings(server: ApiServer, cadence: Cadence, n: u32) -> Vec<bool> {
