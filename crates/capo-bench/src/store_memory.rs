@@ -1,6 +1,7 @@
 //! `capo-rs bench store-memory`: what one object of each watched kind costs in the manager's
-//! stores, as the production watches keep it: decoded from its JSON, trimmed by the same
-//! functions, and stored behind the store's key. Each kind is measured in a process of its
+//! stores, as the production watches keep it: decoded from its JSON (the owned kinds packed,
+//! as their watches keep them), trimmed by the same functions, and stored behind the store's
+//! key. Each kind is measured in a process of its
 //! own, so that one kind's allocations do not pad another's: the process decodes and stores
 //! N objects shaped as `bench scale` makes them, and its resident memory grows by what they
 //! cost, allocator slack included.
@@ -9,7 +10,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use capo_api::capi::{Cluster, Machine};
-use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use capo_provider::controllers::{cluster, machine, server};
 use capo_provider::manager::controllers::{strip_for_cache, trim_machine};
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Lookup};
@@ -78,20 +79,20 @@ pub fn measure_here(kind: &str, objects: u32) -> anyhow::Result<f64> {
     match kind {
         "Cluster" => fill::<Cluster>(kind, objects, strip_for_cache::<Cluster>),
         "Machine" => fill::<DeserializeGuard<Machine>>(kind, objects, trim_machine),
-        "OpenStackCluster" => fill::<DeserializeGuard<OpenStackCluster>>(
+        "OpenStackCluster" => fill::<cluster::Watched>(
             kind,
             objects,
-            strip_for_cache::<DeserializeGuard<OpenStackCluster>>,
+            strip_for_cache::<cluster::Watched>,
         ),
-        "OpenStackMachine" => fill::<DeserializeGuard<OpenStackMachine>>(
+        "OpenStackMachine" => fill::<machine::Watched>(
             kind,
             objects,
-            strip_for_cache::<DeserializeGuard<OpenStackMachine>>,
+            strip_for_cache::<machine::Watched>,
         ),
-        "OpenStackServer" => fill::<DeserializeGuard<OpenStackServer>>(
+        "OpenStackServer" => fill::<server::Watched>(
             kind,
             objects,
-            strip_for_cache::<DeserializeGuard<OpenStackServer>>,
+            strip_for_cache::<server::Watched>,
         ),
         other => anyhow::bail!(
             "no kind {other}: one of {}",

@@ -8,17 +8,20 @@ use std::sync::Arc;
 
 use capo_api::capi::{Cluster, Machine};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use kube::Resource;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::packed::{Packed, Stored};
 
 /// The stores, one per kind, shared by every controller.
 #[derive(Clone)]
 pub struct Caches {
     pub clusters: Store<Cluster>,
     pub machines: Store<DeserializeGuard<Machine>>,
-    pub infra_clusters: Store<DeserializeGuard<OpenStackCluster>>,
-    pub infra_machines: Store<DeserializeGuard<OpenStackMachine>>,
-    pub servers: Store<DeserializeGuard<OpenStackServer>>,
+    pub infra_clusters: Store<Packed<OpenStackCluster>>,
+    pub infra_machines: Store<Packed<OpenStackMachine>>,
+    pub servers: Store<Packed<OpenStackServer>>,
 }
 
 fn key<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> ObjectRef<K> {
@@ -27,8 +30,8 @@ fn key<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> Obje
 
 /// The object, if it is stored and decodes (one that does not is its own controller's to
 /// report; here it reads as absent).
-fn decoded<K: Clone>(guard: Option<Arc<DeserializeGuard<K>>>) -> Option<K> {
-    guard.and_then(|g| g.0.as_ref().ok().cloned())
+fn decoded<K: Clone, S: Stored<K>>(stored: Option<Arc<S>>) -> Option<K> {
+    stored.and_then(|s| s.decoded().ok().map(std::borrow::Cow::into_owned))
 }
 
 impl Caches {
@@ -56,12 +59,13 @@ impl Caches {
         namespace: &str,
         wanted: impl Fn(&OpenStackMachine) -> bool,
     ) -> Vec<OpenStackMachine> {
+        // The namespace first, from the metadata kept as it is: only those are decoded.
         self.infra_machines
             .state()
             .iter()
-            .filter_map(|guard| guard.0.as_ref().ok())
-            .filter(|m| m.metadata.namespace.as_deref() == Some(namespace) && wanted(m))
-            .cloned()
+            .filter(|stored| stored.meta().namespace.as_deref() == Some(namespace))
+            .filter_map(|stored| stored.unpack().ok())
+            .filter(|m| wanted(m))
             .collect()
     }
 

@@ -20,6 +20,7 @@ pub mod machine;
 pub mod machine_template;
 pub mod metrics;
 pub mod outcome;
+pub mod packed;
 pub mod server;
 pub mod steps;
 pub mod writes;
@@ -94,7 +95,7 @@ pub fn set_ready(
 /// An object that does not decode: say so on it (`Ready` False) and in a Warning event, and
 /// go on with the others. The caller returns [`Outcome::Unreadable`].
 pub async fn report_invalid<K>(
-    object: &DeserializeGuard<K>,
+    object: &impl Resource<DynamicType = ()>,
     invalid: &InvalidObject,
     ctx: &Context,
 ) -> Result<(), kube::Error>
@@ -116,7 +117,8 @@ where
         message.clone(),
     )
     .await;
-    let namespace = object.namespace().unwrap_or_default();
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    // Through the guard: the answer is the same object, which does not decode either.
     let api: Api<DeserializeGuard<K>> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut conditions = Vec::new();
     let ready = Desired::new(types::READY, Status::False, reasons::INVALID_SPEC, message);
@@ -127,7 +129,8 @@ where
         Timestamp::now(),
     );
     let status = serde_json::json!({ "conditions": conditions });
-    writes::patch_status(&api, &object.name_any(), None, &status, &[]).await?;
+    let name = object.meta().name.clone().unwrap_or_default();
+    writes::patch_status(&api, &name, None, &status, &[]).await?;
     Ok(())
 }
 
@@ -145,16 +148,17 @@ pub fn object_key<K: ResourceExt>(controller: &str, object: &K) -> String {
 /// One reconcile of a watched object, as kube-runtime's `Controller` calls it: a span named
 /// for the object, the reconcile metrics, then `reconcile`; an object that does not decode is
 /// reported instead (a Warning event and a condition; `write_failed` wraps a failed write).
-pub async fn reconcile_watched<K, E>(
+pub async fn reconcile_watched<K, S, E>(
     controller: &'static str,
-    object: Arc<DeserializeGuard<K>>,
+    object: Arc<S>,
     ctx: Arc<Context>,
     reconcile: impl AsyncFnOnce(&K, &Context) -> Result<Outcome, E>,
     write_failed: impl FnOnce(kube::Error) -> E,
 ) -> Result<Action, E>
 where
     E: Categorized,
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone,
+    S: packed::Stored<K> + Resource<DynamicType = ()>,
     DeserializeGuard<K>: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
@@ -170,9 +174,9 @@ where
     let key = object_key(controller, object.as_ref());
     let reconciling = ctx.metrics.reconciling(controller, &key);
     let result = async {
-        match &object.0 {
-            Ok(inner) => reconcile(inner, &ctx).await,
-            Err(invalid) => report_invalid(object.as_ref(), invalid, &ctx)
+        match object.decoded() {
+            Ok(inner) => reconcile(&inner, &ctx).await,
+            Err(invalid) => report_invalid::<K>(object.as_ref(), &invalid, &ctx)
                 .await
                 .map(|()| Outcome::Unreadable)
                 .map_err(write_failed),

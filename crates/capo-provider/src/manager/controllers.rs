@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
 use capo_api::ipam;
-use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use capo_api::OpenStackServer;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
@@ -350,7 +350,7 @@ fn orc_image_wakeups(
         .flat_map(move |image| {
             let name = image.name_any();
             let named = pick(&servers, image.namespace(), |object: &server::Watched| {
-                object.0.as_ref().is_ok_and(|server| {
+                object.unpack().is_ok_and(|server| {
                     server
                         .spec
                         .image
@@ -460,9 +460,8 @@ pub fn run_servers(
                     let name = secret.name_any();
                     pick(&by_secret, secret.namespace(), |object: &Watched| {
                         object
-                            .0
-                            .as_ref()
-                            .is_ok_and(|server| names_secret(server, &name))
+                            .unpack()
+                            .is_ok_and(|server| names_secret(&server, &name))
                     })
                 }),
             )
@@ -624,7 +623,7 @@ pub fn run_clusters(
                 queue.mapping(move |secret: PartialObjectMeta<Secret>| {
                     let name = secret.name_any();
                     pick(&by_secret, secret.namespace(), |object: &Watched| {
-                        object.0.as_ref().is_ok_and(|c| {
+                        object.unpack().is_ok_and(|c| {
                             c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
                                 && c.spec.identity_ref.name == name
                         })
@@ -851,8 +850,8 @@ fn capi_machine_changes(machine: &DeserializeGuard<capi::Machine>) -> Option<u64
 }
 
 /// What about an OpenStackCluster matters to its machines.
-fn infra_changes(cluster: &DeserializeGuard<OpenStackCluster>) -> Option<u64> {
-    let Ok(cluster) = cluster.0.as_ref() else {
+fn infra_changes(cluster: &cluster::Watched) -> Option<u64> {
+    let Ok(cluster) = cluster.unpack() else {
         return Some(0);
     };
     let mut hasher = DefaultHasher::new();
@@ -875,8 +874,8 @@ fn infra_changes(cluster: &DeserializeGuard<OpenStackCluster>) -> Option<u64> {
 }
 
 /// What about a machine changes its cluster's desired members.
-fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
-    let machine = machine.0.as_ref().ok()?;
+fn member_changes(machine: &machine::Watched) -> Option<u64> {
+    let machine = machine.unpack().ok()?;
     if !capi::is_control_plane(machine.labels()) {
         // A worker is no member: its arrival and its removal are all the cluster hears of
         // it, not every address and providerID it goes through.
@@ -891,7 +890,7 @@ fn member_changes(machine: &DeserializeGuard<OpenStackMachine>) -> Option<u64> {
                 .map(|a| (a.type_.as_str(), a.address.as_str()))
                 .collect::<Vec<_>>()
         }),
-        crate::controllers::gate::is_leaving(machine),
+        crate::controllers::gate::is_leaving(&machine),
         &machine.spec.provider_id,
     )
         .hash(&mut hasher);

@@ -29,7 +29,9 @@ use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::core::error_boundary::InvalidObject;
+
+use super::packed::{Packed, Stored};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -50,7 +52,7 @@ use plan::Names;
 pub const CONTROLLER: &str = "openstackcluster";
 
 /// What the watch hands us: the object, or why it could not be read.
-pub type Watched = DeserializeGuard<OpenStackCluster>;
+pub type Watched = Packed<OpenStackCluster>;
 
 /// The status fields this controller writes (and so removes when it no longer has them).
 const STATUS_FIELDS: &[&str] = &[
@@ -173,9 +175,9 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
     let key = backoff_key(&object);
     let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
     let result = async {
-        match &object.0 {
-            Ok(cluster) => reconcile_cluster(cluster, &ctx, &key).await,
-            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        match object.decoded() {
+            Ok(cluster) => reconcile_cluster(&cluster, &ctx, &key).await,
+            Err(invalid) => report_invalid(&object, &invalid, &ctx).await,
         }
     }
     .instrument(span)
@@ -965,7 +967,7 @@ async fn report_invalid(
     invalid: &InvalidObject,
     ctx: &Context,
 ) -> Result<Outcome, ClusterError> {
-    super::report_invalid(object, invalid, ctx)
+    super::report_invalid::<OpenStackCluster>(object, invalid, ctx)
         .await
         .map_err(ClusterError::kube("writing status"))?;
     Ok(Outcome::Unreadable)

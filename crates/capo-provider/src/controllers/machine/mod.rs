@@ -31,7 +31,9 @@ use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::core::{DeserializeGuard, error_boundary::InvalidObject};
+use kube::core::error_boundary::InvalidObject;
+
+use super::packed::{Packed, Stored};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -49,7 +51,7 @@ use crate::cloud::CloudError;
 pub const CONTROLLER: &str = "openstackmachine";
 
 /// What the watch hands us: the object, or why it could not be read.
-pub type Watched = DeserializeGuard<OpenStackMachine>;
+pub type Watched = Packed<OpenStackMachine>;
 
 /// The status fields this controller writes (and so removes when it no longer has them).
 const STATUS_FIELDS: &[&str] = &[
@@ -132,9 +134,9 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
     let key = backoff_key(&object);
     let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
     let result = async {
-        match &object.0 {
-            Ok(machine) => reconcile_machine(machine, &ctx, &key).await,
-            Err(invalid) => report_invalid(&object, invalid, &ctx).await,
+        match object.decoded() {
+            Ok(machine) => reconcile_machine(&machine, &ctx, &key).await,
+            Err(invalid) => report_invalid(&object, &invalid, &ctx).await,
         }
     }
     .instrument(span)
@@ -620,7 +622,7 @@ async fn report_invalid(
     invalid: &InvalidObject,
     ctx: &Context,
 ) -> Result<Outcome, MachineError> {
-    super::report_invalid(object, invalid, ctx)
+    super::report_invalid::<OpenStackMachine>(object, invalid, ctx)
         .await
         .map_err(MachineError::kube("writing status"))?;
     Ok(Outcome::Unreadable)

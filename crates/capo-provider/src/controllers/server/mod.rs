@@ -21,7 +21,6 @@ use capo_api::common::InstanceStatus;
 use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -29,6 +28,7 @@ use kube::{Resource, ResourceExt};
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
+use super::packed::Packed;
 use super::{Context, writes};
 use crate::cloud::CloudError;
 use resolve::ResolveError;
@@ -37,7 +37,7 @@ use resolve::ResolveError;
 pub const CONTROLLER: &str = "openstackserver";
 
 /// What the watch hands us: the object, or why it could not be read.
-pub type Watched = DeserializeGuard<OpenStackServer>;
+pub type Watched = Packed<OpenStackServer>;
 
 /// The status fields this controller writes (and so removes when it no longer has them).
 const STATUS_FIELDS: &[&str] = &[
