@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use capo_api::capi::{Cluster, Machine};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -53,19 +54,21 @@ impl Caches {
         decoded(self.servers.get(&key(namespace, name)))
     }
 
-    /// The OpenStackMachines in `namespace` that `wanted` picks.
+    /// The OpenStackMachines in `namespace` that `wanted` picks by their metadata. Only those
+    /// are decoded: a scan of a large namespace decodes a cluster's machines, not all.
     pub fn infra_machines(
         &self,
         namespace: &str,
-        wanted: impl Fn(&OpenStackMachine) -> bool,
+        wanted: impl Fn(&ObjectMeta) -> bool,
     ) -> Vec<OpenStackMachine> {
-        // The namespace first, from the metadata kept as it is: only those are decoded.
         self.infra_machines
             .state()
             .iter()
-            .filter(|stored| stored.meta().namespace.as_deref() == Some(namespace))
+            .filter(|stored| {
+                let meta = stored.meta();
+                meta.namespace.as_deref() == Some(namespace) && wanted(meta)
+            })
             .filter_map(|stored| stored.unpack().ok())
-            .filter(|m| wanted(m))
             .collect()
     }
 

@@ -885,9 +885,10 @@ fn monitor_choice(
 
 fn control_plane_machines(pass: &Pass<'_>) -> Vec<OpenStackMachine> {
     let namespace = pass.cluster.namespace().unwrap_or_default();
-    pass.ctx.caches.infra_machines(&namespace, |machine| {
-        capi::cluster_name(machine.labels()) == Some(pass.capi_name.as_str())
-            && capi::is_control_plane(machine.labels())
+    let no_labels = Default::default();
+    pass.ctx.caches.infra_machines(&namespace, |meta| {
+        let labels = meta.labels.as_ref().unwrap_or(&no_labels);
+        capi::cluster_name(labels) == Some(pass.capi_name.as_str()) && capi::is_control_plane(labels)
     })
 }
 

@@ -13,6 +13,7 @@ use capo_api::capi::{self, Machine};
 use capo_api::common::{IdentityRef, InstanceStatus};
 use capo_api::conditions::{self, Status, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
@@ -265,10 +266,12 @@ async fn attach(cloud: &CloudClient, ip: &FloatingIp, port: &str) -> Result<(), 
 
 /// The cluster's other control-plane machines that have a port on its network.
 fn holders(pass: &Pass<'_>, api: &ApiAddress) -> Vec<Holder> {
-    let same_cluster = |m: &OpenStackMachine| {
-        capi::is_control_plane(m.labels())
-            && capi::cluster_name(m.labels()) == Some(api.cluster.as_str())
-            && m.name_any() != pass.name
+    let no_labels = Default::default();
+    let same_cluster = |meta: &ObjectMeta| {
+        let labels = meta.labels.as_ref().unwrap_or(&no_labels);
+        capi::is_control_plane(labels)
+            && capi::cluster_name(labels) == Some(api.cluster.as_str())
+            && meta.name.as_deref() != Some(pass.name.as_str())
     };
     pass.ctx
         .caches

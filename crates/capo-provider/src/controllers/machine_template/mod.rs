@@ -218,7 +218,7 @@ async fn propagate_address_pairs(
     let name = template.name_any();
     let machines = ctx
         .caches
-        .infra_machines(namespace, |m| plan::cloned_from(m, &name));
+        .infra_machines(namespace, |meta| plan::cloned_from(meta, &name));
     let api: Api<capo_api::OpenStackMachine> = Api::namespaced(ctx.client.clone(), namespace);
     for machine in machines {
         let Some(operations) = plan::address_pairs_patch(&template.spec.template.spec, &machine)
