@@ -79,21 +79,15 @@ pub fn measure_here(kind: &str, objects: u32) -> anyhow::Result<f64> {
     match kind {
         "Cluster" => fill::<Cluster>(kind, objects, strip_for_cache::<Cluster>),
         "Machine" => fill::<DeserializeGuard<Machine>>(kind, objects, trim_machine),
-        "OpenStackCluster" => fill::<cluster::Watched>(
-            kind,
-            objects,
-            strip_for_cache::<cluster::Watched>,
-        ),
-        "OpenStackMachine" => fill::<machine::Watched>(
-            kind,
-            objects,
-            strip_for_cache::<machine::Watched>,
-        ),
-        "OpenStackServer" => fill::<server::Watched>(
-            kind,
-            objects,
-            strip_for_cache::<server::Watched>,
-        ),
+        "OpenStackCluster" => {
+            fill::<cluster::Watched>(kind, objects, strip_for_cache::<cluster::Watched>)
+        }
+        "OpenStackMachine" => {
+            fill::<machine::Watched>(kind, objects, strip_for_cache::<machine::Watched>)
+        }
+        "OpenStackServer" => {
+            fill::<server::Watched>(kind, objects, strip_for_cache::<server::Watched>)
+        }
         other => anyhow::bail!(
             "no kind {other}: one of {}",
             KINDS.map(|(kind, _)| kind).join(", ")

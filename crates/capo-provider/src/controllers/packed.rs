@@ -69,7 +69,10 @@ where
             error,
             metadata: self.metadata.clone(),
         };
-        let bytes = self.body.as_ref().map_err(|error| invalid(error.to_string()))?;
+        let bytes = self
+            .body
+            .as_ref()
+            .map_err(|error| invalid(error.to_string()))?;
         let mut object: K = inflate(bytes).map_err(|error| invalid(error.to_string()))?;
         *object.meta_mut() = self.metadata.clone();
         Ok(object)
@@ -198,6 +201,10 @@ mod tests {
         assert_eq!(packed.meta().name.as_deref(), Some("bad"));
         let invalid = packed.unpack().unwrap_err();
         assert_eq!(invalid.metadata.name.as_deref(), Some("bad"));
-        assert!(invalid.error.contains("Expected a map"), "{}", invalid.error);
+        assert!(
+            invalid.error.contains("Expected a map"),
+            "{}",
+            invalid.error
+        );
     }
 }

@@ -15,9 +15,9 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use capo_api::OpenStackServer;
 use capo_api::capi::{self, Cluster};
 use capo_api::ipam;
-use capo_api::OpenStackServer;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};

@@ -856,8 +856,10 @@ fn fold(
     // may still recover); ERROR changes only when someone repairs it, which wakes us. So
     // an LB a rollout waits on is urgent exactly while it is on its way. An observer that
     // paces itself follows its own backoff only.
+    // A member being drained (weight 0) is only safe to take out while another serves:
+    // the others' fall must be seen within the drain's grace, not at the list's pace.
     let urgent = observer.polls_urgently()
-        && matches!(
+        && (matches!(
             entry.verdict.reason,
             Reason::NotObserved
                 | Reason::LoadBalancerPending
@@ -866,7 +868,7 @@ fn fold(
                 | Reason::MemberStuck
                 | Reason::MembersNotYetServing
                 | Reason::MemberNotServing
-        );
+        ) || draining(&entry.track));
     let stuck = entry.verdict.reason == Reason::MemberStuck;
     (
         PollOutcome {
@@ -908,6 +910,13 @@ fn creating_for(entry: &LbEntry, now: Instant) -> Vec<Duration> {
         .filter(|m| m.presence == creating)
         .map(|m| now.saturating_duration_since(m.desired.requested_at))
         .collect()
+}
+
+/// Whether a member of the LB reads DRAINING: up at weight 0, on its way out or kept out.
+fn draining(track: &LbTrack) -> bool {
+    let draining = OperatingStatus::Draining;
+    track.members.iter().any(|m| m.operating == Some(draining))
+        || track.stale.iter().any(|m| m.operating == draining)
 }
 
 /// When the next pending (or deleting) member turns stuck, or the next member not yet serving

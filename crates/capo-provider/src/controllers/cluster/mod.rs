@@ -888,7 +888,8 @@ fn control_plane_machines(pass: &Pass<'_>) -> Vec<OpenStackMachine> {
     let no_labels = Default::default();
     pass.ctx.caches.infra_machines(&namespace, |meta| {
         let labels = meta.labels.as_ref().unwrap_or(&no_labels);
-        capi::cluster_name(labels) == Some(pass.capi_name.as_str()) && capi::is_control_plane(labels)
+        capi::cluster_name(labels) == Some(pass.capi_name.as_str())
+            && capi::is_control_plane(labels)
     })
 }
 
