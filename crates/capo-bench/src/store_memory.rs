@@ -365,6 +365,7 @@ pub fn print(figures: &[KindFigure]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
 
     #[test]
     fn every_sample_decodes_as_the_kind_the_store_holds() {

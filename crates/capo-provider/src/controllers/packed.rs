@@ -64,10 +64,12 @@ where
     }
 
     /// The object, decoded; or why it does not decode.
-    pub fn unpack(&self) -> Result<K, InvalidObject> {
-        let invalid = |error: String| InvalidObject {
-            error,
-            metadata: self.metadata.clone(),
+    pub fn unpack(&self) -> Result<K, Box<InvalidObject>> {
+        let invalid = |error: String| {
+            Box::new(InvalidObject {
+                error,
+                metadata: self.metadata.clone(),
+            })
         };
         let bytes = self
             .body
@@ -148,12 +150,15 @@ impl<K: Resource> Resource for Packed<K> {
 /// `DeserializeGuard`) or [`Packed`]. Either may hold an object that does not decode.
 pub trait Stored<K: Clone>: Resource {
     /// The object (borrowed where it is kept decoded); or why it does not decode.
-    fn decoded(&self) -> Result<Cow<'_, K>, InvalidObject>;
+    fn decoded(&self) -> Result<Cow<'_, K>, Box<InvalidObject>>;
 }
 
 impl<K: Resource + Clone> Stored<K> for DeserializeGuard<K> {
-    fn decoded(&self) -> Result<Cow<'_, K>, InvalidObject> {
-        self.0.as_ref().map(Cow::Borrowed).map_err(Clone::clone)
+    fn decoded(&self) -> Result<Cow<'_, K>, Box<InvalidObject>> {
+        self.0
+            .as_ref()
+            .map(Cow::Borrowed)
+            .map_err(|invalid| Box::new(invalid.clone()))
     }
 }
 
@@ -161,7 +166,7 @@ impl<K> Stored<K> for Packed<K>
 where
     K: Resource + Clone + Serialize + DeserializeOwned,
 {
-    fn decoded(&self) -> Result<Cow<'_, K>, InvalidObject> {
+    fn decoded(&self) -> Result<Cow<'_, K>, Box<InvalidObject>> {
         self.unpack().map(Cow::Owned)
     }
 }
