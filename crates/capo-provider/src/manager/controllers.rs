@@ -874,13 +874,17 @@ fn infra_changes(cluster: &cluster::Watched) -> Option<u64> {
 }
 
 /// What about a machine changes its cluster's desired members.
-fn member_changes(machine: &machine::Watched) -> Option<u64> {
-    let machine = machine.unpack().ok()?;
-    if !capi::is_control_plane(machine.labels()) {
+fn member_changes(stored: &machine::Watched) -> Option<u64> {
+    if !stored.is_valid() {
+        return None;
+    }
+    if !capi::is_control_plane(stored.labels()) {
         // A worker is no member: its arrival and its removal are all the cluster hears of
-        // it, not every address and providerID it goes through.
+        // it, not every address and providerID it goes through. (Told from the metadata:
+        // a worker's every change is not decoded for this.)
         return Some(0);
     }
+    let machine = stored.unpack().ok()?;
     let mut hasher = DefaultHasher::new();
     (
         // Every address: which one is the member's depends on the cluster's subnets.

@@ -1892,9 +1892,7 @@ pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
     let monitor = pool
         .and_then(|p| p.healthmonitor.as_ref())
         .and_then(|id| world.octavia.monitors.get(id));
-    let ovn = pool
-        .and_then(|p| world.octavia.lbs.get(&p.lb))
-        .is_some_and(|lb| lb.provider == "ovn");
+    let ovn = pool.is_some_and(|p| on_ovn(world, p));
     if !world.settings.heartbeats {
         return member.unreported;
     }
@@ -1975,16 +1973,20 @@ fn pool_operating(world: &World, pool: &Pool) -> Oper {
             Prov::Error => (Oper::Error, m.weight),
             _ => (member_operating(world, m), m.weight),
         });
-    let ovn = world
-        .octavia
-        .lbs
-        .get(&pool.lb)
-        .is_some_and(|lb| lb.provider == "ovn");
-    if ovn {
+    if on_ovn(world, pool) {
         aggregate(members.map(|(status, _)| status))
     } else {
         haproxy_pool(members)
     }
+}
+
+/// Whether the pool's load balancer runs on the ovn provider (else an amphora's haproxy).
+fn on_ovn(world: &World, pool: &Pool) -> bool {
+    world
+        .octavia
+        .lbs
+        .get(&pool.lb)
+        .is_some_and(|lb| lb.provider == "ovn")
 }
 
 /// A pool's operating status as an amphora's health manager writes it (update_db.py,
