@@ -14,7 +14,7 @@ use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Scenario};
 use clap::Subcommand;
 
-use crate::cli::OpenStackArgs;
+use crate::openstack_args::OpenStackArgs;
 
 /// Simulators.
 #[derive(Debug, Subcommand)]
@@ -40,7 +40,7 @@ pub enum SimCommand {
         /// Write a clouds.yaml for the simulator (clouds `sim` and `sim-appcred`) to this file.
         #[arg(long)]
         clouds_yaml_out: Option<PathBuf>,
-        /// Timings and faults to start with (YAML or JSON; see the README).
+        /// Timings and faults to start with (YAML or JSON; see docs/sim-openstack.md).
         #[arg(long)]
         scenario: Option<PathBuf>,
         /// Also create a project network, `private` (subnet `private-subnet`, 10.0.0.0/24), as

@@ -7,6 +7,7 @@ use clap::Parser;
 mod cli;
 #[cfg(feature = "dev-tools")]
 mod dev;
+mod openstack_args;
 mod watch_lb;
 
 fn main() -> ExitCode {

@@ -6,6 +6,7 @@
 pub mod board;
 pub mod pace;
 pub mod pictures;
+pub mod prometheus_api;
 pub mod prove;
 pub mod serve;
 pub mod story;

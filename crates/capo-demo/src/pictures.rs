@@ -1,5 +1,5 @@
 //! The key panels drawn as PNGs from the same queries' results in Prometheus: no Grafana
-//! here, so the README shows these. Gate state, members by provisioning status, and member
+//! here, so the book shows these. Gate state, members by provisioning status, and member
 //! provisioning time.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 use serde_json::Value;
 
-use crate::prove::{PrometheusApi, Window};
+use crate::prometheus_api::{PrometheusApi, Window};
 
 const SIZE: (u32, u32) = (960, 380);
 const FONT: &str = "sans-serif";

@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::pictures;
+use crate::prometheus_api::{PrometheusApi, Window};
 
 /// The dashboards and rules as checked in.
 pub const DASHBOARDS: [(&str, &str); 3] = [
@@ -199,13 +200,6 @@ impl ProofReport {
     }
 }
 
-/// A span of time, in Unix seconds.
-#[derive(Clone, Copy, Debug)]
-pub struct Window {
-    pub start: f64,
-    pub end: f64,
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -350,100 +344,6 @@ async fn stop(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
         let _ = child.kill().await;
     }
-}
-
-/// Prometheus' HTTP API.
-pub struct PrometheusApi {
-    base: String,
-    http: reqwest::Client,
-}
-
-impl PrometheusApi {
-    fn new(port: u16) -> Self {
-        PrometheusApi {
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn wait_ready(&self, prometheus: &mut Child) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tick.tick().await;
-            if let Ok(Some(status)) = prometheus.try_wait() {
-                bail!("Prometheus exited at start: {status}");
-            }
-            let ready = self.http.get(format!("{}/-/ready", self.base)).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("Prometheus was not ready within 60 s");
-            }
-        }
-    }
-
-    /// Waits until Prometheus holds a scrape of the demo taken after `unix` seconds.
-    async fn wait_scraped_after(&self, unix: f64) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tick.tick().await;
-            let latest = self
-                .instant("max(timestamp(up{job=\"capo-rs\"}))")
-                .await
-                .ok()
-                .and_then(|result| first_value(&result));
-            if latest.is_some_and(|at| at >= unix) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("Prometheus did not scrape the demo within 60 s");
-            }
-        }
-    }
-
-    async fn instant(&self, query: &str) -> anyhow::Result<Vec<Value>> {
-        self.get("/api/v1/query", &[("query", query.to_owned())])
-            .await
-    }
-
-    /// `query` over `window` at 1 s steps: each series with its `[time, "value"]` pairs.
-    pub async fn range(&self, query: &str, window: &Window) -> anyhow::Result<Vec<Value>> {
-        self.get(
-            "/api/v1/query_range",
-            &[
-                ("query", query.to_owned()),
-                ("start", format!("{:.3}", window.start)),
-                ("end", format!("{:.3}", window.end)),
-                ("step", "1".to_owned()),
-            ],
-        )
-        .await
-    }
-
-    async fn get(&self, path: &str, params: &[(&str, String)]) -> anyhow::Result<Vec<Value>> {
-        let answer: Value = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .query(params)
-            .send()
-            .await?
-            .json()
-            .await?;
-        if answer["status"] != "success" {
-            bail!("Prometheus refused {params:?}: {answer}");
-        }
-        Ok(answer["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default())
-    }
-}
-
-fn first_value(result: &[Value]) -> Option<f64> {
-    result.first()?["value"][1].as_str()?.parse().ok()
 }
 
 /// Every panel's every query, variables filled in, run over the window.
