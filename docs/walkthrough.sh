@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's walkthrough as one script: a simulated Kubernetes API server and a simulated
+# The book's walkthrough (docs/walkthrough.md) as one script: a simulated Kubernetes API server and a simulated
 # OpenStack, the controllers (`capo-rs run`), then a Secret and an OpenStackServer watched
 # until Ready, and deleted again. Needs kubectl. Everything listens on 127.0.0.1 only, on
 # free ports, and stops when the script ends.

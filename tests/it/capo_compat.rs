@@ -250,7 +250,7 @@ fn compare_spec_fields(
             } else {
                 our_shape.list_type.clone()
             },
-            // The root `spec` is required in our CRDs (see README); CAPO leaves it optional.
+            // The root `spec` is required in our CRDs (see docs/api.md); CAPO leaves it optional.
             required: if path == "spec" {
                 their_shape.required
             } else {

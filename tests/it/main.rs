@@ -5,6 +5,7 @@
 //! production code that exists only for tests.
 
 mod admission;
+mod book;
 mod capabilities;
 mod capi_actor;
 mod capo_compat;

@@ -1,4 +1,4 @@
-//! The engine's Prometheus metrics (names documented in the README). Label sets are built
+//! The engine's Prometheus metrics (names documented in docs/metrics.md). Label sets are built
 //! here and only here: the engine calls typed methods.
 
 use std::time::Duration;

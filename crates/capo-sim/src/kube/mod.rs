@@ -2,7 +2,7 @@
 //! kube-rs clients and kubectl against over plain HTTP on loopback. Never used on a
 //! production path: it exists for tests, the demo and benchmarks.
 //!
-//! What it does and what it leaves out is listed in the README (section "Simulated
+//! What it does and what it leaves out is listed in docs/sim-kube.md (section "Simulated
 //! Kubernetes API").
 
 pub mod admission;
