@@ -230,3 +230,35 @@ fn the_link_checker_sees_a_broken_link_and_a_missing_anchor() {
         "the-run-command-flags"
     );
 }
+
+/// Every `name` that `pattern` captures in `source` (a repository file) is on `page`, in
+/// backquotes.
+fn missing_from_page(source: &str, pattern: &str, page: &str) -> Vec<String> {
+    let names: BTreeSet<String> = Regex::new(pattern)
+        .unwrap()
+        .captures_iter(&read(&repo().join(source)))
+        .map(|c| c[1].to_owned())
+        .collect();
+    assert!(!names.is_empty(), "{pattern} found nothing in {source}");
+    let page = read(&docs().join(page));
+    names
+        .into_iter()
+        .filter(|name| !page.contains(&format!("`{name}`")))
+        .collect()
+}
+
+#[test]
+fn every_alert_has_a_runbook_entry_and_every_clusterctl_variable_is_listed() {
+    let alerts = missing_from_page(
+        "deploy/prometheus/capo-rs.rules.yaml",
+        r"alert:\s*(\w+)",
+        "alerts.md",
+    );
+    assert!(alerts.is_empty(), "alerts without a runbook entry: {alerts:?}");
+    let variables = missing_from_page(
+        "deploy/clusterctl/infrastructure-components.yaml",
+        r"\$\{(CAPO_RS_\w+)",
+        "installation.md",
+    );
+    assert!(variables.is_empty(), "variables not on docs/installation.md: {variables:?}");
+}
