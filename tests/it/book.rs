@@ -74,11 +74,21 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
+/// Every heading's anchor; a repeated one gets `-1`, `-2`, ... as mdBook numbers them.
 fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
     prose(markdown)
         .lines()
         .filter_map(|line| line.strip_prefix('#'))
-        .map(|rest| anchor(rest.trim_start_matches('#')))
+        .map(|rest| {
+            let id = anchor(rest.trim_start_matches('#'));
+            let count = seen.entry(id.clone()).or_default();
+            *count += 1;
+            match *count {
+                1 => id,
+                n => format!("{id}-{}", n - 1),
+            }
+        })
         .collect()
 }
 
