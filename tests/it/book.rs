@@ -264,11 +264,17 @@ fn every_alert_has_a_runbook_entry_and_every_clusterctl_variable_is_listed() {
         r"alert:\s*(\w+)",
         "alerts.md",
     );
-    assert!(alerts.is_empty(), "alerts without a runbook entry: {alerts:?}");
+    assert!(
+        alerts.is_empty(),
+        "alerts without a runbook entry: {alerts:?}"
+    );
     let variables = missing_from_page(
         "deploy/clusterctl/infrastructure-components.yaml",
         r"\$\{(CAPO_RS_\w+)",
         "installation.md",
     );
-    assert!(variables.is_empty(), "variables not on docs/installation.md: {variables:?}");
+    assert!(
+        variables.is_empty(),
+        "variables not on docs/installation.md: {variables:?}"
+    );
 }

@@ -51,10 +51,14 @@ pub mod deleting {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContractReference {
+    /// The referenced object's API group, without a version (e.g.
+    /// `infrastructure.cluster.x-k8s.io`).
     #[serde(default)]
     pub api_group: String,
+    /// The referenced object's kind (e.g. `OpenStackCluster`).
     #[serde(default)]
     pub kind: String,
+    /// The referenced object's name, in the referring object's namespace.
     #[serde(default)]
     pub name: String,
 }
@@ -77,8 +81,11 @@ pub struct ClusterSpec {
     /// Reconciliation of the cluster's objects is paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// The infrastructure cluster (an OpenStackCluster for capo-rs) that provides the cluster's
+    /// infrastructure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure_ref: Option<ContractReference>,
+    /// The object that manages the cluster's control plane (e.g. a KubeadmControlPlane).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_ref: Option<ContractReference>,
     /// Copied from the infrastructure cluster once it is known.
@@ -90,8 +97,10 @@ pub struct ClusterSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
+    /// Hostname or IP address of the API server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// TCP port of the API server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<i32>,
 }
@@ -101,15 +110,19 @@ pub struct Endpoint {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ClusterStatus {
+    /// How far the cluster's initialization has got; None until Cluster API reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<ClusterInitialization>,
 }
 
+/// How far a Cluster's initialization has got (v1beta2 `status.initialization`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterInitialization {
+    /// The infrastructure cluster has reported its infrastructure provisioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure_provisioned: Option<bool>,
+    /// The control plane is initialized: functional enough to accept requests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_initialized: Option<bool>,
 }
@@ -132,23 +145,29 @@ pub struct MachineSpec {
     /// The Cluster's name.
     #[serde(default)]
     pub cluster_name: String,
+    /// Where the machine's bootstrap data comes from.
     #[serde(default)]
     pub bootstrap: Bootstrap,
+    /// The infrastructure machine (an OpenStackMachine for capo-rs) backing this Machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure_ref: Option<ContractReference>,
     /// Where the machine is placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
+    /// The cloud's ID for the machine's instance (`spec.providerID`), copied from the
+    /// infrastructure machine once it has one.
     #[serde(
         default,
         rename = "providerID",
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+    /// The Kubernetes version the machine runs (e.g. `v1.33.0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
 }
 
+/// A Machine's bootstrap data source; capo-rs reads only the generated Secret's name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
@@ -164,11 +183,14 @@ pub struct Bootstrap {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct MachineStatus {
+    /// Cluster API's one-word summary of the machine's lifecycle (`Pending`, `Provisioning`,
+    /// `Running`, `Deleting`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// The Node this machine became, once it joined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ref: Option<NodeReference>,
+    /// How far the machine's initialization has got; None until Cluster API reports it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<MachineInitialization>,
     /// v1beta2 conditions; `Deleting` says what a deletion waits for.
@@ -177,17 +199,22 @@ pub struct MachineStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// A reference to the Node a Machine became.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeReference {
+    /// The Node's name (Nodes are cluster-scoped).
     pub name: String,
 }
 
+/// How far a Machine's initialization has got (v1beta2 `status.initialization`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineInitialization {
+    /// The infrastructure machine has reported its instance provisioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure_provisioned: Option<bool>,
+    /// The bootstrap provider has written the Secret with the machine's bootstrap data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_data_secret_created: Option<bool>,
 }

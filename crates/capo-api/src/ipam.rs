@@ -41,8 +41,11 @@ pub fn server_claim_name(server: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolReference {
+    /// The pool kind's API group (e.g. `infrastructure.cluster.x-k8s.io`).
     pub api_group: String,
+    /// The pool's kind; `OpenStackFloatingIPPool` for the pools capo-rs serves.
     pub kind: String,
+    /// The pool's name, in the same namespace.
     pub name: String,
 }
 
@@ -57,6 +60,7 @@ impl PoolReference {
 /// A reference by name, in the same namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct LocalName {
+    /// The referenced object's name.
     #[serde(default)]
     pub name: String,
 }
@@ -75,7 +79,10 @@ pub struct LocalName {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressClaimSpec {
+    /// The pool to allocate the address from.
     pub pool_ref: PoolReference,
+    /// The Cluster the claim is for, if any: capo-rs copies the claiming object's cluster-name
+    /// label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_name: Option<String>,
 }
@@ -87,6 +94,7 @@ pub struct IPAddressClaimStatus {
     /// The IPAddress allocated for the claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_ref: Option<LocalName>,
+    /// The claim's conditions, as the IPAM provider reports them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -116,10 +124,15 @@ impl IPAddressClaim {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressSpec {
+    /// The IPAddressClaim this address answers (capo-rs's pool names the address after it).
     pub claim_ref: LocalName,
+    /// The pool the address was allocated from.
     pub pool_ref: PoolReference,
+    /// The allocated IP address, as text (e.g. `203.0.113.7`).
     pub address: String,
+    /// The address's prefix length in bits; 32 for a floating IP from capo-rs's pool.
     pub prefix: i32,
+    /// The gateway of the address's network, if the pool gives one; None for floating IPs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<String>,
 }

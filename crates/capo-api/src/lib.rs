@@ -1,6 +1,8 @@
 //! The Kubernetes API of capo-rs: CRD types compatible with CAPO's v1beta2 API, the
 //! condition vocabulary, and the generated CRDs.
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod capi;
 pub mod capo_conditions;

@@ -3,6 +3,8 @@
 //! what the reconcilers share ([`controllers`]: error categories, per-object backoff). The
 //! reconcilers and the manager come next (docs/architecture.md).
 
+#![warn(missing_docs)]
+
 pub mod cloud;
 pub mod controllers;
 pub mod manager;

@@ -1,7 +1,7 @@
 //! The cost check kube-apiserver runs on a CRD's CEL rules before it accepts the CRD.
 //!
 //! Every `x-kubernetes-validations` rule gets a worst-case cost per evaluation (see
-//! [`estimate`]), multiplied by the most times it can run in one object: the product of
+//! `estimate`), multiplied by the most times it can run in one object: the product of
 //! the `maxItems`/`maxProperties` of the lists and maps above it, or, when one of them is
 //! unbounded, as many copies of the rule's node as fit in a 3 MiB request. A rule over
 //! 10,000,000 is refused, and so is a schema whose rules sum to over 100,000,000, with the

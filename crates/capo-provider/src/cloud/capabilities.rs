@@ -20,13 +20,14 @@ pub struct Capabilities {
 /// One thing a cloud was asked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
+    /// Whether the cloud offers something, such as a Neutron extension (asked by its alias).
     Present(bool),
     /// Octavia's current API version, `(major, minor)`.
     Version(Option<(u32, u32)>),
 }
 
 impl Capabilities {
-    /// The answer to `question`, if asked less than [`FRESH_FOR`] ago.
+    /// The answer to `question`, if asked less than `FRESH_FOR` ago.
     pub fn known(&self, question: &str) -> Option<Answer> {
         let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers
@@ -35,6 +36,7 @@ impl Capabilities {
             .map(|(_, answer)| answer.clone())
     }
 
+    /// Records `answer` to `question` as of now; [`Capabilities::known`] returns it for a while.
     pub fn remember(&self, question: &str, answer: Answer) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers.insert(question.to_owned(), (Instant::now(), answer));

@@ -9,9 +9,12 @@ use super::endpoint::Call;
 use super::octavia::seg;
 use super::{CloudError, Operation, RequestPath, Service};
 
+/// A Cinder volume, as volume create, show and list return it (the fields we read).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Volume {
+    /// The volume's UUID, handed to Nova in the block device mapping.
     pub id: String,
+    /// Its name (empty if absent); a volume is found again by it.
     #[serde(default)]
     pub name: String,
     /// creating, available, in-use, deleting, error, ...
@@ -20,10 +23,13 @@ pub struct Volume {
     /// GiB.
     #[serde(default)]
     pub size: u64,
+    /// The Cinder availability zone it is in; None if Cinder gave none.
     #[serde(default)]
     pub availability_zone: Option<String>,
+    /// The name of its volume type (the storage backend class); None if Cinder gave none.
     #[serde(default)]
     pub volume_type: Option<String>,
+    /// Cinder's `attachments`, one object per server it is attached to, kept undecoded.
     #[serde(default)]
     pub attachments: Vec<serde_json::Value>,
     /// Cinder's timestamp, without a zone (UTC).
@@ -51,13 +57,17 @@ impl Volume {
 /// A volume to create.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct VolumeSpec {
+    /// The name to give the volume.
     pub name: String,
     /// GiB.
     pub size: u64,
+    /// Free text for Cinder's `description`; left out of the request when empty.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// The volume type to create it with; Cinder's default type when None.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_type: Option<String>,
+    /// The availability zone to create it in; Cinder's default when None.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub availability_zone: Option<String>,
     /// The image to copy onto the volume (a root volume).
@@ -85,6 +95,7 @@ impl<'a> Cinder<'a> {
         self.path.fetch(call.key("volume")).await
     }
 
+    /// The volume with this ID (`NotFound` once it is gone).
     pub async fn get_volume(&self, id: &str) -> Result<Volume, CloudError> {
         let call = Call::get(op("volume_get"), format!("volumes/{}", seg(id)));
         self.path.fetch(call.key("volume")).await
@@ -97,6 +108,7 @@ impl<'a> Cinder<'a> {
         Ok(volumes.into_iter().filter(|v| v.name == name).collect())
     }
 
+    /// Starts deleting the volume; it reads `deleting` until it is gone.
     pub async fn delete_volume(&self, id: &str) -> Result<(), CloudError> {
         let call = Call::delete(op("volume_delete"), format!("volumes/{}", seg(id)));
         self.path.run(call).await

@@ -24,7 +24,9 @@ use super::{CloudError, Operation, Service};
 /// Tunables of OpenStack access.
 #[derive(Clone, Debug)]
 pub struct CloudOptions {
+    /// Requests per second and burst per endpoint (`--openstack-qps`, `--openstack-burst`).
     pub rate_limit: RateLimit,
+    /// Per-call limits: the request timeout, the longest wait at the gate, the retry policy.
     pub path: PathOptions,
     /// Renew a token this long before it expires (capped at a fifth of its lifetime, so a
     /// short-lived token is not renewed in a tight loop).
@@ -92,6 +94,7 @@ impl Clouds {
         }))
     }
 
+    /// The options every client of this process is built with.
     pub fn options(&self) -> &CloudOptions {
         &self.options
     }
@@ -327,26 +330,32 @@ impl CloudClient {
         }
     }
 
+    /// The request path this client's calls go through (its session, gates and caches).
     pub fn path(&self) -> &RequestPath {
         &self.path
     }
 
+    /// Octavia (load balancer) calls.
     pub fn octavia(&self) -> super::octavia::Octavia<'_> {
         super::octavia::Octavia::new(&self.path)
     }
 
+    /// Neutron (network) calls.
     pub fn neutron(&self) -> super::neutron::Neutron<'_> {
         super::neutron::Neutron::new(&self.path)
     }
 
+    /// Nova (compute) calls.
     pub fn nova(&self) -> super::nova::Nova<'_> {
         super::nova::Nova::new(&self.path)
     }
 
+    /// Glance (image) calls.
     pub fn glance(&self) -> super::glance::Glance<'_> {
         super::glance::Glance::new(&self.path)
     }
 
+    /// Cinder (block storage) calls.
     pub fn cinder(&self) -> super::cinder::Cinder<'_> {
         super::cinder::Cinder::new(&self.path)
     }

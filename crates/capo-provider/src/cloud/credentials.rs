@@ -20,11 +20,15 @@ const AUTH_TYPES: &[&str] = &[
     "v3token",
 ];
 
+/// One cloud's credentials as the identity Secret holds them, with the cloud and region
+/// `identityRef` names; `Debug` shows neither `clouds.yaml` nor the CA bundle.
 #[derive(Clone)]
 pub struct CloudCredentials {
+    /// The Secret's `clouds.yaml` text, secrets included; never logged.
     pub clouds_yaml: String,
     /// PEM CA bundle, as the Secret's `cacert` key holds it.
     pub cacert: Option<String>,
+    /// The entry of `clouds.yaml` to use (`identityRef.cloudName`).
     pub cloud_name: String,
     /// Overrides the cloud's `region_name` (`identityRef.region`).
     pub region: Option<String>,
@@ -44,9 +48,14 @@ impl fmt::Debug for CloudCredentials {
 /// A cloud entry ready for the SDK, with the facts we key caches and limiters by.
 #[derive(Clone)]
 pub struct ResolvedCloud {
+    /// The `clouds.yaml` entry as the SDK takes it: region override and auth type applied,
+    /// the identity endpoint named explicitly, the on-disk token cache off.
     pub config: CloudConfig,
+    /// Keystone's URL (`auth.auth_url`); with the region, it keys the rate-limit gates.
     pub auth_url: String,
+    /// The region (the override, else `region_name`); empty when neither names one.
     pub region: String,
+    /// The auth type, `password` when `clouds.yaml` names none; always one we support.
     pub auth_type: String,
     /// Identifies the credential and its scope (a digest, never the secret itself): one session
     /// per identity, and the objects one identity lists are the objects every session of it

@@ -14,6 +14,7 @@ use super::Service;
 /// The call an error belongs to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ErrorContext {
+    /// The service that was called.
     pub service: Service,
     /// `<resource>_<verb>`, the same string as the metrics' `request` label.
     pub operation: String,
@@ -43,7 +44,10 @@ pub enum CloudError {
     /// 429, or 503 with Retry-After: the cloud asks us to slow down.
     #[error("rate limited (retry after {retry_after:?}): {ctx}")]
     RateLimited {
+        /// The call, and the server's message or why our own gate did not send it.
         ctx: ErrorContext,
+        /// How long to wait before trying again: the cloud's Retry-After (one second after a 429
+        /// without one), or how long our own gate would have held the call.
         retry_after: Duration,
     },
     /// 401 that re-authentication did not cure, or authentication itself failed.
@@ -83,6 +87,7 @@ impl CloudError {
         matches!(self, CloudError::Forbidden(ctx) if is_quota(&ctx.message))
     }
 
+    /// Whether the object does not exist (a 404).
     pub fn is_not_found(&self) -> bool {
         matches!(self, CloudError::NotFound(_))
     }
@@ -98,6 +103,7 @@ impl CloudError {
         }
     }
 
+    /// The call the error belongs to; None for `Config`, which fails before any call.
     pub fn context(&self) -> Option<&ErrorContext> {
         match self {
             CloudError::NotFound(ctx)

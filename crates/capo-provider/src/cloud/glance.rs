@@ -5,14 +5,18 @@ use serde::Deserialize;
 use super::endpoint::Call;
 use super::{CloudError, Operation, RequestPath, Service};
 
+/// A Glance image, as image list and show return it (the fields we read).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Image {
+    /// The image's UUID, handed to Nova (or to Cinder for a root volume).
     pub id: String,
+    /// Its name; empty if absent.
     #[serde(default)]
     pub name: String,
     /// queued, saving, active, killed, deleted, ...
     #[serde(default)]
     pub status: String,
+    /// Its tags; a machine spec can select an image by them.
     #[serde(default)]
     pub tags: Vec<String>,
     /// The image's `os_type` property (`linux`, `windows`), when it has one.
@@ -47,6 +51,7 @@ impl<'a> Glance<'a> {
         self.path.fetch_all(call.key("images")).await
     }
 
+    /// The image with this ID.
     pub async fn get_image(&self, id: &str) -> Result<Image, CloudError> {
         let call = Call::get(
             op("image_get"),

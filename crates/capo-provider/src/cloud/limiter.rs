@@ -18,7 +18,9 @@ use super::Service;
 /// Requests per second and burst for one endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimit {
+    /// Sustained requests per second (`--openstack-qps`, 10 by default).
     pub qps: NonZeroU32,
+    /// Requests allowed at once before the per-second rate applies (`--openstack-burst`, 20).
     pub burst: NonZeroU32,
 }
 
@@ -35,8 +37,11 @@ impl Default for RateLimit {
 /// credential they use: the cloud's limit is per endpoint, not per token.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GateKey {
+    /// The cloud's Keystone URL (`noauth:<url>` for a no-auth session).
     pub auth_url: String,
+    /// The region; empty when the cloud names none.
     pub region: String,
+    /// The service whose endpoint this is.
     pub service: Service,
 }
 
@@ -51,6 +56,8 @@ pub enum Refused {
 
 type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
 
+/// The gate of one endpoint: its rate limiter and any Retry-After pause, shared by
+/// every client that calls it.
 pub struct EndpointGate {
     limiter: Limiter,
     clock: TokioClock,
@@ -64,6 +71,7 @@ impl std::fmt::Debug for EndpointGate {
 }
 
 impl EndpointGate {
+    /// A gate allowing `limit`, with no pause.
     pub fn new(limit: RateLimit) -> Self {
         let clock = TokioClock::default();
         let quota = Quota::per_second(limit.qps).allow_burst(limit.burst);

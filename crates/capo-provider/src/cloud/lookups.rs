@@ -45,6 +45,7 @@ impl Lookups {
             .map(|(_, id)| id.clone())
     }
 
+    /// Records that `question` resolved to `id`, dropping answers older than [`FRESH_FOR`].
     pub fn remember(&self, question: &str, id: &str) {
         let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         answers.retain(|_, (at, _)| at.elapsed() < FRESH_FOR);

@@ -3,6 +3,7 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
+/// The request path's Prometheus metrics, registered once by `Clouds` and shared by its clients.
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     /// One per logical call, retries included in the one.

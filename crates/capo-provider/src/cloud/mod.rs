@@ -4,7 +4,7 @@
 //! - [`Session`]: where a service lives and how to send one authenticated request. The
 //!   production session wraps `openstack_sdk` (clouds.yaml, Keystone, token renewal, 401
 //!   re-authentication, the catalog); tests and the no-auth test stack plug in their own.
-//! - [`RequestPath`](path::RequestPath): every call goes through it. It waits for the endpoint's
+//! - [`RequestPath`]: every call goes through it. It waits for the endpoint's
 //!   rate limiter (and any Retry-After pause), sends with a timeout and the caller's cancellation,
 //!   classifies the answer into a [`CloudError`], retries what is safe to retry, records metrics
 //!   and logs one debug event per request.
@@ -44,11 +44,17 @@ pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope, v
 /// The OpenStack services we call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Service {
+    /// Keystone (identity v3): authentication and tokens.
     Identity,
+    /// Nova (compute v2.1): servers, flavors, server groups, availability zones.
     Compute,
+    /// Neutron (network v2.0): networks, subnets, routers, ports, security groups, floating IPs.
     Network,
+    /// Glance (image v2): images.
     Image,
+    /// Octavia (load-balancer v2): load balancers and everything under them.
     LoadBalancer,
+    /// Cinder (block-storage v3): volumes.
     BlockStorage,
 }
 
@@ -88,11 +94,14 @@ impl fmt::Display for Service {
 /// label of the metrics (CAPO's names, so existing alerts keep working).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Operation {
+    /// The service called, which picks the endpoint and its rate-limit gate.
     pub service: Service,
+    /// `<resource>_<verb>` (e.g. `loadbalancer_member_create`): the metrics' `request` label.
     pub name: &'static str,
 }
 
 impl Operation {
+    /// The call `name` on `service`; `const`, so modules declare their operations as constants.
     pub const fn new(service: Service, name: &'static str) -> Self {
         Operation { service, name }
     }

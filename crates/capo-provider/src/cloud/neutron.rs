@@ -13,9 +13,13 @@ use super::{CloudError, Operation, RequestPath, Service};
 /// Query filters of Neutron list calls, as CAPO's filters map to them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Filter {
+    /// Only the resource with this UUID.
     pub id: Option<String>,
+    /// Only resources with exactly this name.
     pub name: Option<String>,
+    /// Only resources with exactly this description.
     pub description: Option<String>,
+    /// Only resources owned by this project (Keystone project ID).
     pub project_id: Option<String>,
     /// All of these tags.
     pub tags: Vec<String>,
@@ -30,6 +34,7 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// A filter on the name alone.
     pub fn by_name(name: impl Into<String>) -> Self {
         Filter {
             name: Some(name.into()),
@@ -37,6 +42,7 @@ impl Filter {
         }
     }
 
+    /// Adds a resource-specific query parameter, e.g. `("network_id", id)`.
     pub fn with(mut self, key: &'static str, value: impl Into<String>) -> Self {
         self.extra.push((key, value.into()));
         self
@@ -65,77 +71,118 @@ impl Filter {
     }
 }
 
+/// A Neutron network, as `GET /v2.0/networks` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Network {
+    /// The network's UUID.
     pub id: String,
+    /// The network's name; empty when it has none.
     #[serde(default)]
     pub name: String,
+    /// UUIDs of the network's subnets.
     #[serde(default)]
     pub subnets: Vec<String>,
+    /// Whether the network is external (`router:external`): routers can use it as their gateway and
+    /// floating IPs are allocated from it.
     #[serde(default, rename = "router:external")]
     pub external: bool,
+    /// The network's MTU in bytes; None when Neutron does not report one.
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// The network's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// A Neutron subnet, as `GET /v2.0/subnets` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Subnet {
+    /// The subnet's UUID.
     pub id: String,
+    /// The subnet's name; empty when it has none.
     #[serde(default)]
     pub name: String,
+    /// UUID of the network the subnet belongs to.
     pub network_id: String,
+    /// The subnet's address range in CIDR notation (e.g. `10.6.0.0/24`).
     pub cidr: String,
+    /// IP version of the subnet: 4 or 6.
     #[serde(default)]
     pub ip_version: u8,
+    /// The subnet's gateway address; None when the subnet has no gateway.
     #[serde(default)]
     pub gateway_ip: Option<String>,
+    /// DNS servers that DHCP hands to the subnet's ports.
     #[serde(default)]
     pub dns_nameservers: Vec<String>,
+    /// The subnet's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// A Neutron router, as `GET /v2.0/routers` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Router {
+    /// The router's UUID.
     pub id: String,
+    /// The router's name; empty when it has none.
     #[serde(default)]
     pub name: String,
+    /// The router's external gateway as Neutron returns it (`network_id`, `external_fixed_ips`,
+    /// ...); None when the router has no gateway.
     #[serde(default)]
     pub external_gateway_info: Option<Value>,
+    /// The router's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// An address on one subnet, of a port or of a router's gateway. In a request either part may be
+/// left out: Neutron then picks the subnet of the given address, or an address on the subnet.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct FixedIp {
+    /// UUID of the subnet the address is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet_id: Option<String>,
+    /// The IP address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_address: Option<String>,
 }
 
+/// A Neutron port, as `GET /v2.0/ports` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Port {
+    /// The port's UUID.
     pub id: String,
+    /// The port's name; empty when it has none.
     #[serde(default)]
     pub name: String,
+    /// UUID of the network the port is on.
     pub network_id: String,
+    /// The port's MAC address.
     #[serde(default)]
     pub mac_address: String,
+    /// The port's IP addresses, each with its subnet.
     #[serde(default)]
     pub fixed_ips: Vec<FixedIp>,
+    /// ID of the device using the port (a Nova server, a router, ...); empty when none does.
     #[serde(default)]
     pub device_id: String,
+    /// What kind of device uses the port (e.g. `compute:nova`, `network:router_interface`); empty
+    /// when none.
     #[serde(default)]
     pub device_owner: String,
+    /// The port's status: `ACTIVE`, `DOWN`, `BUILD` or `ERROR`.
     #[serde(default)]
     pub status: String,
+    /// UUIDs of the security groups applied to the port.
     #[serde(default)]
     pub security_groups: Vec<String>,
+    /// The trunk this port is the parent of (`trunk_id`, `sub_ports`), when Neutron's
+    /// `trunk-details` extension reports one; otherwise None.
     #[serde(default)]
     pub trunk_details: Option<Value>,
+    /// The port's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
     /// `{ip_address, mac_address}` each; Neutron fills in the port's MAC when none was given.
@@ -143,95 +190,143 @@ pub struct Port {
     pub allowed_address_pairs: Vec<Value>,
 }
 
+/// A Neutron security group, with its rules.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct SecurityGroup {
+    /// The group's UUID.
     pub id: String,
+    /// The group's name.
     #[serde(default)]
     pub name: String,
+    /// The group's free-text description.
     #[serde(default)]
     pub description: String,
+    /// The group's rules, as listed with the group.
     #[serde(default)]
     pub security_group_rules: Vec<SecurityGroupRule>,
+    /// The group's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// A security group rule: as Neutron returns it, and the body of a rule to create.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct SecurityGroupRule {
+    /// The rule's UUID; never sent, as Neutron assigns it.
     #[serde(default, skip_serializing)]
     pub id: String,
+    /// UUID of the group the rule belongs to; left out of a request when empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub security_group_id: String,
+    /// Traffic the rule admits: `ingress` or `egress`.
     pub direction: String,
+    /// `IPv4` or `IPv6`; None in a request leaves Neutron's default (IPv4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ethertype: Option<String>,
+    /// IP protocol by name (`tcp`, `udp`, `icmp`, ...) or number; None matches any protocol.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// Lowest port matched (for ICMP, the type); None with no maximum matches every port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_range_min: Option<u16>,
+    /// Highest port matched, inclusive (for ICMP, the code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_range_max: Option<u16>,
+    /// CIDR the traffic may come from (ingress) or go to (egress); None for any address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_ip_prefix: Option<String>,
+    /// Security group whose members' addresses the rule admits, instead of a CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_group_id: Option<String>,
+    /// The rule's free-text description.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
 
+/// A Neutron floating IP, as `GET /v2.0/floatingips` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct FloatingIp {
+    /// The floating IP's UUID.
     pub id: String,
+    /// The floating (public) address itself.
     pub floating_ip_address: String,
+    /// UUID of the external network the address belongs to.
     pub floating_network_id: String,
+    /// UUID of the port the address is associated with; None when it is not associated.
     #[serde(default)]
     pub port_id: Option<String>,
+    /// The port's fixed address the floating IP maps to; None when it is not associated.
     #[serde(default)]
     pub fixed_ip_address: Option<String>,
+    /// The floating IP's status: `ACTIVE`, `DOWN` or `ERROR`.
     #[serde(default)]
     pub status: String,
+    /// The floating IP's free-text description.
     #[serde(default)]
     pub description: String,
+    /// The floating IP's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// A Neutron trunk: a parent port that carries subports as VLANs.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Trunk {
+    /// The trunk's UUID.
     pub id: String,
+    /// The trunk's name; empty when it has none.
     #[serde(default)]
     pub name: String,
+    /// UUID of the trunk's parent port.
     pub port_id: String,
+    /// The subports as Neutron returns them (`port_id`, `segmentation_type`, `segmentation_id`).
     #[serde(default)]
     pub sub_ports: Vec<Value>,
+    /// The trunk's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
 }
 
+/// A port to create: the body of `POST /v2.0/ports`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PortSpec {
+    /// The port's name.
     pub name: String,
+    /// UUID of the network to create the port on.
     pub network_id: String,
+    /// The port's free-text description; left out when empty.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// The addresses asked for; empty leaves the allocation to Neutron.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fixed_ips: Vec<FixedIp>,
+    /// UUIDs of the security groups to apply; None leaves Neutron's default (the project's
+    /// `default` group).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub security_groups: Option<Vec<String>>,
+    /// Administrative state; None leaves Neutron's default (up).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_state_up: Option<bool>,
+    /// Whether port security (security groups, anti-spoofing) applies; None takes the network's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port_security_enabled: Option<bool>,
+    /// `binding:vnic_type`: `normal`, `direct` (SR-IOV), `macvtap`, ...; None means `normal`.
     #[serde(skip_serializing_if = "Option::is_none", rename = "binding:vnic_type")]
     pub vnic_type: Option<String>,
+    /// Further addresses the port may send from, each `{ip_address, mac_address}`; None sends none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_address_pairs: Option<Vec<Value>>,
+    /// `binding:host_id`: the compute host to bind the port to; None leaves it to Nova.
     #[serde(skip_serializing_if = "Option::is_none", rename = "binding:host_id")]
     pub host_id: Option<String>,
+    /// `binding:profile`: details for the mechanism driver (capo-rs sends
+    /// `capabilities: ["switchdev"]` for OVS hardware offload, `trusted` for a trusted VF).
     #[serde(skip_serializing_if = "Option::is_none", rename = "binding:profile")]
     pub profile: Option<Value>,
+    /// The MAC address to give the port; None lets Neutron generate one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
+    /// Whether the port's link state follows its uplink's (Neutron's `uplink-status-propagation`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub propagate_uplink_status: Option<bool>,
     /// Extra attributes sent as given (CAPO's `valueSpecs`).
@@ -245,12 +340,17 @@ pub struct PortSpec {
 /// A network to create.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct NetworkSpec {
+    /// The network's name.
     pub name: String,
+    /// Administrative state of the network (true: up).
     pub admin_state_up: bool,
+    /// The MTU in bytes; None leaves Neutron's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
+    /// Default port security of the network's ports; None leaves Neutron's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port_security_enabled: Option<bool>,
+    /// Tags set after the create (see [`Neutron::set_tags`]), not sent in its body.
     #[serde(skip)]
     pub tags: Vec<String>,
 }
@@ -258,23 +358,33 @@ pub struct NetworkSpec {
 /// A DHCP allocation range.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AllocationPool {
+    /// First address of the range.
     pub start: String,
+    /// Last address of the range, inclusive.
     pub end: String,
 }
 
 /// A subnet to create.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SubnetSpec {
+    /// The subnet's name.
     pub name: String,
+    /// UUID of the network to create the subnet on.
     pub network_id: String,
+    /// The subnet's address range in CIDR notation.
     pub cidr: String,
+    /// IP version of the subnet: 4 or 6.
     pub ip_version: u8,
+    /// The subnet's free-text description; left out when empty.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// DNS servers for DHCP to hand out; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dns_nameservers: Vec<String>,
+    /// DHCP ranges; empty lets Neutron use the whole CIDR but the gateway address.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allocation_pools: Vec<AllocationPool>,
+    /// Tags set after the create (see [`Neutron::set_tags`]), not sent in its body.
     #[serde(skip)]
     pub tags: Vec<String>,
 }
@@ -282,7 +392,9 @@ pub struct SubnetSpec {
 /// A router's external gateway.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct GatewayInfo {
+    /// UUID of the external network.
     pub network_id: String,
+    /// The router's addresses on that network; empty lets Neutron allocate one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub external_fixed_ips: Vec<FixedIp>,
 }
@@ -290,11 +402,15 @@ pub struct GatewayInfo {
 /// A router to create.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RouterSpec {
+    /// The router's name.
     pub name: String,
+    /// The router's free-text description; left out when empty.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// The external gateway to set at creation; None creates the router without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_gateway_info: Option<GatewayInfo>,
+    /// Tags set after the create (see [`Neutron::set_tags`]), not sent in its body.
     #[serde(skip)]
     pub tags: Vec<String>,
 }
@@ -382,14 +498,17 @@ impl<'a> Neutron<'a> {
             .await
     }
 
+    /// The networks that match `filter`, following pagination to the end.
     pub async fn list_networks(&self, filter: &Filter) -> Result<Vec<Network>, CloudError> {
         self.list(op("network_list"), "networks", filter).await
     }
 
+    /// The network with this UUID.
     pub async fn get_network(&self, id: &str) -> Result<Network, CloudError> {
         self.get(op("network_get"), "networks", "network", id).await
     }
 
+    /// Creates a network, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_network(&self, spec: &NetworkSpec) -> Result<Network, CloudError> {
         let op = op("network_create");
         let tag = self.can_tag(&spec.tags).await?;
@@ -401,18 +520,22 @@ impl<'a> Neutron<'a> {
         Ok(network)
     }
 
+    /// Deletes a network.
     pub async fn delete_network(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("network_delete"), "networks", id).await
     }
 
+    /// The subnets that match `filter`, following pagination to the end.
     pub async fn list_subnets(&self, filter: &Filter) -> Result<Vec<Subnet>, CloudError> {
         self.list(op("subnet_list"), "subnets", filter).await
     }
 
+    /// The subnet with this UUID.
     pub async fn get_subnet(&self, id: &str) -> Result<Subnet, CloudError> {
         self.get(op("subnet_get"), "subnets", "subnet", id).await
     }
 
+    /// Creates a subnet, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_subnet(&self, spec: &SubnetSpec) -> Result<Subnet, CloudError> {
         let op = op("subnet_create");
         let tag = self.can_tag(&spec.tags).await?;
@@ -435,14 +558,17 @@ impl<'a> Neutron<'a> {
         self.path.fetch(call.key("subnet")).await
     }
 
+    /// Deletes a subnet.
     pub async fn delete_subnet(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("subnet_delete"), "subnets", id).await
     }
 
+    /// The routers that match `filter`, following pagination to the end.
     pub async fn list_routers(&self, filter: &Filter) -> Result<Vec<Router>, CloudError> {
         self.list(op("router_list"), "routers", filter).await
     }
 
+    /// Creates a router, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_router(&self, spec: &RouterSpec) -> Result<Router, CloudError> {
         let op = op("router_create");
         let tag = self.can_tag(&spec.tags).await?;
@@ -465,10 +591,13 @@ impl<'a> Neutron<'a> {
         self.path.fetch(call.key("router")).await
     }
 
+    /// Deletes a router.
     pub async fn delete_router(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("router_delete"), "routers", id).await
     }
 
+    /// Attaches a subnet to a router: Neutron gives the router an interface on it (at the subnet's
+    /// gateway address).
     pub async fn add_router_interface(
         &self,
         router_id: &str,
@@ -483,6 +612,7 @@ impl<'a> Neutron<'a> {
         self.path.run(call).await
     }
 
+    /// Detaches a subnet from a router, removing the router's interface on it.
     pub async fn remove_router_interface(
         &self,
         router_id: &str,
@@ -497,14 +627,17 @@ impl<'a> Neutron<'a> {
         self.path.run(call).await
     }
 
+    /// The ports that match `filter`, following pagination to the end.
     pub async fn list_ports(&self, filter: &Filter) -> Result<Vec<Port>, CloudError> {
         self.list(op("port_list"), "ports", filter).await
     }
 
+    /// The port with this UUID.
     pub async fn get_port(&self, id: &str) -> Result<Port, CloudError> {
         self.get(op("port_get"), "ports", "port", id).await
     }
 
+    /// Creates a port, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_port(&self, spec: &PortSpec) -> Result<Port, CloudError> {
         let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op("port_create"), &e))?;
@@ -528,6 +661,7 @@ impl<'a> Neutron<'a> {
         self.path.fetch(call.key("port")).await
     }
 
+    /// Deletes a port.
     pub async fn delete_port(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("port_delete"), "ports", id).await
     }
@@ -580,6 +714,7 @@ impl<'a> Neutron<'a> {
         self.path.run(call).await
     }
 
+    /// The security groups that match `filter`, following pagination to the end.
     pub async fn list_security_groups(
         &self,
         filter: &Filter,
@@ -588,6 +723,7 @@ impl<'a> Neutron<'a> {
             .await
     }
 
+    /// Creates a security group, untagged; Neutron gives a new group its default egress rules.
     pub async fn create_security_group(
         &self,
         name: &str,
@@ -603,11 +739,13 @@ impl<'a> Neutron<'a> {
         .await
     }
 
+    /// Deletes a security group.
     pub async fn delete_security_group(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("security_group_delete"), "security-groups", id)
             .await
     }
 
+    /// The security group rules that match `filter`, following pagination to the end.
     pub async fn list_security_group_rules(
         &self,
         filter: &Filter,
@@ -620,6 +758,7 @@ impl<'a> Neutron<'a> {
         .await
     }
 
+    /// Creates one rule; Neutron refuses a rule the group already has with a 409.
     pub async fn create_security_group_rule(
         &self,
         rule: &SecurityGroupRule,
@@ -643,16 +782,19 @@ impl<'a> Neutron<'a> {
             .await
     }
 
+    /// Deletes a security group rule.
     pub async fn delete_security_group_rule(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("security_group_rule_delete"), "security-group-rules", id)
             .await
     }
 
+    /// The floating IPs that match `filter`, following pagination to the end.
     pub async fn list_floating_ips(&self, filter: &Filter) -> Result<Vec<FloatingIp>, CloudError> {
         self.list(op("floating_ip_list"), "floatingips", filter)
             .await
     }
 
+    /// A floating IP on external network `network_id` (at `address` when given), untagged.
     pub async fn create_floating_ip(
         &self,
         network_id: &str,
@@ -706,11 +848,13 @@ impl<'a> Neutron<'a> {
         self.path.fetch(call.key("floatingip")).await
     }
 
+    /// Deletes (releases) a floating IP.
     pub async fn delete_floating_ip(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("floating_ip_delete"), "floatingips", id)
             .await
     }
 
+    /// The trunks that match `filter`, following pagination to the end.
     pub async fn list_trunks(&self, filter: &Filter) -> Result<Vec<Trunk>, CloudError> {
         self.list(op("trunk_list"), "trunks", filter).await
     }
@@ -734,6 +878,7 @@ impl<'a> Neutron<'a> {
         Ok(trunk)
     }
 
+    /// Deletes a trunk; its parent port is left in place.
     pub async fn delete_trunk(&self, id: &str) -> Result<(), CloudError> {
         self.delete(op("trunk_delete"), "trunks", id).await
     }

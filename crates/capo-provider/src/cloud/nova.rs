@@ -10,24 +10,34 @@ use super::{CloudError, Operation, RequestPath, Service};
 
 const MICROVERSION: &str = "2.53";
 
+/// A Nova server, as `GET /servers/{id}` returns it at microversion 2.53.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Server {
+    /// The server's UUID.
     pub id: String,
+    /// The server's name.
     #[serde(default)]
     pub name: String,
     /// BUILD, ACTIVE, ERROR, SHUTOFF, DELETED, ...
     #[serde(default)]
     pub status: String,
+    /// The server's addresses by network name, as Nova returns them: per network, a list of
+    /// `{addr, version, OS-EXT-IPS:type, ...}`, the type `fixed` or `floating`.
     #[serde(default)]
     pub addresses: Value,
+    /// The server's metadata key-value pairs.
     #[serde(default)]
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The server's tags.
     #[serde(default)]
     pub tags: Vec<String>,
+    /// Nova's fault (`message`, `code`, ...) for a server in ERROR; otherwise None.
     #[serde(default)]
     pub fault: Option<Value>,
+    /// The availability zone the server is in (`OS-EXT-AZ:availability_zone`).
     #[serde(default, rename = "OS-EXT-AZ:availability_zone")]
     pub availability_zone: Option<String>,
+    /// When the server was created, as an RFC 3339 timestamp.
     #[serde(default)]
     pub created: Option<String>,
     /// `deleting` once a delete is under way.
@@ -63,6 +73,7 @@ pub struct BlockDevice {
     /// GiB, for a blank local disk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_size: Option<u64>,
+    /// Whether Nova deletes the volume with the server.
     pub delete_on_termination: bool,
     /// The device tag the guest sees.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -72,33 +83,46 @@ pub struct BlockDevice {
 /// A network attachment of a new server.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ServerNetwork {
+    /// UUID of an existing Neutron port to attach.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<String>,
+    /// UUID of a network to attach, on which Nova creates the port (capo-rs passes ports instead).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
 }
 
+/// A server to create: the `server` object of `POST /servers`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ServerSpec {
+    /// The server's name.
     pub name: String,
+    /// ID of the flavor (`flavorRef`).
     #[serde(rename = "flavorRef")]
     pub flavor_ref: String,
+    /// ID of the image to boot (`imageRef`); empty, and left out, when booting from a volume.
     #[serde(rename = "imageRef", skip_serializing_if = "String::is_empty")]
     pub image_ref: String,
+    /// The network attachments, in order.
     pub networks: Vec<ServerNetwork>,
+    /// Name of the Nova keypair whose public key is injected; None for none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_name: Option<String>,
+    /// Metadata key-value pairs for the server; left out when empty.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
     /// Base64-encoded, as Nova requires.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_data: Option<String>,
+    /// The availability zone to place the server in; None lets Nova choose.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub availability_zone: Option<String>,
+    /// The server's tags; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Whether to attach a config drive; None leaves the cloud's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_drive: Option<bool>,
+    /// Volumes and disks to attach (`block_device_mapping_v2`); left out when empty.
     #[serde(
         rename = "block_device_mapping_v2",
         skip_serializing_if = "Vec::is_empty"
@@ -112,14 +136,20 @@ pub struct ServerSpec {
     pub scheduler_hints: serde_json::Map<String, Value>,
 }
 
+/// A Nova flavor, as `GET /flavors/{id}` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Flavor {
+    /// The flavor's ID.
     pub id: String,
+    /// The flavor's name.
     pub name: String,
+    /// Number of virtual CPUs.
     #[serde(default)]
     pub vcpus: u32,
+    /// Memory in MiB.
     #[serde(default)]
     pub ram: u64,
+    /// Root disk size in GiB; 0 when the flavor sets none (the disk then takes the image's size).
     #[serde(default)]
     pub disk: u64,
     /// GiB of ephemeral disk.
@@ -127,12 +157,17 @@ pub struct Flavor {
     pub ephemeral: u64,
 }
 
+/// A Nova server group, as `GET /os-server-groups` returns it.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct ServerGroup {
+    /// The group's UUID.
     pub id: String,
+    /// The group's name.
     pub name: String,
+    /// The group's policies (e.g. `anti-affinity`), as microversions before 2.64 report them.
     #[serde(default)]
     pub policies: Vec<String>,
+    /// The group's policy, as microversion 2.64 and later report it; None at capo-rs's 2.53.
     #[serde(default)]
     pub policy: Option<String>,
 }
@@ -156,6 +191,8 @@ impl<'a> Nova<'a> {
         Nova { path }
     }
 
+    /// Creates a server, with its server group and extra scheduler hints in `os:scheduler_hints`.
+    /// Nova answers with little more than the new ID; the build goes on in the background.
     pub async fn create_server(&self, spec: &ServerSpec) -> Result<Server, CloudError> {
         let mut body = json!({ "server": spec });
         let mut hints = spec.scheduler_hints.clone();
@@ -169,6 +206,7 @@ impl<'a> Nova<'a> {
         self.path.fetch(call.key("server")).await
     }
 
+    /// The server with this UUID.
     pub async fn get_server(&self, id: &str) -> Result<Server, CloudError> {
         let call = versioned(Call::get(op("server_get"), format!("servers/{}", seg(id))));
         self.path.fetch(call.key("server")).await
@@ -204,6 +242,7 @@ impl<'a> Nova<'a> {
         self.path.run(call).await
     }
 
+    /// Asks Nova to delete a server; the delete completes in the background.
     pub async fn delete_server(&self, id: &str) -> Result<(), CloudError> {
         let call = versioned(Call::delete(
             op("server_delete"),
@@ -212,6 +251,7 @@ impl<'a> Nova<'a> {
         self.path.run(call).await
     }
 
+    /// The flavor with this ID.
     pub async fn get_flavor(&self, id: &str) -> Result<Flavor, CloudError> {
         let call = versioned(Call::get(op("flavor_get"), format!("flavors/{}", seg(id))));
         self.path.fetch(call.key("flavor")).await

@@ -22,10 +22,13 @@ use super::{Operation, Service};
 /// Per-call limits of the request path.
 #[derive(Clone, Debug)]
 pub struct PathOptions {
+    /// Longest wait for one attempt's answer (`--openstack-timeout`, 30 s by default);
+    /// an attempt without one fails as `Transient`.
     pub request_timeout: Duration,
     /// Longest a call waits at the gate (limiter or Retry-After) before giving up with
     /// `RateLimited`, so a reconcile never blocks for long: it requeues instead.
     pub max_gate_wait: Duration,
+    /// Which failures are retried, how many times and with what backoff.
     pub retry: RetryPolicy,
 }
 
@@ -146,6 +149,7 @@ impl RequestPath {
         path
     }
 
+    /// The session requests are sent through.
     pub fn session(&self) -> &Arc<dyn Session> {
         &self.session
     }

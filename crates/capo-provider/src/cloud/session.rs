@@ -18,21 +18,28 @@ use super::Service;
 /// them serves all; a hash or label, never a secret).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SessionScope {
+    /// Keystone's URL (`noauth:<endpoint>` for a no-auth session); with `region`, picks the gates.
     pub auth_url: String,
+    /// The region; empty when none is named (always, for a no-auth session).
     pub region: String,
+    /// Who asks: the credential's digest, or a no-auth session's project ID (or empty).
     pub identity: String,
 }
 
 /// Why a request got no HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
+    /// No connection could be made to the endpoint.
     #[error("cannot connect: {0}")]
     Connect(String),
+    /// The HTTP client's own timeout expired (connecting, or waiting for the answer).
     #[error("timed out: {0}")]
     Timeout(String),
     /// Keystone refused the credentials while re-authenticating.
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// Anything else: no endpoint for the service, a request that could not be built or sent,
+    /// a failed token renewal that was not a refusal.
     #[error("{0}")]
     Other(String),
 }
@@ -40,6 +47,7 @@ pub enum SendError {
 /// What the request path needs from a cloud connection.
 #[async_trait]
 pub trait Session: Send + Sync + 'static {
+    /// The cloud, region and identity this session belongs to.
     fn scope(&self) -> &SessionScope;
 
     /// The versioned base URL of `service`, ending in `/`.

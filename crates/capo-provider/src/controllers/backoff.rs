@@ -52,6 +52,7 @@ pub struct Backoff<K> {
 }
 
 impl<K: Eq + Hash + Clone> Backoff<K> {
+    /// No object failing yet; delays follow `policy`.
     pub fn new(policy: BackoffPolicy) -> Self {
         Backoff {
             policy,
@@ -83,6 +84,7 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
         self.failures.len()
     }
 
+    /// Whether no object is backing off.
     pub fn is_empty(&self) -> bool {
         self.failures.is_empty()
     }

@@ -18,10 +18,15 @@ use super::packed::{Packed, Stored};
 /// The stores, one per kind, shared by every controller.
 #[derive(Clone)]
 pub struct Caches {
+    /// CAPI Clusters, kept whole.
     pub clusters: Store<Cluster>,
+    /// CAPI Machines, each kept with its decode error if it does not decode.
     pub machines: Store<DeserializeGuard<Machine>>,
+    /// OpenStackClusters, packed.
     pub infra_clusters: Store<Packed<OpenStackCluster>>,
+    /// OpenStackMachines, packed.
     pub infra_machines: Store<Packed<OpenStackMachine>>,
+    /// OpenStackServers, packed.
     pub servers: Store<Packed<OpenStackServer>>,
 }
 
@@ -36,20 +41,24 @@ fn decoded<K: Clone, S: Stored<K>>(stored: Option<Arc<S>>) -> Option<K> {
 }
 
 impl Caches {
+    /// The CAPI Cluster `namespace/name`, if the store has it.
     pub fn cluster(&self, namespace: &str, name: &str) -> Option<Cluster> {
         self.clusters
             .get(&key(namespace, name))
             .map(|c| c.as_ref().clone())
     }
 
+    /// The CAPI Machine `namespace/name`, if stored and it decodes.
     pub fn machine(&self, namespace: &str, name: &str) -> Option<Machine> {
         decoded(self.machines.get(&key(namespace, name)))
     }
 
+    /// The OpenStackCluster `namespace/name`, if stored and it decodes.
     pub fn infra_cluster(&self, namespace: &str, name: &str) -> Option<OpenStackCluster> {
         decoded(self.infra_clusters.get(&key(namespace, name)))
     }
 
+    /// The OpenStackServer `namespace/name`, if stored and it decodes.
     pub fn server(&self, namespace: &str, name: &str) -> Option<OpenStackServer> {
         decoded(self.servers.get(&key(namespace, name)))
     }

@@ -37,6 +37,7 @@ pub struct ControllerConfig {
     /// created, a server being deleted), the object is looked at again after a quarter of
     /// the time it has been waiting, within these bounds: soon at first, rarely for slow work.
     pub poll_min: Duration,
+    /// The upper of those bounds: the longest wait between looks at slow work.
     pub poll_max: Duration,
     /// Transient errors back off per object.
     pub backoff: BackoffPolicy,
@@ -77,13 +78,20 @@ impl ControllerConfig {
 
 /// Shared by every reconcile of every controller.
 pub struct Context {
+    /// The Kubernetes client: every write, and the reads that must be fresh.
     pub client: kube::Client,
     /// What reconcilers read of other objects (and of their own kind, but theirs).
     pub caches: Caches,
+    /// Publishes our Kubernetes events (reporting controller `capo-rs`).
     pub recorder: Recorder,
+    /// The membership engine: what Octavia shows for the API pools' members, and the gate's
+    /// verdicts on them.
     pub engine: Engine,
+    /// OpenStack clients, one per credentials key.
     pub clouds: ClientCache,
+    /// The reconcile metrics every controller records.
     pub metrics: ReconcileMetrics,
+    /// The tunables, shared by every controller.
     pub config: ControllerConfig,
     backoff: Mutex<Backoff<String>>,
     /// Engine observations not yet written, by object key: when each was observed.
@@ -101,6 +109,8 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context around `client`, with no backoff, notes or step records yet; events are
+    /// reported as `capo-rs` from `config.instance`, and the clients for `clouds` made on demand.
     pub fn new(
         client: kube::Client,
         engine: Engine,
@@ -291,11 +301,13 @@ impl LastWrites {
         last == Some((digest(before), digest(Some(status))))
     }
 
+    /// Records that `status` was just written to `key` over `before`.
     pub fn wrote<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) {
         let entry = (digest(before), digest(Some(status)));
         self.lock().insert(key.to_owned(), entry);
     }
 
+    /// Forgets what was written to `key` (it is gone).
     pub fn forget(&self, key: &str) {
         self.lock().remove(key);
     }

@@ -19,23 +19,49 @@ pub const CACERT_KEY: &str = "cacert";
 pub struct CredentialsKey {
     /// The Secret's `namespace/name`, for messages.
     pub secret: String,
+    /// The Secret's uid: a Secret deleted and created again is new credentials.
     pub uid: String,
+    /// The Secret's resourceVersion: any change to it is new credentials.
     pub resource_version: String,
+    /// The entry of clouds.yaml to use (the `identityRef`'s `cloudName`).
     pub cloud_name: String,
+    /// The region to use (the `identityRef`'s `region`), if one is set.
     pub region: Option<String>,
 }
 
+/// Why no OpenStack client could be made from a credentials Secret; messages name the
+/// Secret and its keys, never its contents.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
+    /// The credentials Secret does not exist.
     #[error("Secret {secret} not found: create it with a {CLOUDS_YAML_KEY:?} key")]
-    SecretMissing { secret: String },
+    SecretMissing {
+        /// The Secret's `namespace/name`.
+        secret: String,
+    },
+    /// The Secret has no data under a key we need.
     #[error("Secret {secret} has no {key:?} key")]
-    KeyMissing { secret: String, key: &'static str },
+    KeyMissing {
+        /// The Secret's `namespace/name`.
+        secret: String,
+        /// The missing data key (`clouds.yaml`).
+        key: &'static str,
+    },
+    /// A value in the Secret's data is not UTF-8.
     #[error("Secret {secret}: {key:?} is not UTF-8 text")]
-    NotText { secret: String, key: &'static str },
+    NotText {
+        /// The Secret's `namespace/name`.
+        secret: String,
+        /// The data key whose value is not text (`clouds.yaml` or `cacert`).
+        key: &'static str,
+    },
+    /// The credentials were read, but making a client from them failed (a bad clouds.yaml,
+    /// an unknown cloud name, or Keystone refusing or unreachable).
     #[error("Secret {secret}: {source}")]
     Cloud {
+        /// The Secret's `namespace/name`.
         secret: String,
+        /// Why the client could not be made.
         #[source]
         source: CloudError,
     },
@@ -94,6 +120,7 @@ pub struct ClientCache {
 }
 
 impl ClientCache {
+    /// An empty cache; clients are made with `clouds` on first use.
     pub fn new(clouds: Arc<Clouds>) -> Self {
         ClientCache {
             clouds,
@@ -184,6 +211,7 @@ impl ClientCache {
         self.lock().len()
     }
 
+    /// Whether no client is cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -13,7 +13,11 @@ pub enum ErrorCategory {
     /// The cloud may answer next time: 5xx, timeouts, Keystone down, 409 Busy.
     Transient,
     /// The cloud asked us to slow down (429, or 503 with Retry-After).
-    RateLimited { retry_after: Duration },
+    RateLimited {
+        /// The least wait before the next try: the cloud's Retry-After (a default when a 429
+        /// gives none, our own gate's wait when we held a request back); longer backoff wins.
+        retry_after: Duration,
+    },
     /// The spec cannot work as written (unknown image or flavor, bad CIDR): nothing changes
     /// until someone edits it, so there is no requeue; a spec change wakes the object.
     InvalidSpec,
@@ -64,6 +68,7 @@ impl ErrorCategory {
 
 /// Implemented by each controller's error enum.
 pub trait Categorized: std::error::Error {
+    /// The category of this error, which decides its reason, metric label and retry.
     fn category(&self) -> ErrorCategory;
 }
 

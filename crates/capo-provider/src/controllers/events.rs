@@ -6,7 +6,7 @@
 //! old ones only when it sends another: at a thousand clusters coming up that was megabytes
 //! held long after. This one remembers, per distinct event, its name and count (about a
 //! hundred bytes), forgets them after the same six minutes, and never holds more than
-//! [`REMEMBERED`]. Unlike those two, it tells events apart by their note too, so a series
+//! `REMEMBERED`. Unlike those two, it tells events apart by their note too, so a series
 //! never shows an old message for a new one (our notes say how long a member has waited).
 
 use std::collections::HashMap;
@@ -30,16 +30,22 @@ const REMEMBERED: usize = 4096;
 /// Who reports: `reportingController` and `reportingInstance`.
 #[derive(Clone, Debug)]
 pub struct Reporter {
+    /// `reportingController`; also the event name's prefix when the object has no name.
     pub controller: String,
+    /// `reportingInstance` (the pod's name); `None` reports the controller's name instead.
     pub instance: Option<String>,
 }
 
 /// One event to publish.
 #[derive(Clone, Copy, Debug)]
 pub struct EventSpec<'a> {
+    /// `type`: Normal or Warning.
     pub type_: EventType,
+    /// `reason`: what happened, in CamelCase (`MemberCreated`, or an error's condition reason).
     pub reason: &'a str,
+    /// `action`: what we were doing (`Reconcile`, `Delete`, ...).
     pub action: &'a str,
+    /// `note`: the human-readable message; events with another note are not one series.
     pub note: &'a str,
 }
 
@@ -109,6 +115,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// A recorder writing Events with `client`, as `reporter`, with no events remembered yet.
     pub fn new(client: kube::Client, reporter: Reporter) -> Self {
         Recorder {
             client,

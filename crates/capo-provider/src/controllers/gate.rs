@@ -124,6 +124,8 @@ pub enum MonitorKind {
 }
 
 impl MonitorKind {
+    /// The monitor `text` names (`tcp` or `https`, any case, spaces trimmed); `None` for
+    /// anything else.
     pub fn parse(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
             "tcp" => Some(MonitorKind::Tcp),
@@ -144,6 +146,7 @@ impl MonitorKind {
 /// The monitor the cluster gets, and why it is not the one asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MonitorChoice {
+    /// The monitor the API pools get.
     pub kind: MonitorKind,
     /// Set when the choice differs from what was asked, or the annotation is unusable: the
     /// health condition's reason and message.
@@ -247,7 +250,9 @@ pub fn desired_members(
     members
 }
 
-/// Routine progress: a rollout in motion, not something a person must look at.
+/// Routine progress: a rollout in motion, not something a person must look at. A member
+/// ACTIVE and not yet seen serving is every serving-gate join's last step; one that has not
+/// served past `--member-not-serving-after` (`MemberNotServing`) needs a person.
 pub fn is_routine(reason: Reason) -> bool {
     matches!(
         reason,
@@ -255,6 +260,7 @@ pub fn is_routine(reason: Reason) -> bool {
             | Reason::LoadBalancerPending
             | Reason::MembersPending
             | Reason::MembersMissing
+            | Reason::MembersNotYetServing
     )
 }
 
@@ -363,7 +369,7 @@ const SINCE_DRIFT: k8s_openapi::jiff::SignedDuration =
     k8s_openapi::jiff::SignedDuration::from_secs(2);
 
 /// `fresh` with each member's `since` as `recorded` has it when the member is in the same
-/// state there and the times agree within [`SINCE_DRIFT`]: a pass that sees nothing new
+/// state there and the times agree within `SINCE_DRIFT`: a pass that sees nothing new
 /// writes nothing.
 pub fn keep_recorded_since(
     mut fresh: Vec<LoadBalancerMemberStatus>,
@@ -601,6 +607,8 @@ mod tests {
     fn routine_progress_is_told_apart_from_what_needs_a_person() {
         assert!(is_routine(Reason::MembersPending));
         assert!(is_routine(Reason::LoadBalancerPending));
+        assert!(is_routine(Reason::MembersNotYetServing));
+        assert!(!is_routine(Reason::MemberNotServing));
         assert!(!is_routine(Reason::MemberStuck));
         assert!(!is_routine(Reason::MemberError));
         assert!(!is_routine(Reason::LoadBalancerError));

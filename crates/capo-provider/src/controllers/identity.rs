@@ -16,18 +16,32 @@ use super::credentials::{CredentialsError, CredentialsKey};
 use super::error::{Categorized, ErrorCategory};
 use crate::cloud::CloudClient;
 
+/// Why an object's `identityRef` gave no OpenStack client.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
+    /// Reading the Secret, the OpenStackClusterIdentity or the Namespace from the API
+    /// server failed.
     #[error("reading {what}: {source}")]
     Kubernetes {
+        /// What was being read, by kind and name (`Secret ns/name`).
         what: String,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },
+    /// The OpenStackClusterIdentity (named here) the `identityRef` refers to does not exist.
     #[error("OpenStackClusterIdentity {0} not found")]
     IdentityMissing(String),
+    /// The OpenStackClusterIdentity's `namespaceSelector` does not select the object's
+    /// namespace.
     #[error("OpenStackClusterIdentity {identity} does not allow namespace {namespace}")]
-    NamespaceNotAllowed { identity: String, namespace: String },
+    NamespaceNotAllowed {
+        /// The OpenStackClusterIdentity's name.
+        identity: String,
+        /// The namespace of the object that asked for it.
+        namespace: String,
+    },
+    /// The credentials Secret is missing, or no client could be made from it.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
 }

@@ -14,7 +14,9 @@ use super::error::ErrorCategory;
 /// How one reconcile ended, as controller-runtime labels `result`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReconcileResult {
+    /// Done without error and with nothing to poll for (settled, paused, deleted, unreadable).
     Success,
+    /// Failed, in this category; a terminal one also counts as a terminal error.
     Error(ErrorCategory),
     /// Requeued at once.
     Requeue,
@@ -33,6 +35,8 @@ impl ReconcileResult {
     }
 }
 
+/// The reconcile metrics (controller-runtime's, `workqueue_depth`, and our load balancer
+/// gate latency and member drain histograms); clones share the same series.
 #[derive(Clone, Debug)]
 pub struct ReconcileMetrics {
     total: IntCounterVec,
@@ -52,6 +56,7 @@ pub struct ReconcileMetrics {
 }
 
 impl ReconcileMetrics {
+    /// Creates the metrics and registers them in `registry`; fails if any name is taken.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let metrics = ReconcileMetrics {
             total: IntCounterVec::new(
@@ -217,6 +222,8 @@ pub struct Reconciling {
 }
 
 impl Reconciling {
+    /// Records how the reconcile ended: its time, its `result`, any error (terminal or
+    /// not); frees its worker.
     pub fn finish(mut self, result: ReconcileResult) {
         self.finished = true;
         let m = &self.metrics;

@@ -187,6 +187,9 @@ where
     conclude(&ctx, reconciling, &key, result)
 }
 
+/// Finishes a reconcile of `key`: records its metrics, resets the object's backoff on success
+/// (or forgets it once the object is deleted), and turns the outcome into kube-runtime's next
+/// [`Action`]; an error is passed on for the error policy.
 pub fn conclude<E: Categorized>(
     ctx: &Context,
     reconciling: metrics::Reconciling,

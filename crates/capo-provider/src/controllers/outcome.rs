@@ -6,6 +6,8 @@ use kube::runtime::controller::Action;
 
 use super::metrics::ReconcileResult;
 
+/// How a reconcile that did not fail ended: decides when the object is looked at again and
+/// its `result` metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Nothing is on its way: look again when its next complete pass is due (within the

@@ -6,6 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+/// Per object key, which steps of its complete pass are fresh, and which objects have
+/// begun their first pass since start.
 #[derive(Default)]
 pub struct StepBook {
     objects: HashMap<String, Steps>,

@@ -45,6 +45,7 @@ pub struct WatchScope {
 }
 
 impl WatchScope {
+    /// An API for `K` in the scope's namespace, or across all namespaces when it names none.
     pub fn api<K>(&self, client: kube::Client) -> Api<K>
     where
         K: Resource<Scope = kube::core::NamespaceResourceScope>,
@@ -201,7 +202,7 @@ fn pick<K: Resource<DynamicType = ()> + Clone>(
 }
 
 /// The manager's one watch of each kind the controllers share (Secrets aside: see
-/// [`secret_changes`]).
+/// `secret_changes`).
 pub struct Watches {
     servers: SharedWatch<server::Watched>,
     infra_clusters: SharedWatch<cluster::Watched>,
@@ -215,6 +216,8 @@ pub struct Watches {
 pub type Drivers = Vec<futures::future::BoxFuture<'static, ()>>;
 
 impl Watches {
+    /// Sets up one shared watch per kind over `scope` (label-filtered when asked); nothing is
+    /// watched until the returned [`Drivers`] run.
     pub fn new(scope: &WatchScope, client: &kube::Client) -> (Watches, Drivers) {
         let config = scope.watcher_config();
         let mut drivers: Drivers = Vec::new();
@@ -569,7 +572,10 @@ fn claim_wakeups(
 /// What wakes an OpenStackCluster besides its own changes: the engine's wake-ups (through
 /// `reconcile_on`) and re-syncs.
 pub struct ClusterWakeups {
+    /// OpenStackClusters to reconcile: the engine changed their load balancer's verdict.
     pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<cluster::Watched>>,
+    /// One message per re-sync (the bridge fell behind the engine): reconcile every
+    /// OpenStackCluster.
     pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 
@@ -666,7 +672,10 @@ pub fn run_clusters(
 /// What wakes an OpenStackMachine besides its own changes: the engine's wake-ups and
 /// re-syncs.
 pub struct MachineWakeups {
+    /// OpenStackMachines to reconcile: the engine changed a verdict that names them.
     pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<machine::Watched>>,
+    /// One message per re-sync (the bridge fell behind the engine): reconcile every
+    /// OpenStackMachine.
     pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
 }
 

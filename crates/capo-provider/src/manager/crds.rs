@@ -7,12 +7,17 @@ use kube::Api;
 /// How a user installs our CRDs.
 const HOW_TO_INSTALL: &str = "install them with `kubectl apply --server-side -f crds/` (or `capo-rs crds | kubectl apply --server-side -f -`)";
 
+/// Why the CRDs the controllers watch cannot be used yet, or could not be checked.
 #[derive(Debug, thiserror::Error)]
 pub enum CrdCheckError {
+    /// These CRDs (`<plural>.<group>`) do not exist: someone must install them.
     #[error("CustomResourceDefinitions not installed: {}; {HOW_TO_INSTALL}", .0.join(", "))]
     Missing(Vec<String>),
+    /// These CRDs exist but are not yet Established: the API server has not yet accepted
+    /// their names.
     #[error("CustomResourceDefinitions not yet Established: {}; the API server has not accepted their names yet", .0.join(", "))]
     NotEstablished(Vec<String>),
+    /// Reading the CRDs from the API server failed.
     #[error("reading CustomResourceDefinitions: {0}")]
     Kubernetes(#[from] kube::Error),
 }

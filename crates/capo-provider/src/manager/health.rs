@@ -55,10 +55,12 @@ impl Health {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Records where the manager now is; `/readyz` answers from it.
     pub fn set_phase(&self, phase: Phase) {
         self.state().phase = phase;
     }
 
+    /// Where the manager is now.
     pub fn phase(&self) -> Phase {
         self.state().phase
     }

@@ -81,6 +81,8 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
+    /// A layer that lets `qps` requests a second through, and up to `burst` at once; an error
+    /// when `qps` is not a positive finite number or is too high for the limiter.
     pub fn new(qps: f64, burst: NonZeroU32) -> Result<Self, ManagerError> {
         if !(qps.is_finite() && qps > 0.0) {
             return Err(ManagerError::Connect(format!(

@@ -267,6 +267,8 @@ pub struct LeaderMetrics {
 }
 
 impl LeaderMetrics {
+    /// Creates the `leader_election_master_status` gauge and registers it in `registry`; an
+    /// error if it is already registered there.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let status = IntGaugeVec::new(
             Opts::new(

@@ -47,8 +47,11 @@ pub const ISSUER: &str = "capo-rs-selfsigned-issuer";
 /// One RBAC rule: verbs on resources of a group.
 #[derive(Clone, Copy, Debug)]
 pub struct Rule {
+    /// The API group (`apiGroups`); `""` for the core group.
     pub group: &'static str,
+    /// The resources it covers (plural names; a subresource as `<resource>/status`).
     pub resources: &'static [&'static str],
+    /// The verbs allowed on them (`get`, `list`, `watch`, `create`, `patch`, ...).
     pub verbs: &'static [&'static str],
 }
 
@@ -306,7 +309,11 @@ const TUNABLES: &[Tunable] = &[
 /// How values are written: plainly (kustomize) or as clusterctl variables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
+    /// Tunables and the image written as their default values, for the kustomize base in
+    /// `deploy/`.
     Kustomize,
+    /// Tunables and the image written as clusterctl variables with their defaults
+    /// (`${VAR:=default}`), for `infrastructure-components.yaml`.
     Clusterctl,
 }
 

@@ -27,6 +27,8 @@ pub struct MigrationMetrics {
 }
 
 impl MigrationMetrics {
+    /// Creates `capo_crd_storage_migration_objects_total` and `capo_crd_stored_versions` and
+    /// registers them in `registry`; an error if either is already registered there.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let objects = IntCounterVec::new(
             Opts::new(
@@ -51,24 +53,51 @@ impl MigrationMetrics {
     }
 }
 
+/// Why a storage migration stopped; [`migrate_until_done`] retries it.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
+    /// The CRD could not be read.
     #[error("reading CRD {crd}: {source}")]
-    ReadCrd { crd: String, source: kube::Error },
-    #[error("CRD {crd} has no storage version")]
-    NoStorageVersion { crd: String },
-    #[error("listing {crd}: {source}")]
-    List { crd: String, source: kube::Error },
-    #[error("rewriting {crd} {object}: {source}")]
-    Rewrite {
+    ReadCrd {
+        /// The CRD's name (`<plural>.<group>`).
         crd: String,
-        object: String,
+        /// The API server's or the client's error.
         source: kube::Error,
     },
+    /// None of the CRD's versions is marked as the storage version.
+    #[error("CRD {crd} has no storage version")]
+    NoStorageVersion {
+        /// The CRD's name (`<plural>.<group>`).
+        crd: String,
+    },
+    /// A page of the CRD's objects could not be listed.
+    #[error("listing {crd}: {source}")]
+    List {
+        /// The CRD's name (`<plural>.<group>`).
+        crd: String,
+        /// The API server's or the client's error.
+        source: kube::Error,
+    },
+    /// An object could not be written again (an error other than 404 Not Found or 409
+    /// Conflict, which count as gone and changed).
+    #[error("rewriting {crd} {object}: {source}")]
+    Rewrite {
+        /// The CRD's name (`<plural>.<group>`).
+        crd: String,
+        /// The object, as `<namespace>/<name>` (an empty namespace when cluster-scoped).
+        object: String,
+        /// The API server's or the client's error.
+        source: kube::Error,
+    },
+    /// The CRD's `status.storedVersions` could not be set to the storage version alone (a
+    /// conflict when the CRD changed since it was read).
     #[error("setting {crd}'s storedVersions to [{storage}]: {source}")]
     StoredVersions {
+        /// The CRD's name (`<plural>.<group>`).
         crd: String,
+        /// The storage version it was to be set to (e.g. `v1beta2`).
         storage: String,
+        /// The API server's or the client's error.
         source: kube::Error,
     },
 }
@@ -76,6 +105,7 @@ pub enum MigrationError {
 /// What one CRD's migration did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Migrated {
+    /// The CRD's name (`<plural>.<group>`).
     pub crd: String,
     /// `storedVersions` before.
     pub stored_before: Vec<String>,

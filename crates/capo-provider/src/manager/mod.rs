@@ -39,6 +39,7 @@ pub use leader::LeaderElection;
 /// Everything `capo-rs run` is told.
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
+    /// Which objects the controllers reconcile: one namespace or all, and the watch filter.
     pub scope: WatchScope,
     /// Reconciles of OpenStackServers at once (CAPO's default is 10).
     pub server_concurrency: u16,
@@ -46,8 +47,13 @@ pub struct ManagerConfig {
     pub cluster_concurrency: u16,
     /// Reconciles of OpenStackMachines at once (CAPO's default is 10).
     pub machine_concurrency: u16,
+    /// Tunables shared by every controller: resync and poll periods, backoff, member repairs,
+    /// drain period.
     pub controllers: ControllerConfig,
+    /// Tunables of the membership engine that watches the API load balancers' members.
     pub engine: EngineConfig,
+    /// Tunables of OpenStack access: rate limit, request path, token renewal, session expiry,
+    /// default CA bundle.
     pub cloud: CloudOptions,
     /// How often to look again for CRDs that are missing.
     pub crd_retry: Duration,
@@ -93,20 +99,29 @@ impl Default for ManagerConfig {
     }
 }
 
+/// Why the manager could not start, or why it stopped before shutdown was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
+    /// The Kubernetes client could not be built, or the shards' Leases could not be read.
     #[error("connecting to Kubernetes: {0}")]
     Connect(String),
+    /// The CRDs the controllers watch are missing or not Established, or could not be read.
     #[error(transparent)]
     Crds(#[from] CrdCheckError),
+    /// OpenStack access (the shared [`Clouds`]) could not be set up.
     #[error("setting up OpenStack access: {0}")]
     Cloud(#[from] CloudError),
+    /// The membership engine could not start.
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A metric could not be registered (the leader's, the migration's or the reconcilers').
     #[error("registering metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// This replica lost the leader Lease while leading; the caller must exit.
     #[error("lost the leader Lease: stopping at once so that the new leader works alone")]
     LeadershipLost,
+    /// This shard's OpenStack budget share and the other shards' exceed a cloud's whole budget;
+    /// the message gives the shares.
     #[error("{0}")]
     BudgetShares(String),
 }

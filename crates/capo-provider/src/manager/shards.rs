@@ -17,6 +17,7 @@ pub const SHARE_ANNOTATION: &str = "capo-rs.io/openstack-budget-share";
 pub struct Shares {
     /// Every held Lease that carries a share, with its share, this shard's included.
     pub by_lease: BTreeMap<String, f64>,
+    /// The sum of the shares in `by_lease`; more than 1 is over a cloud's whole budget.
     pub total: f64,
 }
 

@@ -5,7 +5,7 @@
 //! for every write.
 //!
 //! The store is filled before anything is broadcast, so a woken reconciler reads at least
-//! what woke it. A subscriber that falls [`BUFFER`] objects behind re-reads the whole store
+//! what woke it. A subscriber that falls `BUFFER` objects behind re-reads the whole store
 //! instead (so nothing is missed but a deletion, which the objects' own requeues cover).
 
 use std::collections::HashMap;
@@ -54,6 +54,7 @@ where
         (SharedWatch { store, sender }, driver)
     }
 
+    /// A handle on the watch's store (the same store, not a copy): each object as last seen.
     pub fn store(&self) -> Store<K> {
         self.store.clone()
     }

@@ -20,7 +20,9 @@ use super::verdict::Reason;
 /// The kinds a change wakes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OwnerKind {
+    /// The OpenStackCluster whose API load balancer changed: the cluster controller's.
     OpenStackCluster,
+    /// An OpenStackMachine with a member in (or leaving) it: the machine controller's.
     OpenStackMachine,
 }
 
@@ -37,6 +39,7 @@ impl OwnerKind {
 /// A load balancer's verdict changed.
 #[derive(Clone, Debug)]
 pub struct Change {
+    /// The Octavia load balancer's id.
     pub lb_id: String,
     /// The desired-state generation the verdict reflects (see [`Engine::ensure`](super::Engine::ensure)).
     pub generation: u64,
@@ -44,6 +47,7 @@ pub struct Change {
     pub cluster: ObjectName,
     /// The OpenStackMachines with a desired member in it, each once.
     pub machines: Vec<ObjectName>,
+    /// The verdict's new reason (the gate condition's reason).
     pub reason: Reason,
     /// When the poll's answer arrived (real time): subscribers can measure wake-up latency.
     pub observed: std::time::Instant,
@@ -63,10 +67,12 @@ impl Change {
 /// What a subscriber receives.
 #[derive(Clone, Debug)]
 pub enum Notice {
+    /// One load balancer's verdict changed: wake the objects it names.
     Changed(Change),
     /// The subscriber fell behind and `missed` changes were dropped for it: treat every
     /// object as changed (re-read snapshots, or reconcile all).
     Resync {
+        /// How many changes were dropped for this subscriber.
         missed: u64,
     },
 }

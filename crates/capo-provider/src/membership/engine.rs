@@ -33,12 +33,15 @@ use super::verdict::{
 use crate::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 use crate::cloud::{CloudClient, CloudError};
 
+/// Tunables of the membership engine: the stuck threshold, the serving gate, poll pacing,
+/// polls in flight and the change buffer.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// A member PENDING_* longer than this is stuck.
     pub stuck_after: Duration,
     /// The serving gate, when on (`--gate=serving`).
     pub serving: Option<ServingRules>,
+    /// How polls of each cloud endpoint are paced within its request budget.
     pub schedule: ScheduleConfig,
     /// Polls in flight per cloud endpoint.
     pub max_in_flight: usize,
@@ -47,6 +50,7 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The gate rules these tunables set: the stuck threshold and, when on, the serving gate.
     pub fn rules(&self) -> GateRules {
         GateRules {
             stuck_after: self.stuck_after,
@@ -67,10 +71,13 @@ impl Default for EngineConfig {
     }
 }
 
+/// Why the membership engine could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// It was started outside a tokio runtime, which its loops need.
     #[error("the membership engine needs a tokio runtime to start in")]
     NoRuntime,
+    /// Its metrics could not be registered (e.g. already registered in that registry).
     #[error("registering the membership engine's metrics: {0}")]
     Metrics(#[from] prometheus::Error),
 }
@@ -80,11 +87,15 @@ pub enum EngineError {
 pub struct Snapshot {
     /// The desired-state generation the verdict reflects.
     pub generation: u64,
+    /// The load balancer's current verdict (computed for `generation`).
     pub verdict: LbVerdict,
+    /// What the members' operating statuses say, reported but never blocking.
     pub health: Health,
+    /// Each desired member's tracked state.
     pub members: Vec<MemberTrack>,
     /// Members seen in the LB's pools that nobody wants (members on their way out).
     pub stale: Vec<SeenMember>,
+    /// When a poll last answered for this LB; `None` before the first.
     pub last_poll: Option<Instant>,
     /// The LB's `updated_at` in Octavia while its members read as in `members` and `stale`,
     /// once a list has shown it (see [`Recalled`]): kept with them, it lets a restarted
@@ -400,6 +411,7 @@ impl Engine {
         }
     }
 
+    /// What the engine knows of the load balancer `lb_id` now; `None` when it is not tracked.
     pub fn snapshot(&self, lb_id: &str) -> Option<Snapshot> {
         let state = self.inner.lock();
         let entry = state.lbs.get(lb_id)?;
@@ -428,6 +440,7 @@ impl Engine {
         self.inner.lock().lbs.len()
     }
 
+    /// Whether no load balancer is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -12,12 +12,14 @@ use tokio::time::Instant;
 use super::model::ObjectName;
 use super::verdict::{MemberVerdictKind, Reason};
 
+/// The membership engine's Prometheus metrics, registered once per engine.
 #[derive(Clone, Debug)]
 pub struct EngineMetrics {
     /// 1 for each member's current (provisioning, operating) pair.
     pub member_state: IntGaugeVec,
     /// 1 when the LB's gate is open (verdict Ready), else 0; `reason` on the verdict gauge.
     pub gate_ready: IntGaugeVec,
+    /// `capo_lb_gate_reason`: 1 for each LB's current gate reason (`reason` label).
     pub gate_reason: IntGaugeVec,
     /// Desired members by verdict.
     pub members_by_verdict: IntGaugeVec,
@@ -25,15 +27,19 @@ pub struct EngineMetrics {
     pub provisioning_seconds: HistogramVec,
     /// Upper bound of how late a transition was noticed: time since the previous poll.
     pub detection_lag_seconds: HistogramVec,
+    /// Members whose verdict became stuck (PENDING_* past the stuck threshold), per cluster.
     pub stuck_total: IntCounterVec,
+    /// Members whose verdict became ERROR, per cluster.
     pub error_total: IntCounterVec,
     /// Members ACTIVE whose API did not serve past the not-serving threshold.
     pub not_serving_total: IntCounterVec,
+    /// Polls by observer (`strategy`), kind and result (`ok`, or the cloud error's kind).
     pub polls_total: IntCounterVec,
     /// How late polls ran against their due time.
     pub scheduler_lag_seconds: HistogramVec,
     /// Current drift interval per cloud endpoint.
     pub drift_interval_seconds: GaugeVec,
+    /// Member provisioning windows each endpoint remembers (polls aim at them from 30 on).
     pub learned_windows: GaugeVec,
     /// LB lists per endpoint by state (`working`, `untried`, `unavailable`: refused or
     /// failing, its LBs polled on their own).
@@ -51,6 +57,8 @@ pub struct EngineMetrics {
 }
 
 impl EngineMetrics {
+    /// Creates every engine metric and registers it in `registry`; an error if one is already
+    /// registered there.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let seconds = |name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]| {
             HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
@@ -443,8 +451,11 @@ impl GateClock {
 /// LB lists of one endpoint by state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListCounts {
+    /// Lists whose last read answered.
     pub working: usize,
+    /// Lists not read yet.
     pub untried: usize,
+    /// Lists refused or failing: their LBs are polled one by one until the list is retried.
     pub unavailable: usize,
 }
 
@@ -462,6 +473,7 @@ pub enum PollKind {
 }
 
 impl PollKind {
+    /// The `kind` label's value: `urgent`, `drift`, `backoff` or `list`.
     pub fn as_str(self) -> &'static str {
         match self {
             PollKind::Urgent => "urgent",
@@ -475,11 +487,14 @@ impl PollKind {
 /// The engine's tasks, as panics are counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineTask {
+    /// A poll task (one LB's status tree or one LB list), `task="poll"`.
     Poll,
+    /// An endpoint's loop, which picks polls and starts them, `task="loop"`.
     Loop,
 }
 
 impl EngineTask {
+    /// The `task` label's value: `poll` or `loop`.
     pub fn as_str(self) -> &'static str {
         match self {
             EngineTask::Poll => "poll",

@@ -37,11 +37,14 @@ impl ServingRules {
 /// `ObjectRef`, which carries its kind as a type.)
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectName {
+    /// The object's namespace.
     pub namespace: String,
+    /// The object's name within its namespace.
     pub name: String,
 }
 
 impl ObjectName {
+    /// The object `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         ObjectName {
             namespace: namespace.into(),
@@ -63,6 +66,8 @@ pub struct DesiredMember {
     pub owner: ObjectName,
     /// The member's name in Octavia (the machine's name).
     pub name: String,
+    /// The member's IP address: the machine's internal address, on the cluster network when
+    /// it has one there.
     pub address: String,
     /// The pool's port (which pool), also the member's protocol port.
     pub port: u16,
@@ -76,11 +81,13 @@ pub struct DesiredMember {
 /// Desired membership of one load balancer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredLb {
+    /// The Octavia load balancer's id.
     pub lb_id: String,
     /// The cluster object, woken on every verdict change.
     pub cluster: ObjectName,
     /// Pool id by port.
     pub pools: BTreeMap<u16, String>,
+    /// Every member wanted in the pools: one per machine and port.
     pub members: Vec<DesiredMember>,
     /// A rollout waits on this LB: while something is on its way, its polls go before other
     /// urgent work (see the scheduler for the share the rest keeps).
@@ -95,27 +102,41 @@ pub struct DesiredLb {
 /// `updated_at`, which a list had shown unchanged after that tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recalled {
+    /// The LB's `updated_at` in Octavia as a list last showed it (an ISO 8601 timestamp): while
+    /// the row still shows this, `members` is still what is in its pools.
     pub updated_at: String,
+    /// Every member of its pools as last seen.
     pub members: Vec<SeenMember>,
 }
 
 /// A member as one poll saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeenMember {
+    /// The id of the pool the member is in.
     pub pool_id: String,
+    /// Octavia's id of the member.
     pub id: String,
+    /// The member's `name` in Octavia (empty when it has none).
     pub name: String,
+    /// The member's IP `address`.
     pub address: String,
+    /// The member's `protocol_port`.
     pub port: u16,
+    /// The member's `provisioning_status` (ACTIVE, PENDING_CREATE, ERROR, ...).
     pub provisioning: ProvisioningStatus,
+    /// The member's `operating_status`: what its pool's health monitor reads (ONLINE, OFFLINE,
+    /// NO_MONITOR, ...).
     pub operating: OperatingStatus,
 }
 
 /// One poll's result for one load balancer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
+    /// The load balancer's own `provisioning_status`.
     pub provisioning: ProvisioningStatus,
+    /// The load balancer's own `operating_status`.
     pub operating: OperatingStatus,
+    /// The members of the pools in `pools_seen`.
     pub members: Vec<SeenMember>,
     /// Pools whose members were read (a member list covers only its pool; the tree, all).
     pub pools_seen: Vec<String>,
@@ -155,15 +176,21 @@ impl Observation {
 pub enum Presence {
     /// Not seen in its pool (yet, or any more).
     Absent,
+    /// In its pool, with this `provisioning_status`.
     Seen(ProvisioningStatus),
 }
 
 /// A desired member's tracked state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberTrack {
+    /// What the reconciler wants of it.
     pub desired: DesiredMember,
+    /// The id of its pool (the desired LB's pool for its port); `None` when no pool is known
+    /// for that port.
     pub pool_id: Option<String>,
+    /// Whether, and with which provisioning status, the last poll saw it in its pool.
     pub presence: Presence,
+    /// Its `operating_status` as last seen; `None` while it is not seen.
     pub operating: Option<OperatingStatus>,
     /// When `operating` last changed (or the member was requested, while never seen).
     pub operating_since: Instant,
@@ -176,9 +203,12 @@ pub struct MemberTrack {
     pub fell_at: Option<Instant>,
     /// When `presence` last changed (or the member was requested, while never seen).
     pub since: Instant,
+    /// When it was first seen in its pool; `None` until then.
     pub first_seen: Option<Instant>,
     /// When it was first seen ACTIVE.
     pub active_at: Option<Instant>,
+    /// Octavia's id of the member once known: the desired `member_id`, or the id it was first
+    /// seen with (a re-created member's new id).
     pub id: Option<String>,
     /// Seen under another id after it was first seen: it was deleted and created again (a
     /// repair of an ERROR member), so its pending time counts from then, not from the request.
@@ -188,17 +218,24 @@ pub struct MemberTrack {
 /// The engine's knowledge of one load balancer.
 #[derive(Clone, Debug)]
 pub struct LbTrack {
+    /// What the reconciler wants of this LB.
     pub desired: DesiredLb,
     /// `None` until the first poll answers; `Some(None)` when the LB is gone (404).
     pub lb: Option<Option<(ProvisioningStatus, OperatingStatus)>>,
+    /// When the LB's provisioning status last changed (or it went gone); before the first poll,
+    /// when tracking began.
     pub lb_since: Instant,
+    /// Each desired member's tracked state, in the desired order.
     pub members: Vec<MemberTrack>,
     /// Members seen in desired pools that nobody wants.
     pub stale: Vec<SeenMember>,
+    /// When a poll last answered for this LB; `None` before the first.
     pub last_poll: Option<Instant>,
 }
 
 impl LbTrack {
+    /// Starts tracking `desired` at `now`: nothing observed yet, each member absent since its
+    /// request.
     pub fn new(desired: DesiredLb, now: Instant) -> Self {
         let mut track = LbTrack {
             desired: desired.clone(),

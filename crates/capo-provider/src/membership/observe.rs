@@ -11,6 +11,7 @@ use crate::cloud::{CloudClient, CloudError};
 /// What one poll learnt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
+    /// The load balancer was read: its own status and the members of the pools that were read.
     Observed(Observation),
     /// The load balancer does not exist (404).
     Gone,
@@ -45,6 +46,8 @@ pub trait Observer: Send + Sync + 'static {
         None
     }
 
+    /// Polls the load balancer `desired.lb_id` once: what it and its members read, or
+    /// [`Seen::Gone`] when it does not exist; an error when the cloud call fails.
     async fn observe(&self, client: &CloudClient, desired: &DesiredLb) -> Result<Seen, CloudError>;
 }
 

@@ -43,6 +43,8 @@ use tokio::time::Instant;
 use super::metrics::ListCounts;
 use crate::cloud::octavia::{LIST_PAGE, LoadBalancerRow, OperatingStatus, ProvisioningStatus};
 
+/// How the engine paces its polls of one cloud endpoint: the request budget, the urgent and
+/// drift paces, and the LB-list sweeps (see the module's description).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ScheduleConfig {
     /// Polls per second this engine may send to one cloud endpoint.
@@ -51,11 +53,13 @@ pub struct ScheduleConfig {
     pub burst: f64,
     /// Share of the budget drift checks may use (0..=1).
     pub drift_share: f64,
+    /// The fastest pace of urgent polls: the wait between polls of an LB in a new state.
     pub urgent_initial: Duration,
     /// How long after new desired state a known LB is looked at.
     pub look_after_change: Duration,
     /// How long a state is polled at `urgent_initial` before backing off.
     pub urgent_fresh: Duration,
+    /// The longest wait between urgent polls once they have backed off.
     pub urgent_max: Duration,
     /// Polls aimed at learned provisioning times may be this far apart across a stretch where
     /// no member has finished.
@@ -69,8 +73,12 @@ pub struct ScheduleConfig {
     /// How many other members must have been seen on their way past an age before polls
     /// may be further apart than `unwatched_max` there.
     pub watched_enough: usize,
+    /// The factor by which the wait between urgent polls grows while nothing changes.
     pub urgent_backoff: f64,
+    /// The shortest wait between drift checks of a settled LB, however few there are.
     pub drift_min: Duration,
+    /// The longest wait between drift checks asked for; with many settled LBs and too small a
+    /// budget, checks come later than this.
     pub drift_max: Duration,
     /// Watch load balancers through the LB list where the cloud allows it.
     pub list_sweep: bool,
@@ -151,7 +159,9 @@ const ENOUGH_TO_LEARN: usize = 30;
 /// one (`latest`), counted from the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Finish {
+    /// How long after its request the member was last seen still on its way (the poll before).
     pub earliest: Duration,
+    /// How long after its request it was first seen ACTIVE (this poll).
     pub latest: Duration,
 }
 
@@ -168,6 +178,7 @@ pub struct ProvisioningTimes {
 }
 
 impl ProvisioningTimes {
+    /// Remembers one member's finish, forgetting the oldest once `REMEMBERED` (1,000) are kept.
     pub fn record(&mut self, finish: Finish) {
         if self.recent.len() >= REMEMBERED
             && let Some(oldest) = self.recent.pop_front()
@@ -185,10 +196,12 @@ impl ProvisioningTimes {
         }
     }
 
+    /// How many finishes are remembered.
     pub fn len(&self) -> usize {
         self.sorted.len()
     }
 
+    /// Whether no finish is remembered yet.
     pub fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
@@ -302,15 +315,20 @@ impl Entry {
 /// What to send: one LB's status tree, or one identity's LB list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
+    /// A status tree of the load balancer with this id.
     Lb(String),
+    /// The LB list of this identity (the session scope's `identity`): every LB it sees.
     List(String),
 }
 
 /// A pick: what to poll, and how late it is against its due time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
+    /// What to send.
     pub target: Target,
+    /// Whether it is urgent work; a list is always urgent.
     pub urgent: bool,
+    /// How long after its due time it was picked (the scheduler lag).
     pub lag: Duration,
 }
 
@@ -329,9 +347,11 @@ impl Pick {
 pub enum ListState {
     /// Not answered yet: LBs are polled as if there were no list.
     Untried,
+    /// Its last read answered: it watches the LBs it covers.
     Working,
     /// Refused or failing: per-LB drift checks until then.
     Unavailable {
+        /// When it is tried again.
         until: Instant,
     },
 }
@@ -384,6 +404,8 @@ const LIST_FAILURES: u32 = 3;
 /// The fewest LBs a list must cover to be read.
 const LIST_MIN_COVERED: usize = 2;
 
+/// Decides which load balancer (or LB list) of one cloud endpoint to poll next, within the
+/// endpoint's request budget.
 #[derive(Debug)]
 pub struct Scheduler {
     config: ScheduleConfig,
@@ -402,6 +424,7 @@ pub struct Scheduler {
 const ROLLOUT_STREAK: u32 = 3;
 
 impl Scheduler {
+    /// A scheduler with nothing to poll yet and a full budget (`burst` tokens) at `now`.
     pub fn new(config: ScheduleConfig, now: Instant) -> Self {
         Scheduler {
             tokens: config.burst,
@@ -415,10 +438,12 @@ impl Scheduler {
         }
     }
 
+    /// How many load balancers it schedules.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether it schedules no load balancer.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -717,7 +742,7 @@ impl Scheduler {
     }
 
     /// A list failed (5xx, timeout): tried again at the locked pace; after
-    /// [`LIST_FAILURES`] in a row, as if refused.
+    /// `LIST_FAILURES` in a row, as if refused.
     pub fn list_failed(&mut self, list: &str, now: Instant) {
         let (retry, pace) = (self.config.list_retry, self.config.sweep_locked);
         let Some(sweep) = self.sweeps.get_mut(list) else {
@@ -768,6 +793,7 @@ impl Scheduler {
         self.times.record(finish);
     }
 
+    /// The member provisioning times this endpoint has learnt.
     pub fn provisioning_times(&self) -> &ProvisioningTimes {
         &self.times
     }

@@ -43,34 +43,46 @@ pub enum MemberVerdict {
     Active,
     /// ACTIVE, but its monitor has not (yet, or for long enough) seen it serve.
     NotYetServing {
+        /// When its not-serving clock started: when it went ACTIVE, or when it last stopped
+        /// serving.
         since: Instant,
     },
     /// ACTIVE and not serving for longer than the not-serving threshold.
     NotServing {
+        /// When its not-serving clock started: when it went ACTIVE, or when it last stopped
+        /// serving.
         since: Instant,
     },
     /// ACTIVE, kept out of traffic at weight 0, and its monitor has seen it up (DRAINING) for
     /// the settle time: it may be let in.
     OutOfTraffic {
+        /// Since when its monitor has read it up (ONLINE or DRAINING) without a break.
         since: Instant,
     },
     /// PENDING_CREATE or PENDING_UPDATE, since then.
     Pending {
+        /// When it went pending; for a member never seen ACTIVE nor re-created, when it was
+        /// requested.
         since: Instant,
     },
     /// PENDING_* (PENDING_DELETE included) for longer than the stuck threshold.
     Stuck {
+        /// When it went pending (as for `Pending`), or when it was first seen PENDING_DELETE.
         since: Instant,
     },
+    /// Its `provisioning_status` is ERROR: Octavia's last create, update or delete of it failed.
     Error {
+        /// When it was first seen in ERROR.
         since: Instant,
     },
     /// Not (yet) in its pool; `since` is when it was requested or disappeared.
     Missing {
+        /// When it was requested, or when a poll first found it gone from its pool.
         since: Instant,
     },
     /// PENDING_DELETE: on its way out although desired.
     Deleting {
+        /// When it was first seen PENDING_DELETE.
         since: Instant,
     },
     /// DELETED, or its pool is not known: it will not serve.
@@ -94,6 +106,7 @@ impl MemberVerdict {
         }
     }
 
+    /// The verdict's kind as a name (see [`MemberVerdictKind::as_str`]).
     pub fn name(self) -> &'static str {
         self.kind().as_str()
     }
@@ -102,19 +115,30 @@ impl MemberVerdict {
 /// [`MemberVerdict`]'s variants, for counting and labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemberVerdictKind {
+    /// Ready: ACTIVE (and serving, under the serving gate).
     Active,
+    /// ACTIVE, but not yet seen serving by its monitor.
     NotYetServing,
+    /// ACTIVE and not serving for longer than the not-serving threshold.
     NotServing,
+    /// ACTIVE at weight 0 and seen up for the settle time: it may be let in.
     OutOfTraffic,
+    /// PENDING_CREATE or PENDING_UPDATE.
     Pending,
+    /// PENDING_* for longer than the stuck threshold.
     Stuck,
+    /// Provisioning status ERROR.
     Error,
+    /// Not (yet) in its pool.
     Missing,
+    /// PENDING_DELETE although desired.
     Deleting,
+    /// DELETED, or its pool is not known.
     Gone,
 }
 
 impl MemberVerdictKind {
+    /// Every kind, in declaration order (each has a `capo_lb_members` series from the start).
     pub const ALL: [MemberVerdictKind; 10] = [
         MemberVerdictKind::Active,
         MemberVerdictKind::NotYetServing,
@@ -128,6 +152,7 @@ impl MemberVerdictKind {
         MemberVerdictKind::Gone,
     ];
 
+    /// The kind's name, as in the `verdict` metric label: the variant's name.
     pub fn as_str(self) -> &'static str {
         match self {
             MemberVerdictKind::Active => "Active",
@@ -232,18 +257,28 @@ fn provisioning_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration
 pub enum Reason {
     /// Not observed yet.
     NotObserved,
+    /// The load balancer is in ERROR or DELETED, or is gone (404).
     LoadBalancerError,
+    /// A desired member is in ERROR.
     MemberError,
+    /// A desired member has been PENDING_* for longer than the stuck threshold.
     MemberStuck,
+    /// A desired member is ACTIVE but has not served for longer than the not-serving threshold.
     MemberNotServing,
+    /// The load balancer itself is PENDING_* (or reads a status this code does not know).
     LoadBalancerPending,
+    /// Desired members are not in their pool: not yet created, being deleted, or gone.
     MembersMissing,
+    /// Desired members are PENDING_CREATE or PENDING_UPDATE.
     MembersPending,
+    /// Desired members are ACTIVE but not yet seen serving (the serving gate).
     MembersNotYetServing,
+    /// The load balancer is ACTIVE and every desired member is ready: the gate is open.
     Ready,
 }
 
 impl Reason {
+    /// Every reason, most serious first (the order of the API's `LOAD_BALANCER_GATE`).
     pub const ALL: [Reason; 10] = [
         Reason::NotObserved,
         Reason::LoadBalancerError,
@@ -282,9 +317,12 @@ impl Reason {
 /// A load balancer's verdict with the members behind it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LbVerdict {
+    /// Why the LB is (not) ready: the most serious reason that applies.
     pub reason: Reason,
     /// The LB's provisioning status, if observed and present.
     pub lb_status: Option<ProvisioningStatus>,
+    /// When the LB's provisioning status last changed (or it went gone); before the first poll,
+    /// when tracking began.
     pub lb_since: Instant,
     /// Each desired member: name, pool port, verdict.
     pub members: Vec<(String, u16, MemberVerdict)>,
@@ -300,6 +338,7 @@ pub struct LbVerdict {
 }
 
 impl LbVerdict {
+    /// Whether the gate is open (the reason is [`Reason::Ready`]).
     pub fn is_ready(&self) -> bool {
         self.reason == Reason::Ready
     }
@@ -418,6 +457,8 @@ fn human(duration: Duration) -> String {
     }
 }
 
+/// The load balancer's verdict at `now` under `rules`: each desired member's verdict, and the
+/// most serious reason that applies.
 pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict {
     let members: Vec<(String, u16, MemberVerdict)> = track
         .members
@@ -487,15 +528,20 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict
 /// Health from operating status: reported, never blocking.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
+    /// No desired member seen reads anything but ONLINE or NO_MONITOR.
     Healthy,
     /// Members reading OFFLINE, ERROR, DEGRADED or DRAINING (NO_MONITOR is healthy: nothing
     /// watches them).
     Degraded {
+        /// Each such member's name in Octavia and its operating status.
         members: Vec<(String, OperatingStatus)>,
     },
+    /// The load balancer has not been observed yet.
     Unknown,
 }
 
+/// The load balancer's health from its desired members' operating statuses; `Unknown` until
+/// a poll has answered.
 pub fn health(track: &LbTrack) -> Health {
     if track.lb.is_none() {
         return Health::Unknown;

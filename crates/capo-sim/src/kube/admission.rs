@@ -2,7 +2,7 @@
 //! object is checked against the schema and CEL rules of the version it was sent in (the
 //! old object read into that version), then sent to every ValidatingWebhookConfiguration
 //! webhook whose rules match (`AdmissionReview` v1 over HTTPS, through the
-//! [`Converter`](super::conversion::Converter)'s routes). With `matchPolicy: Equivalent` (the
+//! [`Converter`]'s routes). With `matchPolicy: Equivalent` (the
 //! default) a request in a version the rule does not list is converted to one it lists, and
 //! `requestKind` keeps the version sent. A refusal reads as the real server's:
 //! `admission webhook "<name>" denied the request: <message>`.

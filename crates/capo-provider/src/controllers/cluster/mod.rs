@@ -72,23 +72,35 @@ const STATUS_FIELDS: &[&str] = &[
     "observedGeneration",
 ];
 
+/// Why a reconcile of an OpenStackCluster failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
+        /// What was being done (`reading the OpenStackCluster`, `writing status`).
         what: String,
+        /// The Kubernetes client's error.
         #[source]
         source: kube::Error,
     },
+    /// No OpenStack client could be had from the `identityRef`.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// The spec cannot work as written (it names something missing, or asks for what
+    /// the cloud cannot do); the message says why.
     #[error("{0}")]
     InvalidSpec(String),
+    /// Finding what the spec names by filter (a network, a subnet) failed: none or
+    /// several match, or the lookup itself failed in the cloud.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// An OpenStack request failed.
     #[error("{action}: {source}")]
     Cloud {
+        /// What was being done (`creating the load balancer`).
         action: String,
+        /// The cloud's error; its category is the error's.
         #[source]
         source: CloudError,
     },
@@ -1046,6 +1058,7 @@ mod tests {
         for routine in [
             reasons::MEMBERS_PENDING,
             reasons::MEMBERS_MISSING,
+            reasons::MEMBERS_NOT_YET_SERVING,
             reasons::LOAD_BALANCER_PENDING,
         ] {
             let status = status_with_gate(true, ("False", routine));
@@ -1062,6 +1075,7 @@ mod tests {
         for serious in [
             reasons::MEMBER_STUCK,
             reasons::MEMBER_ERROR,
+            reasons::MEMBER_NOT_SERVING,
             reasons::LOAD_BALANCER_ERROR,
         ] {
             let status = status_with_gate(true, ("False", serious));

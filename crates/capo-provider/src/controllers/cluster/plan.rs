@@ -20,15 +20,21 @@ pub struct Names {
     pub resource: String,
     /// Network, subnet and router.
     pub network: String,
+    /// The API load balancer, `k8s-clusterapi-cluster-<resource>-kubeapi`; its listeners,
+    /// pools and monitors add `-<port>`.
     pub load_balancer: String,
+    /// The control plane's security group, `k8s-cluster-<resource>-secgroup-controlplane`.
     pub control_plane_group: String,
+    /// The workers' security group, `k8s-cluster-<resource>-secgroup-worker`.
     pub worker_group: String,
+    /// The bastion's security group, `k8s-cluster-<resource>-secgroup-bastion`.
     pub bastion_group: String,
     /// The bastion's OpenStackServer.
     pub bastion: String,
 }
 
 impl Names {
+    /// The names for the cluster `cluster` in `namespace`.
     pub fn new(namespace: &str, cluster: &str) -> Self {
         let resource = format!("{namespace}-{cluster}");
         let group = |role: &str| format!("k8s-cluster-{resource}-secgroup-{role}");
@@ -193,6 +199,7 @@ pub fn tags(spec: &OpenStackClusterSpec) -> Vec<String> {
 /// What a pool's health monitor needs to become the wanted one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MonitorChange {
+    /// The monitor is as wanted: nothing to do.
     None,
     /// Timings or the HTTP request differ: a PUT changes them in place.
     Update,
@@ -200,6 +207,8 @@ pub enum MonitorChange {
     Replace,
 }
 
+/// What `have`, the pool's monitor in Octavia, needs to become `wanted`; of the HTTP
+/// fields (`url_path`, `expected_codes`) only those `wanted` sets are compared.
 pub fn monitor_change(have: &HealthMonitor, wanted: &HealthMonitorSpec) -> MonitorChange {
     if !have.kind.eq_ignore_ascii_case(&wanted.kind) {
         return MonitorChange::Replace;

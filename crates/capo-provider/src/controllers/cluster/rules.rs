@@ -11,14 +11,19 @@ use crate::cloud::neutron::SecurityGroupRule;
 /// The managed groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
+    /// The control plane nodes' group (`controlplane`).
     ControlPlane,
+    /// The worker nodes' group (`worker`).
     Worker,
+    /// The bastion's group (`bastion`), only while the bastion is enabled.
     Bastion,
 }
 
 impl Role {
+    /// Every role, in order.
     pub const ALL: [Role; 3] = [Role::ControlPlane, Role::Worker, Role::Bastion];
 
+    /// The role as messages name it (`control plane`, `worker`, `bastion`).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::ControlPlane => "control plane",
@@ -40,9 +45,12 @@ impl From<ManagedGroupName> for Role {
 
 /// What the rules are built from.
 pub struct RuleInputs<'a> {
+    /// The OpenStackCluster's spec: `managedSecurityGroups` and its extra rules.
     pub spec: &'a OpenStackClusterSpec,
     /// Each existing group's ID.
     pub ids: &'a BTreeMap<Role, String>,
+    /// Whether the cluster has a bastion: the nodes then admit SSH from its group; without
+    /// one, an extra rule naming the bastion group is a spec error.
     pub bastion_enabled: bool,
     /// The cluster subnets' IPv4 CIDRs (NodePorts are open to them).
     pub node_cidrs: &'a [String],

@@ -57,21 +57,31 @@ const STATUS_FIELDS: &[&str] = &[
     "observedGeneration",
 ];
 
+/// Why a reconcile of an OpenStackFloatingIPPool failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
+    /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
+        /// What was being done (`listing IPAddressClaims`, `writing status`).
         what: String,
+        /// The Kubernetes client's error.
         #[source]
         source: kube::Error,
     },
+    /// No OpenStack client could be had from the `identityRef`.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// `floatingIPNetwork` matches no external network, or more than one (reason
+    /// UnableToFindNetwork).
     #[error("{0}")]
     Network(String),
+    /// An OpenStack request failed.
     #[error("{action}: {source}")]
     Cloud {
+        /// What was being done (`finding the pool's external network`).
         action: String,
+        /// The cloud's error; its category is the error's.
         #[source]
         source: CloudError,
     },

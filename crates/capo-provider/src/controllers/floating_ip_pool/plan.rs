@@ -14,19 +14,26 @@ use capo_api::floating_ip_pool::ReclaimPolicy;
 /// The pool's spec and last status, as the plan needs them.
 #[derive(Clone, Debug, Default)]
 pub struct Pool {
+    /// `spec.preAllocatedFloatingIPs`: IPs handed out first, never deleted on release.
     pub preallocated: Vec<String>,
+    /// `status.availableIPs` as last written: IPs the pool held free.
     pub available: Vec<String>,
+    /// `spec.reclaimPolicy`: whether a released IP (not preallocated) is deleted or kept.
     pub reclaim: ReclaimPolicy,
+    /// `spec.maxIPs`: the most IPs claimed at once; `None` for no limit.
     pub max_ips: Option<i64>,
 }
 
 /// An IPAddress of this pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Address {
+    /// The IPAddress's name, the same as its claim's.
     pub name: String,
     /// The claim it answers (`spec.claimRef`).
     pub claim: String,
+    /// The IP it holds (`spec.address`).
     pub ip: String,
+    /// It has a deletion timestamp: its IP is to be released.
     pub deleting: bool,
     /// It still carries the pool's finalizer: its floating IP has not been released.
     pub held: bool,
@@ -35,7 +42,9 @@ pub struct Address {
 /// An IPAddressClaim asking this pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
+    /// The claim's name.
     pub name: String,
+    /// It has a deletion timestamp: it gets no address, and its IPAddress goes.
     pub deleting: bool,
     /// The claim's `status.addressRef` names an address already.
     pub answered: bool,
@@ -44,8 +53,11 @@ pub struct Claim {
 /// A floating IP on the pool's network, as Neutron lists it for the project.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudIp {
+    /// Neutron's ID of the floating IP.
     pub id: String,
+    /// The address itself (`floating_ip_address`).
     pub ip: String,
+    /// Associated with a port (`port_id` set).
     pub attached: bool,
     /// It carries the pool's tag: the pool allocated it.
     pub tagged: bool,
@@ -55,15 +67,26 @@ pub struct CloudIp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Release {
     /// Reclaim policy Delete, and not preallocated: delete it.
-    Delete { address: String, id: String },
+    Delete {
+        /// The IPAddress's name.
+        address: String,
+        /// The floating IP's Neutron ID.
+        id: String,
+    },
     /// Back into the pool, detached first when still attached.
     Return {
+        /// The IPAddress's name.
         address: String,
+        /// The floating IP's Neutron ID.
         id: String,
+        /// Still associated with a port: detach it first.
         detach: bool,
     },
     /// Neutron no longer has it: nothing to release.
-    Gone { address: String },
+    Gone {
+        /// The IPAddress's name.
+        address: String,
+    },
 }
 
 impl Release {
@@ -81,28 +104,45 @@ impl Release {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// Its IPAddress exists already (a lost status write): point the claim at it.
-    Link { claim: String },
+    Link {
+        /// The claim's name (its IPAddress is named the same).
+        claim: String,
+    },
     /// An IP the pool holds.
-    Give { claim: String, ip: String },
+    Give {
+        /// The claim's name (its IPAddress is named the same).
+        claim: String,
+        /// The IP given.
+        ip: String,
+    },
     /// A new floating IP from the network.
-    Allocate { claim: String },
+    Allocate {
+        /// The claim's name (its IPAddress is named the same).
+        claim: String,
+    },
 }
 
 /// Everything one pass does.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
+    /// How each going IPAddress that still holds its floating IP lets it go.
     pub releases: Vec<Release>,
     /// IPAddresses whose claim is gone or going: deleted, so their IP is released. A
     /// garbage collector would do it through the owner reference; not waiting for one
     /// means nothing leaks where none runs, and the IP comes back sooner.
     pub orphans: Vec<String>,
+    /// How each live claim with no address yet is answered, in the claims' order.
     pub answers: Vec<Answer>,
     /// Claims left waiting because `maxIPs` is reached.
     pub over_max: Vec<String>,
     /// Addresses that two live IPAddresses hold (left by an earlier provider): reported.
     pub duplicates: Vec<String>,
+    /// `status.claimedIPs`: the IPs live IPAddresses hold, and those given this pass.
     pub claimed: Vec<String>,
+    /// `status.availableIPs`: the IPs the pool still holds free after this pass's answers.
     pub available: Vec<String>,
+    /// `status.failedIPs`: IPs the pool should hold (preallocated or free) that Neutron
+    /// does not have.
     pub failed: Vec<String>,
 }
 

@@ -66,23 +66,34 @@ const STATUS_FIELDS: &[&str] = &[
     "observedGeneration",
 ];
 
+/// Why a reconcile of an OpenStackMachine failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
+    /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
+        /// What was being done (`creating the OpenStackServer`, `writing status`).
         what: String,
+        /// The Kubernetes client's error.
         #[source]
         source: kube::Error,
     },
+    /// No OpenStack client could be had from the `identityRef`.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// Finding the subnet of a load balancer member failed: none or several match, or
+    /// the lookup itself failed in the cloud.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// The spec cannot work as written; the message says why.
     #[error("{0}")]
     InvalidSpec(String),
+    /// An OpenStack request failed.
     #[error("{action}: {source}")]
     Cloud {
+        /// What was being done (`deleting the member`).
         action: String,
+        /// The cloud's error; its category is the error's.
         #[source]
         source: CloudError,
     },

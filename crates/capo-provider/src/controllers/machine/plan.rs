@@ -17,10 +17,14 @@ use crate::membership::{MemberVerdict, Presence, Snapshot};
 
 /// What the server of a machine (or of the bastion) is built from, besides its own spec.
 pub struct Placement<'a> {
+    /// The OpenStackCluster's spec: its subnets, tags, and credentials to fall back on.
     pub cluster: &'a OpenStackClusterSpec,
+    /// The OpenStackCluster's status: the cluster network's ID.
     pub status: &'a OpenStackClusterStatus,
     /// The group of the machine's role (control plane, worker, bastion), when managed.
     pub role_security_group: Option<String>,
+    /// The Nova availability zone to boot in (the Machine's failure domain, or the
+    /// bastion's zone); `None` lets Nova choose.
     pub availability_zone: Option<String>,
     /// The Secret holding the user data.
     pub user_data: Option<String>,
@@ -136,15 +140,20 @@ pub fn role_security_group(
 /// One pool the machine's member belongs in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
+    /// The load balancer port the pool serves.
     pub port: u16,
+    /// Octavia's ID of the pool.
     pub id: String,
 }
 
 /// The machine's member in one pool, as the engine sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberView {
+    /// The load balancer port of the member's pool.
     pub port: u16,
+    /// The engine's verdict on the member.
     pub verdict: MemberVerdict,
+    /// Octavia's ID of the member, once known.
     pub id: Option<String>,
     /// What the last poll showed (`None`: not in its pool).
     pub status: Option<ProvisioningStatus>,
@@ -189,18 +198,40 @@ pub enum JoinStep {
     /// ACTIVE in every pool: the machine may be released to Cluster API.
     Released,
     /// Not in this pool: create it (the load balancer is ACTIVE).
-    Create { port: u16 },
+    Create {
+        /// The load balancer port of the member's pool.
+        port: u16,
+    },
     /// In ERROR: delete it so that it is created again.
-    Repair { port: u16, member_id: String },
+    Repair {
+        /// The load balancer port of the member's pool.
+        port: u16,
+        /// Octavia's ID of the member in ERROR.
+        member_id: String,
+    },
     /// In ERROR with every repair spent: a person must look.
-    Failed { port: u16 },
+    Failed {
+        /// The load balancer port of the member's pool.
+        port: u16,
+    },
     /// PENDING past the stuck threshold: held, and said so.
-    Stuck { port: u16 },
+    Stuck {
+        /// The load balancer port of the member's pool.
+        port: u16,
+    },
     /// ACTIVE, but its monitor has not seen its API serve past the not-serving threshold:
     /// held, and said so. Nothing is repaired: a new member would not make the API serve.
-    NotServing { port: u16 },
+    NotServing {
+        /// The load balancer port of the member's pool.
+        port: u16,
+    },
     /// Created at weight 0 to keep it out of traffic, and up: set its weight to 1.
-    Admit { port: u16, member_id: String },
+    Admit {
+        /// The load balancer port of the member's pool.
+        port: u16,
+        /// Octavia's ID of the member to let in.
+        member_id: String,
+    },
     /// On its way (pending, or waiting for the load balancer to unlock).
     Wait,
 }
@@ -423,9 +454,13 @@ pub fn join_condition(
 /// The machine's member in one pool while it leaves: what the engine last saw there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leaving {
+    /// The load balancer port of the pool.
     pub port: u16,
+    /// Octavia's ID of the pool.
     pub pool_id: String,
+    /// Octavia's ID of the member.
     pub member_id: String,
+    /// Its `provisioning_status` as last seen (PENDING_DELETE once its deletion is underway).
     pub status: ProvisioningStatus,
     /// Its health monitor says it does not serve (OFFLINE, ERROR): nothing to drain.
     pub failing: bool,
@@ -438,6 +473,7 @@ pub struct Leaving {
 /// A removal's drain: how long a member at weight 0 keeps its open connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Drain {
+    /// How long drained members keep their connections before they are deleted (zero: no drain).
     pub period: Duration,
     /// Since the first member's weight went to 0 in this removal (`None`: not yet).
     pub elapsed: Option<Duration>,
@@ -447,25 +483,41 @@ pub struct Drain {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaveStep {
     /// The member is the last ready one of its pool and the cluster stays: it stays too.
-    Hold { port: u16 },
+    Hold {
+        /// The load balancer port of the member's pool.
+        port: u16,
+    },
     /// The member was drained, and now no other member of its pool is ready (one stopped
     /// serving during the drain): its weight goes back to 1 and it is held.
     Restore {
+        /// The load balancer port of the pool.
         port: u16,
+        /// Octavia's ID of the pool.
         pool_id: String,
+        /// Octavia's ID of the member.
         member_id: String,
     },
     /// Set the member's weight to 0: no new connections, open ones go on.
     Drain {
+        /// The load balancer port of the pool.
         port: u16,
+        /// Octavia's ID of the pool.
         pool_id: String,
+        /// Octavia's ID of the member.
         member_id: String,
     },
     /// Drained; open connections get the rest of the drain period.
-    Draining { left: Duration },
+    Draining {
+        /// What remains of the drain period.
+        left: Duration,
+    },
+    /// Delete the member (drained for the whole period, or with nothing to drain).
     Delete {
+        /// The load balancer port of the pool.
         port: u16,
+        /// Octavia's ID of the pool.
         pool_id: String,
+        /// Octavia's ID of the member.
         member_id: String,
     },
     /// Deleted; not yet seen gone, or the load balancer not yet ACTIVE again.
@@ -571,6 +623,7 @@ pub const CREATE_UNSEEN_FOR: Duration = Duration::from_secs(60);
 /// balancer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
+    /// The OpenStackMachine's name.
     pub machine: String,
     /// Its port on the cluster network.
     pub port: String,
@@ -588,10 +641,18 @@ pub struct Holder {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AddressStep {
     /// Point the floating IP at this machine's port (the machine itself, or a successor).
-    Attach { machine: String, port: String },
+    Attach {
+        /// The OpenStackMachine that takes it.
+        machine: String,
+        /// Neutron's ID of that machine's port on the cluster network.
+        port: String,
+    },
     /// Where it is will do: on a fit machine (`Some`), or on a port capo-rs does not manage,
     /// which it leaves alone as CAPO does (`None`).
-    Keep { holder: Option<String> },
+    Keep {
+        /// The fit OpenStackMachine carrying it; `None` leaves it wherever it is.
+        holder: Option<String>,
+    },
     /// It is free, and this machine has no port on the cluster network to take it.
     NoPort,
     /// A leaving machine carries it, and no other machine can take it over.

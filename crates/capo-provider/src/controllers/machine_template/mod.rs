@@ -42,21 +42,32 @@ pub type Watched = DeserializeGuard<OpenStackMachineTemplate>;
 /// The status fields this controller writes.
 const STATUS_FIELDS: &[&str] = &["capacity", "nodeInfo", "conditions", "observedGeneration"];
 
+/// Why a reconcile of an OpenStackMachineTemplate failed; its category says what happens
+/// next (a flavor Nova does not have is a spec error).
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
+    /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
+        /// What was being done (`writing status`).
         what: String,
+        /// The Kubernetes client's error.
         #[source]
         source: kube::Error,
     },
+    /// No OpenStack client could be had from the `identityRef`.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// The template's flavor or image names nothing, or not exactly one, or the lookup itself
+    /// failed in the cloud.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    /// An OpenStack request failed.
     #[error("{action}: {source}")]
     Cloud {
+        /// What was being done (`reading the flavor`).
         action: String,
+        /// The cloud's error; a 404 counts as a spec error, others by their category.
         #[source]
         source: CloudError,
     },

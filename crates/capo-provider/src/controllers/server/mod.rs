@@ -53,16 +53,24 @@ const STATUS_FIELDS: &[&str] = &[
     "observedGeneration",
 ];
 
+/// Why a reconcile of an OpenStackServer failed; its category (and [`ServerError::reason`])
+/// say what happens next and what the conditions and events show.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
+        /// What was being done (`adding the finalizer`, `writing status`).
         what: String,
+        /// The Kubernetes client's error.
         #[source]
         source: kube::Error,
     },
+    /// No OpenStack client could be had from the `identityRef`.
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    /// The spec cannot work as written (it fails validation, or asks for trunk ports on a
+    /// Neutron without the trunk extension); the message says why.
     #[error("{0}")]
     InvalidSpec(String),
     /// The floating IP from `floatingIPPoolRef` cannot be had or attached.
@@ -71,14 +79,20 @@ pub enum ServerError {
     /// The pool has not answered the server's IPAddressClaim yet: its watch wakes us.
     #[error("{0}")]
     WaitingForAddress(String),
+    /// Turning what the spec names (image, flavor, networks, subnets, security groups)
+    /// into IDs failed: none or several match, or the lookup itself failed in the cloud.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
     /// The user-data Secret (or its `value` key) is missing.
     #[error("{0}")]
     UserData(String),
+    /// An OpenStack request failed (a 404 here came from a create naming something missing,
+    /// a spec error).
     #[error("{action}: {source}")]
     Cloud {
+        /// What was being done (`asking Neutron for its trunk extension`).
         action: String,
+        /// The cloud's error.
         #[source]
         source: CloudError,
     },
@@ -86,6 +100,8 @@ pub enum ServerError {
     /// name is gone: it is looked up again on the next pass.
     #[error("{0}; looking it up again")]
     LookupGone(String),
+    /// The named Cinder volume went to status `error`; someone must delete it (reason
+    /// VolumeError).
     #[error("volume {0} is in ERROR: delete it, and capo-rs creates it again")]
     VolumeFailed(String),
     /// Several servers carry our server's name: which one is ours cannot be told.

@@ -26,8 +26,10 @@ pub fn validate(spec: &OpenStackServerSpec) -> Result<(), SpecProblem> {
     Ok(())
 }
 
+/// Why a spec is refused before any cloud call (see [`validate`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SpecProblem {
+    /// The spec cannot work as written (it asks for no port); the message says why.
     Invalid(String),
 }
 
@@ -59,9 +61,11 @@ pub fn default_description(cluster: Option<&str>) -> String {
 
 /// What a port resolved to, once its network, subnets and security groups are UUIDs.
 pub struct ResolvedRefs {
+    /// Neutron's ID of the port's network.
     pub network_id: String,
     /// (subnet id, address) per requested fixed IP.
     pub fixed_ips: Vec<(Option<String>, Option<String>)>,
+    /// Neutron's IDs of the port's security groups.
     pub security_groups: Vec<String>,
 }
 
@@ -165,6 +169,7 @@ pub fn port_request(port: &ResolvedPortSpec) -> PortSpec {
 /// A Cinder volume the server needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VolumeWant {
+    /// The Cinder create request: name, size (GiB), type, zone, and the image of a root volume.
     pub request: VolumeSpec,
     /// The root volume (boot index 0).
     pub boot: bool,
@@ -173,6 +178,7 @@ pub struct VolumeWant {
 }
 
 impl VolumeWant {
+    /// The volume's name (`<server>-root`, `<server>-<device>`).
     pub fn name(&self) -> &str {
         &self.request.name
     }
@@ -345,6 +351,7 @@ pub fn server_request(
 pub enum ServerState {
     /// None exists (none recorded, none by name).
     Absent,
+    /// It exists, as Nova shows it.
     Found(Box<Server>),
     /// The server we recorded is gone, and we did not delete it.
     Lost(String),
@@ -354,23 +361,30 @@ pub enum ServerState {
 /// wanted volumes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
+    /// Neutron's ID of each resolved port (`None`: not created yet).
     pub ports: Vec<Option<String>>,
     /// The trunk of each port that wants one (`None` for ports that do not).
     pub trunks: Vec<Option<String>>,
+    /// Each wanted volume as Cinder shows it (`None`: not created yet).
     pub volumes: Vec<Option<Volume>>,
+    /// Whether the server exists, and as what.
     pub server: ServerState,
 }
 
 /// What to do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Next {
+    /// Create the ports at these indices of the resolved ports.
     CreatePorts(Vec<usize>),
+    /// Create a trunk on each port at these indices: they want one and have none.
     CreateTrunks(Vec<usize>),
+    /// Create the wanted volumes at these indices.
     CreateVolumes(Vec<usize>),
     /// These volumes are still being created.
     WaitForVolumes(Vec<String>),
     /// This volume ended in ERROR.
     VolumeFailed(String),
+    /// Every port and volume is ready: create the server.
     CreateServer,
     /// The server exists: report it.
     Report,
@@ -427,6 +441,7 @@ pub fn next_step(wants_trunk: &[bool], observed: &Observed) -> Next {
 /// What a server's state means for the object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceView {
+    /// `InstanceReady`, as the server's state sets it.
     pub condition: Desired<'static>,
     /// ACTIVE: the infrastructure is provisioned (write-once).
     pub provisioned: bool,

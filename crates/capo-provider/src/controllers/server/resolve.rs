@@ -13,14 +13,18 @@ use super::plan::{ResolvedRefs, resolved_port};
 use crate::cloud::neutron::Filter;
 use crate::cloud::{CloudClient, CloudError};
 
+/// Why something the spec names could not be turned into an ID.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
     /// The spec names something the cloud does not have, or names it ambiguously.
     #[error("{0}")]
     Spec(String),
+    /// The lookup itself failed in the cloud.
     #[error("resolving {what}: {source}")]
     Cloud {
+        /// What was being looked up (`the image`, `a subnet of port 0`).
         what: String,
+        /// The cloud's error.
         #[source]
         source: CloudError,
     },

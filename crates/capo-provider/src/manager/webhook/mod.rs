@@ -55,6 +55,8 @@ pub struct WebhookMetrics {
 }
 
 impl WebhookMetrics {
+    /// Creates the webhook's request-duration histogram, converted-objects counter and
+    /// certificate-loads counter, and registers them in `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let duration = HistogramVec::new(
             HistogramOpts::new(
@@ -187,11 +189,16 @@ fn json_response(answer: &Value) -> Response {
 /// Why the webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
+    /// The listening socket could not be bound, or its bound address not read.
     #[error("webhook server cannot listen on {address}: {source}")]
     Bind {
+        /// The address asked for (`WebhookConfig::address`).
         address: SocketAddr,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// rustls refused the server configuration (its safe default protocol versions with the
+    /// crypto provider).
     #[error("webhook server TLS setup: {0}")]
     Tls(String),
 }

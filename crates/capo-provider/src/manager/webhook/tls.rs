@@ -21,15 +21,28 @@ pub const KEY_FILE: &str = "tls.key";
 /// Why a certificate could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
+    /// A file of the pair could not be read (missing, or not yet mounted).
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file: `tls.crt` or `tls.key` in the directory.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The certificate file holds no PEM certificate that parses.
     #[error("{path} holds no PEM certificate")]
-    NoCertificate { path: PathBuf },
+    NoCertificate {
+        /// The certificate file (`tls.crt` in the directory).
+        path: PathBuf,
+    },
+    /// The private key does not parse as PEM, or does not match the certificate.
     #[error("{path}: {reason}")]
-    Key { path: PathBuf, reason: String },
+    Key {
+        /// The key file (`tls.key` in the directory).
+        path: PathBuf,
+        /// What is wrong with the key, with the parser's or rustls' error.
+        reason: String,
+    },
 }
 
 /// What was loaded, and from which bytes (to see a change without parsing).
@@ -59,7 +72,10 @@ pub enum Reload {
     /// The files are what is served already.
     Unchanged,
     /// A new certificate is served; its leaf's SHA-256, shortened.
-    Loaded { fingerprint: String },
+    Loaded {
+        /// The first 8 bytes of the leaf certificate's SHA-256, as 16 lower-case hex digits.
+        fingerprint: String,
+    },
 }
 
 impl CertificateStore {
