@@ -134,8 +134,6 @@ where
     Ok(())
 }
 
-/// How a reconcile of `key` ended: the metrics, the per-object backoff (reset on success,
-/// forgotten once the object is deleted), and what kube-runtime does next.
 /// `controller/namespace/name`: an object's key in the context's per-object state.
 pub fn object_key<K: ResourceExt>(controller: &str, object: &K) -> String {
     format!(
@@ -145,14 +143,17 @@ pub fn object_key<K: ResourceExt>(controller: &str, object: &K) -> String {
     )
 }
 
-/// One reconcile of a watched object, as kube-runtime's `Controller` calls it: a span named
-/// for the object, the reconcile metrics, then `reconcile`; an object that does not decode is
+/// One reconcile of a watched object, as kube-runtime's `Controller` calls it; every
+/// controller's entry. A span named for the object, the reconcile metrics, then `reconcile`
+/// with the object's key in the context's per-object state; an object that does not decode is
 /// reported instead (a Warning event and a condition; `write_failed` wraps a failed write).
+/// The outcome sets the object's backoff and what kube-runtime does next ([`conclude`]);
+/// after an error, [`back_off`] does.
 pub async fn reconcile_watched<K, S, E>(
     controller: &'static str,
     object: Arc<S>,
     ctx: Arc<Context>,
-    reconcile: impl AsyncFnOnce(&K, &Context) -> Result<Outcome, E>,
+    reconcile: impl AsyncFnOnce(&K, &Context, &str) -> Result<Outcome, E>,
     write_failed: impl FnOnce(kube::Error) -> E,
 ) -> Result<Action, E>
 where
@@ -175,7 +176,7 @@ where
     let reconciling = ctx.metrics.reconciling(controller, &key);
     let result = async {
         match object.decoded() {
-            Ok(inner) => reconcile(&inner, &ctx).await,
+            Ok(inner) => reconcile(&inner, &ctx, &key).await,
             Err(invalid) => report_invalid::<K>(object.as_ref(), &invalid, &ctx)
                 .await
                 .map(|()| Outcome::Unreadable)
@@ -207,4 +208,15 @@ pub fn conclude<E: Categorized>(
         Err(error) => reconciling.finish(metrics::ReconcileResult::Error(error.category())),
     }
     result.map(|outcome| outcome.action(ctx.settled_for(key)))
+}
+
+/// Every controller's error policy: the object backs off by its error's category (the
+/// per-object backoff, or the cloud's Retry-After), or waits for a change.
+pub fn back_off<S: ResourceExt>(
+    controller: &str,
+    object: &S,
+    error: &impl Categorized,
+    ctx: &Context,
+) -> Action {
+    ctx.after_error(&object_key(controller, object), error.category())
 }

@@ -29,14 +29,12 @@ use capo_api::conditions::{self, Desired, Status, owned, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::core::error_boundary::InvalidObject;
 
-use super::packed::{Packed, Stored};
+use super::packed::Packed;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tracing::Instrument;
 
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
@@ -166,10 +164,6 @@ fn at(condition: &'static str) -> impl FnOnce(ClusterError) -> Failure {
     move |error| Failure { condition, error }
 }
 
-fn backoff_key(object: &Watched) -> String {
-    object_key(&object.namespace().unwrap_or_default(), &object.name_any())
-}
-
 /// The key of an OpenStackCluster in the context's per-object state.
 pub fn object_key(namespace: &str, name: &str) -> String {
     format!("{CONTROLLER}/{namespace}/{name}")
@@ -177,30 +171,20 @@ pub fn object_key(namespace: &str, name: &str) -> String {
 
 /// One reconcile, as kube-runtime's `Controller` calls it.
 pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, ClusterError> {
-    let span = tracing::info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        namespace = %object.namespace().unwrap_or_default(),
-        name = %object.name_any(),
-        generation = object.meta().generation.unwrap_or_default(),
-    );
-    let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
-    let result = async {
-        match object.decoded() {
-            Ok(cluster) => reconcile_cluster(&cluster, &ctx, &key).await,
-            Err(invalid) => report_invalid(&object, &invalid, &ctx).await,
-        }
-    }
-    .instrument(span)
-    .await;
-    super::conclude(&ctx, reconciling, &key, result)
+    super::reconcile_watched(
+        CONTROLLER,
+        object,
+        ctx,
+        reconcile_cluster,
+        ClusterError::kube("writing status"),
+    )
+    .await
 }
 
-/// After a failed reconcile: back off, or wait.
+/// After a failed reconcile: back off, or wait; the next pass is a complete one.
 pub fn error_policy(object: Arc<Watched>, error: &ClusterError, ctx: Arc<Context>) -> Action {
-    ctx.steps_needed(&backoff_key(&object));
-    ctx.after_error(&backoff_key(&object), error.category())
+    ctx.steps_needed(&super::object_key(CONTROLLER, object.as_ref()));
+    super::back_off(CONTROLLER, object.as_ref(), error, &ctx)
 }
 
 /// The steps of a complete pass that are skipped while fresh (see `Context::step_due`).
@@ -973,18 +957,6 @@ async fn report_error(pass: &Pass<'_>, status: &mut OpenStackClusterStatus, fail
     } else {
         tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
     }
-}
-
-/// An object we cannot read: reported, and the others go on.
-async fn report_invalid(
-    object: &Watched,
-    invalid: &InvalidObject,
-    ctx: &Context,
-) -> Result<Outcome, ClusterError> {
-    super::report_invalid::<OpenStackCluster>(object, invalid, ctx)
-        .await
-        .map_err(ClusterError::kube("writing status"))?;
-    Ok(Outcome::Unreadable)
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
         CONTROLLER,
         object,
         ctx,
-        reconcile_pool,
+        async |pool, ctx, _key| reconcile_pool(pool, ctx).await,
         PoolError::kube("writing status"),
     )
     .await
@@ -132,10 +132,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &PoolError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(
-        &super::object_key(CONTROLLER, object.as_ref()),
-        error.category(),
-    )
+    super::back_off(CONTROLLER, object.as_ref(), error, &ctx)
 }
 
 /// What one pass works with.

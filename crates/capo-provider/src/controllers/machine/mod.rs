@@ -31,14 +31,12 @@ use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::core::error_boundary::InvalidObject;
 
-use super::packed::{Packed, Stored};
+use super::packed::Packed;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tracing::Instrument;
 
 use super::error::{Categorized, ErrorCategory};
 use super::identity::IdentityError;
@@ -129,35 +127,21 @@ pub fn object_key(namespace: &str, name: &str) -> String {
     format!("{CONTROLLER}/{namespace}/{name}")
 }
 
-fn backoff_key(object: &Watched) -> String {
-    object_key(&object.namespace().unwrap_or_default(), &object.name_any())
-}
-
 /// One reconcile, as kube-runtime's `Controller` calls it.
 pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, MachineError> {
-    let span = tracing::info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        namespace = %object.namespace().unwrap_or_default(),
-        machine = %object.name_any(),
-        generation = object.meta().generation.unwrap_or_default(),
-    );
-    let key = backoff_key(&object);
-    let reconciling = ctx.metrics.reconciling(CONTROLLER, &key);
-    let result = async {
-        match object.decoded() {
-            Ok(machine) => reconcile_machine(&machine, &ctx, &key).await,
-            Err(invalid) => report_invalid(&object, &invalid, &ctx).await,
-        }
-    }
-    .instrument(span)
-    .await;
-    super::conclude(&ctx, reconciling, &key, result)
+    super::reconcile_watched(
+        CONTROLLER,
+        object,
+        ctx,
+        reconcile_machine,
+        MachineError::kube("writing status"),
+    )
+    .await
 }
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &MachineError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(&backoff_key(&object), error.category())
+    super::back_off(CONTROLLER, object.as_ref(), error, &ctx)
 }
 
 /// The objects a machine hangs from, as far as they exist.
@@ -625,16 +609,4 @@ async fn report_error(pass: &Pass<'_>, status: &mut InstanceStatus, error: &Mach
     } else {
         tracing::info!(category = category.label(), %message, "reconcile failed; retrying with backoff");
     }
-}
-
-/// An object we cannot read: reported, and the others go on.
-async fn report_invalid(
-    object: &Watched,
-    invalid: &InvalidObject,
-    ctx: &Context,
-) -> Result<Outcome, MachineError> {
-    super::report_invalid::<OpenStackMachine>(object, invalid, ctx)
-        .await
-        .map_err(MachineError::kube("writing status"))?;
-    Ok(Outcome::Unreadable)
 }

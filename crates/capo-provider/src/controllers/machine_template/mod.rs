@@ -91,21 +91,22 @@ impl Categorized for TemplateError {
 
 /// One reconcile, as kube-runtime's `Controller` calls it.
 pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action, TemplateError> {
-    super::reconcile_watched(CONTROLLER, object, ctx, reconcile_template, |source| {
-        TemplateError::Kubernetes {
+    super::reconcile_watched(
+        CONTROLLER,
+        object,
+        ctx,
+        async |template, ctx, _key| reconcile_template(template, ctx).await,
+        |source| TemplateError::Kubernetes {
             what: "writing status".into(),
             source,
-        }
-    })
+        },
+    )
     .await
 }
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &TemplateError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(
-        &super::object_key(CONTROLLER, object.as_ref()),
-        error.category(),
-    )
+    super::back_off(CONTROLLER, object.as_ref(), error, &ctx)
 }
 
 async fn reconcile_template(

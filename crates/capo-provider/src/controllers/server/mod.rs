@@ -170,7 +170,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
         CONTROLLER,
         object,
         ctx,
-        reconcile_server,
+        async |server, ctx, _key| reconcile_server(server, ctx).await,
         ServerError::kube("writing status"),
     )
     .await
@@ -178,10 +178,7 @@ pub async fn reconcile(object: Arc<Watched>, ctx: Arc<Context>) -> Result<Action
 
 /// After a failed reconcile: back off, or wait.
 pub fn error_policy(object: Arc<Watched>, error: &ServerError, ctx: Arc<Context>) -> Action {
-    ctx.after_error(
-        &super::object_key(CONTROLLER, object.as_ref()),
-        error.category(),
-    )
+    super::back_off(CONTROLLER, object.as_ref(), error, &ctx)
 }
 
 async fn reconcile_server(server: &OpenStackServer, ctx: &Context) -> Result<Outcome, ServerError> {
