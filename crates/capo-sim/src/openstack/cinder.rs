@@ -8,8 +8,15 @@ use axum::http::Method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::env::{Env, Images, Reply, Timer, json_body};
 use super::faults::{Effect, ObjectKind};
-use super::world::{Reply, Timer, World, json_body};
+
+/// Cinder's state and the environment, lent for one call, with Glance's images to check.
+pub struct Cx<'a> {
+    pub cinder: &'a mut Cinder,
+    pub env: &'a mut Env,
+    pub images: &'a dyn Images,
+}
 
 /// What follows `v3/`: anything else there is a project id (`v3/{project_id}/volumes`).
 const COLLECTIONS: &[&str] = &["volumes", "types", "os-availability-zone"];
@@ -87,7 +94,7 @@ impl Cinder {
     }
 }
 
-pub fn seed(world: &mut World) {
+pub fn seed(world: &mut Cx<'_>) {
     world.cinder.types = TYPES
         .iter()
         .map(|(id, name, description)| {
@@ -117,7 +124,7 @@ pub fn unscoped<'a>(rest: &[&'a str]) -> Vec<&'a str> {
 
 /// `/block-storage/v3/...` and `/block-storage/v3/{project_id}/...` requests.
 pub fn handle(
-    world: &mut World,
+    world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
@@ -128,7 +135,7 @@ pub fn handle(
     };
     let rest = match rest {
         ["v3", project, tail @ ..] if !COLLECTIONS.contains(project) => {
-            if *project != world.settings.project_id {
+            if *project != world.env.settings.project_id {
                 return no_resource();
             }
             tail
@@ -156,12 +163,16 @@ pub fn handle(
     }
 }
 
-fn stamp(world: &World) -> String {
-    world.wall_now().format("%Y-%m-%dT%H:%M:%S%.6f").to_string()
+fn stamp(world: &Cx<'_>) -> String {
+    world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%S%.6f")
+        .to_string()
 }
 
 /// Checks a create in Cinder's order (size, type, image, zone); the type's name on success.
-fn validate(world: &World, request: &Value) -> Result<String, Reply> {
+fn validate(world: &Cx<'_>, request: &Value) -> Result<String, Reply> {
     let size = &request["size"];
     let valid_size = match size {
         Value::Number(n) => n.as_u64(),
@@ -199,7 +210,9 @@ fn validate(world: &World, request: &Value) -> Result<String, Reply> {
         },
     };
     if let Some(image) = request.get("imageRef").filter(|i| !i.is_null())
-        && !image.as_str().is_some_and(|i| world.glance.exists(i))
+        && image
+            .as_str()
+            .is_none_or(|i| world.images.image(i).is_none())
     {
         return Err(Reply::cinder(
             400,
@@ -218,8 +231,8 @@ fn validate(world: &World, request: &Value) -> Result<String, Reply> {
 }
 
 /// Stores a volume built from a validated request, in `status`; returns its id.
-fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -> String {
-    let id = world.uuid();
+fn insert(world: &mut Cx<'_>, request: &Value, volume_type: &str, status: &str) -> String {
+    let id = world.env.uuid();
     let now = stamp(world);
     let size = match &request["size"] {
         Value::String(s) => s.parse().unwrap_or(1),
@@ -227,8 +240,8 @@ fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -
     };
     let image = request["imageRef"]
         .as_str()
-        .and_then(|i| world.glance.find(i));
-    let project = world.settings.project_id.clone();
+        .and_then(|i| world.images.image(i));
+    let project = world.env.settings.project_id.clone();
     let mut body = json!({
         "id": id, "name": request["name"].as_str(), "description": request["description"].as_str(),
         "status": status, "size": size,
@@ -240,8 +253,8 @@ fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -
                   {"rel": "bookmark", "href": format!("/volume/{project}/volumes/{id}")}],
         "created_at": now, "updated_at": null, "snapshot_id": null,
         "source_volid": null, "consistencygroup_id": null, "replication_status": null,
-        "user_id": format!("{}-id", world.settings.username),
-        "os-vol-tenant-attr:tenant_id": world.settings.project_id,
+        "user_id": format!("{}-id", world.env.settings.username),
+        "os-vol-tenant-attr:tenant_id": world.env.settings.project_id,
     });
     if let Some(image) = image {
         body["volume_image_metadata"] = json!({
@@ -263,7 +276,7 @@ fn insert(world: &mut World, request: &Value, volume_type: &str, status: &str) -
     id
 }
 
-fn create_volume(world: &mut World, body: &Value) -> Reply {
+fn create_volume(world: &mut Cx<'_>, body: &Value) -> Reply {
     let Some(request) = body.get("volume").filter(|v| v.is_object()) else {
         return Reply::cinder(400, "Missing required element 'volume' in request body.");
     };
@@ -272,6 +285,7 @@ fn create_volume(world: &mut World, body: &Value) -> Reply {
         Err(reply) => return reply,
     };
     if let Some(limit) = world
+        .env
         .settings
         .quotas
         .volumes
@@ -291,7 +305,9 @@ fn create_volume(world: &mut World, body: &Value) -> Reply {
         volume.next = Some(pending);
     }
     if let (_, Some(due)) = pending {
-        world.schedule(due - Instant::now(), Timer::Volume(id.clone()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::Volume(id.clone()));
     }
     match world.cinder.get(&id) {
         // The create answer leaves the owner out (a GET shows it).
@@ -308,13 +324,13 @@ fn create_volume(world: &mut World, body: &Value) -> Reply {
 
 /// A volume Nova creates for an `image` or `blank` mapping with destination `volume`: ready at
 /// once (Nova waits for it before it boots), returned for [`attach`].
-pub fn create_for_server(world: &mut World, name: &str, size: u64, image: Option<&str>) -> String {
+pub fn create_for_server(world: &mut Cx<'_>, name: &str, size: u64, image: Option<&str>) -> String {
     let request = json!({"name": name, "size": size, "imageRef": image});
     insert(world, &request, "__DEFAULT__", "available")
 }
 
 /// Filters `name` and `status` (exact), newest first as Cinder sorts by default.
-fn list_volumes(world: &World, query: &[(String, String)], detail: bool) -> Reply {
+fn list_volumes(world: &Cx<'_>, query: &[(String, String)], detail: bool) -> Reply {
     let mut volumes: Vec<&Volume> = world
         .cinder
         .volumes
@@ -340,7 +356,7 @@ fn list_volumes(world: &World, query: &[(String, String)], detail: bool) -> Repl
     Reply::ok(json!({"volumes": items}))
 }
 
-fn delete_volume(world: &mut World, id: &str) -> Reply {
+fn delete_volume(world: &mut Cx<'_>, id: &str) -> Reply {
     let Some(volume) = world.cinder.get(id) else {
         return not_found(id);
     };
@@ -360,14 +376,16 @@ fn delete_volume(world: &mut World, id: &str) -> Reply {
         volume.next = Some(pending);
     }
     if let (_, Some(due)) = pending {
-        world.schedule(due - Instant::now(), Timer::Volume(id.to_owned()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::Volume(id.to_owned()));
     }
     Reply::empty(202)
 }
 
 /// Attaches an available volume to a server: `in-use`, with Cinder's attachment record.
-pub fn attach(world: &mut World, volume: &str, server: &str, device: &str) {
-    let attachment = world.uuid();
+pub fn attach(world: &mut Cx<'_>, volume: &str, server: &str, device: &str) {
+    let attachment = world.env.uuid();
     let now = stamp(world);
     if let Some(found) = world.cinder.volumes.get_mut(volume) {
         found.body["status"] = json!("in-use");
@@ -379,7 +397,7 @@ pub fn attach(world: &mut World, volume: &str, server: &str, device: &str) {
 }
 
 /// Drops the server's attachment; a volume with none left is `available` again.
-pub fn detach(world: &mut World, volume: &str, server: &str) {
+pub fn detach(world: &mut Cx<'_>, volume: &str, server: &str) {
     let now = stamp(world);
     let Some(found) = world.cinder.volumes.get_mut(volume) else {
         return;
@@ -397,7 +415,7 @@ pub fn detach(world: &mut World, volume: &str, server: &str) {
 
 /// What Nova does with a `delete_on_termination` volume of a server that is gone: detach, then
 /// delete unless Cinder would refuse (the volume went to another server meanwhile).
-pub fn delete_for_server(world: &mut World, volume: &str, server: &str) {
+pub fn delete_for_server(world: &mut Cx<'_>, volume: &str, server: &str) {
     detach(world, volume, server);
     let deletable = world.cinder.get(volume).is_some_and(|v| {
         DELETABLE.contains(&v["status"].as_str().unwrap_or_default())
@@ -408,12 +426,12 @@ pub fn delete_for_server(world: &mut World, volume: &str, server: &str) {
     }
 }
 
-fn plan(world: &mut World, name: &str, next: Next) -> (Next, Option<Instant>) {
-    let effect = world.scenario.take_effect(ObjectKind::Volume, name);
-    let unit = world.unit();
+fn plan(world: &mut Cx<'_>, name: &str, next: Next) -> (Next, Option<Instant>) {
+    let effect = world.env.scenario.take_effect(ObjectKind::Volume, name);
+    let unit = world.env.unit();
     let default = match next {
-        Next::Gone => world.scenario.timings.volume_delete.clone(),
-        _ => world.scenario.timings.volume_create.clone(),
+        Next::Gone => world.env.scenario.timings.volume_delete.clone(),
+        _ => world.env.scenario.timings.volume_create.clone(),
     };
     match effect {
         Some(Effect::Stuck) => (next, None),
@@ -425,7 +443,7 @@ fn plan(world: &mut World, name: &str, next: Next) -> (Next, Option<Instant>) {
     }
 }
 
-pub fn on_volume_timer(world: &mut World, id: &str) {
+pub fn on_volume_timer(world: &mut Cx<'_>, id: &str) {
     let Some((next, Some(due))) = world.cinder.volumes.get(id).and_then(|v| v.next) else {
         return;
     };
@@ -449,7 +467,7 @@ pub fn on_volume_timer(world: &mut World, id: &str) {
     }
 }
 
-pub fn release_stuck(world: &mut World) {
+pub fn release_stuck(world: &mut Cx<'_>) {
     let stuck: Vec<(String, String, Next)> = world
         .cinder
         .volumes
@@ -464,11 +482,11 @@ pub fn release_stuck(world: &mut World) {
         })
         .collect();
     for (id, name, next) in stuck {
-        if world.scenario.is_stuck(ObjectKind::Volume, &name) {
+        if world.env.scenario.is_stuck(ObjectKind::Volume, &name) {
             continue;
         }
-        let unit = world.unit();
-        let timings = &world.scenario.timings;
+        let unit = world.env.unit();
+        let timings = &world.env.scenario.timings;
         let delay = match next {
             Next::Gone => timings.volume_delete.sample(unit),
             _ => timings.volume_create.sample(unit),
@@ -476,6 +494,6 @@ pub fn release_stuck(world: &mut World) {
         if let Some(volume) = world.cinder.volumes.get_mut(&id) {
             volume.next = Some((next, Some(Instant::now() + delay)));
         }
-        world.schedule(delay, Timer::Volume(id));
+        world.env.schedule(delay, Timer::Volume(id));
     }
 }

@@ -3,7 +3,13 @@
 use axum::http::Method;
 use serde_json::{Value, json};
 
-use super::world::{Reply, World};
+use super::env::{Env, Reply};
+
+/// Glance's state and the environment, lent for one call.
+pub struct Cx<'a> {
+    pub glance: &'a mut Glance,
+    pub env: &'a mut Env,
+}
 
 #[derive(Debug, Default)]
 pub struct Glance {
@@ -11,17 +17,13 @@ pub struct Glance {
 }
 
 impl Glance {
-    pub fn exists(&self, id: &str) -> bool {
-        self.find(id).is_some()
-    }
-
     pub fn find(&self, id: &str) -> Option<&Value> {
         self.images.iter().find(|i| i["id"] == id)
     }
 }
 
 /// Images a CAPO cluster template usually names.
-pub fn seed(world: &mut World) {
+pub fn seed(world: &mut Cx<'_>) {
     for (name, tags) in [
         ("ubuntu-2404-kube-v1.33.4", vec!["capi"]),
         ("ubuntu-2204-kube-v1.32.8", vec!["capi"]),
@@ -37,9 +39,13 @@ pub fn seed(world: &mut World) {
     }
 }
 
-pub fn add_image(world: &mut World, name: &str, tags: &[&str]) -> String {
-    let id = world.uuid();
-    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+pub fn add_image(world: &mut Cx<'_>, name: &str, tags: &[&str]) -> String {
+    let id = world.env.uuid();
+    let now = world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     world.glance.images.push(json!({
         "id": id, "name": name, "status": "active", "tags": tags, "visibility": "public",
         "disk_format": "qcow2", "container_format": "bare", "min_disk": 0, "min_ram": 0,
@@ -49,14 +55,14 @@ pub fn add_image(world: &mut World, name: &str, tags: &[&str]) -> String {
         "stores": "fs",
         "created_at": now, "updated_at": now, "self": format!("/v2/images/{id}"),
         "file": format!("/v2/images/{id}/file"), "schema": "/v2/schemas/image",
-        "owner": world.settings.project_id,
+        "owner": world.env.settings.project_id,
     }));
     id
 }
 
 /// The image named `name` uploaded again, as an image pipeline publishes a rebuild: the old
 /// ones of that name are deleted, and the new one (a new ID) takes the name and tags.
-pub fn republish_image(world: &mut World, name: &str) -> String {
+pub fn republish_image(world: &mut Cx<'_>, name: &str) -> String {
     let tags: Vec<String> = world
         .glance
         .images
@@ -75,7 +81,7 @@ pub fn republish_image(world: &mut World, name: &str) -> String {
 }
 
 pub fn handle(
-    world: &mut World,
+    world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],

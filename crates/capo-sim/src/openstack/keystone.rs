@@ -7,7 +7,13 @@ use axum::http::Method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::world::{Reply, World};
+use super::env::{Env, Reply};
+
+/// Keystone's state and the environment, lent for one call.
+pub struct Cx<'a> {
+    pub keystone: &'a mut Keystone,
+    pub env: &'a mut Env,
+}
 
 #[derive(Debug, Default)]
 pub struct Keystone {
@@ -49,7 +55,13 @@ impl Keystone {
 }
 
 /// `/identity/...` requests. `base` is `http://host:port`.
-pub fn handle(world: &mut World, method: &Method, rest: &[&str], body: &[u8], base: &str) -> Reply {
+pub fn handle(
+    world: &mut Cx<'_>,
+    method: &Method,
+    rest: &[&str],
+    body: &[u8],
+    base: &str,
+) -> Reply {
     match (method.as_str(), rest) {
         ("GET", [] | ["v3"]) => Reply::ok(version_document(base)),
         ("POST", ["v3", "auth", "tokens"]) => issue(world, body, base),
@@ -70,7 +82,7 @@ fn version_document(base: &str) -> Value {
                          "type": "application/vnd.openstack.identity-v3+json"}]}})
 }
 
-fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
+fn issue(world: &mut Cx<'_>, body: &[u8], base: &str) -> Reply {
     let Ok(request) = serde_json::from_slice::<Value>(body) else {
         return Reply::json(
             400,
@@ -83,7 +95,7 @@ fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
         .as_array()
         .map(|m| m.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let settings = &world.settings;
+    let settings = &world.env.settings;
     let accepted = methods.iter().any(|method| match *method {
         "password" => {
             let user = &identity["password"]["user"];
@@ -102,17 +114,17 @@ fn issue(world: &mut World, body: &[u8], base: &str) -> Reply {
     if !accepted {
         return unauthorized();
     }
-    let token = format!("gAAAAA{}", world.hex_id());
-    let lifetime = world.settings.token_lifetime;
+    let token = format!("gAAAAA{}", world.env.hex_id());
+    let lifetime = world.env.settings.token_lifetime;
     world
         .keystone
         .tokens
         .insert(token.clone(), Instant::now() + lifetime);
     world.keystone.issued += 1;
-    let now = world.wall_now();
+    let now = world.env.wall_now();
     let expires = now + chrono::TimeDelta::from_std(lifetime).unwrap_or_default();
     let stamp = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
-    let settings = &world.settings;
+    let settings = &world.env.settings;
     let mut body = json!({"token": {
         "methods": methods,
         "expires_at": stamp(expires),

@@ -7,6 +7,7 @@
 //! on a paused clock is deterministic, and with a scenario seed so are the random delays.
 
 mod cinder;
+mod env;
 mod faults;
 mod filters;
 mod glance;
@@ -24,12 +25,13 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use env::{CloudSettings, Quotas};
 pub use faults::{
     Delay, Effect, LatencyFault, ObjectKind, Outage, RateLimitFault, Rule, Scenario,
     ServerErrorFault, Timings,
 };
 pub use octavia::ApiServer;
-pub use world::{CloudSettings, Quotas, RequestLog};
+pub use world::RequestLog;
 
 /// One member as the simulator holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,7 +134,7 @@ impl OpenStackSim {
     /// A clouds.yaml with one cloud, `sim`, using the password credential.
     pub fn clouds_yaml(&self) -> String {
         let world = self.shared.world();
-        let s = &world.settings;
+        let s = &world.env.settings;
         format!(
             "clouds:\n  sim:\n    auth:\n      auth_url: {}\n      username: {}\n      password: {}\n      \
              project_name: {}\n      user_domain_name: Default\n      project_domain_name: Default\n    \
@@ -155,9 +157,9 @@ impl OpenStackSim {
     pub fn set_scenario(&self, scenario: Scenario) {
         let mut world = self.shared.world();
         if let Some(seed) = scenario.seed {
-            world.rng = fastrand::Rng::with_seed(seed);
+            world.env.rng = fastrand::Rng::with_seed(seed);
         }
-        world.scenario = scenario;
+        world.env.scenario = scenario;
         world.release_stuck();
     }
 
@@ -165,31 +167,35 @@ impl OpenStackSim {
     /// more move on.
     pub fn update_scenario(&self, change: impl FnOnce(&mut Scenario)) {
         let mut world = self.shared.world();
-        change(&mut world.scenario);
+        change(&mut world.env.scenario);
         world.release_stuck();
     }
 
     /// Adds an external network with one subnet of `cidr` (as an admin would): where floating
     /// IPs come from; a small one runs out of addresses.
     pub fn add_external_network(&self, name: &str, cidr: &str) {
-        neutron::add_external_network(&mut self.shared.world(), name, cidr);
+        self.shared
+            .world()
+            .with_neutron(|cx| neutron::add_external_network(cx, name, cidr));
     }
 
     /// Deletes the images named `name` and uploads a new one under it (a new ID), as an
     /// image pipeline republishes a rebuild.
     pub fn republish_image(&self, name: &str) -> String {
-        glance::republish_image(&mut self.shared.world(), name)
+        self.shared
+            .world()
+            .with_glance(|cx| glance::republish_image(cx, name))
     }
 
     /// Adds one fault rule.
     pub fn add_rule(&self, rule: Rule) {
-        self.shared.world().scenario.rules.push(rule);
+        self.shared.world().env.scenario.rules.push(rule);
     }
 
     /// Removes every rule; objects they held stuck move on.
     pub fn clear_rules(&self) {
         let mut world = self.shared.world();
-        world.scenario.rules.clear();
+        world.env.scenario.rules.clear();
         world.release_stuck();
     }
 
@@ -227,7 +233,9 @@ impl OpenStackSim {
     /// false when there is none. The same as `POST /_sim/operating-status`.
     pub fn set_operating_status(&self, id_or_name: &str, status: Option<&str>) -> bool {
         let status = status.and_then(octavia::Oper::parse);
-        octavia::set_operating(&mut self.shared.world(), id_or_name, status)
+        self.shared
+            .world()
+            .with_octavia(|cx| octavia::set_operating(cx, id_or_name, status))
     }
 
     /// How the API server at `address` (`*`: every address not set on its own) answers health
@@ -252,15 +260,15 @@ impl OpenStackSim {
 
     /// Octavia's policy refuses (`true`) or allows listing load balancers from now on.
     pub fn refuse_lb_list(&self, refused: bool) {
-        self.shared.world().settings.lb_list_refused = refused;
+        self.shared.world().env.settings.lb_list_refused = refused;
     }
 
     /// The cloud's Neutron extensions and Octavia API version from now on.
     pub fn set_capabilities(&self, neutron_extensions: &[&str], octavia_version: (u32, u32)) {
         let mut world = self.shared.world();
-        world.settings.neutron_extensions =
+        world.env.settings.neutron_extensions =
             neutron_extensions.iter().map(|e| (*e).to_owned()).collect();
-        world.settings.octavia_version = octavia_version;
+        world.env.settings.octavia_version = octavia_version;
     }
 
     /// Load balancers and members that exist now.
@@ -340,29 +348,31 @@ impl OpenStackSim {
     /// Every member as the simulated Octavia holds it right now (no request is logged): the
     /// ground truth benchmarks and tests compare a poller's view with.
     pub fn member_truth(&self) -> Vec<MemberTruth> {
-        let world = self.shared.world();
-        world
-            .octavia
-            .members
-            .values()
-            .map(|m| MemberTruth {
-                lb_id: world
-                    .octavia
-                    .pools
-                    .get(&m.pool)
-                    .map(|p| p.lb.clone())
-                    .unwrap_or_default(),
-                pool_id: m.pool.clone(),
-                id: m.meta.id.clone(),
-                name: m.meta.name.clone(),
-                address: m.address.clone(),
-                port: m.protocol_port,
-                provisioning_status: m.meta.status.as_str(),
-                operating_status: octavia::member_operating(&world, m).as_str(),
-                weight: m.weight,
-                settled_at: m.settled_at,
-            })
-            .collect()
+        self.shared.world().with_octavia(|cx| {
+            let world: &octavia::Cx<'_> = cx;
+            world
+                .octavia
+                .members
+                .values()
+                .map(|m| MemberTruth {
+                    lb_id: world
+                        .octavia
+                        .pools
+                        .get(&m.pool)
+                        .map(|p| p.lb.clone())
+                        .unwrap_or_default(),
+                    pool_id: m.pool.clone(),
+                    id: m.meta.id.clone(),
+                    name: m.meta.name.clone(),
+                    address: m.address.clone(),
+                    port: m.protocol_port,
+                    provisioning_status: m.meta.status.as_str(),
+                    operating_status: octavia::member_operating(world, m).as_str(),
+                    weight: m.weight,
+                    settled_at: m.settled_at,
+                })
+                .collect()
+        })
     }
 
     /// Floating IPs (by address) that a port deletion left pointing at nothing, oldest first:
@@ -407,7 +417,7 @@ impl OpenStackSim {
             shared: self.shared.clone(),
             scope: capo_provider::cloud::SessionScope {
                 auth_url: self.auth_url(),
-                region: self.shared.world().settings.region.clone(),
+                region: self.shared.world().env.settings.region.clone(),
                 // One project: every session sees every object.
                 identity: "simulator".to_owned(),
             },
@@ -420,7 +430,7 @@ impl InProcessSession {
     async fn authenticate(&self) -> Option<String> {
         let body = {
             let world = self.shared.world();
-            let s = &world.settings;
+            let s = &world.env.settings;
             serde_json::json!({"auth": {"identity": {"methods": ["password"], "password": {"user": {
                 "name": s.username, "password": s.password, "domain": {"name": "Default"}}}}}})
         };
@@ -448,7 +458,7 @@ impl InProcessSession {
         parts: &axum::http::request::Parts,
         body: &[u8],
         token: Option<&str>,
-    ) -> world::Reply {
+    ) -> env::Reply {
         server::handle_request(
             &self.shared,
             &parts.method,

@@ -11,8 +11,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use axum::http::Method;
 use serde_json::{Map, Value, json};
 
+use super::env::{Env, Reply, json_body, string_list};
 use super::filters;
-use super::world::{Reply, World, json_body, string_list};
+
+/// Neutron's state and the environment, lent for one call.
+pub struct Cx<'a> {
+    pub neutron: &'a mut Neutron,
+    pub env: &'a mut Env,
+}
 
 /// Collection path -> (singular key, error name).
 const COLLECTIONS: &[(&str, &str, &str)] = &[
@@ -112,7 +118,7 @@ fn not_found(kind: &str, id: &str) -> Reply {
 }
 
 /// The external network, its subnet and the project's default security group.
-pub fn seed(world: &mut World) {
+pub fn seed(world: &mut Cx<'_>) {
     add_external_network(world, "public", "172.24.4.0/24");
     // Named `default`, it gets the default group's rules too (see `default_rules`).
     create_object(
@@ -123,7 +129,7 @@ pub fn seed(world: &mut World) {
 }
 
 /// An external network and its subnet (`<name>-subnet`).
-pub fn add_external_network(world: &mut World, name: &str, cidr: &str) {
+pub fn add_external_network(world: &mut Cx<'_>, name: &str, cidr: &str) {
     let network = create_object(
         world,
         "networks",
@@ -138,7 +144,7 @@ pub fn add_external_network(world: &mut World, name: &str, cidr: &str) {
 }
 
 /// DevStack's project network: `private` and its subnet.
-pub fn seed_tenant_network(world: &mut World) {
+pub fn seed_tenant_network(world: &mut Cx<'_>) {
     let network = create_object(world, "networks", json!({"name": "private"}));
     let network_id = network["id"].as_str().unwrap_or_default().to_owned();
     create_object(
@@ -150,7 +156,7 @@ pub fn seed_tenant_network(world: &mut World) {
 
 /// `/network/v2.0/...` requests.
 pub fn handle(
-    world: &mut World,
+    world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
@@ -202,6 +208,7 @@ pub fn handle(
         // Without `standard-attr-tag` there is no tags resource.
         ("PUT", [_, "tags"] | [_, "tags", _]) | ("DELETE", [_, "tags", _])
             if !world
+                .env
                 .settings
                 .neutron_extensions
                 .iter()
@@ -224,7 +231,7 @@ pub fn handle(
 
 /// Neutron's native bulk create of rules: all of one group, none given twice, none the group
 /// has; all are created or none (Neutron's `create_security_group_rule_bulk_native`).
-fn create_rules(world: &mut World, rules: &Value) -> Reply {
+fn create_rules(world: &mut Cx<'_>, rules: &Value) -> Reply {
     let Some(rules) = rules.as_array().filter(|r| !r.is_empty()) else {
         return Reply::neutron(400, "BadRequest", "Resources required");
     };
@@ -269,8 +276,14 @@ fn create_rules(world: &mut World, rules: &Value) -> Reply {
 
 /// One extension, as `GET /v2.0/extensions/{alias}` shows it. Recorded on the real tier: 200
 /// with the extension, else webob's 404 page (HTML, not a JSON fault).
-fn extension(world: &World, alias: &str) -> Reply {
-    if world.settings.neutron_extensions.iter().any(|e| e == alias) {
+fn extension(world: &Cx<'_>, alias: &str) -> Reply {
+    if world
+        .env
+        .settings
+        .neutron_extensions
+        .iter()
+        .any(|e| e == alias)
+    {
         return Reply::ok(json!({"extension": {
             "name": alias, "alias": alias, "description": format!("The {alias} extension."),
             "updated": "2016-01-01T10:00:00-00:00", "links": [],
@@ -287,7 +300,7 @@ fn extension(world: &World, alias: &str) -> Reply {
 /// An object as a project member sees it: a port's binding details other than its VNIC type
 /// are for administrators (Neutron's policy hides them), and no `propagate_uplink_status`
 /// (an extension ML2 loads only with the drivers that support it).
-fn shown(world: &World, path: &str, object: &Value) -> Value {
+fn shown(world: &Cx<'_>, path: &str, object: &Value) -> Value {
     let mut object = object.clone();
     if path == "floatingips" {
         // The port a floating IP points at, as the `fip-port-details` extension shows it.
@@ -318,7 +331,7 @@ fn shown(world: &World, path: &str, object: &Value) -> Value {
 }
 
 /// The trunk whose parent is `port`, if any.
-fn trunk_of(world: &World, port: &str) -> Option<String> {
+fn trunk_of(world: &Cx<'_>, port: &str) -> Option<String> {
     world
         .neutron
         .all("trunks")
@@ -328,7 +341,7 @@ fn trunk_of(world: &World, port: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
+fn validate(world: &Cx<'_>, path: &str, object: &Value) -> Result<(), Reply> {
     let network_exists = |field: &str| {
         let id = object[field].as_str().unwrap_or_default();
         match world.neutron.find("networks", id) {
@@ -370,6 +383,7 @@ fn validate(world: &World, path: &str, object: &Value) -> Result<(), Reply> {
         "ports" => {
             network_exists("network_id")?;
             if world
+                .env
                 .settings
                 .quotas
                 .ports
@@ -492,7 +506,7 @@ fn check_group_name(object: &Value) -> Result<(), Reply> {
 
 /// A rule's group and remote group exist, it names one remote at most, and its group has no
 /// rule like it yet.
-fn check_rule(world: &World, object: &Value) -> Result<(), Reply> {
+fn check_rule(world: &Cx<'_>, object: &Value) -> Result<(), Reply> {
     let id = object["security_group_id"].as_str().unwrap_or_default();
     if world.neutron.find("security-groups", id).is_none() {
         return Err(not_found("SecurityGroup", id));
@@ -613,7 +627,7 @@ fn has_gateway(info: &Value) -> bool {
 /// Checks `external_gateway_info` as Neutron does before it makes the gateway port: an
 /// external network, and fixed IPs on its subnets that are free (`router`'s own gateway port
 /// aside).
-fn check_gateway(world: &World, info: &Value, router: Option<&str>) -> Result<(), Reply> {
+fn check_gateway(world: &Cx<'_>, info: &Value, router: Option<&str>) -> Result<(), Reply> {
     let network = info["network_id"].as_str().unwrap_or_default();
     let Some(found) = world.neutron.find("networks", network) else {
         return Err(not_found("Network", network));
@@ -680,7 +694,7 @@ fn invalid_ip_for_network(ip: &str) -> Reply {
 
 /// `ip` on `subnet` is no port's and no floating IP's (the gateway port of `except`, a
 /// router, aside): else Neutron's 409.
-fn free_ip(world: &World, subnet: &str, ip: &str, except: Option<&str>) -> Result<(), Reply> {
+fn free_ip(world: &Cx<'_>, subnet: &str, ip: &str, except: Option<&str>) -> Result<(), Reply> {
     let network = world
         .neutron
         .find("subnets", subnet)
@@ -709,7 +723,7 @@ fn free_ip(world: &World, subnet: &str, ip: &str, except: Option<&str>) -> Resul
     }
 }
 
-fn subnet_contains(world: &World, subnet: &str, ip: &str) -> bool {
+fn subnet_contains(world: &Cx<'_>, subnet: &str, ip: &str) -> bool {
     let Ok(ip) = ip.parse::<IpAddr>() else {
         return false;
     };
@@ -721,7 +735,7 @@ fn subnet_contains(world: &World, subnet: &str, ip: &str) -> bool {
 }
 
 /// The subnet of `network` whose range holds `ip`.
-fn subnet_for_ip(world: &World, network: &str, ip: &str) -> Option<String> {
+fn subnet_for_ip(world: &Cx<'_>, network: &str, ip: &str) -> Option<String> {
     world.neutron.find("networks", network)?["subnets"]
         .as_array()?
         .iter()
@@ -731,7 +745,7 @@ fn subnet_for_ip(world: &World, network: &str, ip: &str) -> Option<String> {
 }
 
 /// Creates an object with Neutron's computed fields, through the same hooks as the API.
-pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
+pub fn create_object(world: &mut Cx<'_>, path: &str, request: Value) -> Value {
     let Some((path, _, _)) = collection(path) else {
         return Value::Null;
     };
@@ -739,9 +753,13 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
         Value::Object(map) => map,
         _ => Map::new(),
     };
-    let id = world.uuid();
-    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let project = world.settings.project_id.clone();
+    let id = world.env.uuid();
+    let now = world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let project = world.env.settings.project_id.clone();
     let defaults = json!({"id": id, "name": "", "description": "", "tags": [], "project_id": project,
                           "tenant_id": project, "created_at": now, "updated_at": now, "revision_number": 0});
     if let Value::Object(defaults) = defaults {
@@ -864,7 +882,7 @@ pub fn create_object(world: &mut World, path: &str, request: Value) -> Value {
 
 /// Neutron's rules for a new group, per ethertype: egress to anywhere, and for the project's
 /// `default` group also ingress from its own members. Returns the group with them inline.
-fn default_rules(world: &mut World, group: &str, default: bool) -> Value {
+fn default_rules(world: &mut Cx<'_>, group: &str, default: bool) -> Value {
     for ethertype in ["IPv4", "IPv6"] {
         if default {
             create_object(
@@ -889,7 +907,7 @@ fn default_rules(world: &mut World, group: &str, default: bool) -> Value {
 
 /// Makes the gateway port `info` asks for (none when it names no network) and returns the
 /// router's `external_gateway_info`.
-fn attach_gateway(world: &mut World, router: &str, info: &Value) -> Value {
+fn attach_gateway(world: &mut Cx<'_>, router: &str, info: &Value) -> Value {
     if !has_gateway(info) {
         return Value::Null;
     }
@@ -914,13 +932,13 @@ fn attach_gateway(world: &mut World, router: &str, info: &Value) -> Value {
 }
 
 /// Removes `router`'s gateway port.
-fn detach_gateway(world: &mut World, router: &str) {
+fn detach_gateway(world: &mut Cx<'_>, router: &str) {
     if let Some(ports) = world.neutron.objects.get_mut("ports") {
         ports.retain(|p| !(p["device_id"] == router && p["device_owner"] == ROUTER_GATEWAY));
     }
 }
 
-fn subnet_defaults(world: &mut World, object: &mut Map<String, Value>) {
+fn subnet_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
     let cidr = object
         .get("cidr")
         .and_then(Value::as_str)
@@ -966,7 +984,7 @@ fn subnet_defaults(world: &mut World, object: &mut Map<String, Value>) {
     }
 }
 
-fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
+fn port_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
     let network = object
         .get("network_id")
         .and_then(Value::as_str)
@@ -1025,9 +1043,9 @@ fn port_defaults(world: &mut World, object: &mut Map<String, Value>) {
     object.insert("fixed_ips".into(), Value::Array(fixed_ips));
     let mac = format!(
         "fa:16:3e:{:02x}:{:02x}:{:02x}",
-        world.rng.u8(..),
-        world.rng.u8(..),
-        world.rng.u8(..)
+        world.env.rng.u8(..),
+        world.env.rng.u8(..),
+        world.env.rng.u8(..)
     );
     for (key, value) in [
         ("mac_address", json!(mac)),
@@ -1064,7 +1082,7 @@ fn fill_pair_macs(port: &mut Map<String, Value>) {
     }
 }
 
-fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
+fn floating_ip_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
     // Floating IPs have no name.
     object.remove("name");
     let network = object
@@ -1096,11 +1114,11 @@ fn floating_ip_defaults(world: &mut World, object: &mut Map<String, Value>) {
 }
 
 /// The port's first IPv4 fixed IP, as Neutron picks one for a floating IP.
-fn first_ip(world: &World, port: &str) -> Option<String> {
+fn first_ip(world: &Cx<'_>, port: &str) -> Option<String> {
     first_v4(world, port).and_then(|ip| ip["ip_address"].as_str().map(str::to_owned))
 }
 
-fn first_v4(world: &World, port: &str) -> Option<Value> {
+fn first_v4(world: &Cx<'_>, port: &str) -> Option<Value> {
     world.neutron.find("ports", port)?["fixed_ips"]
         .as_array()?
         .iter()
@@ -1114,7 +1132,7 @@ fn first_v4(world: &World, port: &str) -> Option<Value> {
 
 /// The router that joins `port`'s subnet to the external `network`: a gateway there and an
 /// interface on the subnet. A floating IP pointing at the port goes through it.
-fn router_for(world: &World, network: &str, port: &str) -> Option<String> {
+fn router_for(world: &Cx<'_>, network: &str, port: &str) -> Option<String> {
     let subnet = first_v4(world, port)?["subnet_id"].clone();
     world
         .neutron
@@ -1206,7 +1224,7 @@ fn parse_cidr(cidr: &str) -> Option<Cidr> {
 }
 
 /// The lowest free address of the subnet's pool (ports and floating IPs count as used).
-fn allocate_ip(world: &World, subnet_id: &str) -> Option<String> {
+fn allocate_ip(world: &Cx<'_>, subnet_id: &str) -> Option<String> {
     let subnet = world.neutron.find("subnets", subnet_id)?;
     let range = parse_cidr(subnet["cidr"].as_str()?)?;
     // Addresses are unique within a subnet; other networks may reuse the same range.
@@ -1236,7 +1254,7 @@ fn allocate_ip(world: &World, subnet_id: &str) -> Option<String> {
 /// A port for a load balancer's VIP: on the subnet (or network) when Neutron knows it, else an
 /// address from TEST-NET-2 with a port that exists only for Octavia (the no-op driver's way).
 pub fn vip_port(
-    world: &mut World,
+    world: &mut Cx<'_>,
     network: Option<&str>,
     subnet: Option<&str>,
     address: Option<String>,
@@ -1266,19 +1284,19 @@ pub fn vip_port(
             Some(network_id),
         );
     }
-    let ip = address.unwrap_or_else(|| format!("198.51.100.{}", world.rng.u8(2..250)));
-    (world.uuid(), ip, network)
+    let ip = address.unwrap_or_else(|| format!("198.51.100.{}", world.env.rng.u8(2..250)));
+    (world.env.uuid(), ip, network)
 }
 
 /// Deletes a port if it exists (a VIP or a server's port going away with its owner).
-pub fn release_port(world: &mut World, port_id: &str) {
+pub fn release_port(world: &mut Cx<'_>, port_id: &str) {
     if world.neutron.remove("ports", port_id).is_some() {
         forget_port(world, port_id);
     }
 }
 
 /// A port is gone: floating IPs that pointed at it are free again (DOWN).
-fn forget_port(world: &mut World, port_id: &str) {
+fn forget_port(world: &mut Cx<'_>, port_id: &str) {
     let mut orphaned = Vec::new();
     for fip in world
         .neutron
@@ -1300,7 +1318,7 @@ fn forget_port(world: &mut World, port_id: &str) {
 }
 
 /// Points a port at a server (or frees it with an empty device id).
-pub fn bind_port(world: &mut World, port_id: &str, device_id: &str) {
+pub fn bind_port(world: &mut Cx<'_>, port_id: &str, device_id: &str) {
     if let Some(port) = world.neutron.find_mut("ports", port_id) {
         port["device_id"] = json!(device_id);
         port["device_owner"] = json!(if device_id.is_empty() {
@@ -1312,7 +1330,7 @@ pub fn bind_port(world: &mut World, port_id: &str, device_id: &str) {
 }
 
 fn update(
-    world: &mut World,
+    world: &mut Cx<'_>,
     path: &str,
     key: &str,
     kind: &str,
@@ -1424,7 +1442,11 @@ fn update(
         }
         None => None,
     };
-    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     let Some(object) = world.neutron.find_mut(path, id) else {
         return not_found(kind, id);
     };
@@ -1457,7 +1479,7 @@ fn update(
 /// (the same network without new fixed IPs keeps the port; floating IPs through the router
 /// pin its gateway).
 fn change_gateway(
-    world: &mut World,
+    world: &mut Cx<'_>,
     router: &str,
     current: &Value,
     info: &Value,
@@ -1497,7 +1519,7 @@ fn change_gateway(
     Ok(attach_gateway(world, router, info))
 }
 
-fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
+fn delete(world: &mut Cx<'_>, path: &str, kind: &str, id: &str) -> Reply {
     if world.neutron.find(path, id).is_none() {
         return not_found(kind, id);
     }
@@ -1604,7 +1626,7 @@ fn delete(world: &mut World, path: &str, kind: &str, id: &str) -> Reply {
 
 /// Neutron's 409 for deleting what is still used: a network with ports (its DHCP ports
 /// aside), a subnet with IPs on it, a router with interfaces, a security group on a port.
-fn in_use(world: &World, path: &str, id: &str) -> Option<Reply> {
+fn in_use(world: &Cx<'_>, path: &str, id: &str) -> Option<Reply> {
     let holders = |holds: &dyn Fn(&Value) -> bool| -> Vec<String> {
         world
             .neutron
@@ -1657,7 +1679,7 @@ fn in_use(world: &World, path: &str, id: &str) -> Option<Reply> {
 
 /// A security group shows its rules inline, as Neutron's database holds them (with their tags
 /// and standard attribute id, which the rule API does not show).
-fn sync_rules(world: &mut World, group: &str) {
+fn sync_rules(world: &mut Cx<'_>, group: &str) {
     let rules: Vec<Value> = world
         .neutron
         .all("security-group-rules")
@@ -1677,7 +1699,7 @@ fn sync_rules(world: &mut World, group: &str) {
 }
 
 fn set_tags(
-    world: &mut World,
+    world: &mut Cx<'_>,
     path: &str,
     kind: &str,
     id: &str,
@@ -1704,7 +1726,7 @@ fn set_tags(
     }
 }
 
-fn add_interface(world: &mut World, router: &str, body: &Value) -> Reply {
+fn add_interface(world: &mut Cx<'_>, router: &str, body: &Value) -> Reply {
     if world.neutron.find("routers", router).is_none() {
         return not_found("Router", router);
     }
@@ -1715,14 +1737,14 @@ fn add_interface(world: &mut World, router: &str, body: &Value) -> Reply {
     let request = json!({"network_id": subnet["network_id"], "device_id": router, "device_owner": "network:router_interface",
                          "fixed_ips": [{"subnet_id": subnet_id, "ip_address": subnet["gateway_ip"]}]});
     let port = create_object(world, "ports", request);
-    let project = world.settings.project_id.clone();
+    let project = world.env.settings.project_id.clone();
     Reply::ok(
         json!({"id": router, "subnet_id": subnet_id, "subnet_ids": [subnet_id], "port_id": port["id"],
                      "network_id": subnet["network_id"], "project_id": project}),
     )
 }
 
-fn remove_interface(world: &mut World, router: &str, body: &Value) -> Reply {
+fn remove_interface(world: &mut Cx<'_>, router: &str, body: &Value) -> Reply {
     let subnet_id = body["subnet_id"].as_str().unwrap_or_default();
     let port = world.neutron.all("ports").iter().find(|p| {
         p["device_id"] == router
@@ -1740,7 +1762,7 @@ fn remove_interface(world: &mut World, router: &str, body: &Value) -> Reply {
     };
     let port_id = port["id"].as_str().unwrap_or_default().to_owned();
     world.neutron.remove("ports", &port_id);
-    let project = world.settings.project_id.clone();
+    let project = world.env.settings.project_id.clone();
     Reply::ok(
         json!({"id": router, "subnet_id": subnet_id, "subnet_ids": [subnet_id], "port_id": port_id,
                      "network_id": port["network_id"], "project_id": project}),

@@ -9,9 +9,17 @@ use axum::http::Method;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::env::{Env, Neighbours, Reply, Timer, json_body};
 use super::faults::{Effect, ObjectKind};
-use super::world::{Reply, Timer, World, json_body};
-use super::{cinder, filters, neutron};
+use super::filters;
+
+/// Nova's state and the environment, lent for one call, with the services a server uses
+/// (ports, volumes, images) behind [`Neighbours`].
+pub struct Cx<'a> {
+    pub nova: &'a mut Nova,
+    pub env: &'a mut Env,
+    pub others: &'a mut dyn Neighbours,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
@@ -93,7 +101,7 @@ struct Device {
     delete_on_termination: bool,
 }
 
-pub fn seed(world: &mut World) {
+pub fn seed(world: &mut Cx<'_>) {
     let flavors = [
         ("m1.tiny", 1, 512, 1, 0),
         ("m1.small", 1, 2048, 20, 0),
@@ -118,7 +126,7 @@ pub fn seed(world: &mut World) {
 }
 
 pub fn handle(
-    world: &mut World,
+    world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
@@ -164,19 +172,20 @@ pub fn handle(
         ("GET", ["os-server-groups"]) => Reply::ok(json!({"server_groups": world.nova.groups})),
         ("POST", ["os-server-groups"]) => {
             let group = &body["server_group"];
-            let id = world.uuid();
+            let id = world.env.uuid();
             let policy = group["policy"]
                 .as_str()
                 .or_else(|| group["policies"][0].as_str())
                 .unwrap_or("anti-affinity")
                 .to_owned();
             let created = json!({"id": id, "name": group["name"], "policy": policy, "policies": [policy],
-                                 "members": [], "rules": {}, "project_id": world.settings.project_id});
+                                 "members": [], "rules": {}, "project_id": world.env.settings.project_id});
             world.nova.groups.push(created.clone());
             Reply::ok(json!({"server_group": created}))
         }
         ("GET", ["os-availability-zone"]) => {
             let zones: Vec<Value> = world
+                .env
                 .settings
                 .availability_zones
                 .iter()
@@ -190,15 +199,15 @@ pub fn handle(
 
 /// Nova's quota checks, in its order: the ports the server's networks need must fit Neutron's
 /// port quota, then the server must fit the instance quota.
-fn over_quota(world: &World, request: &Value) -> Option<Reply> {
-    let quotas = &world.settings.quotas;
+fn over_quota(world: &Cx<'_>, request: &Value) -> Option<Reply> {
+    let quotas = &world.env.settings.quotas;
     let ports_needed = request["networks"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|n| n.get("port").is_none())
         .count();
-    let ports_used = world.neutron.all("ports").len();
+    let ports_used = world.others.ports_in_use();
     if ports_needed > 0
         && quotas
             .ports
@@ -216,7 +225,7 @@ fn over_quota(world: &World, request: &Value) -> Option<Reply> {
     ))
 }
 
-fn create_server(world: &mut World, body: &Value) -> Reply {
+fn create_server(world: &mut Cx<'_>, body: &Value) -> Reply {
     let request = &body["server"];
     let name = request["name"].as_str().unwrap_or_default().to_owned();
     if name.is_empty() {
@@ -239,7 +248,7 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     if image_ref.is_empty() && !has_mappings {
         return Reply::nova(400, "Missing imageRef attribute");
     }
-    if !image_ref.is_empty() && !world.glance.exists(image_ref) {
+    if !image_ref.is_empty() && world.others.image(image_ref).is_none() {
         // Nova's create API turns ImageNotFound into this (servers.py, `create`).
         return Reply::nova(400, "Can not find requested image");
     }
@@ -252,7 +261,12 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         .map(|z| z.split(':').next().unwrap_or_default())
         .filter(|z| !z.is_empty());
     if let Some(zone) = zone
-        && !world.settings.availability_zones.iter().any(|z| z == zone)
+        && !world
+            .env
+            .settings
+            .availability_zones
+            .iter()
+            .any(|z| z == zone)
     {
         return Reply::nova(400, "The requested availability zone is not available");
     }
@@ -269,31 +283,30 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         }) => image.clone(),
         _ => image_ref.to_owned(),
     };
-    let id = world.uuid();
+    let id = world.env.uuid();
     let mut own_ports = Vec::new();
     let mut given_ports = Vec::new();
     for network in request["networks"].as_array().cloned().unwrap_or_default() {
         if let Some(port) = network["port"].as_str() {
-            if world.neutron.find("ports", port).is_none() {
+            if world.others.port(port).is_none() {
                 cleanup(world, &own_ports, &[]);
                 return Reply::nova(400, format!("Port id {port} could not be found."));
             }
             given_ports.push(port.to_owned());
         } else if let Some(uuid) = network["uuid"].as_str() {
-            if world.neutron.find("networks", uuid).is_none() {
+            if world.others.network(uuid).is_none() {
                 cleanup(world, &own_ports, &[]);
                 return Reply::nova(400, format!("Network {uuid} could not be found."));
             }
-            let port = neutron::create_object(
-                world,
-                "ports",
+            let port = world.others.create_port(
+                &mut *world.env,
                 json!({"network_id": uuid, "name": format!("{name}-port")}),
             );
             own_ports.push(port["id"].as_str().unwrap_or_default().to_owned());
         }
     }
     for port in own_ports.iter().chain(&given_ports) {
-        neutron::bind_port(world, port, &id);
+        world.others.bind_port(&mut *world.env, port, &id);
     }
     let volumes = attach_volumes(world, &id, devices);
     let hints = body
@@ -305,7 +318,11 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
     {
         members.push(json!(id));
     }
-    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     let addresses = addresses(world, own_ports.iter().chain(&given_ports));
     let self_links = links("servers", &id);
     let server = json!({
@@ -318,9 +335,9 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         "OS-DCF:diskConfig": "MANUAL", "OS-SRV-USG:launched_at": null, "OS-SRV-USG:terminated_at": null,
         "addresses": addresses, "key_name": request["key_name"], "metadata": request.get("metadata").cloned().unwrap_or(json!({})),
         "tags": request.get("tags").cloned().unwrap_or(json!([])),
-        "OS-EXT-AZ:availability_zone": zone.map(str::to_owned).or_else(|| world.settings.availability_zones.first().cloned())
+        "OS-EXT-AZ:availability_zone": zone.map(str::to_owned).or_else(|| world.env.settings.availability_zones.first().cloned())
             .unwrap_or_else(|| "nova".into()),
-        "user_id": format!("{}-id", world.settings.username), "tenant_id": world.settings.project_id,
+        "user_id": format!("{}-id", world.env.settings.username), "tenant_id": world.env.settings.project_id,
         "created": now, "updated": now, "hostId": "", "progress": 0, "config_drive": "",
         "security_groups": [{"name": "default"}],
         "os-extended-volumes:volumes_attached": volumes.iter()
@@ -342,7 +359,9 @@ fn create_server(world: &mut World, body: &Value) -> Reply {
         },
     );
     if let (_, Some(due)) = pending {
-        world.schedule(due - Instant::now(), Timer::Server(id.clone()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::Server(id.clone()));
     }
     let _ = world;
     Reply::json(
@@ -363,7 +382,7 @@ fn links(collection: &str, id: &str) -> Value {
 }
 
 /// Reads and checks `block_device_mapping_v2` as Nova's API does, changing nothing.
-fn block_devices(world: &World, request: &Value, image_ref: &str) -> Result<Vec<Device>, Reply> {
+fn block_devices(world: &Cx<'_>, request: &Value, image_ref: &str) -> Result<Vec<Device>, Reply> {
     let invalid = |message: String| Err(Reply::nova(400, message));
     let mut devices = Vec::new();
     for entry in request["block_device_mapping_v2"]
@@ -410,7 +429,7 @@ fn block_devices(world: &World, request: &Value, image_ref: &str) -> Result<Vec<
                 );
             }
             "volume" => {
-                let Some(volume) = world.cinder.get(uuid) else {
+                let Some(volume) = world.others.volume(uuid) else {
                     return invalid(format!(
                         "Block Device Mapping is Invalid: failed to get volume {uuid}."
                     ));
@@ -427,7 +446,7 @@ fn block_devices(world: &World, request: &Value, image_ref: &str) -> Result<Vec<
                 Source::Volume(uuid.to_owned())
             }
             "image" => {
-                if !world.glance.exists(uuid) {
+                if world.others.image(uuid).is_none() {
                     return invalid(format!(
                         "Block Device Mapping is Invalid: failed to get image {uuid}."
                     ));
@@ -493,7 +512,7 @@ fn block_devices(world: &World, request: &Value, image_ref: &str) -> Result<Vec<
 /// Creates the volumes Nova makes (image or blank to volume) and attaches every volume, boot
 /// disk first as `/dev/vda`; returns (volume, delete_on_termination) per attached volume.
 fn attach_volumes(
-    world: &mut World,
+    world: &mut Cx<'_>,
     server: &str,
     mut devices: Vec<Device>,
 ) -> Vec<(String, bool)> {
@@ -506,30 +525,42 @@ fn attach_volumes(
         let size = device.size.unwrap_or(1);
         let volume = match device.source {
             Source::Volume(volume) => volume,
-            Source::Image(image) => cinder::create_for_server(world, "", size, Some(&image)),
-            Source::Blank => {
-                cinder::create_for_server(world, &format!("{server}-blank-vol"), size, None)
+            Source::Image(image) => {
+                world
+                    .others
+                    .create_volume_for_server(&mut *world.env, "", size, Some(&image))
             }
+            Source::Blank => world.others.create_volume_for_server(
+                &mut *world.env,
+                &format!("{server}-blank-vol"),
+                size,
+                None,
+            ),
         };
         let letter = u8::try_from(index)
             .ok()
             .filter(|i| *i < 26)
             .map_or('z', |i| char::from(b'a' + i));
-        cinder::attach(world, &volume, server, &format!("/dev/vd{letter}"));
+        world.others.attach_volume(
+            &mut *world.env,
+            &volume,
+            server,
+            &format!("/dev/vd{letter}"),
+        );
         attached.push((volume, device.delete_on_termination));
     }
     attached
 }
 
-fn addresses<'a>(world: &World, ports: impl Iterator<Item = &'a String>) -> Value {
+fn addresses<'a>(world: &Cx<'_>, ports: impl Iterator<Item = &'a String>) -> Value {
     let mut by_network = serde_json::Map::new();
     for port in ports {
-        let Some(port) = world.neutron.find("ports", port) else {
+        let Some(port) = world.others.port(port) else {
             continue;
         };
         let network = port["network_id"]
             .as_str()
-            .and_then(|n| world.neutron.find("networks", n))
+            .and_then(|n| world.others.network(n))
             .and_then(|n| n["name"].as_str())
             .unwrap_or("network")
             .to_owned();
@@ -546,21 +577,21 @@ fn addresses<'a>(world: &World, ports: impl Iterator<Item = &'a String>) -> Valu
     Value::Object(by_network)
 }
 
-fn cleanup(world: &mut World, own: &[String], given: &[String]) {
+fn cleanup(world: &mut Cx<'_>, own: &[String], given: &[String]) {
     for port in own {
-        neutron::release_port(world, port);
+        world.others.release_port(&mut *world.env, port);
     }
     for port in given {
-        neutron::bind_port(world, port, "");
+        world.others.bind_port(&mut *world.env, port, "");
     }
 }
 
-fn plan(world: &mut World, name: &str, next: Next) -> (Next, Option<Instant>) {
-    let effect = world.scenario.take_effect(ObjectKind::Server, name);
-    let unit = world.unit();
+fn plan(world: &mut Cx<'_>, name: &str, next: Next) -> (Next, Option<Instant>) {
+    let effect = world.env.scenario.take_effect(ObjectKind::Server, name);
+    let unit = world.env.unit();
     let default = match next {
-        Next::Gone => world.scenario.timings.server_delete.clone(),
-        _ => world.scenario.timings.server_build.clone(),
+        Next::Gone => world.env.scenario.timings.server_delete.clone(),
+        _ => world.env.scenario.timings.server_build.clone(),
     };
     match effect {
         Some(Effect::Stuck) => (next, None),
@@ -572,7 +603,7 @@ fn plan(world: &mut World, name: &str, next: Next) -> (Next, Option<Instant>) {
     }
 }
 
-fn list_servers(world: &World, query: &[(String, String)], detail: bool) -> Reply {
+fn list_servers(world: &Cx<'_>, query: &[(String, String)], detail: bool) -> Reply {
     let name_pattern = query
         .iter()
         .find(|(k, _)| k == "name")
@@ -604,7 +635,7 @@ fn list_servers(world: &World, query: &[(String, String)], detail: bool) -> Repl
     Reply::ok(json!({"servers": items}))
 }
 
-fn delete_server(world: &mut World, id: &str) -> Reply {
+fn delete_server(world: &mut Cx<'_>, id: &str) -> Reply {
     let Some(name) = world
         .nova
         .servers
@@ -619,12 +650,14 @@ fn delete_server(world: &mut World, id: &str) -> Reply {
         server.body["OS-EXT-STS:task_state"] = json!("deleting");
     }
     if let (_, Some(due)) = pending {
-        world.schedule(due - Instant::now(), Timer::Server(id.to_owned()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::Server(id.to_owned()));
     }
     Reply::empty(204)
 }
 
-pub fn on_server_timer(world: &mut World, id: &str) {
+pub fn on_server_timer(world: &mut Cx<'_>, id: &str) {
     let Some(server) = world.nova.servers.get(id) else {
         return;
     };
@@ -634,7 +667,11 @@ pub fn on_server_timer(world: &mut World, id: &str) {
     if due > Instant::now() {
         return;
     }
-    let now = world.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = world
+        .env
+        .wall_now()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     match next {
         Next::Gone => {
             // As Nova: the server reads DELETED (its ports and volumes already let go) for a
@@ -661,7 +698,7 @@ pub fn on_server_timer(world: &mut World, id: &str) {
             body["OS-SRV-USG:terminated_at"] = json!(now);
             body["updated"] = json!(now);
             server.next = Some((Next::Gone, Some(due + DELETED_FOR)));
-            world.schedule(
+            world.env.schedule(
                 (due + DELETED_FOR).saturating_duration_since(Instant::now()),
                 Timer::Server(id.to_owned()),
             );
@@ -677,7 +714,7 @@ pub fn on_server_timer(world: &mut World, id: &str) {
                     .map(|s| s.volumes.iter().map(|(volume, _)| volume.clone()).collect())
                     .unwrap_or_default();
                 for volume in volumes {
-                    cinder::detach(world, &volume, id);
+                    world.others.detach_volume(&mut *world.env, &volume, id);
                 }
             }
             if let Some(server) = world.nova.servers.get_mut(id) {
@@ -703,7 +740,7 @@ pub fn on_server_timer(world: &mut World, id: &str) {
 
 /// What a deleted server lets go: the ports Nova made for it (its given ports unbound), its
 /// volumes (deleted or detached, as each mapping says) and its server-group places. Once.
-fn release(world: &mut World, id: &str) {
+fn release(world: &mut Cx<'_>, id: &str) {
     let Some(server) = world.nova.servers.get_mut(id) else {
         return;
     };
@@ -713,9 +750,11 @@ fn release(world: &mut World, id: &str) {
     cleanup(world, &own_ports, &given_ports);
     for (volume, delete) in &volumes {
         if *delete {
-            cinder::delete_for_server(world, volume, id);
+            world
+                .others
+                .delete_volume_for_server(&mut *world.env, volume, id);
         } else {
-            cinder::detach(world, volume, id);
+            world.others.detach_volume(&mut *world.env, volume, id);
         }
     }
     for group in &mut world.nova.groups {
@@ -725,7 +764,7 @@ fn release(world: &mut World, id: &str) {
     }
 }
 
-pub fn release_stuck(world: &mut World) {
+pub fn release_stuck(world: &mut Cx<'_>) {
     let stuck: Vec<(String, String, Next)> = world
         .nova
         .servers
@@ -740,14 +779,14 @@ pub fn release_stuck(world: &mut World) {
         })
         .collect();
     for (id, name, next) in stuck {
-        if world.scenario.is_stuck(ObjectKind::Server, &name) {
+        if world.env.scenario.is_stuck(ObjectKind::Server, &name) {
             continue;
         }
-        let unit = world.unit();
-        let delay = world.scenario.timings.server_build.sample(unit);
+        let unit = world.env.unit();
+        let delay = world.env.scenario.timings.server_build.sample(unit);
         if let Some(server) = world.nova.servers.get_mut(&id) {
             server.next = Some((next, Some(Instant::now() + delay)));
         }
-        world.schedule(delay, Timer::Server(id));
+        world.env.schedule(delay, Timer::Server(id));
     }
 }

@@ -13,8 +13,16 @@ use tokio::time::Instant;
 
 use capo_provider::cloud::octavia::{OperatingStatus, ProvisioningStatus};
 
+use super::env::{Env, Neighbours, Reply, Timer, json_body, string_list};
 use super::faults::{Effect, ObjectKind};
-use super::world::{Reply, Timer, World, json_body, string_list};
+
+/// Octavia's state and the environment, lent for one call, with Neutron behind
+/// [`Neighbours`] for VIP ports.
+pub struct Cx<'a> {
+    pub octavia: &'a mut Octavia,
+    pub env: &'a mut Env,
+    pub others: &'a mut dyn Neighbours,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prov {
@@ -465,8 +473,8 @@ fn invalid(field: &str, value: &Value, why: &str) -> Reply {
 /// `/load-balancer/v2/...` requests.
 /// Octavia's version document at the endpoint's root: every minor version from 2.0 to the
 /// current one, oldest first, the last CURRENT.
-fn versions(world: &World, base: &str) -> Reply {
-    let (major, current) = world.settings.octavia_version;
+fn versions(world: &Cx<'_>, base: &str) -> Reply {
+    let (major, current) = world.env.settings.octavia_version;
     let versions: Vec<Value> = (0..=current)
         .map(|minor| {
             let status = if minor == current {
@@ -483,7 +491,7 @@ fn versions(world: &World, base: &str) -> Reply {
 }
 
 pub fn handle(
-    world: &mut World,
+    world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
@@ -504,7 +512,7 @@ pub fn handle(
     let m = method.as_str();
     let links = |key: &str| format!("{base}/load-balancer/v2/lbaas/{key}");
     match (m, path) {
-        ("GET", ["loadbalancers"]) if world.settings.lb_list_refused => {
+        ("GET", ["loadbalancers"]) if world.env.settings.lb_list_refused => {
             Reply::fault(403, "Policy does not allow this request to be performed.")
         }
         ("GET", ["loadbalancers"]) if only_row_fields(query) => list(
@@ -608,11 +616,11 @@ fn get(rendered: Option<Value>, key: &str, kind: &str, id: &str) -> Reply {
     }
 }
 
-type Renderer = fn(&World) -> Vec<(u64, Value)>;
+type Renderer = fn(&Cx<'_>) -> Vec<(u64, Value)>;
 
 /// A filtered, paginated list (`limit` + `marker`, `<key>_links` with a `next`).
 fn list(
-    world: &World,
+    world: &Cx<'_>,
     query: &[(String, String)],
     key: &str,
     href: &str,
@@ -625,7 +633,7 @@ fn list(
         .map(|(_, item)| item)
         .filter(|item| super::filters::matches(item, query))
         .collect();
-    paginate(items, query, key, href, world.settings.octavia_page_max)
+    paginate(items, query, key, href, world.env.settings.octavia_page_max)
 }
 
 /// One page as Octavia 19 cuts it (`octavia/api/common/pagination.py`): `limit` defaults to
@@ -725,14 +733,14 @@ fn keep_fields(item: &Value, query: &[(String, String)]) -> Value {
 
 /// Draws how the next transition of `kind` named `name` ends and when.
 fn plan(
-    world: &mut World,
+    world: &mut Cx<'_>,
     kind: ObjectKind,
     name: &str,
     default: super::faults::Delay,
     outcome: Outcome,
 ) -> Pending {
-    let effect = world.scenario.take_effect(kind, name);
-    let unit = world.unit();
+    let effect = world.env.scenario.take_effect(kind, name);
+    let unit = world.env.unit();
     let (outcome, delay) = match effect {
         Some(Effect::Stuck) => return Pending { outcome, due: None },
         Some(Effect::Error) if outcome != Outcome::Gone => (Outcome::Error, default.sample(unit)),
@@ -747,7 +755,7 @@ fn plan(
 
 /// Locks the load balancer for a change: LB, its listeners and `pool` go PENDING_UPDATE, and
 /// the LB's own transition (with the listener/pool/monitor being created) is planned.
-fn lock_lb(world: &mut World, lb_id: &str, pool: Option<&str>, delay: super::faults::Delay) {
+fn lock_lb(world: &mut Cx<'_>, lb_id: &str, pool: Option<&str>, delay: super::faults::Delay) {
     let name = world
         .octavia
         .lbs
@@ -761,7 +769,7 @@ fn lock_lb(world: &mut World, lb_id: &str, pool: Option<&str>, delay: super::fau
         delay,
         Outcome::Active,
     );
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     let octavia = &mut world.octavia;
     if let Some(lb) = octavia.lbs.get_mut(lb_id) {
         lb.meta.status = Prov::PendingUpdate;
@@ -779,14 +787,16 @@ fn lock_lb(world: &mut World, lb_id: &str, pool: Option<&str>, delay: super::fau
         pool.meta.status = Prov::PendingUpdate;
     }
     if let Some(due) = pending.due {
-        world.schedule(due - Instant::now(), Timer::LoadBalancer(lb_id.to_owned()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::LoadBalancer(lb_id.to_owned()));
     }
 }
 
 /// With `lb_waits_for_members`: the latest time a member of the LB settles (a little after,
 /// so the member goes first), if one is still on a timed transition.
-fn member_still_settling(world: &World, lb_id: &str) -> Option<Instant> {
-    if !world.scenario.timings.lb_waits_for_members {
+fn member_still_settling(world: &Cx<'_>, lb_id: &str) -> Option<Instant> {
+    if !world.env.scenario.timings.lb_waits_for_members {
         return None;
     }
     let now = Instant::now();
@@ -807,7 +817,7 @@ fn member_still_settling(world: &World, lb_id: &str) -> Option<Instant> {
 }
 
 /// The LB's transition is due: it and its children settle together.
-pub fn on_lb_timer(world: &mut World, lb_id: &str) {
+pub fn on_lb_timer(world: &mut Cx<'_>, lb_id: &str) {
     let Some(pending) = world.octavia.lbs.get(lb_id).and_then(|lb| lb.pending) else {
         return;
     };
@@ -821,7 +831,7 @@ pub fn on_lb_timer(world: &mut World, lb_id: &str) {
                 ..pending
             });
         }
-        world.schedule(
+        world.env.schedule(
             member_due.saturating_duration_since(Instant::now()),
             Timer::LoadBalancer(lb_id.to_owned()),
         );
@@ -831,7 +841,7 @@ pub fn on_lb_timer(world: &mut World, lb_id: &str) {
         remove_lb(world, lb_id);
         return;
     }
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     let octavia = &mut world.octavia;
     let settled = match pending.outcome {
         Outcome::Error => Prov::Error,
@@ -927,7 +937,7 @@ pub fn on_lb_timer(world: &mut World, lb_id: &str) {
     }
 }
 
-fn remove_lb(world: &mut World, lb_id: &str) {
+fn remove_lb(world: &mut Cx<'_>, lb_id: &str) {
     let octavia = &mut world.octavia;
     let Some(lb) = octavia.lbs.remove(lb_id) else {
         return;
@@ -947,11 +957,11 @@ fn remove_lb(world: &mut World, lb_id: &str) {
     }
     octavia.monitors.retain(|_, h| !pools.contains(&h.pool));
     octavia.children.remove(lb_id);
-    super::neutron::release_port(world, &lb.vip_port_id);
+    world.others.release_port(&mut *world.env, &lb.vip_port_id);
 }
 
 /// A member's own transition is due.
-pub fn on_member_timer(world: &mut World, id: &str) {
+pub fn on_member_timer(world: &mut Cx<'_>, id: &str) {
     let Some(member) = world.octavia.members.get(id) else {
         return;
     };
@@ -967,7 +977,7 @@ pub fn on_member_timer(world: &mut World, id: &str) {
         .pools
         .get(&pool)
         .is_some_and(|p| p.healthmonitor.is_some());
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     match pending.outcome {
         Outcome::Gone => {
             world.octavia.members.remove(id);
@@ -986,16 +996,18 @@ pub fn on_member_timer(world: &mut World, id: &str) {
                 member.pending = None;
                 member.settled_at = pending.due;
             }
-            if outcome == Outcome::Active && has_monitor && world.settings.heartbeats {
-                let unit = world.unit();
-                let delay = world.scenario.timings.member_online.sample(unit);
-                world.schedule(delay, Timer::MemberOnline(id.to_owned()));
+            if outcome == Outcome::Active && has_monitor && world.env.settings.heartbeats {
+                let unit = world.env.unit();
+                let delay = world.env.scenario.timings.member_online.sample(unit);
+                world
+                    .env
+                    .schedule(delay, Timer::MemberOnline(id.to_owned()));
             }
         }
     }
 }
 
-pub fn on_member_online(world: &mut World, id: &str) {
+pub fn on_member_online(world: &mut Cx<'_>, id: &str) {
     if let Some(member) = world.octavia.members.get_mut(id)
         && member.meta.status == Prov::Active
     {
@@ -1005,7 +1017,7 @@ pub fn on_member_online(world: &mut World, id: &str) {
 }
 
 /// Objects whose `Stuck` rule is gone get a normal transition from now.
-pub fn release_stuck(world: &mut World) {
+pub fn release_stuck(world: &mut Cx<'_>) {
     let held = |meta: &Meta, pending: Option<Pending>, kind| {
         pending
             .filter(|p| p.due.is_none())
@@ -1024,11 +1036,11 @@ pub fn release_stuck(world: &mut World) {
         )
         .collect();
     for (kind, id, name, outcome) in stuck {
-        if world.scenario.is_stuck(kind, &name) {
+        if world.env.scenario.is_stuck(kind, &name) {
             continue;
         }
-        let unit = world.unit();
-        let timings = &world.scenario.timings;
+        let unit = world.env.unit();
+        let timings = &world.env.scenario.timings;
         let (delay, timer) = match kind {
             ObjectKind::Member => (
                 timings.member_update.sample(unit),
@@ -1055,13 +1067,13 @@ pub fn release_stuck(world: &mut World) {
                 .get_mut(&id)
                 .map(|lb| lb.pending = pending),
         };
-        world.schedule(delay, timer);
+        world.env.schedule(delay, timer);
     }
 }
 
 // ---------------------------------------------------------------- load balancers
 
-fn create_lb(world: &mut World, body: &Value) -> Reply {
+fn create_lb(world: &mut Cx<'_>, body: &Value) -> Reply {
     if !body.is_object() {
         return Reply::fault(400, "Invalid input: missing loadbalancer object");
     }
@@ -1077,16 +1089,16 @@ fn create_lb(world: &mut World, body: &Value) -> Reply {
             "Validation failure: VIP must contain one of: vip_port_id, vip_network_id, vip_subnet_id.",
         );
     }
-    let (vip_port_id, vip_address, vip_network_id) = super::neutron::vip_port(
-        world,
+    let (vip_port_id, vip_address, vip_network_id) = world.others.vip_port(
+        &mut *world.env,
         network.as_deref(),
         subnet.as_deref(),
         str_field(body, "vip_address"),
     );
-    let id = world.uuid();
-    let now = world.timestamp();
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
     let meta = world.octavia.meta(id.clone(), body, now);
-    let delay = world.scenario.timings.lb_create.clone();
+    let delay = world.env.scenario.timings.lb_create.clone();
     let pending = plan(
         world,
         ObjectKind::Loadbalancer,
@@ -1108,19 +1120,21 @@ fn create_lb(world: &mut World, body: &Value) -> Reply {
     let rendered = render_lb(world, &lb);
     world.octavia.lbs.insert(id.clone(), lb);
     if let Some(due) = pending.due {
-        world.schedule(due - Instant::now(), Timer::LoadBalancer(id));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::LoadBalancer(id));
     }
     Reply::json(201, json!({"loadbalancer": rendered}))
 }
 
-fn update_lb(world: &mut World, id: &str, body: &Value) -> Reply {
+fn update_lb(world: &mut Cx<'_>, id: &str, body: &Value) -> Reply {
     let Some(lb) = world.octavia.lbs.get(id) else {
         return not_found("Load Balancer", id);
     };
     if lb.meta.status != Prov::Active {
         return immutable("Load Balancer", id);
     }
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, id, None, delay);
     if let Some(lb) = world.octavia.lbs.get_mut(id) {
         if let Some(name) = str_field(body, "name") {
@@ -1137,7 +1151,7 @@ fn update_lb(world: &mut World, id: &str, body: &Value) -> Reply {
     Reply::ok(json!({"loadbalancer": rendered}))
 }
 
-fn delete_lb(world: &mut World, id: &str, query: &[(String, String)]) -> Reply {
+fn delete_lb(world: &mut Cx<'_>, id: &str, query: &[(String, String)]) -> Reply {
     let Some(lb) = world.octavia.lbs.get(id) else {
         return not_found("Load Balancer", id);
     };
@@ -1154,7 +1168,7 @@ fn delete_lb(world: &mut World, id: &str, query: &[(String, String)]) -> Reply {
         );
     }
     let name = lb.meta.name.clone();
-    let delay = world.scenario.timings.lb_delete.clone();
+    let delay = world.env.scenario.timings.lb_delete.clone();
     let mut pending = plan(world, ObjectKind::Loadbalancer, &name, delay, Outcome::Gone);
     pending.outcome = Outcome::Gone;
     let octavia = &mut world.octavia;
@@ -1190,7 +1204,9 @@ fn delete_lb(world: &mut World, id: &str, query: &[(String, String)]) -> Reply {
         monitor.meta.status = Prov::PendingDelete;
     }
     if let Some(due) = pending.due {
-        world.schedule(due - Instant::now(), Timer::LoadBalancer(id.to_owned()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::LoadBalancer(id.to_owned()));
     }
     Reply::empty(204)
 }
@@ -1198,7 +1214,7 @@ fn delete_lb(world: &mut World, id: &str, query: &[(String, String)]) -> Reply {
 // ---------------------------------------------------------------- listeners, pools, monitors
 
 /// Checks the LB accepts a change: it exists and is ACTIVE.
-fn mutable_lb(world: &World, lb_id: &str) -> Result<(), Reply> {
+fn mutable_lb(world: &Cx<'_>, lb_id: &str) -> Result<(), Reply> {
     match world.octavia.lbs.get(lb_id) {
         None => Err(not_found("Load Balancer", lb_id)),
         Some(lb) if lb.meta.status != Prov::Active => Err(immutable("Load Balancer", lb_id)),
@@ -1207,8 +1223,8 @@ fn mutable_lb(world: &World, lb_id: &str) -> Result<(), Reply> {
 }
 
 /// An Octavia before API 2.12 has no `allowed_cidrs`: WSME refuses the attribute.
-fn cidrs_unknown(world: &World, body: &Value) -> Option<Reply> {
-    let known = world.settings.octavia_version >= (2, 12);
+fn cidrs_unknown(world: &Cx<'_>, body: &Value) -> Option<Reply> {
+    let known = world.env.settings.octavia_version >= (2, 12);
     (!known && body.get("allowed_cidrs").is_some()).then(|| {
         Reply::fault(
             400,
@@ -1217,7 +1233,7 @@ fn cidrs_unknown(world: &World, body: &Value) -> Option<Reply> {
     })
 }
 
-fn create_listener(world: &mut World, body: &Value) -> Reply {
+fn create_listener(world: &mut Cx<'_>, body: &Value) -> Reply {
     if let Some(refused) = cidrs_unknown(world, body) {
         return refused;
     }
@@ -1252,8 +1268,8 @@ fn create_listener(world: &mut World, body: &Value) -> Reply {
             format!("Another Listener on this Load Balancer is already using protocol_port {port}"),
         );
     }
-    let id = world.uuid();
-    let now = world.timestamp();
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
     let meta = world.octavia.meta(id.clone(), body, now);
     let listener = Listener {
         meta,
@@ -1275,7 +1291,7 @@ fn create_listener(world: &mut World, body: &Value) -> Reply {
         .or_default()
         .0
         .push(id.clone());
-    let delay = world.scenario.timings.child_create.clone();
+    let delay = world.env.scenario.timings.child_create.clone();
     lock_lb(world, &lb_id, None, delay);
     let rendered = world
         .octavia
@@ -1285,7 +1301,7 @@ fn create_listener(world: &mut World, body: &Value) -> Reply {
     Reply::json(201, json!({"listener": rendered}))
 }
 
-fn update_listener(world: &mut World, id: &str, body: &Value) -> Reply {
+fn update_listener(world: &mut Cx<'_>, id: &str, body: &Value) -> Reply {
     if let Some(refused) = cidrs_unknown(world, body) {
         return refused;
     }
@@ -1295,9 +1311,9 @@ fn update_listener(world: &mut World, id: &str, body: &Value) -> Reply {
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, None, delay);
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     if let Some(listener) = world.octavia.listeners.get_mut(id) {
         if body.get("allowed_cidrs").is_some() {
             listener.allowed_cidrs = body
@@ -1322,7 +1338,7 @@ fn update_listener(world: &mut World, id: &str, body: &Value) -> Reply {
 }
 
 /// Timings of a health monitor change in place; the LB is locked while it applies.
-fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
+fn update_monitor(world: &mut Cx<'_>, id: &str, body: &Value) -> Reply {
     let Some(pool) = world.octavia.monitors.get(id).map(|m| m.pool.clone()) else {
         return not_found("HealthMonitor", id);
     };
@@ -1337,9 +1353,9 @@ fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
         Ok(lb_id) => lb_id,
         Err(reply) => return reply,
     };
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, Some(&pool), delay);
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     let number = |key: &str| {
         body.get(key)
             .and_then(Value::as_u64)
@@ -1377,7 +1393,7 @@ fn update_monitor(world: &mut World, id: &str, body: &Value) -> Reply {
     Reply::ok(json!({"healthmonitor": rendered}))
 }
 
-fn create_pool(world: &mut World, body: &Value) -> Reply {
+fn create_pool(world: &mut Cx<'_>, body: &Value) -> Reply {
     let listener_id = str_field(body, "listener_id");
     let lb_id = match (&listener_id, str_field(body, "loadbalancer_id")) {
         (Some(listener), _) => match world.octavia.listeners.get(listener) {
@@ -1395,8 +1411,8 @@ fn create_pool(world: &mut World, body: &Value) -> Reply {
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
-    let id = world.uuid();
-    let now = world.timestamp();
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
     let meta = world.octavia.meta(id.clone(), body, now);
     let pool = Pool {
         meta,
@@ -1419,13 +1435,13 @@ fn create_pool(world: &mut World, body: &Value) -> Reply {
     {
         listener.default_pool_id = Some(id.clone());
     }
-    let delay = world.scenario.timings.child_create.clone();
+    let delay = world.env.scenario.timings.child_create.clone();
     lock_lb(world, &lb_id, None, delay);
     let rendered = world.octavia.pools.get(&id).map(|p| render_pool(world, p));
     Reply::json(201, json!({"pool": rendered}))
 }
 
-fn create_monitor(world: &mut World, body: &Value) -> Reply {
+fn create_monitor(world: &mut Cx<'_>, body: &Value) -> Reply {
     let Some(pool_id) = str_field(body, "pool_id") else {
         return Reply::fault(
             400,
@@ -1457,8 +1473,8 @@ fn create_monitor(world: &mut World, body: &Value) -> Reply {
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
-    let id = world.uuid();
-    let now = world.timestamp();
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
     let meta = world.octavia.meta(id.clone(), body, now);
     let number = |key: &str, default: u32| {
         body[key]
@@ -1483,14 +1499,14 @@ fn create_monitor(world: &mut World, body: &Value) -> Reply {
         pool.healthmonitor = Some(id.clone());
     }
     // Members already ACTIVE start answering the new monitor after a while.
-    if world.settings.heartbeats {
+    if world.env.settings.heartbeats {
         for member in world.octavia.members_of(&pool_id).to_vec() {
-            let unit = world.unit();
-            let delay = world.scenario.timings.member_online.sample(unit);
-            world.schedule(delay, Timer::MemberOnline(member));
+            let unit = world.env.unit();
+            let delay = world.env.scenario.timings.member_online.sample(unit);
+            world.env.schedule(delay, Timer::MemberOnline(member));
         }
     }
-    let delay = world.scenario.timings.child_create.clone();
+    let delay = world.env.scenario.timings.child_create.clone();
     lock_lb(world, &lb_id, Some(&pool_id), delay);
     let rendered = world
         .octavia
@@ -1507,7 +1523,7 @@ enum Child {
     Monitor,
 }
 
-fn delete_child(world: &mut World, child: Child, id: &str) -> Reply {
+fn delete_child(world: &mut Cx<'_>, child: Child, id: &str) -> Reply {
     let octavia = &world.octavia;
     let (lb_id, pool, kind) = match child {
         Child::Listener => (
@@ -1537,7 +1553,7 @@ fn delete_child(world: &mut World, child: Child, id: &str) -> Reply {
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, pool.as_deref(), delay);
     let octavia = &mut world.octavia;
     let status = match child {
@@ -1562,7 +1578,7 @@ fn delete_child(world: &mut World, child: Child, id: &str) -> Reply {
 // ---------------------------------------------------------------- members
 
 /// Member changes need the pool, then its load balancer, out of PENDING_*.
-fn mutable_pool(world: &World, pool_id: &str) -> Result<String, Reply> {
+fn mutable_pool(world: &Cx<'_>, pool_id: &str) -> Result<String, Reply> {
     let Some(pool) = world.octavia.pools.get(pool_id) else {
         return Err(Reply::pecan_not_found(format!("Pool {pool_id} not found.")));
     };
@@ -1573,7 +1589,7 @@ fn mutable_pool(world: &World, pool_id: &str) -> Result<String, Reply> {
     Ok(pool.lb.clone())
 }
 
-fn list_members(world: &World, pool_id: &str, query: &[(String, String)], base: &str) -> Reply {
+fn list_members(world: &Cx<'_>, pool_id: &str, query: &[(String, String)], base: &str) -> Reply {
     if !world.octavia.pools.contains_key(pool_id) {
         return Reply::pecan_not_found(format!("Pool {pool_id} not found."));
     }
@@ -1591,11 +1607,11 @@ fn list_members(world: &World, pool_id: &str, query: &[(String, String)], base: 
         query,
         "members",
         &href,
-        world.settings.octavia_page_max,
+        world.env.settings.octavia_page_max,
     )
 }
 
-fn get_member(world: &World, pool_id: &str, id: &str) -> Reply {
+fn get_member(world: &Cx<'_>, pool_id: &str, id: &str) -> Reply {
     match world.octavia.members.get(id).filter(|m| m.pool == pool_id) {
         Some(member) => Reply::ok(json!({"member": render_member(world, member)})),
         None => not_found("Member", id),
@@ -1627,14 +1643,14 @@ fn parse_member(body: &Value) -> Result<(String, u16), Reply> {
 }
 
 fn new_member(
-    world: &mut World,
+    world: &mut Cx<'_>,
     pool_id: &str,
     body: &Value,
     address: String,
     port: u16,
 ) -> Member {
-    let id = world.uuid();
-    let now = world.timestamp();
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
     let meta = world.octavia.meta(id, body, now);
     let monitored = world
         .octavia
@@ -1670,7 +1686,7 @@ fn new_member(
     }
 }
 
-fn start_member(world: &mut World, id: &str, default: super::faults::Delay, outcome: Outcome) {
+fn start_member(world: &mut Cx<'_>, id: &str, default: super::faults::Delay, outcome: Outcome) {
     let Some(name) = world.octavia.members.get(id).map(|m| m.meta.name.clone()) else {
         return;
     };
@@ -1679,11 +1695,13 @@ fn start_member(world: &mut World, id: &str, default: super::faults::Delay, outc
         member.pending = Some(pending);
     }
     if let Some(due) = pending.due {
-        world.schedule(due - Instant::now(), Timer::Member(id.to_owned()));
+        world
+            .env
+            .schedule(due - Instant::now(), Timer::Member(id.to_owned()));
     }
 }
 
-fn create_member(world: &mut World, pool_id: &str, body: &Value) -> Reply {
+fn create_member(world: &mut Cx<'_>, pool_id: &str, body: &Value) -> Reply {
     let lb_id = match mutable_pool(world, pool_id) {
         Ok(lb) => lb,
         Err(reply) => return reply,
@@ -1715,9 +1733,9 @@ fn create_member(world: &mut World, pool_id: &str, body: &Value) -> Reply {
         .entry(pool_id.to_owned())
         .or_default()
         .push(id.clone());
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, Some(pool_id), delay);
-    let delay = world.scenario.timings.member_create.clone();
+    let delay = world.env.scenario.timings.member_create.clone();
     start_member(world, &id, delay, Outcome::Active);
     let rendered = world
         .octavia
@@ -1727,7 +1745,7 @@ fn create_member(world: &mut World, pool_id: &str, body: &Value) -> Reply {
     Reply::json(201, json!({"member": rendered}))
 }
 
-fn update_member(world: &mut World, pool_id: &str, id: &str, body: &Value) -> Reply {
+fn update_member(world: &mut Cx<'_>, pool_id: &str, id: &str, body: &Value) -> Reply {
     if world
         .octavia
         .members
@@ -1740,7 +1758,7 @@ fn update_member(world: &mut World, pool_id: &str, id: &str, body: &Value) -> Re
         Ok(lb) => lb,
         Err(reply) => return reply,
     };
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     if let Some(member) = world.octavia.members.get_mut(id) {
         if let Some(weight) = body["weight"].as_u64().and_then(|w| u32::try_from(w).ok()) {
             member.weight = weight;
@@ -1754,9 +1772,9 @@ fn update_member(world: &mut World, pool_id: &str, id: &str, body: &Value) -> Re
         member.meta.status = Prov::PendingUpdate;
         member.meta.updated_at = Some(now);
     }
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, Some(pool_id), delay);
-    let delay = world.scenario.timings.member_update.clone();
+    let delay = world.env.scenario.timings.member_update.clone();
     start_member(world, id, delay, Outcome::Active);
     let rendered = world
         .octavia
@@ -1766,7 +1784,7 @@ fn update_member(world: &mut World, pool_id: &str, id: &str, body: &Value) -> Re
     Reply::ok(json!({"member": rendered}))
 }
 
-fn delete_member(world: &mut World, pool_id: &str, id: &str) -> Reply {
+fn delete_member(world: &mut Cx<'_>, pool_id: &str, id: &str) -> Reply {
     if world
         .octavia
         .members
@@ -1782,16 +1800,16 @@ fn delete_member(world: &mut World, pool_id: &str, id: &str) -> Reply {
     if let Some(member) = world.octavia.members.get_mut(id) {
         member.meta.status = Prov::PendingDelete;
     }
-    let delay = world.scenario.timings.lb_update.clone();
+    let delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, Some(pool_id), delay);
-    let delay = world.scenario.timings.member_delete.clone();
+    let delay = world.env.scenario.timings.member_delete.clone();
     start_member(world, id, delay, Outcome::Gone);
     Reply::empty(204)
 }
 
 /// `PUT /pools/{id}/members`: the listed members become the pool's members. Every listed member
 /// goes PENDING_*; one failure sends the whole batch to ERROR, as Octavia does.
-fn batch_members(world: &mut World, pool_id: &str, members: &Value) -> Reply {
+fn batch_members(world: &mut Cx<'_>, pool_id: &str, members: &Value) -> Reply {
     let lb_id = match mutable_pool(world, pool_id) {
         Ok(lb) => lb,
         Err(reply) => return reply,
@@ -1817,7 +1835,7 @@ fn batch_members(world: &mut World, pool_id: &str, members: &Value) -> Reply {
         .map(|m| ((m.address.clone(), m.protocol_port), m.meta.id.clone()))
         .collect();
     let mut touched: Vec<(String, Outcome)> = Vec::new();
-    let now = world.timestamp();
+    let now = world.env.timestamp();
     for (body, (address, port)) in wanted.iter().cloned() {
         match existing.get(&(address.clone(), port)) {
             Some(id) => {
@@ -1862,21 +1880,21 @@ fn batch_members(world: &mut World, pool_id: &str, members: &Value) -> Reply {
         .collect();
     let failed = names.iter().any(|name| {
         matches!(
-            world.scenario.take_effect(ObjectKind::Member, name),
+            world.env.scenario.take_effect(ObjectKind::Member, name),
             Some(Effect::Error)
         )
     });
-    let unit = world.unit();
-    let delay = world.scenario.timings.member_update.sample(unit);
+    let unit = world.env.unit();
+    let delay = world.env.scenario.timings.member_update.sample(unit);
     let due = Some(Instant::now() + delay);
     for (id, outcome) in &touched {
         let outcome = if failed { Outcome::Error } else { *outcome };
         if let Some(member) = world.octavia.members.get_mut(id) {
             member.pending = Some(Pending { outcome, due });
         }
-        world.schedule(delay, Timer::Member(id.clone()));
+        world.env.schedule(delay, Timer::Member(id.clone()));
     }
-    let lb_delay = world.scenario.timings.lb_update.clone();
+    let lb_delay = world.env.scenario.timings.lb_update.clone();
     lock_lb(world, &lb_id, Some(pool_id), lb_delay);
     Reply::empty(202)
 }
@@ -1884,7 +1902,7 @@ fn batch_members(world: &mut World, pool_id: &str, members: &Value) -> Reply {
 // ---------------------------------------------------------------- operating status
 
 /// What Octavia's API shows as a member's operating status now.
-pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
+pub(crate) fn member_operating(world: &Cx<'_>, member: &Member) -> Oper {
     if let Some(status) = member.meta.operating_override {
         return status;
     }
@@ -1893,7 +1911,7 @@ pub(crate) fn member_operating(world: &World, member: &Member) -> Oper {
         .and_then(|p| p.healthmonitor.as_ref())
         .and_then(|id| world.octavia.monitors.get(id));
     let ovn = pool.is_some_and(|p| on_ovn(world, p));
-    if !world.settings.heartbeats {
+    if !world.env.settings.heartbeats {
         return member.unreported;
     }
     match (monitor, member.admin_state_up) {
@@ -1956,11 +1974,11 @@ fn aggregate(parts: impl Iterator<Item = Oper>) -> Oper {
     }
 }
 
-fn pool_operating(world: &World, pool: &Pool) -> Oper {
+fn pool_operating(world: &Cx<'_>, pool: &Pool) -> Oper {
     if let Some(status) = pool.meta.operating_override {
         return status;
     }
-    if !world.settings.heartbeats || pool.meta.status == Prov::PendingCreate {
+    if !world.env.settings.heartbeats || pool.meta.status == Prov::PendingCreate {
         return Oper::Offline;
     }
     let members = world
@@ -1981,7 +1999,7 @@ fn pool_operating(world: &World, pool: &Pool) -> Oper {
 }
 
 /// Whether the pool's load balancer runs on the ovn provider (else an amphora's haproxy).
-fn on_ovn(world: &World, pool: &Pool) -> bool {
+fn on_ovn(world: &Cx<'_>, pool: &Pool) -> bool {
     world
         .octavia
         .lbs
@@ -2012,11 +2030,11 @@ fn haproxy_pool(members: impl Iterator<Item = (Oper, u32)>) -> Oper {
     }
 }
 
-fn listener_operating(world: &World, listener: &Listener) -> Oper {
+fn listener_operating(world: &Cx<'_>, listener: &Listener) -> Oper {
     if let Some(status) = listener.meta.operating_override {
         return status;
     }
-    if !world.settings.heartbeats || listener.meta.status == Prov::PendingCreate {
+    if !world.env.settings.heartbeats || listener.meta.status == Prov::PendingCreate {
         return Oper::Offline;
     }
     aggregate(
@@ -2032,11 +2050,11 @@ fn listener_operating(world: &World, listener: &Listener) -> Oper {
     )
 }
 
-fn lb_operating(world: &World, lb: &LoadBalancer) -> Oper {
+fn lb_operating(world: &Cx<'_>, lb: &LoadBalancer) -> Oper {
     if let Some(status) = lb.meta.operating_override {
         return status;
     }
-    if !world.settings.heartbeats || lb.meta.status == Prov::PendingCreate {
+    if !world.env.settings.heartbeats || lb.meta.status == Prov::PendingCreate {
         return Oper::Offline;
     }
     aggregate(
@@ -2049,7 +2067,7 @@ fn lb_operating(world: &World, lb: &LoadBalancer) -> Oper {
 }
 
 /// `/_sim/operating-status`: pins an object's operating status (or unpins it with `None`).
-pub fn set_operating(world: &mut World, id_or_name: &str, status: Option<Oper>) -> bool {
+pub fn set_operating(world: &mut Cx<'_>, id_or_name: &str, status: Option<Oper>) -> bool {
     let octavia = &mut world.octavia;
     let matches = |meta: &Meta| meta.id == id_or_name || meta.name == id_or_name;
     let mut found = false;
@@ -2075,8 +2093,8 @@ fn ids(ids: impl Iterator<Item = String>) -> Value {
     Value::Array(ids.map(|id| json!({"id": id})).collect())
 }
 
-fn render_lb(world: &World, lb: &LoadBalancer) -> Value {
-    let project = &world.settings.project_id;
+fn render_lb(world: &Cx<'_>, lb: &LoadBalancer) -> Value {
+    let project = &world.env.settings.project_id;
     json!({
         "id": lb.meta.id, "name": lb.meta.name, "description": lb.meta.description,
         "provisioning_status": lb.meta.status.as_str(),
@@ -2116,7 +2134,7 @@ fn only_row_fields(query: &[(String, String)]) -> bool {
 }
 
 /// Load balancers with only the attributes [`ROW_FIELDS`] names.
-fn render_lb_rows(world: &World) -> Vec<(u64, Value)> {
+fn render_lb_rows(world: &Cx<'_>) -> Vec<(u64, Value)> {
     world
         .octavia
         .lbs
@@ -2133,7 +2151,7 @@ fn render_lb_rows(world: &World) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_lbs(world: &World) -> Vec<(u64, Value)> {
+fn render_lbs(world: &Cx<'_>) -> Vec<(u64, Value)> {
     world
         .octavia
         .lbs
@@ -2142,8 +2160,8 @@ fn render_lbs(world: &World) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_listener(world: &World, listener: &Listener) -> Value {
-    let project = &world.settings.project_id;
+fn render_listener(world: &Cx<'_>, listener: &Listener) -> Value {
+    let project = &world.env.settings.project_id;
     json!({
         "id": listener.meta.id, "name": listener.meta.name, "description": listener.meta.description,
         "provisioning_status": listener.meta.status.as_str(),
@@ -2162,7 +2180,7 @@ fn render_listener(world: &World, listener: &Listener) -> Value {
     })
 }
 
-fn render_listeners(world: &World) -> Vec<(u64, Value)> {
+fn render_listeners(world: &Cx<'_>) -> Vec<(u64, Value)> {
     world
         .octavia
         .listeners
@@ -2171,8 +2189,8 @@ fn render_listeners(world: &World) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_pool(world: &World, pool: &Pool) -> Value {
-    let project = &world.settings.project_id;
+fn render_pool(world: &Cx<'_>, pool: &Pool) -> Value {
+    let project = &world.env.settings.project_id;
     let listeners = ids(world
         .octavia
         .listeners_of(&pool.lb)
@@ -2201,7 +2219,7 @@ fn render_pool(world: &World, pool: &Pool) -> Value {
     rendered
 }
 
-fn render_pools(world: &World) -> Vec<(u64, Value)> {
+fn render_pools(world: &Cx<'_>) -> Vec<(u64, Value)> {
     world
         .octavia
         .pools
@@ -2210,9 +2228,9 @@ fn render_pools(world: &World) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_monitor(world: &World, monitor: &HealthMonitor) -> Value {
-    let project = &world.settings.project_id;
-    let operating = if world.settings.heartbeats && monitor.meta.status == Prov::Active {
+fn render_monitor(world: &Cx<'_>, monitor: &HealthMonitor) -> Value {
+    let project = &world.env.settings.project_id;
+    let operating = if world.env.settings.heartbeats && monitor.meta.status == Prov::Active {
         Oper::Online
     } else {
         Oper::Offline
@@ -2229,7 +2247,7 @@ fn render_monitor(world: &World, monitor: &HealthMonitor) -> Value {
     })
 }
 
-fn render_monitors(world: &World) -> Vec<(u64, Value)> {
+fn render_monitors(world: &Cx<'_>) -> Vec<(u64, Value)> {
     world
         .octavia
         .monitors
@@ -2238,8 +2256,8 @@ fn render_monitors(world: &World) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_member(world: &World, member: &Member) -> Value {
-    let project = &world.settings.project_id;
+fn render_member(world: &Cx<'_>, member: &Member) -> Value {
+    let project = &world.env.settings.project_id;
     json!({
         "id": member.meta.id, "name": member.meta.name,
         "operating_status": member_operating(world, member).as_str(),
@@ -2254,7 +2272,7 @@ fn render_member(world: &World, member: &Member) -> Value {
 }
 
 /// `GET /loadbalancers/{id}/status`.
-fn status_tree(world: &World, id: &str) -> Reply {
+fn status_tree(world: &Cx<'_>, id: &str) -> Reply {
     let Some(lb) = world.octavia.lbs.get(id) else {
         return not_found("Load Balancer", id);
     };

@@ -11,9 +11,10 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use super::env::Reply;
 use super::faults::{self, Rule, Scenario};
 use super::octavia::{self, Oper};
-use super::world::{LoggedRequest, Reply, World};
+use super::world::{LoggedRequest, World};
 use super::{cinder, glance, keystone, neutron, nova};
 
 pub struct Shared {
@@ -134,12 +135,14 @@ fn serve(
     base: &str,
 ) -> Reply {
     match service {
-        "identity" => keystone::handle(world, method, rest, body, base),
-        "load-balancer" => octavia::handle(world, method, rest, query, body, base),
-        "network" => neutron::handle(world, method, rest, query, body),
-        "compute" => nova::handle(world, method, rest, query, body),
-        "image" => glance::handle(world, method, rest, query),
-        "block-storage" => cinder::handle(world, method, rest, query, body),
+        "identity" => world.with_keystone(|cx| keystone::handle(cx, method, rest, body, base)),
+        "load-balancer" => {
+            world.with_octavia(|cx| octavia::handle(cx, method, rest, query, body, base))
+        }
+        "network" => world.with_neutron(|cx| neutron::handle(cx, method, rest, query, body)),
+        "compute" => world.with_nova(|cx| nova::handle(cx, method, rest, query, body)),
+        "image" => world.with_glance(|cx| glance::handle(cx, method, rest, query)),
+        "block-storage" => world.with_cinder(|cx| cinder::handle(cx, method, rest, query, body)),
         _ => Reply::json(404, json!({"error": "unknown service"})),
     }
 }
@@ -156,6 +159,7 @@ fn injected_fault(
     let at = world.seconds_since_start();
     if service == "identity" {
         let down = world
+            .env
             .scenario
             .keystone_outages
             .iter()
@@ -167,7 +171,7 @@ fn injected_fault(
                                  "message": "Keystone is unavailable (simulated outage)."}}),
             ));
         }
-    } else if world.settings.require_auth && !world.keystone.valid(token) {
+    } else if world.env.settings.require_auth && !world.keystone.valid(token) {
         return Some(keystone::unauthorized());
     }
     let is_discovery = service == "identity" && method == Method::GET && rest.len() <= 1;
@@ -175,14 +179,14 @@ fn injected_fault(
         return None;
     }
     let arrived = world.requests.arrive(service, at);
-    let scenario = &world.scenario;
+    let scenario = &world.env.scenario;
     for limit in &scenario.rate_limits {
         if !faults::applies(&limit.service, service) {
             continue;
         }
         let over_rate = limit.above_per_second.is_some_and(|max| arrived > max);
         let retry_after = limit.retry_after;
-        let by_chance = limit.probability.is_some_and(|p| world.rng.f64() < p);
+        let by_chance = limit.probability.is_some_and(|p| world.env.rng.f64() < p);
         if over_rate || by_chance {
             return Some(
                 Reply::json(
@@ -194,6 +198,7 @@ fn injected_fault(
         }
     }
     let errors: Vec<(f64, u16)> = world
+        .env
         .scenario
         .server_errors
         .iter()
@@ -201,7 +206,7 @@ fn injected_fault(
         .map(|e| (e.probability, e.status))
         .collect();
     for (probability, status) in errors {
-        if world.rng.f64() < probability {
+        if world.env.rng.f64() < probability {
             return Some(Reply::json(
                 status,
                 json!({"faultcode": "Server", "faultstring": "Simulated server error", "debuginfo": null}),
@@ -213,6 +218,7 @@ fn injected_fault(
 
 fn latency(world: &mut World, service: &str) -> Duration {
     let delays: Vec<faults::Delay> = world
+        .env
         .scenario
         .latency
         .iter()
@@ -222,7 +228,7 @@ fn latency(world: &mut World, service: &str) -> Duration {
     delays
         .into_iter()
         .map(|delay| {
-            let unit = world.unit();
+            let unit = world.env.unit();
             delay.sample(unit)
         })
         .sum()
@@ -317,27 +323,27 @@ fn admin(shared: &Shared, method: &Method, rest: &[&str], body: &[u8]) -> Reply 
     let mut world = shared.world();
     let text = String::from_utf8_lossy(body);
     match (method.as_str(), rest) {
-        ("GET", ["scenario"]) => Reply::ok(json!(world.scenario)),
+        ("GET", ["scenario"]) => Reply::ok(json!(world.env.scenario)),
         ("PUT", ["scenario"]) => match Scenario::parse(&text) {
             Ok(scenario) => {
                 if let Some(seed) = scenario.seed {
-                    world.rng = fastrand::Rng::with_seed(seed);
+                    world.env.rng = fastrand::Rng::with_seed(seed);
                 }
-                world.scenario = scenario;
+                world.env.scenario = scenario;
                 world.release_stuck();
-                Reply::ok(json!(world.scenario))
+                Reply::ok(json!(world.env.scenario))
             }
             Err(message) => Reply::json(400, json!({"error": message})),
         },
         ("POST", ["rules"]) => match faults::from_yaml::<Rule>(&text) {
             Ok(rule) => {
-                world.scenario.rules.push(rule);
-                Reply::ok(json!(world.scenario.rules))
+                world.env.scenario.rules.push(rule);
+                Reply::ok(json!(world.env.scenario.rules))
             }
             Err(e) => Reply::json(400, json!({"error": format!("invalid rule: {e}")})),
         },
         ("DELETE", ["rules"]) => {
-            world.scenario.rules.clear();
+            world.env.scenario.rules.clear();
             world.release_stuck();
             Reply::ok(json!([]))
         }
@@ -361,7 +367,7 @@ fn admin(shared: &Shared, method: &Method, rest: &[&str], body: &[u8]) -> Reply 
                 },
                 None => None,
             };
-            if octavia::set_operating(&mut world, object, status) {
+            if world.with_octavia(|cx| octavia::set_operating(cx, object, status)) {
                 Reply::ok(json!({"object": object, "status": request["status"]}))
             } else {
                 Reply::json(

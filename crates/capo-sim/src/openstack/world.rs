@@ -1,137 +1,16 @@
-//! The simulated cloud's state, its clock and the pieces every service shares: ids, timestamps,
-//! replies, the timer queue that drives transitions, and the request log.
+//! The simulated cloud: the services it owns, their shared [`Env`], and the request log. The
+//! world is the one place that knows every service: it hands each one its own state and the
+//! `Env` ([`World::with_nova`] and the like), and carries what one service does to another
+//! through [`Neighbours`]. No service imports another, nor this module.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use axum::http::StatusCode;
 use serde::Serialize;
-use serde_json::{Value, json};
-use tokio::time::Instant;
+use serde_json::Value;
 
+use super::env::{CloudSettings, Env, Images, Neighbours, Timer};
 use super::faults::Scenario;
 use super::{cinder, glance, keystone, neutron, nova, octavia};
-
-/// An answer: status, optional JSON body, extra headers.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub body: Option<Value>,
-    pub headers: Vec<(&'static str, String)>,
-}
-
-impl Reply {
-    pub fn json(status: u16, body: Value) -> Self {
-        Reply {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body: Some(body),
-            headers: Vec::new(),
-        }
-    }
-
-    pub fn ok(body: Value) -> Self {
-        Reply::json(200, body)
-    }
-
-    pub fn empty(status: u16) -> Self {
-        Reply {
-            body: None,
-            ..Reply::json(status, Value::Null)
-        }
-    }
-
-    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
-        self
-    }
-
-    /// Octavia's (WSME) error body.
-    pub fn fault(status: u16, message: impl Into<String>) -> Self {
-        Reply::json(
-            status,
-            json!({"faultcode": if status >= 500 { "Server" } else { "Client" },
-                   "faultstring": message.into(), "debuginfo": null}),
-        )
-    }
-
-    /// Octavia's other 404 shape (pecan), seen for unknown parents of a collection.
-    pub fn pecan_not_found(message: impl Into<String>) -> Self {
-        Reply::json(
-            404,
-            json!({"code": 404, "title": "Bad Request", "description": message.into()}),
-        )
-    }
-
-    /// Neutron's error body.
-    pub fn neutron(status: u16, kind: &str, message: impl Into<String>) -> Self {
-        Reply::json(
-            status,
-            json!({"NeutronError": {"type": kind, "message": message.into(), "detail": ""}}),
-        )
-    }
-
-    /// Nova's error body: `{"itemNotFound": {"code": 404, "message": ...}}`.
-    pub fn nova(status: u16, message: impl Into<String>) -> Self {
-        let kind = match status {
-            400 => "badRequest",
-            404 => "itemNotFound",
-            403 => "forbidden",
-            409 => "conflictingRequest",
-            413 => "overLimit",
-            _ => "computeFault",
-        };
-        Reply::json(
-            status,
-            json!({ kind: {"code": status, "message": message.into()} }),
-        )
-    }
-
-    /// Cinder's error body: the same shape as Nova's.
-    pub fn cinder(status: u16, message: impl Into<String>) -> Self {
-        Reply::nova(status, message)
-    }
-
-    /// An HTML error page, as webob answers where no JSON fault is made.
-    pub fn html(status: u16, page: String) -> Self {
-        Reply::json(status, Value::String(page)).header("content-type", "text/html; charset=UTF-8")
-    }
-
-    pub fn bad_json() -> Self {
-        Reply::fault(400, "Invalid input: the request body is not valid JSON")
-    }
-}
-
-/// A request body as JSON: `Null` when empty, `None` when it is not JSON.
-pub fn json_body(body: &[u8]) -> Option<Value> {
-    if body.is_empty() {
-        return Some(Value::Null);
-    }
-    serde_json::from_slice(body).ok()
-}
-
-/// The strings of a JSON array (anything else: none).
-pub fn string_list(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Things that happen later, in time order.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Timer {
-    LoadBalancer(String),
-    Member(String),
-    MemberOnline(String),
-    Server(String),
-    Volume(String),
-}
 
 /// One simulator request, for the admin request log.
 #[derive(Clone, Debug, Serialize)]
@@ -205,88 +84,9 @@ impl RequestLog {
     }
 }
 
-/// Settings fixed at start.
-#[derive(Clone, Debug)]
-pub struct CloudSettings {
-    pub region: String,
-    pub project_id: String,
-    pub project_name: String,
-    pub username: String,
-    pub password: String,
-    pub app_credential_id: String,
-    pub app_credential_secret: String,
-    pub token_lifetime: Duration,
-    /// Check X-Auth-Token on every service request. Off: any request passes, as a `noauth`
-    /// Octavia does (it still wants an `X-Project-Id` on creates).
-    pub require_auth: bool,
-    /// Amphorae send heartbeats: LBs, listeners and pools read ONLINE when healthy, and members
-    /// with a monitor go OFFLINE -> ONLINE. Off: what Octavia's no-op drivers show (OFFLINE).
-    pub heartbeats: bool,
-    /// Also seed a project network, `private` with `private-subnet` (10.0.0.0/24), as DevStack
-    /// does: what a walkthrough's servers attach to. Off by default, so seeded scenarios draw
-    /// the same ids and delays as before.
-    pub tenant_network: bool,
-    /// Nova's availability zones, as `os-availability-zone` lists them and a server create
-    /// accepts them.
-    pub availability_zones: Vec<String>,
-    /// Octavia's policy refuses listing load balancers (`loadbalancer:get_all`): 403, as a
-    /// cloud that filters the list by policy answers.
-    pub lb_list_refused: bool,
-    /// Octavia's `[api_settings] pagination_max_limit`: its default page size and the most
-    /// one list answers at once.
-    pub octavia_page_max: usize,
-    /// The project's quotas; `None` is unlimited.
-    pub quotas: Quotas,
-    /// Neutron's extensions that matter to a provider, by alias (`trunk`, `standard-attr-tag`);
-    /// `GET /v2.0/extensions/{alias}` finds only these.
-    pub neutron_extensions: Vec<String>,
-    /// Octavia's current API version (the last of its version document), `(major, minor)`.
-    pub octavia_version: (u32, u32),
-}
-
-/// A project's quotas, where the services check them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Quotas {
-    /// Neutron ports (and so servers Nova would make ports for).
-    pub ports: Option<usize>,
-    /// Nova servers.
-    pub instances: Option<usize>,
-    /// Cinder volumes.
-    pub volumes: Option<usize>,
-}
-
-impl Default for CloudSettings {
-    fn default() -> Self {
-        CloudSettings {
-            region: "RegionOne".into(),
-            project_id: "0123456789abcdef0123456789abcdef".into(),
-            project_name: "demo".into(),
-            username: "demo".into(),
-            password: "secret".into(),
-            app_credential_id: "capo-appcred".into(),
-            app_credential_secret: "appcred-secret".into(),
-            token_lifetime: Duration::from_secs(3600),
-            require_auth: true,
-            heartbeats: true,
-            tenant_network: false,
-            availability_zones: vec!["nova".into()],
-            lb_list_refused: false,
-            octavia_page_max: 1000,
-            quotas: Quotas::default(),
-            neutron_extensions: vec!["trunk".into(), "standard-attr-tag".into()],
-            octavia_version: (2, 27),
-        }
-    }
-}
-
+/// The cloud's state: the services, the environment they share, and the request log.
 pub struct World {
-    pub settings: CloudSettings,
-    pub scenario: Scenario,
-    pub rng: fastrand::Rng,
-    pub started: Instant,
-    wall_start: chrono::DateTime<chrono::Utc>,
-    timers: BTreeMap<(Instant, u64), Timer>,
-    next_seq: u64,
+    pub env: Env,
     pub requests: RequestLog,
     pub keystone: keystone::Keystone,
     pub octavia: octavia::Octavia,
@@ -297,19 +97,10 @@ pub struct World {
 }
 
 impl World {
+    /// A cloud with the objects a fresh DevStack has (networks, flavors, images, volume types).
     pub fn new(settings: CloudSettings, scenario: Scenario) -> Self {
-        let rng = match scenario.seed {
-            Some(seed) => fastrand::Rng::with_seed(seed),
-            None => fastrand::Rng::new(),
-        };
         let mut world = World {
-            settings,
-            scenario,
-            rng,
-            started: Instant::now(),
-            wall_start: chrono::Utc::now(),
-            timers: BTreeMap::new(),
-            next_seq: 0,
+            env: Env::new(settings, scenario),
             requests: RequestLog::default(),
             keystone: keystone::Keystone::default(),
             octavia: octavia::Octavia::default(),
@@ -318,87 +109,205 @@ impl World {
             glance: glance::Glance::default(),
             cinder: cinder::Cinder::default(),
         };
-        neutron::seed(&mut world);
-        if world.settings.tenant_network {
-            neutron::seed_tenant_network(&mut world);
+        world.with_neutron(neutron::seed);
+        if world.env.settings.tenant_network {
+            world.with_neutron(neutron::seed_tenant_network);
         }
-        nova::seed(&mut world);
-        glance::seed(&mut world);
-        cinder::seed(&mut world);
+        world.with_nova(nova::seed);
+        world.with_glance(glance::seed);
+        world.with_cinder(cinder::seed);
         world
     }
 
-    /// A random (seeded) version-4 UUID.
-    pub fn uuid(&mut self) -> String {
-        let mut bytes = [0u8; 16];
-        for byte in &mut bytes {
-            *byte = self.rng.u8(..);
-        }
-        uuid::Builder::from_random_bytes(bytes)
-            .into_uuid()
-            .to_string()
+    /// Keystone, with the environment.
+    pub fn with_keystone<R>(&mut self, f: impl FnOnce(&mut keystone::Cx<'_>) -> R) -> R {
+        f(&mut keystone::Cx {
+            keystone: &mut self.keystone,
+            env: &mut self.env,
+        })
     }
 
-    /// Hex id without dashes, as Keystone and Nova use for some ids.
-    pub fn hex_id(&mut self) -> String {
-        self.uuid().replace('-', "")
+    /// Glance, with the environment.
+    pub fn with_glance<R>(&mut self, f: impl FnOnce(&mut glance::Cx<'_>) -> R) -> R {
+        f(&mut glance::Cx {
+            glance: &mut self.glance,
+            env: &mut self.env,
+        })
     }
 
-    /// "2026-11-22T06:33:54": Octavia's timestamp format, on the simulator's (virtual) clock.
-    pub fn timestamp(&self) -> String {
-        self.wall_now().format("%Y-%m-%dT%H:%M:%S").to_string()
+    /// Neutron, with the environment.
+    pub fn with_neutron<R>(&mut self, f: impl FnOnce(&mut neutron::Cx<'_>) -> R) -> R {
+        f(&mut neutron::Cx {
+            neutron: &mut self.neutron,
+            env: &mut self.env,
+        })
     }
 
-    /// Wall time as the simulator sees it: start time plus elapsed (virtual) time.
-    pub fn wall_now(&self) -> chrono::DateTime<chrono::Utc> {
-        let elapsed = chrono::TimeDelta::from_std(self.started.elapsed()).unwrap_or_default();
-        self.wall_start + elapsed
+    /// Cinder, with the environment and Glance's images.
+    pub fn with_cinder<R>(&mut self, f: impl FnOnce(&mut cinder::Cx<'_>) -> R) -> R {
+        f(&mut cinder::Cx {
+            cinder: &mut self.cinder,
+            env: &mut self.env,
+            images: &self.glance,
+        })
     }
 
-    pub fn seconds_since_start(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
+    /// Nova, with the environment and its neighbours (ports, volumes, images).
+    pub fn with_nova<R>(&mut self, f: impl FnOnce(&mut nova::Cx<'_>) -> R) -> R {
+        let mut others = Neighbourhood {
+            neutron: &mut self.neutron,
+            glance: &self.glance,
+            cinder: &mut self.cinder,
+        };
+        f(&mut nova::Cx {
+            nova: &mut self.nova,
+            env: &mut self.env,
+            others: &mut others,
+        })
     }
 
-    pub fn unit(&mut self) -> f64 {
-        self.rng.f64()
-    }
-
-    /// Schedules `timer` after `delay`.
-    pub fn schedule(&mut self, delay: Duration, timer: Timer) -> Instant {
-        let at = Instant::now() + delay;
-        self.next_seq += 1;
-        self.timers.insert((at, self.next_seq), timer);
-        at
+    /// Octavia, with the environment and its neighbours (VIP ports).
+    pub fn with_octavia<R>(&mut self, f: impl FnOnce(&mut octavia::Cx<'_>) -> R) -> R {
+        let mut others = Neighbourhood {
+            neutron: &mut self.neutron,
+            glance: &self.glance,
+            cinder: &mut self.cinder,
+        };
+        f(&mut octavia::Cx {
+            octavia: &mut self.octavia,
+            env: &mut self.env,
+            others: &mut others,
+        })
     }
 
     /// Runs every timer that is due. Called before each request is served, so state is always
     /// current without a background task (and follows tokio's paused clock in tests).
     pub fn settle(&mut self) {
-        let now = Instant::now();
-        while let Some(entry) = self.timers.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let timer = entry.remove();
+        while let Some(timer) = self.env.pop_due() {
             match timer {
-                Timer::LoadBalancer(id) => octavia::on_lb_timer(self, &id),
-                Timer::Member(id) => octavia::on_member_timer(self, &id),
-                Timer::MemberOnline(id) => octavia::on_member_online(self, &id),
-                Timer::Server(id) => nova::on_server_timer(self, &id),
-                Timer::Volume(id) => cinder::on_volume_timer(self, &id),
+                Timer::LoadBalancer(id) => self.with_octavia(|cx| octavia::on_lb_timer(cx, &id)),
+                Timer::Member(id) => self.with_octavia(|cx| octavia::on_member_timer(cx, &id)),
+                Timer::MemberOnline(id) => {
+                    self.with_octavia(|cx| octavia::on_member_online(cx, &id))
+                }
+                Timer::Server(id) => self.with_nova(|cx| nova::on_server_timer(cx, &id)),
+                Timer::Volume(id) => self.with_cinder(|cx| cinder::on_volume_timer(cx, &id)),
             }
         }
     }
 
     /// When the next transition is due, if any.
-    pub fn next_due(&self) -> Option<Instant> {
-        self.timers.keys().next().map(|(at, _)| *at)
+    pub fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.env.next_due()
     }
 
     /// Objects held by `Stuck` rules get going again once their rule is gone.
     pub fn release_stuck(&mut self) {
-        octavia::release_stuck(self);
-        nova::release_stuck(self);
-        cinder::release_stuck(self);
+        self.with_octavia(octavia::release_stuck);
+        self.with_nova(nova::release_stuck);
+        self.with_cinder(cinder::release_stuck);
+    }
+
+    /// Seconds since the simulator started (virtual time when the clock is paused).
+    pub fn seconds_since_start(&self) -> f64 {
+        self.env.seconds_since_start()
+    }
+}
+
+impl Images for glance::Glance {
+    fn image(&self, id: &str) -> Option<&Value> {
+        self.find(id)
+    }
+}
+
+/// The services one service may reach, lent for one call: Neutron, Glance and Cinder.
+struct Neighbourhood<'a> {
+    neutron: &'a mut neutron::Neutron,
+    glance: &'a glance::Glance,
+    cinder: &'a mut cinder::Cinder,
+}
+
+impl Neighbourhood<'_> {
+    fn neutron<'s>(&'s mut self, env: &'s mut Env) -> neutron::Cx<'s> {
+        neutron::Cx {
+            neutron: self.neutron,
+            env,
+        }
+    }
+
+    fn cinder<'s>(&'s mut self, env: &'s mut Env) -> cinder::Cx<'s> {
+        cinder::Cx {
+            cinder: self.cinder,
+            env,
+            images: self.glance,
+        }
+    }
+}
+
+impl Images for Neighbourhood<'_> {
+    fn image(&self, id: &str) -> Option<&Value> {
+        self.glance.find(id)
+    }
+}
+
+impl Neighbours for Neighbourhood<'_> {
+    fn ports_in_use(&self) -> usize {
+        self.neutron.all("ports").len()
+    }
+
+    fn port(&self, id: &str) -> Option<&Value> {
+        self.neutron.find("ports", id)
+    }
+
+    fn network(&self, id: &str) -> Option<&Value> {
+        self.neutron.find("networks", id)
+    }
+
+    fn create_port(&mut self, env: &mut Env, request: Value) -> Value {
+        neutron::create_object(&mut self.neutron(env), "ports", request)
+    }
+
+    fn bind_port(&mut self, env: &mut Env, port: &str, device: &str) {
+        neutron::bind_port(&mut self.neutron(env), port, device);
+    }
+
+    fn release_port(&mut self, env: &mut Env, port: &str) {
+        neutron::release_port(&mut self.neutron(env), port);
+    }
+
+    fn vip_port(
+        &mut self,
+        env: &mut Env,
+        network: Option<&str>,
+        subnet: Option<&str>,
+        address: Option<String>,
+    ) -> (String, String, Option<String>) {
+        neutron::vip_port(&mut self.neutron(env), network, subnet, address)
+    }
+
+    fn volume(&self, id: &str) -> Option<&Value> {
+        self.cinder.get(id)
+    }
+
+    fn create_volume_for_server(
+        &mut self,
+        env: &mut Env,
+        name: &str,
+        size: u64,
+        image: Option<&str>,
+    ) -> String {
+        cinder::create_for_server(&mut self.cinder(env), name, size, image)
+    }
+
+    fn attach_volume(&mut self, env: &mut Env, volume: &str, server: &str, device: &str) {
+        cinder::attach(&mut self.cinder(env), volume, server, device);
+    }
+
+    fn detach_volume(&mut self, env: &mut Env, volume: &str, server: &str) {
+        cinder::detach(&mut self.cinder(env), volume, server);
+    }
+
+    fn delete_volume_for_server(&mut self, env: &mut Env, volume: &str, server: &str) {
+        cinder::delete_for_server(&mut self.cinder(env), volume, server);
     }
 }
