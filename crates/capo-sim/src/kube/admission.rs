@@ -198,7 +198,10 @@ async fn in_webhook_version(
     let mut object = object.clone();
     object["apiVersion"] = Value::String(def.api_version(&write.target.version));
     object["kind"] = Value::String(def.kind.clone());
-    shared.converter.convert(def, &object, version).await
+    shared
+        .converter
+        .convert(def.conversion_target(version), &object)
+        .await
 }
 
 /// A call that failed: refused (`failurePolicy: Fail`, the default) or let through.

@@ -19,7 +19,6 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::errors::{ApiError, Cause};
-use super::resources::ResourceDef;
 
 /// Where a webhook is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +32,14 @@ pub enum Endpoint {
         port: u16,
         path: String,
     },
+}
+
+/// What a conversion needs to know of a resource: its kind, the `apiVersion` wanted, and how
+/// its CRD converts.
+pub struct Target<'a> {
+    pub kind: &'a str,
+    pub api_version: String,
+    pub strategy: &'a Strategy,
 }
 
 /// A CRD's `spec.conversion`.
@@ -187,21 +194,20 @@ impl Converter {
         *lock(&self.calls)
     }
 
-    /// `object` (as stored, in any served version) in `version`.
-    pub async fn convert(
-        &self,
-        def: &ResourceDef,
-        object: &Value,
-        version: &str,
-    ) -> Result<Value, ApiError> {
-        let desired = def.api_version(version);
+    /// `object` (as stored, in any served version) in the target's version.
+    pub async fn convert(&self, target: Target<'_>, object: &Value) -> Result<Value, ApiError> {
+        let Target {
+            kind,
+            api_version: desired,
+            strategy,
+        } = target;
         if object["apiVersion"] == desired.as_str() {
             return Ok(object.clone());
         }
         let Strategy::Webhook {
             endpoint,
             ca_bundle,
-        } = &def.conversion
+        } = strategy
         else {
             let mut converted = object.clone();
             converted["apiVersion"] = Value::String(desired);
@@ -210,7 +216,7 @@ impl Converter {
         let gvk = format!(
             "{}, Kind={}",
             object["apiVersion"].as_str().unwrap_or_default(),
-            def.kind
+            kind
         );
         let failed = |why: String| {
             ApiError::conversion_failed(format!("conversion webhook for {gvk} failed: {why}"))
@@ -227,7 +233,7 @@ impl Converter {
             .await
             .map_err(failed)?;
         let converted = check_answer(&answer, &uid).map_err(failed)?;
-        let converted = check_object(object, converted, &desired, &def.kind).map_err(|why| {
+        let converted = check_object(object, converted, &desired, kind).map_err(|why| {
             ApiError::conversion_failed(format!("conversion webhook for {gvk} {why}"))
         })?;
         Ok(converted)

@@ -92,6 +92,15 @@ impl ResourceDef {
     }
 
     /// `group/version` for a version of this resource.
+    /// What converting an object of this resource to `version` needs.
+    pub fn conversion_target(&self, version: &str) -> super::conversion::Target<'_> {
+        super::conversion::Target {
+            kind: &self.kind,
+            api_version: self.api_version(version),
+            strategy: &self.conversion,
+        }
+    }
+
     pub fn api_version(&self, version: &str) -> String {
         if self.key.group.is_empty() {
             version.to_owned()

@@ -807,7 +807,7 @@ async fn in_version(
 ) -> Result<Value, ApiError> {
     shared
         .converter
-        .convert(&target.def, stored, &target.version)
+        .convert(target.def.conversion_target(&target.version), stored)
         .await
 }
 
@@ -843,7 +843,7 @@ async fn to_storage(
     body["kind"] = Value::String(def.kind.clone());
     let converted = shared
         .converter
-        .convert(def, &body, &def.storage_version)
+        .convert(def.conversion_target(&def.storage_version), &body)
         .await?;
     let stored_as = Target {
         version: def.storage_version.clone(),
@@ -865,7 +865,7 @@ async fn reencode(shared: &Arc<Shared>, target: &Target, name: &str) -> Result<(
     }
     let converted = shared
         .converter
-        .convert(def, &stored, &def.storage_version)
+        .convert(def.conversion_target(&def.storage_version), &stored)
         .await?;
     shared.store().reencode(target, name, &stored, converted);
     Ok(())
@@ -1160,7 +1160,10 @@ impl WatchStream {
         let converted = self
             .shared
             .converter
-            .convert(&self.view.def, &change.object, &self.view.version)
+            .convert(
+                self.view.def.conversion_target(&self.view.version),
+                &change.object,
+            )
             .await;
         match converted {
             Ok(object) => self.send(&self.view.event(kind.as_str(), &object)).await,
