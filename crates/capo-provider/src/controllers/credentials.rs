@@ -103,7 +103,9 @@ pub fn credentials_from_secret(
     })?;
     Ok(CloudCredentials {
         clouds_yaml,
-        cacert: text(CACERT_KEY)?,
+        // CAPO's template writes an empty line here when the cloud has no CA file, and CAPO
+        // then trusts the host's roots: a blank `cacert` is no CA bundle.
+        cacert: text(CACERT_KEY)?.filter(|pem| !pem.trim().is_empty()),
         cloud_name: key.cloud_name.clone(),
         region: key.region.clone(),
     })
@@ -249,6 +251,18 @@ mod tests {
         assert_eq!(credentials.clouds_yaml, "clouds: {}");
         assert_eq!(credentials.cacert.as_deref(), Some("PEM"));
         assert_eq!(credentials.cloud_name, "openstack");
+    }
+
+    #[test]
+    fn a_blank_cacert_as_capos_template_writes_it_is_no_ca_bundle() {
+        for blank in ["\n", "", "  \n"] {
+            let data = BTreeMap::from([
+                (CLOUDS_YAML_KEY.to_owned(), b"clouds: {}".to_vec()),
+                (CACERT_KEY.to_owned(), blank.as_bytes().to_vec()),
+            ]);
+            let credentials = credentials_from_secret(&key(), &data).unwrap();
+            assert_eq!(credentials.cacert, None, "{blank:?}");
+        }
     }
 
     #[test]
