@@ -258,6 +258,11 @@ impl Env {
         self.wall_now().format("%Y-%m-%dT%H:%M:%S").to_string()
     }
 
+    /// "2026-11-22T06:33:54Z": Neutron's, Nova's and Glance's timestamp format.
+    pub fn utc_timestamp(&self) -> String {
+        self.wall_now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    }
+
     /// Wall time as the simulator sees it: start time plus elapsed (virtual) time.
     pub fn wall_now(&self) -> chrono::DateTime<chrono::Utc> {
         let elapsed = chrono::TimeDelta::from_std(self.started.elapsed()).unwrap_or_default();

@@ -41,11 +41,7 @@ pub fn seed(world: &mut Cx<'_>) {
 
 pub fn add_image(world: &mut Cx<'_>, name: &str, tags: &[&str]) -> String {
     let id = world.env.uuid();
-    let now = world
-        .env
-        .wall_now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = world.env.utc_timestamp();
     world.glance.images.push(json!({
         "id": id, "name": name, "status": "active", "tags": tags, "visibility": "public",
         "disk_format": "qcow2", "container_format": "bare", "min_disk": 0, "min_ram": 0,

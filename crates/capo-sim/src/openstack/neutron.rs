@@ -754,11 +754,7 @@ pub fn create_object(world: &mut Cx<'_>, path: &str, request: Value) -> Value {
         _ => Map::new(),
     };
     let id = world.env.uuid();
-    let now = world
-        .env
-        .wall_now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = world.env.utc_timestamp();
     let project = world.env.settings.project_id.clone();
     let defaults = json!({"id": id, "name": "", "description": "", "tags": [], "project_id": project,
                           "tenant_id": project, "created_at": now, "updated_at": now, "revision_number": 0});
@@ -1442,11 +1438,7 @@ fn update(
         }
         None => None,
     };
-    let now = world
-        .env
-        .wall_now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = world.env.utc_timestamp();
     let Some(object) = world.neutron.find_mut(path, id) else {
         return not_found(kind, id);
     };

@@ -318,11 +318,7 @@ fn create_server(world: &mut Cx<'_>, body: &Value) -> Reply {
     {
         members.push(json!(id));
     }
-    let now = world
-        .env
-        .wall_now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = world.env.utc_timestamp();
     let addresses = addresses(world, own_ports.iter().chain(&given_ports));
     let self_links = links("servers", &id);
     let server = json!({
@@ -667,11 +663,7 @@ pub fn on_server_timer(world: &mut Cx<'_>, id: &str) {
     if due > Instant::now() {
         return;
     }
-    let now = world
-        .env
-        .wall_now()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = world.env.utc_timestamp();
     match next {
         Next::Gone => {
             // As Nova: the server reads DELETED (its ports and volumes already let go) for a
