@@ -10,9 +10,9 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use capo_api::capi::{Cluster, Machine};
+use capo_provider::controllers::packed::Packed;
 use capo_provider::controllers::{cluster, machine, server};
-use capo_provider::manager::controllers::{strip_for_cache, trim_machine};
-use kube::core::DeserializeGuard;
+use capo_provider::manager::controllers::strip_for_cache;
 use kube::runtime::reflector::{self, Lookup};
 use kube::runtime::watcher::Event;
 use serde::Serialize;
@@ -78,7 +78,7 @@ pub fn run(binary: &Path, objects: u32) -> anyhow::Result<Vec<KindFigure>> {
 pub fn measure_here(kind: &str, objects: u32) -> anyhow::Result<f64> {
     match kind {
         "Cluster" => fill::<Cluster>(kind, objects, strip_for_cache::<Cluster>),
-        "Machine" => fill::<DeserializeGuard<Machine>>(kind, objects, trim_machine),
+        "Machine" => fill::<Packed<Machine>>(kind, objects, strip_for_cache::<Packed<Machine>>),
         "OpenStackCluster" => {
             fill::<cluster::Watched>(kind, objects, strip_for_cache::<cluster::Watched>)
         }

@@ -6,22 +6,20 @@
 
 use std::sync::Arc;
 
-use capo_api::capi::{Cluster, Machine};
+use capo_api::capi::{self, Cluster, Machine};
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackServer};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::packed::{Packed, Stored};
+use super::packed::{Packable, Packed, Stored};
 
 /// The stores, one per kind, shared by every controller.
 #[derive(Clone)]
 pub struct Caches {
     /// CAPI Clusters, kept whole.
     pub clusters: Store<Cluster>,
-    /// CAPI Machines, each kept with its decode error if it does not decode.
-    pub machines: Store<DeserializeGuard<Machine>>,
+    /// CAPI Machines, packed (with their decode error if they do not decode).
+    pub machines: Store<Packed<Machine>>,
     /// OpenStackClusters, packed.
     pub infra_clusters: Store<Packed<OpenStackCluster>>,
     /// OpenStackMachines, packed.
@@ -38,6 +36,22 @@ fn key<K: kube::Resource<DynamicType = ()>>(namespace: &str, name: &str) -> Obje
 /// report; here it reads as absent).
 fn decoded<K: Clone, S: Stored<K>>(stored: Option<Arc<S>>) -> Option<K> {
     stored.and_then(|s| s.decoded().ok().map(std::borrow::Cow::into_owned))
+}
+
+impl Packable for OpenStackCluster {}
+impl Packable for OpenStackMachine {}
+impl Packable for OpenStackServer {}
+
+/// A Machine as the store keeps it: of its conditions only `Deleting`, the one read here
+/// (Cluster API sets a dozen, with messages).
+impl Packable for Machine {
+    fn trim(&mut self) {
+        if let Some(status) = self.status.as_mut() {
+            status
+                .conditions
+                .retain(|c| c.type_ == capi::deleting::CONDITION);
+        }
+    }
 }
 
 impl Caches {
@@ -68,14 +82,13 @@ impl Caches {
     pub fn infra_machines(
         &self,
         namespace: &str,
-        wanted: impl Fn(&ObjectMeta) -> bool,
+        wanted: impl Fn(&Packed<OpenStackMachine>) -> bool,
     ) -> Vec<OpenStackMachine> {
         self.infra_machines
             .state()
             .iter()
             .filter(|stored| {
-                let meta = stored.meta();
-                meta.namespace.as_deref() == Some(namespace) && wanted(meta)
+                stored.meta().namespace.as_deref() == Some(namespace) && wanted(stored)
             })
             .filter_map(|stored| stored.unpack().ok())
             .collect()

@@ -1,13 +1,17 @@
-//! Objects kept packed in the shared stores: the metadata as it is (what kube-runtime and the
-//! wake-up mappers read), the rest as deflated JSON, decoded when a reconciler reads it. An
-//! OpenStackServer decoded takes about 6 KB of heap; packed, about a third of that
+//! Objects kept packed in the shared stores. A stored object keeps, decoded, only what
+//! kube-runtime and the wake-up mappers read of it: its identity (name, namespace, uid,
+//! resourceVersion, generation, deletion, owners) and its labels and annotations, which are
+//! interned, so that the thousands of objects of one cluster share one copy of each set. The
+//! whole object is kept as deflated JSON and decoded when a reconciler reads it. An
+//! OpenStackServer decoded takes about 6 KB of heap; packed, a fraction of that
 //! (docs/memory.md). Like kube's `DeserializeGuard`, an object that does not decode is kept
 //! with its error, so one bad object never stalls a watch.
 
 use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use flate2::Compression;
 use flate2::read::DeflateDecoder;
@@ -19,18 +23,66 @@ use kube::core::error_boundary::InvalidObject;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// An object of kind `K`, packed: its metadata, and the rest of it deflated (or why it does
-/// not decode).
+/// A kind the stores keep packed: what of it is dropped before it is packed.
+pub trait Packable: Resource + Serialize + DeserializeOwned {
+    /// Drops what no reader needs (kept as it is by default).
+    fn trim(&mut self) {}
+}
+
+/// An object of kind `K`, packed: its identity and interned tags, and the whole of it
+/// deflated (or why it does not decode).
 pub struct Packed<K> {
+    /// Identity only: labels and annotations are in `tags`, the rest in `body`.
     metadata: ObjectMeta,
+    tags: Arc<Tags>,
     body: Result<Arc<[u8]>, Arc<str>>,
     kind: PhantomData<fn() -> K>,
+}
+
+/// An object's labels and annotations, shared by every stored object that has the same.
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tags {
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+/// Where stored objects find their tags: each distinct set once.
+struct Interner {
+    sets: HashSet<Arc<Tags>>,
+    /// The set count at which sets no object holds any more are dropped.
+    prune_at: usize,
+}
+
+static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| {
+    Mutex::new(Interner {
+        sets: HashSet::new(),
+        prune_at: 1024,
+    })
+});
+
+/// The shared copy of `tags`.
+fn intern(tags: Tags) -> Arc<Tags> {
+    // A panic elsewhere while the lock was held leaves the sets whole: each is inserted or not.
+    let mut interner = INTERNER.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(shared) = interner.sets.get(&tags) {
+        return shared.clone();
+    }
+    if interner.sets.len() >= interner.prune_at {
+        // Sets of objects gone (a deleted cluster's, a changed label's) go here: held by
+        // the interner alone.
+        interner.sets.retain(|set| Arc::strong_count(set) > 1);
+        interner.prune_at = (interner.sets.len() * 2).max(1024);
+    }
+    let shared = Arc::new(tags);
+    interner.sets.insert(shared.clone());
+    shared
 }
 
 impl<K> Clone for Packed<K> {
     fn clone(&self) -> Self {
         Packed {
             metadata: self.metadata.clone(),
+            tags: self.tags.clone(),
             body: self.body.clone(),
             kind: PhantomData,
         }
@@ -48,17 +100,60 @@ impl<K> std::fmt::Debug for Packed<K> {
     }
 }
 
-impl<K> Packed<K>
-where
-    K: Resource + Serialize + DeserializeOwned,
-{
-    /// Packs `object`; its metadata stays as it is.
+/// What the store keeps of an object's metadata: no reader needs its field managers or the
+/// copy `kubectl apply` leaves, which are often most of its bytes.
+pub fn strip_metadata(meta: &mut ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// The annotation `kubectl apply` keeps its last input in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// `meta` split into the identity a packed object keeps decoded and its interned tags.
+fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
+    let identity = ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        generation: meta.generation,
+        deletion_timestamp: meta.deletion_timestamp.clone(),
+        owner_references: meta.owner_references.clone(),
+        ..ObjectMeta::default()
+    };
+    let tags = Tags {
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+    };
+    (identity, intern(tags))
+}
+
+impl<K: Packable> Packed<K> {
+    /// Packs `object`, trimmed as its kind is stored.
     pub fn pack(mut object: K) -> Self {
-        let metadata = std::mem::take(object.meta_mut());
+        strip_metadata(object.meta_mut());
+        object.trim();
+        let (metadata, tags) = split(object.meta());
         let body = deflate(&object).map_err(|error| Arc::from(error.to_string()));
         Packed {
             metadata,
+            tags,
             body,
+            kind: PhantomData,
+        }
+    }
+
+    /// Kept with the reason it does not decode.
+    fn invalid(mut invalid: InvalidObject) -> Self {
+        strip_metadata(&mut invalid.metadata);
+        let (metadata, tags) = split(&invalid.metadata);
+        Packed {
+            metadata,
+            tags,
+            body: Err(Arc::from(invalid.error)),
             kind: PhantomData,
         }
     }
@@ -68,21 +163,40 @@ where
         let invalid = |error: String| {
             Box::new(InvalidObject {
                 error,
-                metadata: self.metadata.clone(),
+                metadata: self.metadata_with_tags(),
             })
         };
         let bytes = self
             .body
             .as_ref()
             .map_err(|error| invalid(error.to_string()))?;
-        let mut object: K = inflate(bytes).map_err(|error| invalid(error.to_string()))?;
-        *object.meta_mut() = self.metadata.clone();
-        Ok(object)
+        inflate(bytes).map_err(|error| invalid(error.to_string()))
     }
 
     /// Whether the object decoded when it was stored.
     pub fn is_valid(&self) -> bool {
         self.body.is_ok()
+    }
+}
+
+impl<K> Packed<K> {
+    /// The object's labels (interned; `meta()` holds none).
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.tags.labels
+    }
+
+    /// The object's annotations (interned; `meta()` holds none).
+    pub fn annotations(&self) -> &BTreeMap<String, String> {
+        &self.tags.annotations
+    }
+
+    fn metadata_with_tags(&self) -> ObjectMeta {
+        let some = |map: &BTreeMap<String, String>| (!map.is_empty()).then(|| map.clone());
+        ObjectMeta {
+            labels: some(&self.tags.labels),
+            annotations: some(&self.tags.annotations),
+            ..self.metadata.clone()
+        }
     }
 }
 
@@ -100,20 +214,46 @@ fn inflate<K: DeserializeOwned>(bytes: &[u8]) -> std::io::Result<K> {
     Ok(serde_json::from_slice(&json)?)
 }
 
-impl<'de, K> Deserialize<'de> for Packed<K>
-where
-    K: Resource + Serialize + DeserializeOwned,
-{
+impl<'de, K: Packable> Deserialize<'de> for Packed<K> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let DeserializeGuard(decoded) = DeserializeGuard::<K>::deserialize(deserializer)?;
         Ok(match decoded {
             Ok(object) => Packed::pack(object),
-            Err(invalid) => Packed {
-                metadata: invalid.metadata,
-                body: Err(Arc::from(invalid.error)),
-                kind: PhantomData,
-            },
+            Err(invalid) => Packed::invalid(invalid),
         })
+    }
+}
+
+/// An object's labels and annotations as its store keeps them: in its metadata, or interned
+/// beside a packed object's. Mappers and filters that read a stored object's tags read them
+/// through this, so that a packed object's are not read as empty.
+pub trait Tagged {
+    /// The object's labels.
+    fn stored_labels(&self) -> &BTreeMap<String, String>;
+    /// The object's annotations.
+    fn stored_annotations(&self) -> &BTreeMap<String, String>;
+}
+
+static NO_TAGS: BTreeMap<String, String> = BTreeMap::new();
+
+impl<K> Tagged for Packed<K> {
+    fn stored_labels(&self) -> &BTreeMap<String, String> {
+        self.labels()
+    }
+
+    fn stored_annotations(&self) -> &BTreeMap<String, String> {
+        self.annotations()
+    }
+}
+
+/// An object kept decoded: its tags are its metadata's.
+impl<K: Resource> Tagged for DeserializeGuard<K> {
+    fn stored_labels(&self) -> &BTreeMap<String, String> {
+        self.meta().labels.as_ref().unwrap_or(&NO_TAGS)
+    }
+
+    fn stored_annotations(&self) -> &BTreeMap<String, String> {
+        self.meta().annotations.as_ref().unwrap_or(&NO_TAGS)
     }
 }
 
@@ -162,10 +302,7 @@ impl<K: Resource + Clone> Stored<K> for DeserializeGuard<K> {
     }
 }
 
-impl<K> Stored<K> for Packed<K>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned,
-{
+impl<K: Packable + Clone> Stored<K> for Packed<K> {
     fn decoded(&self) -> Result<Cow<'_, K>, Box<InvalidObject>> {
         self.unpack().map(Cow::Owned)
     }
@@ -176,6 +313,61 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
+
+    impl Packable for ConfigMap {}
+
+    fn config_map(name: &str, cluster: &str) -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                "resourceVersion": "7", "finalizers": ["f"],
+                "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+                "annotations": {"a": "b"},
+                "managedFields": [{"manager": "kubectl"}],
+            },
+            "data": {"k": "v"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn objects_with_the_same_tags_share_one_copy_and_unpack_whole() {
+        let a = Packed::pack(config_map("a", "one"));
+        let b = Packed::pack(config_map("b", "one"));
+        let c = Packed::pack(config_map("c", "two"));
+        assert!(
+            Arc::ptr_eq(&a.tags, &b.tags),
+            "one cluster's objects share their tags"
+        );
+        assert!(!Arc::ptr_eq(&a.tags, &c.tags));
+        assert_eq!(a.labels()["cluster.x-k8s.io/cluster-name"], "one");
+        assert_eq!(a.annotations()["a"], "b");
+        // Kept decoded: identity only; the store's readers go through `Tagged`.
+        assert_eq!(a.meta().labels, None);
+        assert_eq!(a.meta().finalizers, None);
+        assert_eq!(a.meta().uid.as_deref(), Some("uid-a"));
+        assert_eq!(a.stored_labels(), a.labels());
+        // Unpacked: the whole object, less its field managers.
+        let mut expected = config_map("a", "one");
+        expected.metadata.managed_fields = None;
+        assert_eq!(a.unpack().unwrap(), expected);
+    }
+
+    #[test]
+    fn tags_no_object_holds_are_dropped_as_the_sets_grow() {
+        let gone = Arc::downgrade(&Packed::pack(config_map("x", "deleted-cluster")).tags);
+        let kept: Vec<_> = (0..3000)
+            .map(|i| Packed::pack(config_map("y", &format!("cluster-{i}"))))
+            .collect();
+        assert!(
+            gone.upgrade().is_none(),
+            "a deleted cluster's tags are let go"
+        );
+        assert_eq!(
+            kept[0].labels()["cluster.x-k8s.io/cluster-name"],
+            "cluster-0"
+        );
+    }
 
     #[test]
     fn an_object_packs_smaller_and_unpacks_the_same() {

@@ -21,7 +21,6 @@ use capo_api::ipam;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
-use kube::core::DeserializeGuard;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
@@ -29,6 +28,7 @@ use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
+use crate::controllers::packed::{Packed, Tagged, strip_metadata};
 use crate::controllers::{
     Caches, ClientCache, Context, cluster, floating_ip_pool, machine, machine_template, server,
 };
@@ -60,11 +60,23 @@ impl WatchScope {
     /// The watch of Cluster API objects (ours and Clusters): filtered by label when asked.
     pub fn watcher_config(&self) -> watcher::Config {
         match &self.watch_filter {
-            Some(value) => watcher::Config::default()
-                .labels(&format!("{}={value}", capi::labels::WATCH_FILTER)),
-            None => watcher::Config::default(),
+            Some(value) => {
+                listed_in_pages().labels(&format!("{}={value}", capi::labels::WATCH_FILTER))
+            }
+            None => listed_in_pages(),
         }
     }
+}
+
+/// Objects per page of a watch's list. A page is decoded whole before its first object
+/// is stored (kube buffers the page as a tree of values, several times its text), and a
+/// restarted controller lists every kind at once: with kube's default of 500, those pages
+/// were most of a restart's peak (docs/memory.md).
+const LIST_PAGE: u32 = 100;
+
+/// A watch whose lists come in pages of [`LIST_PAGE`].
+fn listed_in_pages() -> watcher::Config {
+    watcher::Config::default().page_size(LIST_PAGE)
 }
 
 /// Notes, for the queue depth metric, every object a trigger hands a controller.
@@ -147,7 +159,7 @@ impl Queue {
 
 /// What in an object's metadata and spec calls for a reconcile (not its status, which we
 /// write ourselves).
-fn reconcile_worthy<K: Resource>(object: &K) -> Option<u64> {
+fn reconcile_worthy<K: Resource + Tagged>(object: &K) -> Option<u64> {
     let meta = object.meta();
     let mut hasher = DefaultHasher::new();
     // An owner appearing matters: an OpenStackMachine waits for its Machine.
@@ -159,8 +171,8 @@ fn reconcile_worthy<K: Resource>(object: &K) -> Option<u64> {
         .collect();
     (
         meta.generation,
-        &meta.labels,
-        &meta.annotations,
+        object.stored_labels(),
+        object.stored_annotations(),
         meta.deletion_timestamp.is_some(),
         owners,
     )
@@ -177,12 +189,12 @@ fn paused_changes(cluster: &Cluster) -> Option<u64> {
 /// A Cluster's objects in `store`: those labelled with its name, in its namespace.
 fn labelled_for_cluster<K>(store: Store<K>) -> impl Fn(Arc<Cluster>) -> Vec<ObjectRef<K>>
 where
-    K: Resource<DynamicType = ()> + Clone,
+    K: Resource<DynamicType = ()> + Tagged + Clone,
 {
     move |cluster| {
         let name = cluster.name_any();
         pick(&store, cluster.namespace(), |object: &K| {
-            capi::cluster_name(object.labels()) == Some(name.as_str())
+            capi::cluster_name(object.stored_labels()) == Some(name.as_str())
         })
     }
 }
@@ -208,7 +220,7 @@ pub struct Watches {
     infra_clusters: SharedWatch<cluster::Watched>,
     infra_machines: SharedWatch<machine::Watched>,
     clusters: SharedWatch<Cluster>,
-    machines: SharedWatch<DeserializeGuard<capi::Machine>>,
+    machines: SharedWatch<Packed<capi::Machine>>,
     templates: SharedWatch<machine_template::Watched>,
 }
 
@@ -246,8 +258,11 @@ impl Watches {
             strip_for_cache::<Cluster>,
         );
         shared(driver.boxed());
-        let (machines, driver) =
-            SharedWatch::new(scope.api(client.clone()), config.clone(), trim_machine);
+        let (machines, driver) = SharedWatch::new(
+            scope.api(client.clone()),
+            config.clone(),
+            strip_for_cache::<Packed<capi::Machine>>,
+        );
         shared(driver.boxed());
         let (templates, driver) = SharedWatch::new(
             scope.api(client.clone()),
@@ -288,27 +303,10 @@ impl Watches {
 }
 
 /// What the store keeps of an object: no reconciler reads its field managers or the
-/// copy `kubectl apply` leaves, which are often most of its bytes.
+/// copy `kubectl apply` leaves, which are often most of its bytes. (A packed object is
+/// stripped so before it is packed; this leaves it as it is.)
 pub fn strip_for_cache<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
-    if let Some(annotations) = object.meta_mut().annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// A Machine as the store keeps it: of its conditions only `Deleting`, the one read here
-/// (Cluster API sets a dozen, with messages).
-pub fn trim_machine(machine: &mut DeserializeGuard<capi::Machine>) {
-    strip_for_cache(machine);
-    if let Ok(machine) = machine.0.as_mut()
-        && let Some(status) = machine.status.as_mut()
-    {
-        status
-            .conditions
-            .retain(|c| c.type_ == capi::deleting::CONDITION);
-    }
+    strip_metadata(object.meta_mut());
 }
 
 /// Secrets that appear, change or go (metadata only: no Secret's contents are held). The
@@ -323,7 +321,7 @@ fn secret_changes(
     let mut changes = SecretChanges::default();
     watcher(
         scope.api::<PartialObjectMeta<Secret>>(ctx.client.clone()),
-        watcher::Config::default(),
+        listed_in_pages(),
     )
     .default_backoff()
     .inspect_ok(move |event| note_secret(&seen.clouds, event))
@@ -732,12 +730,11 @@ pub fn run_machines(
             )
             .watches_shared_stream(
                 capi_machines,
-                queue.mapping(|owner: Arc<DeserializeGuard<capi::Machine>>| {
+                queue.mapping(|owner: Arc<Packed<capi::Machine>>| {
                     let infrastructure = owner
-                        .0
-                        .as_ref()
+                        .unpack()
                         .ok()
-                        .and_then(|m| m.spec.infrastructure_ref.clone())
+                        .and_then(|m| m.spec.infrastructure_ref)
                         .filter(|r| r.kind == "OpenStackMachine");
                     infrastructure.map(|r| {
                         let mut object = ObjectRef::<Watched>::new(&r.name);
@@ -835,10 +832,11 @@ pub fn run_machine_templates(
 }
 
 /// What about a Machine matters to its OpenStackMachine.
-fn capi_machine_changes(machine: &DeserializeGuard<capi::Machine>) -> Option<u64> {
-    let Ok(machine) = machine.0.as_ref() else {
+fn capi_machine_changes(machine: &Packed<capi::Machine>) -> Option<u64> {
+    let Ok(machine) = machine.unpack() else {
         return Some(0);
     };
+    let machine = &machine;
     let mut hasher = DefaultHasher::new();
     let deleting_reason = machine.status.as_ref().and_then(|s| {
         s.conditions
@@ -1011,6 +1009,7 @@ fn log_controller_error<E: std::error::Error, Q: std::error::Error>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controllers::packed::LAST_APPLIED;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
     fn secret(uid: &str, version: &str) -> PartialObjectMeta<Secret> {

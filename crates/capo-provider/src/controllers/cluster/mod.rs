@@ -881,9 +881,8 @@ fn monitor_choice(
 
 fn control_plane_machines(pass: &Pass<'_>) -> Vec<OpenStackMachine> {
     let namespace = pass.cluster.namespace().unwrap_or_default();
-    let no_labels = Default::default();
-    pass.ctx.caches.infra_machines(&namespace, |meta| {
-        let labels = meta.labels.as_ref().unwrap_or(&no_labels);
+    pass.ctx.caches.infra_machines(&namespace, |stored| {
+        let labels = stored.labels();
         capi::cluster_name(labels) == Some(pass.capi_name.as_str())
             && capi::is_control_plane(labels)
     })

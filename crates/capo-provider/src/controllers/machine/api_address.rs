@@ -13,9 +13,8 @@ use capo_api::capi::{self, Machine};
 use capo_api::common::{IdentityRef, InstanceStatus};
 use capo_api::conditions::{self, Status, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
 
 use super::members::{self, Left};
 use super::plan::{self, AddressStep, Holder};
@@ -25,6 +24,7 @@ use crate::cloud::neutron::FloatingIp;
 use crate::controllers::cluster::plan::{self as cluster_plan, Names};
 use crate::controllers::gate;
 use crate::controllers::outcome::Outcome;
+use crate::controllers::packed::Packed;
 
 /// How often a leaving machine that carries the address looks for a successor.
 const SUCCESSOR_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
@@ -266,12 +266,11 @@ async fn attach(cloud: &CloudClient, ip: &FloatingIp, port: &str) -> Result<(), 
 
 /// The cluster's other control-plane machines that have a port on its network.
 fn holders(pass: &Pass<'_>, api: &ApiAddress) -> Vec<Holder> {
-    let no_labels = Default::default();
-    let same_cluster = |meta: &ObjectMeta| {
-        let labels = meta.labels.as_ref().unwrap_or(&no_labels);
+    let same_cluster = |stored: &Packed<OpenStackMachine>| {
+        let labels = stored.labels();
         capi::is_control_plane(labels)
             && capi::cluster_name(labels) == Some(api.cluster.as_str())
-            && meta.name.as_deref() != Some(pass.name.as_str())
+            && stored.meta().name.as_deref() != Some(pass.name.as_str())
     };
     pass.ctx
         .caches

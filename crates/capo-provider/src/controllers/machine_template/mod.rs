@@ -228,9 +228,9 @@ async fn propagate_address_pairs(
     namespace: &str,
 ) -> Result<(), TemplateError> {
     let name = template.name_any();
-    let machines = ctx
-        .caches
-        .infra_machines(namespace, |meta| plan::cloned_from(meta, &name));
+    let machines = ctx.caches.infra_machines(namespace, |stored| {
+        plan::cloned_from(stored.annotations(), &name)
+    });
     let api: Api<capo_api::OpenStackMachine> = Api::namespaced(ctx.client.clone(), namespace);
     for machine in machines {
         let Some(operations) = plan::address_pairs_patch(&template.spec.template.spec, &machine)

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use capo_api::OpenStackMachine;
 use capo_api::machine::{NodeInfo, OpenStackMachineSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::cloud::glance::Image;
@@ -77,9 +76,8 @@ pub const CLONED_FROM_NAME: &str = "cluster.x-k8s.io/cloned-from-name";
 pub const CLONED_FROM_GROUP_KIND: &str = "cluster.x-k8s.io/cloned-from-groupkind";
 
 /// Whether Cluster API cloned `machine` from the template `name`.
-pub fn cloned_from(machine: &ObjectMeta, name: &str) -> bool {
-    let annotations = machine.annotations.as_ref();
-    let says = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+pub fn cloned_from(annotations: &BTreeMap<String, String>, name: &str) -> bool {
+    let says = |key: &str| annotations.get(key).map(String::as_str);
     says(CLONED_FROM_NAME) == Some(name)
         && says(CLONED_FROM_GROUP_KIND)
             == Some("OpenStackMachineTemplate.infrastructure.cluster.x-k8s.io")
