@@ -11,6 +11,7 @@ pub mod caches;
 pub mod cluster;
 pub mod context;
 pub mod credentials;
+pub mod dictionary;
 pub mod error;
 pub mod events;
 pub mod floating_ip_pool;

@@ -2,20 +2,18 @@
 //! kube-runtime and the wake-up mappers read of it: its identity (name, namespace, uid,
 //! resourceVersion, generation, deletion, owners) and its labels and annotations, which are
 //! interned, so that the thousands of objects of one cluster share one copy of each set. The
-//! whole object is kept as deflated JSON and decoded when a reconciler reads it. An
+//! whole object is kept as JSON deflated against another object of its kind
+//! (`dictionary.rs`) and decoded when a reconciler reads it. An
 //! OpenStackServer decoded takes about 6 KB of heap; packed, a fraction of that
 //! (docs/memory.md). Like kube's `DeserializeGuard`, an object that does not decode is kept
 //! with its error, so one bad object never stalls a watch.
 
+use std::any::TypeId;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
-use std::io::Read;
 use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use flate2::Compression;
-use flate2::read::DeflateDecoder;
-use flate2::write::DeflateEncoder;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::core::DeserializeGuard;
@@ -23,8 +21,10 @@ use kube::core::error_boundary::InvalidObject;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::dictionary::Deflated;
+
 /// A kind the stores keep packed: what of it is dropped before it is packed.
-pub trait Packable: Resource + Serialize + DeserializeOwned {
+pub trait Packable: Resource + Serialize + DeserializeOwned + 'static {
     /// Drops what no reader needs (kept as it is by default).
     fn trim(&mut self) {}
 }
@@ -35,7 +35,7 @@ pub struct Packed<K> {
     /// Identity only: labels and annotations are in `tags`, the rest in `body`.
     metadata: ObjectMeta,
     tags: Arc<Tags>,
-    body: Result<Arc<[u8]>, Arc<str>>,
+    body: Result<Deflated, Arc<str>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -91,7 +91,7 @@ impl<K> Clone for Packed<K> {
 
 impl<K> std::fmt::Debug for Packed<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let body = self.body.as_ref().map(|bytes| bytes.len());
+        let body = self.body.as_ref().map(Deflated::size);
         f.debug_struct("Packed")
             .field("name", &self.metadata.name)
             .field("namespace", &self.metadata.namespace)
@@ -137,7 +137,10 @@ impl<K: Packable> Packed<K> {
         strip_metadata(object.meta_mut());
         object.trim();
         let (metadata, tags) = split(object.meta());
-        let body = deflate(&object).map_err(|error| Arc::from(error.to_string()));
+        let body = serde_json::to_vec(&object)
+            .map_err(std::io::Error::from)
+            .and_then(|json| Deflated::new(TypeId::of::<K>(), &json))
+            .map_err(|error| Arc::from(error.to_string()));
         Packed {
             metadata,
             tags,
@@ -166,11 +169,12 @@ impl<K: Packable> Packed<K> {
                 metadata: self.metadata_with_tags(),
             })
         };
-        let bytes = self
+        let body = self
             .body
             .as_ref()
             .map_err(|error| invalid(error.to_string()))?;
-        inflate(bytes).map_err(|error| invalid(error.to_string()))
+        let json = body.inflate().map_err(|error| invalid(error.to_string()))?;
+        serde_json::from_slice(&json).map_err(|error| invalid(error.to_string()))
     }
 
     /// Whether the object decoded when it was stored.
@@ -198,20 +202,6 @@ impl<K> Packed<K> {
             ..self.metadata.clone()
         }
     }
-}
-
-fn deflate<K: Serialize>(object: &K) -> std::io::Result<Arc<[u8]>> {
-    // Fast compression: an object is packed once per watch event.
-    let mut encoder = DeflateEncoder::new(Vec::new(), Compression::fast());
-    serde_json::to_writer(&mut encoder, object)?;
-    let bytes = encoder.finish()?;
-    Ok(Arc::from(bytes.into_boxed_slice()))
-}
-
-fn inflate<K: DeserializeOwned>(bytes: &[u8]) -> std::io::Result<K> {
-    let mut json = Vec::with_capacity(bytes.len() * 3);
-    DeflateDecoder::new(bytes).read_to_end(&mut json)?;
-    Ok(serde_json::from_slice(&json)?)
 }
 
 impl<'de, K: Packable> Deserialize<'de> for Packed<K> {
@@ -381,7 +371,7 @@ mod tests {
         .unwrap();
         let packed = Packed::pack(object.clone());
         let json = serde_json::to_vec(&object.data).unwrap().len();
-        let bytes = packed.body.as_ref().map(|b| b.len()).unwrap();
+        let bytes = packed.body.as_ref().map(Deflated::size).unwrap();
         assert!(bytes * 3 < json, "{bytes} packed bytes of {json}");
         assert_eq!(packed.meta().name.as_deref(), Some("a"));
         assert_eq!(packed.unpack().unwrap(), object);
