@@ -61,6 +61,27 @@ fn the_checked_in_manifests_are_what_capo_rs_manifests_writes() {
 
 /// clusterctl's `${VAR:=default}` replaced by its default, as `clusterctl init` does with
 /// nothing set.
+/// The allocator settings the Dockerfile's runtime stage sets (`ENV GLIBC_TUNABLES=...`).
+fn tunables_in(text: &str, prefix: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix(prefix))
+        .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned())
+        .next()
+}
+
+#[test]
+fn the_image_ci_assembles_has_the_dockerfiles_allocator_settings() {
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap();
+    let dockerfile = tunables_in(&read("Dockerfile"), "ENV GLIBC_TUNABLES=")
+        .expect("the Dockerfile sets GLIBC_TUNABLES");
+    let ci = tunables_in(&read(".ci/image"), "--env GLIBC_TUNABLES=")
+        .expect(".ci/image sets GLIBC_TUNABLES");
+    assert_eq!(dockerfile, ci);
+    assert!(dockerfile.contains("glibc.malloc.arena_max=2"), "{dockerfile}");
+    let book = read("docs/installation.md");
+    assert!(book.contains(&dockerfile), "docs/installation.md names the settings");
+}
+
 fn with_defaults(text: &str) -> String {
     let variable = regex::Regex::new(r"\$\{[A-Z0-9_]+:=([^}]*)\}").unwrap();
     variable.replace_all(text, "$1").into_owned()
