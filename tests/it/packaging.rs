@@ -65,7 +65,12 @@ fn the_checked_in_manifests_are_what_capo_rs_manifests_writes() {
 fn tunables_in(text: &str, prefix: &str) -> Option<String> {
     text.lines()
         .filter_map(|line| line.trim().strip_prefix(prefix))
-        .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned())
+        .map(|rest| {
+            rest.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
         .next()
 }
 
@@ -77,9 +82,15 @@ fn the_image_ci_assembles_has_the_dockerfiles_allocator_settings() {
     let ci = tunables_in(&read(".ci/image"), "--env GLIBC_TUNABLES=")
         .expect(".ci/image sets GLIBC_TUNABLES");
     assert_eq!(dockerfile, ci);
-    assert!(dockerfile.contains("glibc.malloc.arena_max=2"), "{dockerfile}");
+    assert!(
+        dockerfile.contains("glibc.malloc.arena_max=2"),
+        "{dockerfile}"
+    );
     let book = read("docs/installation.md");
-    assert!(book.contains(&dockerfile), "docs/installation.md names the settings");
+    assert!(
+        book.contains(&dockerfile),
+        "docs/installation.md names the settings"
+    );
 }
 
 fn with_defaults(text: &str) -> String {
