@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use capo_api::capi::{Cluster, Machine};
 use capo_provider::controllers::packed::Packed;
 use capo_provider::controllers::{cluster, machine, server};
-use capo_provider::manager::controllers::strip_for_cache;
+use capo_provider::manager::controllers::{packed_as_is, strip_for_cache};
 use kube::runtime::reflector::{self, Lookup};
 use kube::runtime::watcher::Event;
 use serde::Serialize;
@@ -78,15 +78,15 @@ pub fn run(binary: &Path, objects: u32) -> anyhow::Result<Vec<KindFigure>> {
 pub fn measure_here(kind: &str, objects: u32) -> anyhow::Result<f64> {
     match kind {
         "Cluster" => fill::<Cluster>(kind, objects, strip_for_cache::<Cluster>),
-        "Machine" => fill::<Packed<Machine>>(kind, objects, strip_for_cache::<Packed<Machine>>),
+        "Machine" => fill::<Packed<Machine>>(kind, objects, packed_as_is::<Packed<Machine>>),
         "OpenStackCluster" => {
-            fill::<cluster::Watched>(kind, objects, strip_for_cache::<cluster::Watched>)
+            fill::<cluster::Watched>(kind, objects, packed_as_is::<cluster::Watched>)
         }
         "OpenStackMachine" => {
-            fill::<machine::Watched>(kind, objects, strip_for_cache::<machine::Watched>)
+            fill::<machine::Watched>(kind, objects, packed_as_is::<machine::Watched>)
         }
         "OpenStackServer" => {
-            fill::<server::Watched>(kind, objects, strip_for_cache::<server::Watched>)
+            fill::<server::Watched>(kind, objects, packed_as_is::<server::Watched>)
         }
         other => anyhow::bail!(
             "no kind {other}: one of {}",

@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, LazyLock, PoisonError, RwLock};
+use std::thread::LocalKey;
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 
@@ -94,36 +95,29 @@ fn new_decompress() -> Decompress {
     Decompress::new(false)
 }
 
-/// `run` with this thread's compressor, reset; with a new one if that is in use.
-fn with_compress<T>(run: impl Fn(&mut Compress) -> T) -> T {
-    let reused = COMPRESS.try_with(|cell| {
-        cell.try_borrow_mut().ok().map(|mut compress| {
-            compress.reset();
-            run(&mut compress)
+/// `run` with this thread's `state`, reset; with a new one if that is in use.
+fn with_reused<S, T>(
+    state: &'static LocalKey<RefCell<S>>,
+    new: fn() -> S,
+    reset: fn(&mut S),
+    run: impl Fn(&mut S) -> T,
+) -> T {
+    let reused = state.try_with(|cell| {
+        cell.try_borrow_mut().ok().map(|mut state| {
+            reset(&mut state);
+            run(&mut state)
         })
     });
     match reused {
         Ok(Some(result)) => result,
-        _ => run(&mut new_compress()),
-    }
-}
-
-/// `run` with this thread's decompressor, reset; with a new one if that is in use.
-fn with_decompress<T>(run: impl Fn(&mut Decompress) -> T) -> T {
-    let reused = DECOMPRESS.try_with(|cell| {
-        cell.try_borrow_mut().ok().map(|mut decompress| {
-            decompress.reset(false);
-            run(&mut decompress)
-        })
-    });
-    match reused {
-        Ok(Some(result)) => result,
-        _ => run(&mut new_decompress()),
+        _ => run(&mut new()),
     }
 }
 
 fn deflate(json: &[u8], dictionary: &[u8]) -> io::Result<Vec<u8>> {
-    with_compress(|compress| deflate_with(compress, json, dictionary))
+    with_reused(&COMPRESS, new_compress, Compress::reset, |compress| {
+        deflate_with(compress, json, dictionary)
+    })
 }
 
 fn deflate_with(compress: &mut Compress, json: &[u8], dictionary: &[u8]) -> io::Result<Vec<u8>> {
@@ -147,7 +141,12 @@ fn deflate_with(compress: &mut Compress, json: &[u8], dictionary: &[u8]) -> io::
 }
 
 fn inflate(bytes: &[u8], dictionary: &[u8]) -> io::Result<Vec<u8>> {
-    with_decompress(|decompress| inflate_with(decompress, bytes, dictionary))
+    with_reused(
+        &DECOMPRESS,
+        new_decompress,
+        |decompress| decompress.reset(false),
+        |decompress| inflate_with(decompress, bytes, dictionary),
+    )
 }
 
 fn inflate_with(

@@ -41,7 +41,7 @@ pub struct Packed<K> {
 
 /// An object's labels and annotations, shared by every stored object that has the same.
 #[derive(Debug, Default, PartialEq, Eq, Hash)]
-pub struct Tags {
+struct Tags {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
 }

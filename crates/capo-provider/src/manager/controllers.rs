@@ -237,19 +237,19 @@ impl Watches {
         let (servers, driver) = SharedWatch::new(
             scope.api(client.clone()),
             config.clone(),
-            strip_for_cache::<server::Watched>,
+            packed_as_is::<server::Watched>,
         );
         shared(driver.boxed());
         let (infra_clusters, driver) = SharedWatch::new(
             scope.api(client.clone()),
             config.clone(),
-            strip_for_cache::<cluster::Watched>,
+            packed_as_is::<cluster::Watched>,
         );
         shared(driver.boxed());
         let (infra_machines, driver) = SharedWatch::new(
             scope.api(client.clone()),
             config.clone(),
-            strip_for_cache::<machine::Watched>,
+            packed_as_is::<machine::Watched>,
         );
         shared(driver.boxed());
         let (clusters, driver) = SharedWatch::new(
@@ -261,7 +261,7 @@ impl Watches {
         let (machines, driver) = SharedWatch::new(
             scope.api(client.clone()),
             config.clone(),
-            strip_for_cache::<Packed<capi::Machine>>,
+            packed_as_is::<Packed<capi::Machine>>,
         );
         shared(driver.boxed());
         let (templates, driver) = SharedWatch::new(
@@ -303,11 +303,13 @@ impl Watches {
 }
 
 /// What the store keeps of an object: no reconciler reads its field managers or the
-/// copy `kubectl apply` leaves, which are often most of its bytes. (A packed object is
-/// stripped so before it is packed; this leaves it as it is.)
+/// copy `kubectl apply` leaves, which are often most of its bytes.
 pub fn strip_for_cache<K: Resource>(object: &mut K) {
     strip_metadata(object.meta_mut());
 }
+
+/// A packed object as the store keeps it: stripped and trimmed when it was packed.
+pub fn packed_as_is<K>(_object: &mut K) {}
 
 /// Secrets that appear, change or go (metadata only: no Secret's contents are held). The
 /// first list wakes nothing (every object is reconciled at start anyway); a relist after a
@@ -836,7 +838,6 @@ fn capi_machine_changes(machine: &Packed<capi::Machine>) -> Option<u64> {
     let Ok(machine) = machine.unpack() else {
         return Some(0);
     };
-    let machine = &machine;
     let mut hasher = DefaultHasher::new();
     let deleting_reason = machine.status.as_ref().and_then(|s| {
         s.conditions
