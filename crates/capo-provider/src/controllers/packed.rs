@@ -1,7 +1,9 @@
 //! Objects kept packed in the shared stores. A stored object keeps, decoded, only what
-//! kube-runtime and the wake-up mappers read of it: its identity (name, namespace, uid,
-//! resourceVersion, generation, deletion, owners) and its labels and annotations, which are
-//! interned, so that the thousands of objects of one cluster share one copy of each set. The
+//! kube-runtime and the wake-up mappers read of it: its name, namespace, generation, deletion
+//! and owners; its uid and resourceVersion as digests (kube-runtime copies a `meta()`'s uid
+//! and resourceVersion into every store key and every queued reconcile); and its labels and
+//! annotations, which are interned, so that the thousands of objects of one cluster share one
+//! copy of each set. The
 //! whole object is kept as JSON deflated against another object of its kind
 //! (`dictionary.rs`) and decoded when a reconciler reads it. An
 //! OpenStackServer decoded takes about 6 KB of heap; packed, a fraction of that
@@ -10,7 +12,9 @@
 
 use std::any::TypeId;
 use std::borrow::Cow;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
@@ -32,9 +36,11 @@ pub trait Packable: Resource + Serialize + DeserializeOwned + 'static {
 /// An object of kind `K`, packed: its identity and interned tags, and the whole of it
 /// deflated (or why it does not decode).
 pub struct Packed<K> {
-    /// Identity only: labels and annotations are in `tags`, the rest in `body`.
+    /// Name, namespace, generation, deletion and owners: labels and annotations are in
+    /// `tags`, the uid and resourceVersion in `digests`, the rest in `body`.
     metadata: ObjectMeta,
     tags: Arc<Tags>,
+    digests: Digests,
     body: Result<Deflated, Arc<str>>,
     kind: PhantomData<fn() -> K>,
 }
@@ -78,11 +84,45 @@ fn intern(tags: Tags) -> Arc<Tags> {
     shared
 }
 
+/// What the stores' readers compare of an object's uid and resourceVersion.
+#[derive(Clone, Copy, Debug)]
+struct Digests {
+    identity: u64,
+    version: Option<u64>,
+}
+
+impl Digests {
+    fn of(meta: &ObjectMeta) -> Self {
+        Digests {
+            identity: identity_of(meta),
+            version: version_of(meta),
+        }
+    }
+}
+
+/// Which object `meta` is: a digest of its namespace, name and uid (a new object of the same
+/// name is another one). A digest, not the three strings: the change filters keep one per
+/// object per subscriber. Two objects sharing a 64-bit digest would share an entry; the odds
+/// are nil at any number of objects a controller watches.
+pub fn identity_of(meta: &ObjectMeta) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (&meta.namespace, &meta.name, &meta.uid).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A digest of `meta`'s resourceVersion: it differs when the object changed.
+fn version_of(meta: &ObjectMeta) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    meta.resource_version.as_ref()?.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 impl<K> Clone for Packed<K> {
     fn clone(&self) -> Self {
         Packed {
             metadata: self.metadata.clone(),
             tags: self.tags.clone(),
+            digests: self.digests,
             body: self.body.clone(),
             kind: PhantomData,
         }
@@ -117,8 +157,6 @@ fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
     let identity = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
-        resource_version: meta.resource_version.clone(),
         generation: meta.generation,
         deletion_timestamp: meta.deletion_timestamp.clone(),
         owner_references: meta.owner_references.clone(),
@@ -137,6 +175,7 @@ impl<K: Packable> Packed<K> {
         strip_metadata(object.meta_mut());
         object.trim();
         let (metadata, tags) = split(object.meta());
+        let digests = Digests::of(object.meta());
         let body = serde_json::to_vec(&object)
             .map_err(std::io::Error::from)
             .and_then(|json| Deflated::new(TypeId::of::<K>(), &json))
@@ -144,18 +183,24 @@ impl<K: Packable> Packed<K> {
         Packed {
             metadata,
             tags,
+            digests,
             body,
             kind: PhantomData,
         }
     }
 
-    /// Kept with the reason it does not decode.
+    /// Kept with the reason it does not decode, and its uid and resourceVersion (the one
+    /// place they are read from: the error a reconcile reports).
     fn invalid(mut invalid: InvalidObject) -> Self {
         strip_metadata(&mut invalid.metadata);
-        let (metadata, tags) = split(&invalid.metadata);
+        let (mut metadata, tags) = split(&invalid.metadata);
+        metadata.uid = invalid.metadata.uid;
+        metadata.resource_version = invalid.metadata.resource_version;
+        let digests = Digests::of(&metadata);
         Packed {
             metadata,
             tags,
+            digests,
             body: Err(Arc::from(invalid.error)),
             kind: PhantomData,
         }
@@ -214,19 +259,33 @@ impl<'de, K: Packable> Deserialize<'de> for Packed<K> {
     }
 }
 
-/// An object's labels and annotations as its store keeps them: in its metadata, or interned
-/// beside a packed object's. Mappers and filters that read a stored object's tags read them
-/// through this, so that a packed object's are not read as empty.
-pub trait Tagged {
+/// What a store's readers read of an object beside `meta()`'s name, namespace, generation,
+/// deletion and owners: its tags (in its metadata, or interned beside a packed object's) and
+/// digests of its uid and resourceVersion (a packed object keeps no more of them). Mappers
+/// and filters read stored objects through this, so that a packed object's tags are not read
+/// as empty nor its versions as all the same.
+pub trait StoredMeta: Resource {
     /// The object's labels.
-    fn stored_labels(&self) -> &BTreeMap<String, String>;
+    fn stored_labels(&self) -> &BTreeMap<String, String> {
+        self.meta().labels.as_ref().unwrap_or(&NO_TAGS)
+    }
     /// The object's annotations.
-    fn stored_annotations(&self) -> &BTreeMap<String, String>;
+    fn stored_annotations(&self) -> &BTreeMap<String, String> {
+        self.meta().annotations.as_ref().unwrap_or(&NO_TAGS)
+    }
+    /// Which object this is (see [`identity_of`]).
+    fn stored_identity(&self) -> u64 {
+        identity_of(self.meta())
+    }
+    /// A digest of its resourceVersion.
+    fn stored_version(&self) -> Option<u64> {
+        version_of(self.meta())
+    }
 }
 
 static NO_TAGS: BTreeMap<String, String> = BTreeMap::new();
 
-impl<K> Tagged for Packed<K> {
+impl<K: Resource> StoredMeta for Packed<K> {
     fn stored_labels(&self) -> &BTreeMap<String, String> {
         self.labels()
     }
@@ -234,18 +293,19 @@ impl<K> Tagged for Packed<K> {
     fn stored_annotations(&self) -> &BTreeMap<String, String> {
         self.annotations()
     }
-}
 
-/// An object kept decoded: its tags are its metadata's.
-impl<K: Resource> Tagged for DeserializeGuard<K> {
-    fn stored_labels(&self) -> &BTreeMap<String, String> {
-        self.meta().labels.as_ref().unwrap_or(&NO_TAGS)
+    fn stored_identity(&self) -> u64 {
+        self.digests.identity
     }
 
-    fn stored_annotations(&self) -> &BTreeMap<String, String> {
-        self.meta().annotations.as_ref().unwrap_or(&NO_TAGS)
+    fn stored_version(&self) -> Option<u64> {
+        self.digests.version
     }
 }
+
+/// Objects kept decoded: all of it is in their metadata.
+impl<K: Resource> StoredMeta for DeserializeGuard<K> {}
+impl StoredMeta for capo_api::capi::Cluster {}
 
 impl<K: Resource> Resource for Packed<K> {
     type DynamicType = K::DynamicType;
@@ -302,6 +362,7 @@ impl<K: Packable + Clone> Stored<K> for Packed<K> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector::ObjectRef;
     use serde_json::json;
 
     impl Packable for ConfigMap {}
@@ -332,15 +393,53 @@ mod tests {
         assert!(!Arc::ptr_eq(&a.tags, &c.tags));
         assert_eq!(a.labels()["cluster.x-k8s.io/cluster-name"], "one");
         assert_eq!(a.annotations()["a"], "b");
-        // Kept decoded: identity only; the store's readers go through `Tagged`.
+        // Kept decoded: identity only; the store's readers go through `StoredMeta`.
         assert_eq!(a.meta().labels, None);
         assert_eq!(a.meta().finalizers, None);
-        assert_eq!(a.meta().uid.as_deref(), Some("uid-a"));
+        assert_eq!(a.meta().name.as_deref(), Some("a"));
         assert_eq!(a.stored_labels(), a.labels());
         // Unpacked: the whole object, less its field managers.
         let mut expected = config_map("a", "one");
         expected.metadata.managed_fields = None;
         assert_eq!(a.unpack().unwrap(), expected);
+    }
+
+    #[test]
+    fn uid_and_version_are_digests_that_still_tell_objects_and_changes_apart() {
+        let a = Packed::pack(config_map("a", "one"));
+        // kube-runtime copies `meta()`'s uid and resourceVersion into every store key and
+        // every queued reconcile: a packed object's carry neither.
+        let key = ObjectRef::from_obj(&a);
+        assert_eq!((key.extra.uid, key.extra.resource_version), (None, None));
+        assert_eq!(a.unpack().unwrap().metadata.uid.as_deref(), Some("uid-a"));
+
+        let mut recreated = config_map("a", "one");
+        recreated.metadata.uid = Some("uid-a-again".into());
+        let recreated = Packed::pack(recreated);
+        assert_ne!(a.stored_identity(), recreated.stored_identity());
+        assert_eq!(a.stored_version(), recreated.stored_version());
+
+        let mut changed = config_map("a", "one");
+        changed.metadata.resource_version = Some("8".into());
+        let changed = Packed::pack(changed);
+        assert_eq!(a.stored_identity(), changed.stored_identity());
+        assert_ne!(a.stored_version(), changed.stored_version());
+
+        // The same digests as the object kept decoded would give.
+        let decoded = DeserializeGuard(Ok(config_map("a", "one")));
+        assert_eq!(decoded.stored_identity(), a.stored_identity());
+        assert_eq!(decoded.stored_version(), a.stored_version());
+    }
+
+    #[test]
+    fn an_object_that_does_not_decode_keeps_its_uid_for_the_error() {
+        let mut object = serde_json::to_value(config_map("bad", "one")).unwrap();
+        object["data"] = json!("not a map");
+        let bad: Packed<ConfigMap> = serde_json::from_value(object).unwrap();
+        assert!(!bad.is_valid());
+        let error = bad.unpack().unwrap_err();
+        assert_eq!(error.metadata.uid.as_deref(), Some("uid-bad"));
+        assert_eq!(error.metadata.labels, config_map("bad", "one").metadata.labels);
     }
 
     #[test]

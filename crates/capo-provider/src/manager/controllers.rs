@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
-use crate::controllers::packed::{Packed, Tagged, strip_metadata};
+use crate::controllers::packed::{Packed, StoredMeta, strip_metadata};
 use crate::controllers::{
     Caches, ClientCache, Context, cluster, floating_ip_pool, machine, machine_template, server,
 };
@@ -159,7 +159,7 @@ impl Queue {
 
 /// What in an object's metadata and spec calls for a reconcile (not its status, which we
 /// write ourselves).
-fn reconcile_worthy<K: Resource + Tagged>(object: &K) -> Option<u64> {
+fn reconcile_worthy<K: Resource + StoredMeta>(object: &K) -> Option<u64> {
     let meta = object.meta();
     let mut hasher = DefaultHasher::new();
     // An owner appearing matters: an OpenStackMachine waits for its Machine.
@@ -189,7 +189,7 @@ fn paused_changes(cluster: &Cluster) -> Option<u64> {
 /// A Cluster's objects in `store`: those labelled with its name, in its namespace.
 fn labelled_for_cluster<K>(store: Store<K>) -> impl Fn(Arc<Cluster>) -> Vec<ObjectRef<K>>
 where
-    K: Resource<DynamicType = ()> + Tagged + Clone,
+    K: Resource<DynamicType = ()> + StoredMeta + Clone,
 {
     move |cluster| {
         let name = cluster.name_any();
@@ -610,7 +610,7 @@ pub fn run_clusters(
     let bastions = changed(
         watches.servers.subscribe(),
         watches.servers.store(),
-        predicates::resource_version,
+        StoredMeta::stored_version,
     );
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
@@ -707,7 +707,7 @@ pub fn run_machines(
     let servers = changed(
         watches.servers.subscribe(),
         watches.servers.store(),
-        predicates::resource_version,
+        StoredMeta::stored_version,
     );
     // The cluster's infrastructure: provisioned, its load balancer's pools, its deletion.
     let infra = changed(

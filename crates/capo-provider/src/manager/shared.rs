@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
@@ -20,6 +19,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
+
+use crate::controllers::packed::StoredMeta;
 use tokio::sync::broadcast;
 
 /// How far a subscriber may fall behind before it re-reads the store.
@@ -107,18 +108,6 @@ where
     }
 }
 
-/// Who an object is, for [`changed`]: a digest of its namespace, name and uid (a new object
-/// of the same name is another one). A digest, not the three strings: each subscriber keeps
-/// one entry per object of its kind, and at 1,000 clusters the strings were 8 MiB of them.
-/// Two objects sharing a 64-bit digest would share an entry; the odds are nil at any
-/// number of objects a controller watches.
-fn identity<K: Resource>(object: &K) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    let meta = object.meta();
-    (&meta.namespace, &meta.name, &meta.uid).hash(&mut hasher);
-    hasher.finish()
-}
-
 /// Only the objects whose `value` differs from when this stream last passed them, and the
 /// deleted ones. `None` from `value` always passes.
 pub fn changed<K>(
@@ -127,11 +116,11 @@ pub fn changed<K>(
     value: impl Fn(&K) -> Option<u64> + Send + 'static,
 ) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + StoredMeta + Clone + Send + Sync + 'static,
 {
     let mut seen: HashMap<u64, u64> = HashMap::new();
     objects.filter(move |object| {
-        let identity = identity(object.as_ref());
+        let identity = object.stored_identity();
         let stored = store.get(&ObjectRef::from_obj(object.as_ref())).is_some();
         let pass = if !stored {
             // Gone: wake, and forget it.
@@ -166,6 +155,8 @@ mod tests {
         map.data = Some([("k".to_owned(), data.to_owned())].into());
         map
     }
+
+    impl StoredMeta for ConfigMap {}
 
     fn data_hash(map: &ConfigMap) -> Option<u64> {
         use std::hash::{Hash, Hasher};
