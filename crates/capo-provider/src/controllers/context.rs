@@ -291,30 +291,39 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// What this process last wrote to each object's status, and over what. A pass that starts
 /// from a cached copy our last write has not reached yet (another wake-up queued before the
 /// watch brought it) computes the same status again; it has nothing to write.
+///
+/// Keyed by a digest of the object's key: one entry per object each controller wrote, and the
+/// key's string was most of an entry.
 #[derive(Default)]
-pub struct LastWrites(Mutex<HashMap<String, (u64, u64)>>);
+pub struct LastWrites(Mutex<HashMap<u64, (u64, u64)>>);
 
 impl LastWrites {
     /// Whether `status` is what we last wrote over `before`.
     pub fn repeats<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) -> bool {
-        let last = self.lock().get(key).copied();
+        let last = self.lock().get(&key_digest(key)).copied();
         last == Some((digest(before), digest(Some(status))))
     }
 
     /// Records that `status` was just written to `key` over `before`.
     pub fn wrote<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) {
         let entry = (digest(before), digest(Some(status)));
-        self.lock().insert(key.to_owned(), entry);
+        self.lock().insert(key_digest(key), entry);
     }
 
     /// Forgets what was written to `key` (it is gone).
     pub fn forget(&self, key: &str) {
-        self.lock().remove(key);
+        self.lock().remove(&key_digest(key));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, u64)>> {
         lock(&self.0)
     }
+}
+
+fn key_digest(key: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn digest<S: Serialize>(value: Option<&S>) -> u64 {

@@ -111,7 +111,7 @@ pub fn identity_of(meta: &ObjectMeta) -> u64 {
 }
 
 /// A digest of `meta`'s resourceVersion: it differs when the object changed.
-fn version_of(meta: &ObjectMeta) -> Option<u64> {
+pub fn version_of(meta: &ObjectMeta) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     meta.resource_version.as_ref()?.hash(&mut hasher);
     Some(hasher.finish())
@@ -439,7 +439,10 @@ mod tests {
         assert!(!bad.is_valid());
         let error = bad.unpack().unwrap_err();
         assert_eq!(error.metadata.uid.as_deref(), Some("uid-bad"));
-        assert_eq!(error.metadata.labels, config_map("bad", "one").metadata.labels);
+        assert_eq!(
+            error.metadata.labels,
+            config_map("bad", "one").metadata.labels
+        );
     }
 
     #[test]

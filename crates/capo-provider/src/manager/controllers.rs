@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::controllers::metrics::ReconcileMetrics;
-use crate::controllers::packed::{Packed, StoredMeta, strip_metadata};
+use crate::controllers::packed::{Packed, StoredMeta, identity_of, strip_metadata, version_of};
 use crate::controllers::{
     Caches, ClientCache, Context, cluster, floating_ip_pool, machine, machine_template, server,
 };
@@ -369,8 +369,9 @@ fn orc_image_wakeups(
 /// Which Secret events wake anything: pure, so it is tested without a watch.
 #[derive(Default)]
 struct SecretChanges {
-    /// resourceVersion by uid.
-    versions: std::collections::HashMap<String, String>,
+    /// A digest of each Secret's resourceVersion by its identity's (see `packed::identity_of`):
+    /// a cluster's Secrets number several per machine, and the strings were most of this.
+    versions: std::collections::HashMap<u64, Option<u64>>,
     listed_once: bool,
 }
 
@@ -379,12 +380,6 @@ impl SecretChanges {
         &mut self,
         event: watcher::Event<PartialObjectMeta<Secret>>,
     ) -> Option<PartialObjectMeta<Secret>> {
-        let version = |secret: &PartialObjectMeta<Secret>| {
-            (
-                secret.uid().unwrap_or_default(),
-                secret.resource_version().unwrap_or_default(),
-            )
-        };
         match event {
             watcher::Event::Init => None,
             watcher::Event::InitDone => {
@@ -392,12 +387,13 @@ impl SecretChanges {
                 None
             }
             watcher::Event::InitApply(secret) | watcher::Event::Apply(secret) => {
-                let (uid, rv) = version(&secret);
-                let new = self.versions.insert(uid, rv.clone()).as_ref() != Some(&rv);
+                let version = version_of(&secret.metadata);
+                let new =
+                    self.versions.insert(identity_of(&secret.metadata), version) != Some(version);
                 (new && self.listed_once).then_some(secret)
             }
             watcher::Event::Delete(secret) => {
-                self.versions.remove(&version(&secret).0);
+                self.versions.remove(&identity_of(&secret.metadata));
                 Some(secret)
             }
         }
@@ -1036,6 +1032,10 @@ mod tests {
         assert!(changes.wakes(Event::InitApply(secret("a", "2"))).is_none());
         assert!(changes.wakes(Event::InitApply(secret("b", "5"))).is_some());
         assert!(changes.wakes(Event::Delete(secret("b", "5"))).is_some());
+        // The same name made again is another Secret, even at a version seen before.
+        let mut again = secret("a", "2");
+        again.metadata.uid = Some("a-again".into());
+        assert!(changes.wakes(Event::Apply(again)).is_some());
     }
 
     #[test]

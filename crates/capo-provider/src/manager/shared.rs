@@ -19,9 +19,9 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
 
 use crate::controllers::packed::StoredMeta;
-use tokio::sync::broadcast;
 
 /// How far a subscriber may fall behind before it re-reads the store.
 const BUFFER: usize = 1024;
