@@ -656,6 +656,28 @@ async fn not_found_shapes(backend: &dyn Backend) {
         .expect("cleanup");
 }
 
+/// The cluster controller lists its LB's listeners and pools by `loadbalancer_id`: another
+/// cluster's are not in the answer (at 1,000 clusters, all of them were).
+async fn children_are_listed_by_their_load_balancer(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let (mine, other) = (unique("by-lb-a"), unique("by-lb-b"));
+    let (lb, _) = api_load_balancer(backend, &mine).await;
+    let (other_lb, _) = api_load_balancer(backend, &other).await;
+    let listeners = octavia.list_listeners(&lb, None).await.expect("listeners");
+    let pools = octavia.list_pools(&lb, None).await.expect("pools");
+    let listeners: Vec<String> = listeners.into_iter().map(|l| l.name).collect();
+    let pools: Vec<String> = pools.into_iter().map(|p| p.name).collect();
+    assert_eq!(listeners, vec![format!("{mine}-6443")]);
+    assert_eq!(pools, vec![format!("{mine}-6443")]);
+    for lb in [lb, other_lb] {
+        octavia
+            .delete_load_balancer(&lb, true)
+            .await
+            .expect("cleanup");
+    }
+}
+
 /// What the cluster controller reads before making a load balancer with a provider or a
 /// flavor: the providers (named) and the flavors (named, enabled or not).
 async fn providers_and_flavors_are_listed(backend: &dyn Backend) {
@@ -1096,6 +1118,11 @@ both!(
     lifecycle,
     real_lifecycle_through_typed_calls,
     sim_lifecycle_through_typed_calls
+);
+both!(
+    children_are_listed_by_their_load_balancer,
+    real_children_are_listed_by_their_load_balancer,
+    sim_children_are_listed_by_their_load_balancer
 );
 both!(
     providers_and_flavors_are_listed,
