@@ -1,7 +1,7 @@
 //! Objects kept packed in the shared stores. A stored object keeps, decoded, only what
-//! kube-runtime and the wake-up mappers read of it: its name, namespace, generation, deletion
-//! and owners; its uid and resourceVersion as digests (kube-runtime copies a `meta()`'s uid
-//! and resourceVersion into every store key and every queued reconcile); and its labels and
+//! kube-runtime and the wake-up mappers read of it: its name, namespace, resourceVersion,
+//! generation, deletion and owners; its uid as a digest (kube-runtime copies a `meta()`'s uid
+//! into every store key and every queued reconcile); and its labels and
 //! annotations, which are interned, so that the thousands of objects of one cluster share one
 //! copy of each set. The
 //! whole object is kept as JSON deflated against another object of its kind
@@ -36,11 +36,12 @@ pub trait Packable: Resource + Serialize + DeserializeOwned + 'static {
 /// An object of kind `K`, packed: its identity and interned tags, and the whole of it
 /// deflated (or why it does not decode).
 pub struct Packed<K> {
-    /// Name, namespace, generation, deletion and owners: labels and annotations are in
-    /// `tags`, the uid and resourceVersion in `digests`, the rest in `body`.
+    /// Name, namespace, resourceVersion, generation, deletion and owners: labels and
+    /// annotations are in `tags`, the uid in `identity`, the rest in `body`.
     metadata: ObjectMeta,
     tags: Arc<Tags>,
-    digests: Digests,
+    /// See [`identity_of`].
+    identity: u64,
     body: Result<Deflated, Arc<str>>,
     kind: PhantomData<fn() -> K>,
 }
@@ -84,22 +85,6 @@ fn intern(tags: Tags) -> Arc<Tags> {
     shared
 }
 
-/// What the stores' readers compare of an object's uid and resourceVersion.
-#[derive(Clone, Copy, Debug)]
-struct Digests {
-    identity: u64,
-    version: Option<u64>,
-}
-
-impl Digests {
-    fn of(meta: &ObjectMeta) -> Self {
-        Digests {
-            identity: identity_of(meta),
-            version: version_of(meta),
-        }
-    }
-}
-
 /// Which object `meta` is: a digest of its namespace, name and uid (a new object of the same
 /// name is another one). A digest, not the three strings: the change filters keep one per
 /// object per subscriber. Two objects sharing a 64-bit digest would share an entry; the odds
@@ -122,7 +107,7 @@ impl<K> Clone for Packed<K> {
         Packed {
             metadata: self.metadata.clone(),
             tags: self.tags.clone(),
-            digests: self.digests,
+            identity: self.identity,
             body: self.body.clone(),
             kind: PhantomData,
         }
@@ -154,9 +139,13 @@ pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration
 
 /// `meta` split into the identity a packed object keeps decoded and its interned tags.
 fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
-    let identity = ObjectMeta {
+    let kept = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
+        // kube-runtime's watcher resumes from the last event's resourceVersion, read from the
+        // object this type decodes to: without it, every event is `NoResourceVersion` and a
+        // fresh list.
+        resource_version: meta.resource_version.clone(),
         generation: meta.generation,
         deletion_timestamp: meta.deletion_timestamp.clone(),
         owner_references: meta.owner_references.clone(),
@@ -166,7 +155,7 @@ fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
         labels: meta.labels.clone().unwrap_or_default(),
         annotations: meta.annotations.clone().unwrap_or_default(),
     };
-    (identity, intern(tags))
+    (kept, intern(tags))
 }
 
 impl<K: Packable> Packed<K> {
@@ -175,7 +164,7 @@ impl<K: Packable> Packed<K> {
         strip_metadata(object.meta_mut());
         object.trim();
         let (metadata, tags) = split(object.meta());
-        let digests = Digests::of(object.meta());
+        let identity = identity_of(object.meta());
         let body = serde_json::to_vec(&object)
             .map_err(std::io::Error::from)
             .and_then(|json| Deflated::new(TypeId::of::<K>(), &json))
@@ -183,24 +172,23 @@ impl<K: Packable> Packed<K> {
         Packed {
             metadata,
             tags,
-            digests,
+            identity,
             body,
             kind: PhantomData,
         }
     }
 
-    /// Kept with the reason it does not decode, and its uid and resourceVersion (the one
-    /// place they are read from: the error a reconcile reports).
+    /// Kept with the reason it does not decode, and its uid (the one place it is read from:
+    /// the error a reconcile reports).
     fn invalid(mut invalid: InvalidObject) -> Self {
         strip_metadata(&mut invalid.metadata);
         let (mut metadata, tags) = split(&invalid.metadata);
         metadata.uid = invalid.metadata.uid;
-        metadata.resource_version = invalid.metadata.resource_version;
-        let digests = Digests::of(&metadata);
+        let identity = identity_of(&metadata);
         Packed {
             metadata,
             tags,
-            digests,
+            identity,
             body: Err(Arc::from(invalid.error)),
             kind: PhantomData,
         }
@@ -261,9 +249,9 @@ impl<'de, K: Packable> Deserialize<'de> for Packed<K> {
 
 /// What a store's readers read of an object beside `meta()`'s name, namespace, generation,
 /// deletion and owners: its tags (in its metadata, or interned beside a packed object's) and
-/// digests of its uid and resourceVersion (a packed object keeps no more of them). Mappers
-/// and filters read stored objects through this, so that a packed object's tags are not read
-/// as empty nor its versions as all the same.
+/// digests of its identity (a packed object keeps no more of its uid) and resourceVersion.
+/// Mappers and filters read stored objects through this, so that a packed object's tags are
+/// not read as empty nor its recreation missed.
 pub trait StoredMeta: Resource {
     /// The object's labels.
     fn stored_labels(&self) -> &BTreeMap<String, String> {
@@ -295,11 +283,7 @@ impl<K: Resource> StoredMeta for Packed<K> {
     }
 
     fn stored_identity(&self) -> u64 {
-        self.digests.identity
-    }
-
-    fn stored_version(&self) -> Option<u64> {
-        self.digests.version
+        self.identity
     }
 }
 
@@ -405,12 +389,14 @@ mod tests {
     }
 
     #[test]
-    fn uid_and_version_are_digests_that_still_tell_objects_and_changes_apart() {
+    fn the_uid_is_a_digest_that_still_tells_objects_and_changes_apart() {
         let a = Packed::pack(config_map("a", "one"));
-        // kube-runtime copies `meta()`'s uid and resourceVersion into every store key and
-        // every queued reconcile: a packed object's carry neither.
+        // kube-runtime copies `meta()`'s uid into every store key and every queued
+        // reconcile: a packed object's carry none. Its watcher reads the resourceVersion of
+        // each object it decodes to resume from, so that stays.
         let key = ObjectRef::from_obj(&a);
-        assert_eq!((key.extra.uid, key.extra.resource_version), (None, None));
+        assert_eq!(key.extra.uid, None);
+        assert_eq!(a.meta().resource_version.as_deref(), Some("7"));
         assert_eq!(a.unpack().unwrap().metadata.uid.as_deref(), Some("uid-a"));
 
         let mut recreated = config_map("a", "one");
