@@ -1,10 +1,9 @@
 //! Objects kept packed in the shared stores. A stored object keeps, decoded, only what
 //! kube-runtime and the wake-up mappers read of it: its name, namespace, resourceVersion,
 //! generation, deletion and owners; its uid as a digest (kube-runtime copies a `meta()`'s uid
-//! into every store key and every queued reconcile); and its labels and
-//! annotations, which are interned, so that the thousands of objects of one cluster share one
-//! copy of each set. The
-//! whole object is kept as JSON deflated against another object of its kind
+//! into every store key and every queued reconcile); and its labels and annotations, which
+//! are interned, so that the thousands of objects of one cluster share one copy of each set.
+//! The whole object is kept as JSON deflated against another object of its kind
 //! (`dictionary.rs`) and decoded when a reconciler reads it. An
 //! OpenStackServer decoded takes about 6 KB of heap; packed, a fraction of that
 //! (docs/memory.md). Like kube's `DeserializeGuard`, an object that does not decode is kept
