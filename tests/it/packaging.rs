@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::server_controller::{NAMESPACE, World, eventually, is_ready, server_manifest};
+use crate::server_controller::{
+    NAMESPACE, World, eventually, is_ready, minimal_capi_crds, server_manifest,
+};
 
 const CAPO_RS: &str = env!("CARGO_BIN_EXE_capo-rs");
 const LONG: Duration = Duration::from_secs(60);
@@ -506,13 +508,6 @@ fn cert_manager_crds() -> Vec<Value> {
                         "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]},
             })
         })
-        .collect()
-}
-
-fn minimal_capi_crds() -> Vec<Value> {
-    capo_api::capi::crds()
-        .iter()
-        .map(|crd| serde_json::to_value(crd).unwrap())
         .collect()
 }
 

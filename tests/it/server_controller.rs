@@ -39,6 +39,14 @@ pub(crate) fn timings() -> Timings {
     }
 }
 
+/// Our own minimal Cluster API CRDs (what the controllers read of Cluster API's kinds).
+pub(crate) fn minimal_capi_crds() -> Vec<Value> {
+    capo_api::capi::crds()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .collect()
+}
+
 pub(crate) fn manager_config(scope: WatchScope) -> ManagerConfig {
     ManagerConfig {
         scope,
@@ -77,11 +85,7 @@ impl World {
     }
 
     pub(crate) async fn start_with(scenario: Scenario, scope: WatchScope) -> Self {
-        let minimal = capo_api::capi::crds()
-            .iter()
-            .map(|crd| serde_json::to_value(crd).unwrap())
-            .collect();
-        Self::start_with_capi(scenario, scope, minimal).await
+        Self::start_with_capi(scenario, scope, minimal_capi_crds()).await
     }
 
     /// With these Cluster API CRDs (ours, minimal, or Cluster API's real ones).
@@ -896,6 +900,29 @@ async fn a_server_deleted_out_of_band_is_reported_and_its_object_still_deletes()
         before_delete["ports"] - 1,
         "its port went with it"
     );
+}
+
+/// A settled object waits for its next complete pass in the controller's settled book, not
+/// in kube-runtime's scheduler; the sweep must still bring that pass, with nothing else
+/// waking the object.
+#[tokio::test]
+async fn a_settled_server_is_looked_at_again_each_sync_period_and_sees_drift() {
+    let mut world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let mut config = manager_config(WatchScope::default());
+    config.controllers.sync_period = Duration::from_secs(1);
+    config.controllers.settled_sweep = Duration::from_millis(100);
+    world.start_manager_with(config);
+    world.create(server_manifest("drifting")).await;
+    let ready = world.wait_for("drifting", "Ready", is_ready).await;
+    let id = ready.status.unwrap().instance_id.unwrap();
+    world.admin.nova().delete_server(&id).await.unwrap();
+    world
+        .wait_for(
+            "drifting",
+            "InstanceNotFound, with no change to the object",
+            has_reason(types::INSTANCE_READY, reasons::INSTANCE_NOT_FOUND),
+        )
+        .await;
 }
 
 #[tokio::test]

@@ -18,6 +18,8 @@ use super::credentials::ClientCache;
 use super::error::ErrorCategory;
 use super::events::{EventSpec, Recorder, Reporter};
 use super::metrics::ReconcileMetrics;
+use super::outcome::Outcome;
+use super::settled::{SettledBook, key_digest};
 use super::steps::StepBook;
 use crate::cloud::Clouds;
 use crate::membership::Engine;
@@ -33,6 +35,10 @@ pub struct ControllerConfig {
     /// A settled object is looked at again this often, to see drift. An object held by a
     /// terminal error is too: the cloud may have been fixed meanwhile (an image uploaded).
     pub sync_period: Duration,
+    /// How often each controller's store is swept for settled objects whose next complete
+    /// pass is due: how late such a pass may start. Waits of six sweeps or more are kept in
+    /// a [`SettledBook`] rather than kube-runtime's scheduler (memory: see its module).
+    pub settled_sweep: Duration,
     /// While something in the cloud is on its way (a server building, a volume being
     /// created, a server being deleted), the object is looked at again after a quarter of
     /// the time it has been waiting, within these bounds: soon at first, rarely for slow work.
@@ -57,6 +63,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             sync_period: Duration::from_secs(600),
+            settled_sweep: Duration::from_secs(10),
             poll_min: Duration::from_secs(1),
             poll_max: Duration::from_secs(30),
             backoff: BackoffPolicy::default(),
@@ -98,6 +105,8 @@ pub struct Context {
     wakes: Mutex<HashMap<String, Instant>>,
     /// Which steps of each object's complete pass are fresh.
     steps: Mutex<StepBook>,
+    /// Per controller, when each settled object's next complete pass is due.
+    settled: Mutex<HashMap<&'static str, SettledBook>>,
     /// The resourceVersion of each object as a reconcile last knew it whole (read from the
     /// API server, or written): a cached copy at that version needs no fresh read.
     versions: Mutex<HashMap<String, String>>,
@@ -133,6 +142,7 @@ impl Context {
             backoff: Mutex::new(Backoff::new(config.backoff)),
             wakes: Mutex::default(),
             steps: Mutex::default(),
+            settled: Mutex::default(),
             versions: Mutex::default(),
             last_writes: LastWrites::default(),
             notes: Mutex::default(),
@@ -186,6 +196,9 @@ impl Context {
         self.lock_backoff().forget(&key.to_owned());
         lock(&self.wakes).remove(key);
         lock(&self.steps).forget(key);
+        for book in lock(&self.settled).values_mut() {
+            book.unsettle(key_digest(key));
+        }
         lock(&self.versions).remove(key);
         self.last_writes.forget(key);
         lock(&self.notes).retain(|(object, _), _| object != key);
@@ -279,6 +292,37 @@ impl Context {
         lock(&self.steps).settled_for(key, Instant::now(), config.sync_period, config.poll_min)
     }
 
+    /// What kube-runtime does next with `key` of `controller` after `outcome`. A settled
+    /// object that may wait long waits in the controller's [`SettledBook`], not in
+    /// kube-runtime's scheduler; its controller's sweep hands it back when due.
+    pub fn next_action(&self, controller: &'static str, key: &str, outcome: Outcome) -> Action {
+        let wait = self.settled_for(key);
+        let mut books = lock(&self.settled);
+        let book = books.entry(controller).or_default();
+        if outcome == Outcome::Settled && wait >= self.config.settled_sweep * 6 {
+            book.settle(key_digest(key), Instant::now() + wait);
+            return Action::await_change();
+        }
+        book.unsettle(key_digest(key));
+        outcome.action(wait)
+    }
+
+    /// A reconcile of `key` of `controller` failed: the error policy decides its next pass.
+    pub fn unsettle(&self, controller: &'static str, key: &str) {
+        if let Some(book) = lock(&self.settled).get_mut(controller) {
+            book.unsettle(key_digest(key));
+        }
+    }
+
+    /// Of `controller`'s objects in its store (`live`, their keys' digests), the positions of
+    /// those whose next complete pass is due now (see [`SettledBook::take_due`]).
+    pub fn take_due(&self, controller: &'static str, live: &[u64]) -> Vec<usize> {
+        lock(&self.settled)
+            .get_mut(controller)
+            .map(|book| book.take_due(live, Instant::now()))
+            .unwrap_or_default()
+    }
+
     fn lock_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
         lock(&self.backoff)
     }
@@ -318,12 +362,6 @@ impl LastWrites {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, u64)>> {
         lock(&self.0)
     }
-}
-
-fn key_digest(key: &str) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
 }
 
 fn digest<S: Serialize>(value: Option<&S>) -> u64 {

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod packed;
 pub mod server;
+pub mod settled;
 pub mod steps;
 pub mod writes;
 
@@ -186,15 +187,16 @@ where
     }
     .instrument(span)
     .await;
-    conclude(&ctx, reconciling, &key, result)
+    conclude(&ctx, reconciling, controller, &key, result)
 }
 
 /// Finishes a reconcile of `key`: records its metrics, resets the object's backoff on success
 /// (or forgets it once the object is deleted), and turns the outcome into kube-runtime's next
-/// [`Action`]; an error is passed on for the error policy.
+/// [`Action`] ([`Context::next_action`]); an error is passed on for the error policy.
 pub fn conclude<E: Categorized>(
     ctx: &Context,
     reconciling: metrics::Reconciling,
+    controller: &'static str,
     key: &str,
     result: Result<Outcome, E>,
 ) -> Result<kube::runtime::controller::Action, E> {
@@ -208,7 +210,9 @@ pub fn conclude<E: Categorized>(
         }
         Err(error) => reconciling.finish(metrics::ReconcileResult::Error(error.category())),
     }
-    result.map(|outcome| outcome.action(ctx.settled_for(key)))
+    result
+        .map(|outcome| ctx.next_action(controller, key, outcome))
+        .inspect_err(|_| ctx.unsettle(controller, key))
 }
 
 /// Every controller's error policy: the object backs off by its error's category (the

@@ -34,6 +34,7 @@ use crate::controllers::{
 };
 use crate::manager::Health;
 use crate::manager::shared::{SharedWatch, changed};
+use crate::manager::sweep::due_passes;
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -445,6 +446,7 @@ pub fn run_servers(
     let by_secret = reader.clone();
     let by_cluster = reader.clone();
     let listed = reader.clone();
+    let due = due_passes(ctx.clone(), server::CONTROLLER, reader.clone());
     // Boxed: the controller's future is large, and it is built before the caller's own
     // future is on the heap.
     Box::pin(async move {
@@ -467,6 +469,7 @@ pub fn run_servers(
             .watches_shared_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
             .reconcile_on(queue.wakeups(images))
             .reconcile_on(queue.wakeups(claims))
+            .reconcile_on(queue.wakeups(due))
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(server::reconcile, server::error_policy, ctx)
@@ -499,9 +502,11 @@ pub fn run_pools(
         let queue = Queue::new(&ctx, floating_ip_pool::CONTROLLER);
         let controller = Controller::new(pools, config);
         let listed = controller.store();
+        let due = due_passes(ctx.clone(), floating_ip_pool::CONTROLLER, listed.clone());
         let controller = controller
             .reconcile_on(queue.wakeups(claims))
             .reconcile_on(queue.wakeups(addresses))
+            .reconcile_on(queue.wakeups(due))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
                 floating_ip_pool::reconcile,
@@ -612,6 +617,7 @@ pub fn run_clusters(
     let by_cluster = reader.clone();
     let by_machine = reader.clone();
     let listed = reader.clone();
+    let due = due_passes(ctx.clone(), cluster::CONTROLLER, reader.clone());
     // Boxed: the controller's future is large, and it is built before the caller's own
     // future is on the heap.
     Box::pin(async move {
@@ -652,6 +658,7 @@ pub fn run_clusters(
                 }),
             )
             .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_on(queue.wakeups(due))
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
@@ -714,6 +721,7 @@ pub fn run_machines(
     let by_cluster = reader.clone();
     let by_infra = reader.clone();
     let listed = reader.clone();
+    let due = due_passes(ctx.clone(), machine::CONTROLLER, reader.clone());
     // Boxed: the controller's future is large, and it is built before the caller's own
     // future is on the heap.
     Box::pin(async move {
@@ -759,6 +767,7 @@ pub fn run_machines(
                 }),
             )
             .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_on(queue.wakeups(due))
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
@@ -796,6 +805,7 @@ pub fn run_machine_templates(
     );
     let by_infra = reader.clone();
     let listed = reader.clone();
+    let due = due_passes(ctx.clone(), machine_template::CONTROLLER, reader.clone());
     Box::pin(async move {
         ctx.metrics
             .controller_started(machine_template::CONTROLLER, usize::from(concurrency));
@@ -813,6 +823,7 @@ pub fn run_machine_templates(
                     })
                 }),
             )
+            .reconcile_on(queue.wakeups(due))
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(

@@ -17,6 +17,7 @@ pub mod manifests;
 pub mod migration;
 pub mod shards;
 pub mod shared;
+pub mod sweep;
 pub mod wakeups;
 pub mod webhook;
 
