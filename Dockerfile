@@ -17,6 +17,7 @@ COPY . .
 # glibc linked statically (+crt-static). Name lookups need no NSS: reqwest resolves with
 # hickory-dns (Rust), and in a pod kube reaches the API server by KUBERNETES_SERVICE_HOST's
 # IP. `--target` keeps the flag off build scripts and proc-macros, which must stay dynamic.
+# The `image` profile (Cargo.toml) is the release one optimised for size, and stripped.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     case "${TARGETARCH:-amd64}" in \
@@ -24,9 +25,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
       arm64) target=aarch64-unknown-linux-gnu ;; \
       *) echo "unsupported architecture ${TARGETARCH}" >&2; exit 1 ;; \
     esac \
- && RUSTFLAGS="-C target-feature=+crt-static" CARGO_PROFILE_RELEASE_STRIP=symbols \
-    cargo build --release --locked --no-default-features -p capo-rs --target "$target" \
- && install -D -m 0755 "target/$target/release/capo-rs" /out/capo-rs
+ && RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --profile image --locked --no-default-features -p capo-rs --target "$target" \
+ && install -D -m 0755 "target/$target/image/capo-rs" /out/capo-rs
 
 FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
 COPY --from=build /out/capo-rs /usr/local/bin/capo-rs
