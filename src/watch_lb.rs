@@ -200,6 +200,7 @@ async fn desired_from_cloud(client: &CloudClient, wanted: &str) -> anyhow::Resul
                 port: member.protocol_port,
                 requested_at: now,
                 member_id: Some(member.id),
+                served: false,
             });
         }
         pools.entry(port).or_insert(pool.id);

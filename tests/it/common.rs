@@ -156,6 +156,7 @@ pub fn desired_lb(
                 port: 6443,
                 requested_at: tokio::time::Instant::now(),
                 member_id: id.map(str::to_owned),
+                served: false,
             })
             .collect(),
         rollout_waiting: true,

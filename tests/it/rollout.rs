@@ -732,8 +732,25 @@ async fn a_drain_is_undone_when_the_only_other_member_stops_serving() {
 /// and a machine that joins after the restart is still released only on an ACTIVE member.
 #[tokio::test]
 async fn a_restart_leaves_what_the_machines_said_until_the_engine_looks_again() {
-    let (mut world, actor) =
-        cluster_with_actor(Strategy::StatusTree, Duration::from_secs(600)).await;
+    restart_leaves_what_the_machines_said(config(Strategy::StatusTree, Duration::from_secs(600)))
+        .await;
+}
+
+/// The same under the serving gate: a restarted engine has not seen the released members
+/// read ONLINE for the settle time, yet they served before; they must not turn "not yet
+/// serving" (every control-plane machine not Ready) until they have again.
+#[tokio::test]
+async fn a_restart_under_the_serving_gate_leaves_what_the_machines_said() {
+    let mut config = serving_gate_config(Duration::ZERO);
+    // Long enough that a member counted afresh after the restart would show.
+    if let Some(serving) = config.engine.serving.as_mut() {
+        serving.settle = Duration::from_secs(3);
+    }
+    restart_leaves_what_the_machines_said(config).await;
+}
+
+async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
+    let (mut world, actor, _) = cluster_with_actor_configured(config.clone()).await;
     actor.scale_control_plane(&plane(3)).await.unwrap();
     let api = machines(&world);
     let released: Vec<(String, String)> = api
@@ -757,7 +774,7 @@ async fn a_restart_leaves_what_the_machines_said_until_the_engine_looks_again() 
     let (seen, watcher) = watch(&world, stop.clone());
     let changes = record_member_conditions(&world, stop.clone());
     world.stop_manager().await;
-    world.start_manager_with(config(Strategy::StatusTree, Duration::from_secs(600)));
+    world.start_manager_with(config);
     // A fourth machine released means the engine looked at the load balancer again.
     actor.scale_control_plane(&plane(4)).await.unwrap();
     stop.cancel();

@@ -976,6 +976,7 @@ impl Rollout {
                 port: 6443,
                 requested_at: Instant::now(),
                 member_id: Some(m.id.clone()),
+                served: false,
             })
             .collect();
         current.sort_by(|a, b| a.name.cmp(&b.name));
@@ -999,6 +1000,7 @@ impl Rollout {
                 port: 6443,
                 requested_at: requested,
                 member_id: Some(id.clone()),
+                served: false,
             });
             let generation = self
                 .engine
@@ -1081,6 +1083,7 @@ fn desired_member(name: &str, address: &str, id: &str, requested_at: Instant) ->
         port: 6443,
         requested_at,
         member_id: Some(id.into()),
+        served: false,
     }
 }
 
@@ -1406,6 +1409,7 @@ pub fn steady(
                         port: 6443,
                         requested_at: Instant::now(),
                         member_id: Some(m.id.clone()),
+                        served: false,
                     })
                     .collect(),
                 rollout_waiting: false,

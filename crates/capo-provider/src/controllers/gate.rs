@@ -15,7 +15,7 @@ use capo_api::cluster::{
     ProvisioningStatus as ApiProvisioning,
 };
 use capo_api::common::MachineAddress;
-use capo_api::conditions::{Desired, Status, reasons, types};
+use capo_api::conditions::{self, Desired, Status, reasons, types};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -236,6 +236,12 @@ pub fn desired_members(
             continue;
         };
         let owner = ObjectName::new(machine.namespace().unwrap_or_default(), machine.name_any());
+        let served = machine.status.as_ref().is_some_and(|status| {
+            conditions::status_of(
+                &status.conditions,
+                types::API_SERVER_LOAD_BALANCER_MEMBER_READY,
+            ) == Status::True
+        });
         for port in ports {
             members.push(DesiredMember {
                 owner: owner.clone(),
@@ -244,6 +250,7 @@ pub fn desired_members(
                 port: *port,
                 requested_at: now,
                 member_id: None,
+                served,
             });
         }
     }
@@ -696,6 +703,7 @@ mod tests {
                 port: 6443,
                 requested_at: now,
                 member_id: None,
+                served: false,
             },
             pool_id: Some("pool-1".into()),
             presence,

@@ -76,6 +76,10 @@ pub struct DesiredMember {
     pub requested_at: Instant,
     /// Octavia's id once known (the `member-get` strategy needs it).
     pub member_id: Option<String>,
+    /// Its machine was released on it (the machine's member condition reads True): it served
+    /// before this engine knew it. Only a tracker's first look reads this: found up then
+    /// (after a restart), it counts as serving at once rather than after the settle time.
+    pub served: bool,
 }
 
 /// Desired membership of one load balancer.
@@ -328,7 +332,7 @@ impl LbTrack {
                     Some(OperatingStatus::Online | OperatingStatus::Draining)
                 );
                 match (up, track.up_since) {
-                    (true, None) => track.up_since = Some(now),
+                    (true, None) => track.up_since = Some(up_from(track, now, serving)),
                     (false, Some(from)) => {
                         let counted = serving.is_some_and(|rules| {
                             now.duration_since(from) >= rules.steady_for(track)
@@ -405,15 +409,33 @@ impl LbTrack {
 }
 
 impl LbTrack {
-    /// `desired` with each member already tracked keeping its earliest `requested_at`.
+    /// `desired` with each member already tracked keeping its earliest `requested_at` and,
+    /// once seen, what it said about having served.
     pub fn keep_request_times(&self, mut desired: DesiredLb) -> DesiredLb {
         for want in &mut desired.members {
             if let Some(known) = self.members.iter().find(|t| same_member(&t.desired, want)) {
                 want.requested_at = want.requested_at.min(known.desired.requested_at);
+                // Read only before a first look: a machine released since changes nothing.
+                if known.first_seen.is_some() {
+                    want.served = known.desired.served;
+                }
             }
         }
         desired
     }
+}
+
+/// When a member just seen up counts as up from: now, or, on a first look at a member that
+/// served before (a restarted engine's), a settle time ago, so it serves at once. A member
+/// at weight 0 (DRAINING) is a new one kept out of traffic, never counted so.
+fn up_from(track: &MemberTrack, now: Instant, serving: Option<&ServingRules>) -> Instant {
+    let served_before = track.first_seen.is_none()
+        && track.desired.served
+        && track.operating == Some(OperatingStatus::Online);
+    serving
+        .filter(|_| served_before)
+        .and_then(|rules| now.checked_sub(rules.steady_for(track)))
+        .unwrap_or(now)
 }
 
 fn same_member(a: &DesiredMember, b: &DesiredMember) -> bool {
@@ -433,6 +455,7 @@ pub(crate) mod tests {
             port: 6443,
             requested_at: at,
             member_id: None,
+            served: false,
         }
     }
 

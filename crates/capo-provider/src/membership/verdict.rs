@@ -836,6 +836,44 @@ mod tests {
         assert!(ready.message(at(35)).contains("and serving"));
     }
 
+    /// A restarted engine: a member whose machine was released (it served) and that reads
+    /// ONLINE on the first look serves at once; one that was not released, or that is not up
+    /// on the first look, waits the settle time as any join does.
+    #[test]
+    fn a_member_that_served_before_a_restart_serves_at_the_first_look_that_finds_it_up() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let served = |served: bool| {
+            let mut m = member("m1", "10.0.0.1", t0);
+            m.served = served;
+            LbTrack::new(desired(vec![m]), t0)
+        };
+        let serving = SERVING.serving.as_ref();
+        let mut released = served(true);
+        released.observe(&seen_operating(OperatingStatus::Online), at(1), serving);
+        let verdict = lb_verdict(&released, at(1), &SERVING);
+        assert!(verdict.is_ready(), "{:?}", verdict.reason);
+        let mut joining = served(false);
+        joining.observe(&seen_operating(OperatingStatus::Online), at(1), serving);
+        assert_eq!(
+            lb_verdict(&joining, at(1), &SERVING).reason,
+            Reason::MembersNotYetServing
+        );
+        // Down on the first look: once up again it must hold for the settle time.
+        let mut down = served(true);
+        down.observe(&seen_operating(OperatingStatus::Offline), at(1), serving);
+        down.observe(&seen_operating(OperatingStatus::Online), at(2), serving);
+        assert_eq!(
+            lb_verdict(&down, at(2), &SERVING).reason,
+            Reason::MembersNotYetServing
+        );
+        assert!(lb_verdict(&down, at(17), &SERVING).is_ready());
+        // A machine released after the first look changes nothing the engine would act on.
+        let mut wish = joining.desired.clone();
+        wish.members[0].served = true;
+        assert_eq!(joining.keep_request_times(wish), joining.desired);
+    }
+
     #[test]
     fn a_member_that_never_serves_or_flaps_is_held_and_only_a_steady_failure_is_flagged() {
         let t0 = Instant::now();
