@@ -54,16 +54,6 @@ impl SettledBook {
         }
         due
     }
-
-    /// How many objects wait here.
-    pub fn len(&self) -> usize {
-        self.due.len()
-    }
-
-    /// Whether no object waits here.
-    pub fn is_empty(&self) -> bool {
-        self.due.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -91,7 +81,7 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(book.take_due(&live, now + Duration::from_secs(600)), [0]);
-        assert!(book.is_empty());
+        assert!(book.due.is_empty());
     }
 
     #[test]
@@ -112,7 +102,7 @@ mod tests {
             book.take_due(&[a], now + Duration::from_secs(10))
                 .is_empty()
         );
-        assert_eq!(book.len(), 1);
+        assert_eq!(book.due.len(), 1);
     }
 
     #[test]
@@ -128,6 +118,10 @@ mod tests {
         let kept = key_digest("osm/ns/kept");
         book.settle(kept, later);
         assert!(book.take_due(&[kept], Instant::now()).is_empty());
-        assert_eq!(book.len(), 1, "only the object still in the store waits");
+        assert_eq!(
+            book.due.len(),
+            1,
+            "only the object still in the store waits"
+        );
     }
 }
