@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
 use crate::real_provider::{
-    E2e, FLAVOR, IMAGE, KEY_PAIR, NAMESPACE, SECRET, actor, assert_nothing_left, both,
-    create_capi_cluster, delete_cluster, on_real, on_sim, plane, unique_cluster_name,
-    wait_provisioned,
+    E2e, FLAVOR, IMAGE, KEY_PAIR, SECRET, actor, assert_nothing_left, both, create_capi_cluster,
+    delete_cluster, on_real, on_sim, plane, unique_cluster_name, wait_provisioned,
 };
 
 /// The templates a cluster is made from (the image templates make ORC images, not clusters;
@@ -45,7 +44,7 @@ fn capo_templates() -> Vec<(String, String)> {
 fn variables(e2e: &E2e, cluster: &str) -> BTreeMap<&'static str, String> {
     BTreeMap::from([
         ("CLUSTER_NAME", cluster.to_owned()),
-        ("NAMESPACE", NAMESPACE.to_owned()),
+        ("NAMESPACE", e2e.ns().to_owned()),
         ("OPENSTACK_CLOUD", e2e.cloud_name.to_owned()),
         ("OPENSTACK_CLOUD_YAML_B64", String::new()),
         ("OPENSTACK_CLOUD_CACERT_B64", String::new()),
@@ -78,7 +77,7 @@ fn api_for(e2e: &E2e, object: &Value) -> Api<DynamicObject> {
         .unwrap_or_default();
     Api::namespaced_with(
         e2e.client.clone(),
-        NAMESPACE,
+        e2e.ns(),
         &crate::conversion::resource(kind, version),
     )
 }
@@ -100,7 +99,7 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
             .unwrap_or_else(|| panic!("{file}: no {kind}"))
     };
     let mut infra = find("OpenStackCluster", &|_| true);
-    infra["metadata"]["namespace"] = json!(NAMESPACE);
+    infra["metadata"]["namespace"] = json!(e2e.ns());
     infra["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": name});
     // The credentials the tests hold, in place of the template's Secret.
     infra["spec"]["identityRef"]["name"] = json!(SECRET);
@@ -111,7 +110,7 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
     }
     let control_plane = format!("{name}-control-plane");
     let mut template = find("OpenStackMachineTemplate", &|n| n == control_plane);
-    template["metadata"]["namespace"] = json!(NAMESPACE);
+    template["metadata"]["namespace"] = json!(e2e.ns());
 
     create_capi_cluster(e2e, &name, &name).await;
     for object in [&infra, &template] {
@@ -122,7 +121,7 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
             .unwrap_or_else(|e| panic!("{file}: {} refused: {e}", object["kind"]));
     }
     let cluster: OpenStackCluster = wait_provisioned(e2e, &name).await;
-    let templates: Api<OpenStackMachineTemplate> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let templates: Api<OpenStackMachineTemplate> = e2e.kube.api();
     let stored = templates
         .get(&control_plane)
         .await

@@ -17,14 +17,14 @@ use kube::runtime::wait::await_condition;
 use serde_json::{Value, json};
 
 use crate::common;
-use crate::server_controller::{NAMESPACE, WAIT, World, eventually, manager_config, timings};
+use crate::server_controller::{WAIT, World, eventually, manager_config, timings};
 
 pub(crate) fn clusters(world: &World) -> Api<OpenStackCluster> {
-    Api::namespaced(world.client.clone(), NAMESPACE)
+    world.kube.api()
 }
 
 pub(crate) fn machines(world: &World) -> Api<OpenStackMachine> {
-    Api::namespaced(world.client.clone(), NAMESPACE)
+    world.kube.api()
 }
 
 /// CAPO's cluster-template.yaml OpenStackCluster, filled in for the simulator.
@@ -47,10 +47,10 @@ pub(crate) fn cluster_spec() -> Value {
 
 /// A Cluster API Cluster and its OpenStackCluster, labelled as Cluster API labels them.
 pub(crate) async fn create_cluster(world: &World, name: &str, spec: Value) -> OpenStackCluster {
-    let capi: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let capi: Api<capo_api::capi::Cluster> = world.kube.api();
     let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": world.ns()},
         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                         "kind": "OpenStackCluster", "name": name}}
     }))
@@ -58,7 +58,7 @@ pub(crate) async fn create_cluster(world: &World, name: &str, spec: Value) -> Op
     capi.create(&PostParams::default(), &owner).await.unwrap();
     let cluster: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": name, "namespace": NAMESPACE,
+        "metadata": {"name": name, "namespace": world.ns(),
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
         "spec": spec,
     }))
@@ -168,7 +168,7 @@ fn pool(cluster: &OpenStackCluster, port: i32) -> String {
 async fn control_plane_machine(world: &World, cluster: &str, name: &str, address: &str) {
     let machine: OpenStackMachine = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
-        "metadata": {"name": name, "namespace": NAMESPACE,
+        "metadata": {"name": name, "namespace": world.ns(),
                      "labels": {"cluster.x-k8s.io/cluster-name": cluster,
                                 "cluster.x-k8s.io/control-plane": ""}},
         "spec": {"flavor": {"filter": {"name": "m1.small"}},
@@ -226,7 +226,10 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     let status = cluster.status.clone().unwrap();
     // The network, with CAPO's names.
     let network = status.network.as_ref().unwrap();
-    assert_eq!(network.name, "k8s-clusterapi-cluster-default-c1");
+    assert_eq!(
+        network.name,
+        format!("k8s-clusterapi-cluster-{}-c1", world.ns())
+    );
     assert_eq!(network.subnets[0].cidr, "10.6.0.0/24");
     assert_eq!(status.external_network.as_ref().unwrap().name, "public");
     let router = status.router.as_ref().unwrap();
@@ -246,9 +249,10 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     let groups = world
         .admin
         .neutron()
-        .list_security_groups(&Filter::by_name(
-            "k8s-cluster-default-c1-secgroup-controlplane",
-        ))
+        .list_security_groups(&Filter::by_name(&format!(
+            "k8s-cluster-{}-c1-secgroup-controlplane",
+            world.ns()
+        )))
         .await
         .unwrap();
     let rules = &groups[0].security_group_rules;
@@ -260,7 +264,10 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     );
     // The load balancer, its listener, pool and monitor, and the floating IP.
     let lb = status.api_server_managed_load_balancer.as_ref().unwrap();
-    assert_eq!(lb.name, "k8s-clusterapi-cluster-default-c1-kubeapi");
+    assert_eq!(
+        lb.name,
+        format!("k8s-clusterapi-cluster-{}-c1-kubeapi", world.ns())
+    );
     assert_eq!(lb.pools.len(), 1);
     assert!(lb.pools[0].monitor_id.is_some());
     assert_ne!(lb.ip, lb.internal_ip, "the endpoint is the floating IP");
@@ -638,7 +645,7 @@ async fn what_capo_created_is_adopted_not_duplicated() {
     let neutron = world.admin.neutron();
     let network = neutron
         .create_network(&NetworkSpec {
-            name: "k8s-clusterapi-cluster-default-c1".into(),
+            name: format!("k8s-clusterapi-cluster-{}-c1", world.ns()),
             admin_state_up: true,
             ..NetworkSpec::default()
         })
@@ -646,7 +653,7 @@ async fn what_capo_created_is_adopted_not_duplicated() {
         .unwrap();
     neutron
         .create_security_group(
-            "k8s-cluster-default-c1-secgroup-controlplane",
+            &format!("k8s-cluster-{}-c1-secgroup-controlplane", world.ns()),
             "Cluster API managed group",
         )
         .await
@@ -655,7 +662,7 @@ async fn what_capo_created_is_adopted_not_duplicated() {
         .admin
         .octavia()
         .create_load_balancer(&LoadBalancerSpec {
-            name: "k8s-clusterapi-cluster-default-c1-kubeapi".into(),
+            name: format!("k8s-clusterapi-cluster-{}-c1-kubeapi", world.ns()),
             vip_network_id: Some(network.id.clone()),
             ..LoadBalancerSpec::default()
         })
@@ -994,9 +1001,10 @@ async fn additional_ports_fixed_and_floating_ips_are_as_the_spec_says() {
     let groups = world
         .admin
         .neutron()
-        .list_security_groups(&Filter::by_name(
-            "k8s-cluster-default-c1-secgroup-controlplane",
-        ))
+        .list_security_groups(&Filter::by_name(&format!(
+            "k8s-cluster-{}-c1-secgroup-controlplane",
+            world.ns()
+        )))
         .await
         .unwrap();
     assert!(
@@ -1057,10 +1065,10 @@ async fn additional_ports_fixed_and_floating_ips_are_as_the_spec_says() {
 #[tokio::test]
 async fn an_externally_managed_cluster_is_left_to_its_manager() {
     let world = World::start().await;
-    let capi: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let capi: Api<capo_api::capi::Cluster> = world.kube.api();
     let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": "theirs", "namespace": NAMESPACE},
+        "metadata": {"name": "theirs", "namespace": world.ns()},
         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                         "kind": "OpenStackCluster", "name": "theirs"}}
     }))
@@ -1068,7 +1076,7 @@ async fn an_externally_managed_cluster_is_left_to_its_manager() {
     capi.create(&PostParams::default(), &owner).await.unwrap();
     let theirs: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": "theirs", "namespace": NAMESPACE,
+        "metadata": {"name": "theirs", "namespace": world.ns(),
                      "labels": {"cluster.x-k8s.io/cluster-name": "theirs"},
                      "annotations": {"cluster.x-k8s.io/managed-by": "someone-else"}},
         "spec": cluster_spec(),

@@ -56,8 +56,24 @@ impl Drop for ServedWebhook {
 }
 
 impl ServedWebhook {
+    /// Serving behind the simulated API server's webhook Service.
     pub async fn start(sim: &KubeSim) -> Self {
-        let certs = WebhookCerts::issue(&service_names()).expect("certificates");
+        let webhook = Self::serve(&service_names()).await;
+        let (namespace, name) = capo_api::crds::WEBHOOK_SERVICE;
+        sim.converter().route(namespace, name, webhook.address);
+        webhook
+    }
+
+    /// Serving on 127.0.0.1 with a certificate for the Service's names and that address, as a
+    /// real API server reaches it by URL (it has no route to a Service here: no kube-proxy).
+    pub async fn start_for_real() -> Self {
+        let mut names = service_names();
+        names.push("127.0.0.1".into());
+        Self::serve(&names).await
+    }
+
+    async fn serve(names: &[String]) -> Self {
+        let certs = WebhookCerts::issue(names).expect("certificates");
         let cert_dir = tempfile::tempdir().expect("a temporary directory");
         certs.write(cert_dir.path()).expect("certificates written");
         let registry = prometheus::Registry::new();
@@ -74,8 +90,6 @@ impl ServedWebhook {
         )
         .await
         .expect("the webhook server starts");
-        let (namespace, name) = capo_api::crds::WEBHOOK_SERVICE;
-        sim.converter().route(namespace, name, address);
         ServedWebhook {
             certs,
             cert_dir,
@@ -83,6 +97,11 @@ impl ServedWebhook {
             address,
             stop,
         }
+    }
+
+    /// `https://127.0.0.1:<port><path>`: where a real API server reaches this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.address)
     }
 
     /// Our CRDs applied over what is installed (server-side, taking the fields over), as
@@ -176,7 +195,7 @@ fn object(value: Value) -> DynamicObject {
     serde_json::from_value(value).expect("a DynamicObject")
 }
 
-fn spoke_machine(name: &str) -> Value {
+pub fn spoke_machine(name: &str) -> Value {
     json!({
         "apiVersion": format!("{}/{SPOKE}", capo_api::GROUP), "kind": "OpenStackMachine",
         "metadata": {"name": name, "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": "c"}},

@@ -18,21 +18,20 @@ use serde_json::{Value, json};
 
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
 use crate::real_provider::{
-    E2e, NAMESPACE, SECRET, WAIT, actor, assert_nothing_left, both, cluster_spec,
-    create_cluster_with, delete_cluster, on_real, on_sim, plane, spent, unique_cluster_name,
-    wait_for, wait_provisioned,
+    E2e, SECRET, WAIT, actor, assert_nothing_left, both, cluster_spec, create_cluster_with,
+    delete_cluster, on_real, on_sim, plane, spent, unique_cluster_name, wait_for, wait_provisioned,
 };
 
 fn pools(e2e: &E2e) -> Api<OpenStackFloatingIPPool> {
-    Api::namespaced(e2e.client.clone(), NAMESPACE)
+    e2e.kube.api()
 }
 
 fn claims(e2e: &E2e) -> Api<IPAddressClaim> {
-    Api::namespaced(e2e.client.clone(), NAMESPACE)
+    e2e.kube.api()
 }
 
 fn addresses(e2e: &E2e) -> Api<IPAddress> {
-    Api::namespaced(e2e.client.clone(), NAMESPACE)
+    e2e.kube.api()
 }
 
 async fn create_pool(e2e: &E2e, name: &str, spec: Value) {
@@ -46,7 +45,7 @@ async fn create_pool(e2e: &E2e, name: &str, spec: Value) {
     let pool: OpenStackFloatingIPPool = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "OpenStackFloatingIPPool",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": full,
     }))
     .expect("a pool");
@@ -59,7 +58,7 @@ async fn create_pool(e2e: &E2e, name: &str, spec: Value) {
 async fn create_claim(e2e: &E2e, name: &str, pool: &str) {
     let claim: IPAddressClaim = serde_json::from_value(json!({
         "apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddressClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": {"poolRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                               "kind": "OpenStackFloatingIPPool", "name": pool}},
     }))
@@ -323,7 +322,7 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
         .and_then(|r| r.ports.first())
         .map(|p| p.id.clone())
         .expect("a port");
-    let servers: Api<OpenStackServer> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let servers: Api<OpenStackServer> = e2e.kube.api();
     let server = servers
         .list(&ListParams::default())
         .await
@@ -392,7 +391,11 @@ async fn a_machine_from_a_pool(e2e: &mut E2e) {
 /// Every RBAC grant for pools and IPAM was sent to the API server (the demo sends none):
 /// the machine's life from a pool uses them all.
 fn assert_every_pool_grant_used(e2e: &E2e) {
-    let log = e2e.kube_requests();
+    // The real server keeps no request log: there RBAC refuses a grant missing, and this
+    // check, on the simulator, a grant too many.
+    let Some(log) = e2e.kube_requests() else {
+        return;
+    };
     let sent: BTreeSet<(String, String, String)> = log
         .iter()
         .map(|r| (r.verb.clone(), r.group.clone(), r.resource.clone()))
@@ -427,7 +430,7 @@ async fn an_unroutable_server(e2e: &mut E2e) {
     create_pool(e2e, &pool, json!({"reclaimPolicy": "Delete"})).await;
     let server: OpenStackServer = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": {
             "flavor": crate::real_provider::FLAVOR,
             "image": {"filter": {"name": crate::real_provider::IMAGE}},

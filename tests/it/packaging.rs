@@ -488,7 +488,7 @@ async fn get(address: SocketAddr, path: &str) -> (u16, String) {
 fn kubeconfig_file(world: &World) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
-    std::fs::write(&path, world._kube.kubeconfig()).unwrap();
+    std::fs::write(&path, world.kube.simulator().kubeconfig()).unwrap();
     (dir, path)
 }
 
@@ -534,7 +534,7 @@ async fn without_the_crds_run_names_them_and_exits_non_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_server_answers_health_readiness_and_metrics() {
     // Cluster API's CRDs come later: until then the process is live but not ready.
-    let world = World::prepare(Scenario::default(), Vec::new()).await;
+    let world = World::prepare_sim(Scenario::default(), Vec::new()).await;
     let (_dir, kubeconfig) = kubeconfig_file(&world);
     let mut replica = Replica::spawn(&kubeconfig, "admin", &["--leader-elect"]);
     let admin = replica.admin().await;
@@ -548,7 +548,7 @@ async fn the_admin_server_answers_health_readiness_and_metrics() {
         body.contains("waiting for the CustomResourceDefinitions"),
         "{body}"
     );
-    world._kube.install(&minimal_capi_crds()).unwrap();
+    world.kube.install(&minimal_capi_crds()).await;
     // Standing by is ready too (briefly, before it takes the free Lease).
     eventually("/readyz to say the caches synced", || async {
         let (status, body) = get(admin, "/readyz").await;
@@ -608,7 +608,7 @@ fn writes(record: &RequestRecord) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
-    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let world = World::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
     let (_dir, kubeconfig) = kubeconfig_file(&world);
     let mut first = Replica::spawn(&kubeconfig, "first", &LEASE_FLAGS);
     first.wait_log("became the leader").await;
@@ -617,7 +617,8 @@ async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
     create_servers(&world, (0..3).map(|i| format!("before-{i}"))).await;
     all_ready(&world, 3).await;
     let standby_work: Vec<RequestRecord> = world
-        ._kube
+        .kube
+        .simulator()
         .requests()
         .into_iter()
         .filter(|r| second.sent(r) && !lease_request(r))
@@ -647,7 +648,7 @@ async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
         failover.as_secs_f64()
     );
 
-    let log = world._kube.requests();
+    let log = world.kube.simulator().requests();
     let first_writes: Vec<&RequestRecord> =
         log.iter().filter(|r| first.sent(r) && writes(r)).collect();
     let second_writes: Vec<&RequestRecord> =
@@ -675,7 +676,7 @@ fn shard_flags<'a>(filter: &'a str, share: &'a str) -> Vec<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget() {
-    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let world = World::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
     let (_dir, kubeconfig) = kubeconfig_file(&world);
     let leases: Api<Lease> = Api::namespaced(world.client.clone(), NAMESPACE);
     let a = Replica::spawn(&kubeconfig, "shard-a", &shard_flags("a", "0.6"));
@@ -723,7 +724,8 @@ async fn shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget(
         assert!(held_by.starts_with(holder), "{held_by}");
     }
     let sent: BTreeSet<(String, String, String)> = world
-        ._kube
+        .kube
+        .simulator()
         .requests()
         .into_iter()
         .filter(|r| b.sent(r))
@@ -737,7 +739,7 @@ async fn shards_hold_their_own_leases_and_their_shares_cannot_exceed_the_budget(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_in_a_burst_of_reconciles_exits_in_time_and_loses_nothing() {
-    let world = World::prepare(Scenario::default(), minimal_capi_crds()).await;
+    let world = World::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
     let (_dir, kubeconfig) = kubeconfig_file(&world);
     // Half the servers reach the cloud through a ClusterIdentity that selects the
     // namespace by label (the grants the demo does not use: see `used_elsewhere`).
@@ -816,7 +818,7 @@ async fn sigterm_in_a_burst_of_reconciles_exits_in_time_and_loses_nothing() {
         world.cloud.object_counts().get("servers").copied(),
         Some(BURST)
     );
-    let log = world._kube.requests();
+    let log = world.kube.simulator().requests();
     let used = used_by_capo_rs(&log);
     for grant in used_elsewhere() {
         assert!(used.contains(&grant), "{grant:?} not used");

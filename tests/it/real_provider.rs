@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::kube_world::{Kube, KubeWorld, Server};
 use capo_api::capi::{self, Cluster, Machine};
 use capo_api::capo_conditions::capo_types;
 use capo_api::conditions::{self, reasons, types};
@@ -25,7 +26,6 @@ use capo_provider::controllers::gate;
 use capo_provider::controllers::machine::ADDRESS_PAIRS_ANNOTATION;
 use capo_provider::manager::{ManagerError, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
-use capo_sim::kube::{KubeSim, KubeSimConfig};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Outage, Scenario, ServerErrorFault};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -42,7 +42,6 @@ use crate::real_cloud::{
 };
 use crate::server_controller::{base64, manager_config, metric_sum, spawn_manager, timings};
 
-pub(crate) const NAMESPACE: &str = "default";
 pub(crate) const SECRET: &str = "cloud-config";
 pub(crate) const FLAVOR: &str = "m1.small";
 pub(crate) const IMAGE: &str = "ubuntu-2404-kube-v1.33.4";
@@ -56,7 +55,8 @@ pub(crate) const WAIT: Duration = Duration::from_secs(300);
 /// The provider, the simulated Kubernetes API, and a cloud: the real tier or the simulator.
 pub(crate) struct E2e {
     pub(crate) label: &'static str,
-    _kube: KubeSim,
+    /// The API server (the real tier's when started, see [`KubeWorld`]) and the namespace.
+    pub(crate) kube: KubeWorld,
     pub(crate) client: kube::Client,
     registry: Registry,
     shutdown: CancellationToken,
@@ -90,10 +90,12 @@ fn tenant_clouds_yaml(full: &str) -> String {
 }
 
 impl E2e {
-    pub(crate) async fn real(real: &RealCloud, cloud_name: &'static str) -> E2e {
+    /// On the real cloud, with the API server `kube`.
+    pub(crate) async fn real_on(real: &RealCloud, cloud_name: &'static str, kube: Kube) -> E2e {
         let (tenant, clouds) = real.client(PASSWORD_CLOUD).await;
         Self::start(
             "real",
+            kube,
             tenant,
             clouds,
             None,
@@ -104,12 +106,17 @@ impl E2e {
         .await
     }
 
-    pub(crate) async fn simulated(appcred: bool) -> E2e {
-        Self::simulated_with_ipam(appcred, minimal_ipam_crds()).await
+    /// On the simulated cloud and the API server `kube`.
+    pub(crate) async fn simulated_on(appcred: bool, kube: Kube) -> E2e {
+        Self::simulated_on_with_ipam(appcred, kube, minimal_ipam_crds()).await
     }
 
     /// [`E2e::simulated`], with these CRDs serving Cluster API's IPAM kinds.
     pub(crate) async fn simulated_with_ipam(appcred: bool, ipam_crds: Vec<Value>) -> E2e {
+        Self::simulated_on_with_ipam(appcred, Kube::AsTheEnvironmentSays, ipam_crds).await
+    }
+
+    async fn simulated_on_with_ipam(appcred: bool, kube: Kube, ipam_crds: Vec<Value>) -> E2e {
         let sim = OpenStackSim::start(OpenStackSimConfig {
             scenario: Scenario {
                 timings: timings(),
@@ -150,11 +157,13 @@ impl E2e {
         let yaml = sim.clouds_yaml();
         let name = if appcred { "sim-appcred" } else { "sim" };
         let sim = Some(Arc::new(sim));
-        Self::start("sim", tenant, clouds, sim, &yaml, name, ipam_crds).await
+        Self::start("sim", kube, tenant, clouds, sim, &yaml, name, ipam_crds).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn start(
         label: &'static str,
+        kube: Kube,
         tenant: CloudClient,
         clouds: Arc<Clouds>,
         sim: Option<Arc<OpenStackSim>>,
@@ -168,24 +177,21 @@ impl E2e {
                 .with_test_writer()
                 .try_init();
         }
-        let kube = KubeSim::start(KubeSimConfig::default())
-            .await
-            .expect("kube sim");
         let crds: Vec<Value> = capo_api::crds::all()
             .iter()
             .chain(capo_api::capi::crds().iter())
             .map(|crd| serde_json::to_value(crd).expect("CRD"))
             .chain(ipam_crds)
             .collect();
-        kube.install(&crds).expect("CRDs install");
-        let client = kube.client().expect("kube client");
+        let kube = kube.start(&crds).await;
+        let client = kube.client.clone();
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": SECRET, "namespace": NAMESPACE},
+            "metadata": {"name": SECRET, "namespace": kube.namespace},
             "data": {"clouds.yaml": base64(clouds_yaml)},
         }))
         .expect("secret");
-        Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        kube.api::<Secret>()
             .create(&PostParams::default(), &secret)
             .await
             .expect("secret created");
@@ -201,7 +207,7 @@ impl E2e {
             .clone();
         let mut e2e = E2e {
             label,
-            _kube: kube,
+            kube,
             client,
             registry: Registry::new(),
             shutdown: CancellationToken::new(),
@@ -216,9 +222,14 @@ impl E2e {
         e2e
     }
 
+    /// The manager, as capo-rs's ServiceAccount, watching this world's namespace on a shared
+    /// real server.
     fn start_manager(&mut self) {
-        let config = manager_config(WatchScope::default());
-        let (registry, shutdown, manager) = spawn_manager(&self.client, config);
+        let mut config = manager_config(WatchScope::default());
+        if self.kube.is_real() {
+            config.scope.namespace = Some(self.kube.namespace.clone());
+        }
+        let (registry, shutdown, manager) = spawn_manager(&self.kube.manager_client, config);
         (self.registry, self.shutdown) = (registry, shutdown);
         self.manager = Some(manager);
     }
@@ -244,35 +255,48 @@ impl E2e {
     }
 
     /// Points the manager and the tests at another API server (the manager must be stopped).
-    fn move_to(&mut self, kube: KubeSim) {
+    fn move_to(&mut self, kube: KubeWorld) {
         assert!(self.manager.is_none(), "stop the manager first");
-        self.client = kube.client().expect("kube client");
-        self._kube = kube;
+        self.client = kube.client.clone();
+        self.kube = kube;
+    }
+
+    /// This world's namespace.
+    pub(crate) fn ns(&self) -> &str {
+        &self.kube.namespace
     }
 
     /// capo-rs's webhook server behind the simulated API server, and the CRDs pointing at it:
-    /// v1beta1 objects then convert, and admission runs, as in a real install.
-    pub(crate) async fn serve_webhook(&self) -> crate::conversion::ServedWebhook {
-        let webhook = crate::conversion::ServedWebhook::start(&self._kube).await;
+    /// v1beta1 objects then convert, and admission runs, as in a real install. On the real
+    /// server every world converts and admits through the shared webhook already: `None`.
+    pub(crate) async fn serve_webhook(&self) -> Option<crate::conversion::ServedWebhook> {
+        let Server::Sim(sim) = &self.kube.server else {
+            return None;
+        };
+        let webhook = crate::conversion::ServedWebhook::start(sim).await;
         webhook.upgrade_crds(&self.client).await;
-        webhook
+        Some(webhook)
     }
 
     pub(crate) fn clusters(&self) -> Api<OpenStackCluster> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        self.kube.api()
     }
 
     pub(crate) fn machines(&self) -> Api<OpenStackMachine> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        self.kube.api()
     }
 
     pub(crate) fn servers(&self) -> Api<OpenStackServer> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        self.kube.api()
     }
 
-    /// Every request the simulated API server answered, in order.
-    pub(crate) fn kube_requests(&self) -> Vec<capo_sim::kube::server::RequestRecord> {
-        self._kube.requests()
+    /// Every request the simulated API server answered, in order; `None` on the real server,
+    /// which keeps no such log.
+    pub(crate) fn kube_requests(&self) -> Option<Vec<capo_sim::kube::server::RequestRecord>> {
+        match &self.kube.server {
+            Server::Sim(sim) => Some(sim.requests()),
+            Server::Real => None,
+        }
     }
 
     /// OpenStack requests the manager made, by `request` label, since it started.
@@ -476,7 +500,7 @@ pub(crate) async fn create_cluster_with(e2e: &E2e, name: &str, infra: &str, spec
     create_capi_cluster(e2e, name, infra).await;
     let cluster: OpenStackCluster = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
-        "metadata": {"name": infra, "namespace": NAMESPACE,
+        "metadata": {"name": infra, "namespace": e2e.ns(),
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
         "spec": spec,
     }))
@@ -490,10 +514,10 @@ pub(crate) async fn create_cluster_with(e2e: &E2e, name: &str, infra: &str, spec
 /// The Cluster API Cluster `name` over the OpenStackCluster `infra`, with Cluster API's
 /// finalizer so that it stays while its parts go.
 pub(crate) async fn create_capi_cluster(e2e: &E2e, name: &str, infra: &str) {
-    let capi: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let capi: Api<Cluster> = e2e.kube.api();
     let owner: Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": name, "namespace": NAMESPACE,
+        "metadata": {"name": name, "namespace": e2e.ns(),
                      "finalizers": ["cluster.cluster.x-k8s.io"]},
         "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                         "kind": "OpenStackCluster", "name": infra}}
@@ -622,7 +646,7 @@ pub(crate) fn actor(e2e: &E2e) -> CapiActor {
     CapiActor::start(
         e2e.client.clone(),
         CapiActorConfig {
-            namespace: NAMESPACE.into(),
+            namespace: e2e.ns().into(),
             tick: Duration::from_millis(100),
             join_delay: Duration::from_millis(200),
             wait_timeout: WAIT,
@@ -649,13 +673,13 @@ pub(crate) async fn delete_cluster(e2e: &E2e, actor: Option<&CapiActor>, name: &
 
 /// [`delete_cluster`] of a Cluster whose OpenStackCluster is named `infra`.
 async fn delete_cluster_as(e2e: &E2e, actor: Option<&CapiActor>, name: &str, infra: &str) {
-    let clusters: Api<Cluster> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let clusters: Api<Cluster> = e2e.kube.api();
     clusters
         .delete(name, &DeleteParams::default())
         .await
         .expect("Cluster delete");
     if let Some(actor) = actor {
-        let all: Api<Machine> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+        let all: Api<Machine> = e2e.kube.api();
         let names: Vec<String> = all
             .list(&ListParams::default())
             .await
@@ -915,7 +939,7 @@ async fn server_with_volumes(e2e: &mut E2e) {
     let name = unique_cluster_name("vols");
     let server: OpenStackServer = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": {
             "flavor": FLAVOR,
             "image": {"filter": {"name": IMAGE}},
@@ -1367,13 +1391,13 @@ async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
     }
     // The template's edit: Cluster API marks what it cloned; capo-rs gives the machines the
     // template's pairs, and their ports follow.
-    let templates: Api<OpenStackMachineTemplate> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let templates: Api<OpenStackMachineTemplate> = e2e.kube.api();
     let mut machine = e2e.machines().get(worker).await.expect("the machine");
     machine.spec.provider_id = None;
     let template: OpenStackMachineTemplate = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
         "kind": "OpenStackMachineTemplate",
-        "metadata": {"name": format!("{name}-md"), "namespace": NAMESPACE,
+        "metadata": {"name": format!("{name}-md"), "namespace": e2e.ns(),
                      "labels": {"cluster.x-k8s.io/cluster-name": name}},
         "spec": {"template": {"spec": machine.spec.clone()}},
     }))
@@ -1435,11 +1459,11 @@ async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
 /// reads; a resync reads nothing more.
 async fn template_describes_its_machines(e2e: &mut E2e) {
     let name = unique_cluster_name("tmpl");
-    let templates: Api<OpenStackMachineTemplate> = Api::namespaced(e2e.client.clone(), NAMESPACE);
+    let templates: Api<OpenStackMachineTemplate> = e2e.kube.api();
     let template: OpenStackMachineTemplate = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
         "kind": "OpenStackMachineTemplate",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": {"template": {"spec": {
             "flavor": {"filter": {"name": "m1.ephemeral"}},
             "image": {"filter": {"name": IMAGE}},
@@ -1502,9 +1526,13 @@ async fn assert_sent(e2e: &E2e, verb: &str, resource: &str) {
     // The simulator logs a request once it has answered it, which may be just after its
     // effect is seen.
     let deadline = Instant::now() + Duration::from_secs(10);
+    // On the real server RBAC is what refuses a missing grant; the request log is the
+    // simulator's.
+    let Server::Sim(sim) = &e2e.kube.server else {
+        return;
+    };
     let sent = || {
-        e2e._kube
-            .requests()
+        sim.requests()
             .into_iter()
             .any(|r| r.verb == verb && r.resource == resource)
     };
@@ -1526,12 +1554,12 @@ async fn orc_image_is_waited_for_and_used(e2e: &mut E2e) {
     let name = unique_cluster_name("orc");
     let images: Api<kube::api::DynamicObject> = Api::namespaced_with(
         e2e.client.clone(),
-        NAMESPACE,
+        e2e.ns(),
         &capo_provider::controllers::server::orc::image_resource(),
     );
     let server: OpenStackServer = serde_json::from_value(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "OpenStackServer",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": e2e.ns()},
         "spec": {
             "flavor": FLAVOR,
             "image": {"imageRef": {"name": format!("{name}-image")}},
@@ -1563,10 +1591,10 @@ async fn orc_image_is_waited_for_and_used(e2e: &mut E2e) {
         &std::fs::read_to_string("tests/fixtures/orc-image-crd.yaml").expect("ORC's CRD"),
     )
     .expect("YAML");
-    e2e._kube.install(&[crd]).expect("ORC's Image CRD installs");
+    e2e.kube.install(&[crd]).await;
     let image: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "openstack.k-orc.cloud/v1alpha1", "kind": "Image",
-        "metadata": {"name": format!("{name}-image"), "namespace": NAMESPACE},
+        "metadata": {"name": format!("{name}-image"), "namespace": e2e.ns()},
         "spec": {"cloudCredentialsRef": {"secretName": SECRET, "cloudName": e2e.cloud_name},
                  "managementPolicy": "unmanaged", "import": {"filter": {"name": IMAGE}}},
     }))
@@ -1673,7 +1701,7 @@ fn templates(e2e: &E2e, name: &str) -> [(&'static str, Value); 2] {
         (
             kind,
             json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": kind,
-                      "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}),
+                      "metadata": {"name": name, "namespace": e2e.ns()}, "spec": spec}),
         )
     })
 }
@@ -1682,7 +1710,7 @@ async fn create_templates(e2e: &E2e, name: &str) {
     for (kind, template) in templates(e2e, name) {
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
             e2e.client.clone(),
-            NAMESPACE,
+            e2e.ns(),
             &crate::conversion::resource(kind, "v1beta2"),
         );
         api.create(
@@ -1697,7 +1725,7 @@ async fn create_templates(e2e: &E2e, name: &str) {
 /// The cloud's resources carry CAPO's names, built on the Cluster API Cluster's name
 /// (`pkg/utils/names` and the services of CAPO 0.14, restated here from its formats).
 async fn assert_capo_names(e2e: &E2e, capi: &str, cluster: &OpenStackCluster) {
-    let resource = format!("{NAMESPACE}-{capi}");
+    let resource = format!("{}-{capi}", e2e.ns());
     let status = cluster.status.as_ref().expect("status");
     let network = status.network.as_ref().expect("network");
     assert_eq!(network.name, format!("k8s-clusterapi-cluster-{resource}"));
@@ -1822,22 +1850,20 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     e2e.stop_manager(true).await;
 
     // The management cluster as CAPO 0.14 leaves it: its CRDs, v1beta1 objects stored.
-    let objects = crate::takeover::snapshot(&e2e.client, NAMESPACE).await;
+    let objects = crate::takeover::snapshot(&e2e.client, e2e.ns()).await;
     let capo_objects: Vec<Value> = objects
         .iter()
         .map(crate::takeover::as_capo_left_it)
         .collect();
-    let kube = KubeSim::start(KubeSimConfig::default())
-        .await
-        .expect("kube sim");
     let mut crds: Vec<Value> = capo_api::capi::crds()
         .iter()
         .map(|c| serde_json::to_value(c).expect("CRD"))
         .collect();
     crds.extend(crate::takeover::capo_crds());
-    kube.install(&crds).expect("CAPO 0.14's CRDs");
-    crate::takeover::recreate(&kube.client().expect("client"), NAMESPACE, &capo_objects).await;
-    let webhook = crate::conversion::ServedWebhook::start(&kube).await;
+    // CAPO 0.14's CRDs replace ours: on a server of its own, the simulator.
+    let kube = KubeWorld::sim(&crds).await;
+    crate::takeover::recreate(&kube.client, &kube.namespace, &capo_objects).await;
+    let webhook = crate::conversion::ServedWebhook::start(kube.simulator()).await;
     e2e.move_to(kube);
     let members_before = member_ids(&e2e.tenant, &lb).await;
     assert_eq!(
@@ -1967,7 +1993,8 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     // The manager shares the test's client here: the grants only the migration needs show
     // in the log (the test itself sends none of them).
     let sent: std::collections::BTreeSet<(String, String, String)> = e2e
-        ._kube
+        .kube
+        .simulator()
         .requests()
         .into_iter()
         .map(|r| (r.verb, r.group, r.resource))
@@ -1995,7 +2022,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     for (kind, _) in templates(e2e, &name) {
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
             e2e.client.clone(),
-            NAMESPACE,
+            e2e.ns(),
             &crate::conversion::resource(kind, "v1beta2"),
         );
         api.delete(&name, &DeleteParams::default())
@@ -2010,17 +2037,20 @@ async fn takeover_from_capo(e2e: &mut E2e) {
         settled_in.as_secs_f64(),
         spent(&BTreeMap::new(), &takeover_requests),
         writes.values().sum::<u64>(),
-        e2e._kube.converter().calls(),
+        e2e.kube.simulator().converter().calls(),
     );
     drop(webhook);
 }
 
 macro_rules! on_real {
-    ($scenario:ident, $cloud:expr) => {{
+    ($scenario:ident, $cloud:expr) => {
+        on_real!($scenario, $cloud, $crate::kube_world::Kube::PreferReal)
+    };
+    ($scenario:ident, $cloud:expr, $kube:expr) => {{
         let Some(real) = real_cloud() else { return };
         let _alone = REAL.lock().await;
         fault(&["clear"]).await;
-        let mut e2e = E2e::real(&real, $cloud).await;
+        let mut e2e = E2e::real_on(&real, $cloud, $kube).await;
         let outcome =
             tokio::time::timeout(std::time::Duration::from_secs(900), $scenario(&mut e2e)).await;
         e2e.stop_manager(true).await;
@@ -2029,8 +2059,15 @@ macro_rules! on_real {
 }
 
 macro_rules! on_sim {
-    ($scenario:ident, $appcred:expr) => {{
-        let mut e2e = E2e::simulated($appcred).await;
+    ($scenario:ident, $appcred:expr) => {
+        on_sim!(
+            $scenario,
+            $appcred,
+            $crate::kube_world::Kube::AsTheEnvironmentSays
+        )
+    };
+    ($scenario:ident, $appcred:expr, $kube:expr) => {{
+        let mut e2e = E2e::simulated_on($appcred, $kube).await;
         let outcome =
             tokio::time::timeout(std::time::Duration::from_secs(600), $scenario(&mut e2e)).await;
         e2e.stop_manager(true).await;
@@ -2114,13 +2151,17 @@ both!(
     sim_an_address_pairs_edit_reaches_the_machines_port
 );
 
-both!(
-    takeover_from_capo,
-    PASSWORD_CLOUD,
-    false,
-    real_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes,
-    sim_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes
-);
+// The takeover installs CAPO 0.14's CRDs in place of ours: on a simulated API server of its
+// own, never the shared real one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes() {
+    on_real!(takeover_from_capo, PASSWORD_CLOUD, Kube::Sim);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes() {
+    on_sim!(takeover_from_capo, false, Kube::Sim);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_cluster_from_capo_template_rolls_under_the_gate_and_deletes_without_a_leak() {

@@ -13,6 +13,8 @@ use capo_provider::cloud::{CloudClient, CloudOptions, Clouds};
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
 use capo_provider::manager::{self, ManagerConfig, ManagerError, WatchScope};
 use capo_sim::kube::{KubeSim, KubeSimConfig};
+
+use crate::kube_world::KubeWorld;
 use capo_sim::openstack::{
     Delay, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Outage, RateLimitFault, Rule,
     Scenario, Timings,
@@ -37,6 +39,15 @@ pub(crate) fn timings() -> Timings {
         volume_delete: Delay::Fixed(0.1),
         ..Timings::default()
     }
+}
+
+/// Our CRDs and these Cluster API CRDs, as JSON.
+pub(crate) fn our_crds_and(capi: Vec<Value>) -> Vec<Value> {
+    capo_api::crds::all()
+        .iter()
+        .map(|crd| serde_json::to_value(crd).unwrap())
+        .chain(capi)
+        .collect()
 }
 
 /// Our own minimal Cluster API CRDs (what the controllers read of Cluster API's kinds).
@@ -67,7 +78,8 @@ pub(crate) fn manager_config(scope: WatchScope) -> ManagerConfig {
 
 /// Both simulators, a cloud-config Secret, a tenant network, and the manager running.
 pub(crate) struct World {
-    pub(crate) _kube: KubeSim,
+    /// The API server (simulated, or the real tier's) and this world's namespace on it.
+    pub(crate) kube: KubeWorld,
     pub(crate) cloud: std::sync::Arc<OpenStackSim>,
     pub(crate) client: kube::Client,
     pub(crate) registry: Registry,
@@ -88,6 +100,13 @@ impl World {
         Self::start_with_capi(scenario, scope, minimal_capi_crds()).await
     }
 
+    /// [`World::start`] on the simulated API server, whatever `CAPO_TEST_KUBE` says.
+    pub(crate) async fn start_sim() -> Self {
+        let mut world = Self::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
+        world.start_manager(WatchScope::default());
+        world
+    }
+
     /// With these Cluster API CRDs (ours, minimal, or Cluster API's real ones).
     pub(crate) async fn start_with_capi(
         scenario: Scenario,
@@ -100,15 +119,19 @@ impl World {
     }
 
     /// Both simulators, the CRDs, the Secret and the network; no manager yet.
-    pub(crate) async fn prepare(mut scenario: Scenario, capi: Vec<Value>) -> Self {
+    pub(crate) async fn prepare(scenario: Scenario, capi: Vec<Value>) -> Self {
+        Self::prepare_on(KubeWorld::start(&our_crds_and(capi)).await, scenario).await
+    }
+
+    /// [`World::prepare`] on the simulated API server whatever `CAPO_TEST_KUBE` says: for
+    /// scenarios that read its request log or restart it.
+    pub(crate) async fn prepare_sim(scenario: Scenario, capi: Vec<Value>) -> Self {
+        Self::prepare_on(KubeWorld::sim(&our_crds_and(capi)).await, scenario).await
+    }
+
+    /// The simulated cloud, the Secret and the network beside the API server `kube`.
+    pub(crate) async fn prepare_on(kube: KubeWorld, mut scenario: Scenario) -> Self {
         scenario.timings = timings();
-        let kube = KubeSim::start(KubeSimConfig::default()).await.unwrap();
-        let crds: Vec<Value> = capo_api::crds::all()
-            .iter()
-            .map(|crd| serde_json::to_value(crd).unwrap())
-            .chain(capi)
-            .collect();
-        kube.install(&crds).unwrap();
         let cloud = OpenStackSim::start(OpenStackSimConfig {
             scenario,
             ..OpenStackSimConfig::default()
@@ -142,10 +165,9 @@ impl World {
             })
             .await
             .unwrap();
-        let client = kube.client().unwrap();
         let world = World {
-            _kube: kube,
-            client,
+            client: kube.client.clone(),
+            kube,
             registry: Registry::new(),
             shutdown: CancellationToken::new(),
             manager: None,
@@ -163,8 +185,13 @@ impl World {
         self.start_manager_with(manager_config(scope));
     }
 
-    pub(crate) fn start_manager_with(&mut self, config: ManagerConfig) {
-        let (registry, shutdown, manager) = spawn_manager(&self.client, config);
+    /// Starts the manager as capo-rs's ServiceAccount; on the real server it watches only this
+    /// world's namespace (other worlds share the server).
+    pub(crate) fn start_manager_with(&mut self, mut config: ManagerConfig) {
+        if self.kube.is_real() {
+            config.scope.namespace = Some(self.kube.namespace.clone());
+        }
+        let (registry, shutdown, manager) = spawn_manager(&self.kube.manager_client, config);
         (self.registry, self.shutdown) = (registry, shutdown);
         self.manager = Some(manager);
     }
@@ -182,14 +209,19 @@ impl World {
     }
 
     pub(crate) fn servers(&self) -> Api<OpenStackServer> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        self.kube.api()
+    }
+
+    /// This world's namespace: `default` on the simulator, one of its own on the real server.
+    pub(crate) fn ns(&self) -> &str {
+        &self.kube.namespace
     }
 
     pub(crate) async fn put_secret(&self, name: &str, key: &str, value: &str) {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let secrets: Api<Secret> = self.kube.api();
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": self.ns()},
             "stringData": {key: value},
             "data": {key: base64(value)},
         }))
@@ -200,7 +232,9 @@ impl World {
             .unwrap();
     }
 
-    pub(crate) async fn create(&self, manifest: Value) -> OpenStackServer {
+    /// Creates an OpenStackServer in this world's namespace.
+    pub(crate) async fn create(&self, mut manifest: Value) -> OpenStackServer {
+        manifest["metadata"]["namespace"] = json!(self.ns());
         let object: OpenStackServer = serde_json::from_value(manifest).unwrap();
         self.servers()
             .create(&PostParams::default(), &object)
@@ -242,7 +276,7 @@ impl World {
     }
 
     pub(crate) async fn warnings(&self, reason: &str) -> Vec<String> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let events: Api<Event> = self.kube.api();
         events
             .list(&ListParams::default())
             .await
@@ -686,7 +720,7 @@ async fn a_missing_secret_or_malformed_clouds_yaml_gives_a_clear_condition_and_a
         .await;
     let message = &condition(&waiting, types::INSTANCE_READY).unwrap().message;
     assert!(
-        message.contains("Secret default/later not found"),
+        message.contains(&format!("Secret {}/later not found", world.ns())),
         "{message}"
     );
     let bad = world
@@ -697,7 +731,10 @@ async fn a_missing_secret_or_malformed_clouds_yaml_gives_a_clear_condition_and_a
         )
         .await;
     let message = &condition(&bad, types::INSTANCE_READY).unwrap().message;
-    assert!(message.contains("default/garbled"), "{message}");
+    assert!(
+        message.contains(&format!("{}/garbled", world.ns())),
+        "{message}"
+    );
     assert!(!message.contains("hunter2"), "{message}");
     let mut elsewhere = server_manifest("elsewhere");
     elsewhere["spec"]["identityRef"]["cloudName"] = json!("no-such-cloud");
@@ -951,10 +988,10 @@ async fn a_cluster_served_by_cluster_apis_real_crd_pauses_and_unpauses_too() {
 }
 
 async fn paused_until_unpaused(world: World) {
-    let clusters: Api<capo_api::capi::Cluster> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let clusters: Api<capo_api::capi::Cluster> = world.kube.api();
     let cluster: capo_api::capi::Cluster = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-        "metadata": {"name": "c1", "namespace": NAMESPACE},
+        "metadata": {"name": "c1", "namespace": world.ns()},
         "spec": {"paused": true},
     }))
     .unwrap();
@@ -1006,7 +1043,9 @@ async fn paused_until_unpaused(world: World) {
 #[tokio::test]
 async fn a_pool_without_cluster_apis_ipam_crds_is_waited_for_with_a_clear_condition_and_nothing_created()
  {
-    let world = World::start().await;
+    // A server without Cluster API's IPAM CRDs: on the shared real server other worlds
+    // install them.
+    let world = World::start_sim().await;
     let mut manifest = server_manifest("floating");
     manifest["spec"]["floatingIPPoolRef"] = json!({
         "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "OpenStackFloatingIPPool", "name": "pool"});
@@ -1052,7 +1091,8 @@ async fn a_malformed_object_is_reported_and_does_not_stop_the_others() {
             .remove("x-kubernetes-validations");
         crd
     };
-    let world = World::start().await;
+    // It replaces a CRD's schema: on a server of its own.
+    let world = World::start_sim().await;
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(world.client.clone());
     let name = "openstackservers.infrastructure.cluster.x-k8s.io";
@@ -1065,7 +1105,7 @@ async fn a_malformed_object_is_reported_and_does_not_stop_the_others() {
 
     let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(
         world.client.clone(),
-        NAMESPACE,
+        world.ns(),
         &kube::api::ApiResource::erase::<OpenStackServer>(&()),
     );
     let mut bad = server_manifest("unreadable");
@@ -1109,15 +1149,16 @@ async fn the_watch_filter_and_namespace_leave_other_objects_alone() {
     world.create(mine).await;
     world.create(server_manifest("theirs")).await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
-    let other = serde_json::from_value(json!({"metadata": {"name": "elsewhere"}})).unwrap();
+    let elsewhere_ns = format!("{}-elsewhere", world.ns());
+    let other = serde_json::from_value(json!({"metadata": {"name": elsewhere_ns}})).unwrap();
     namespaces
         .create(&PostParams::default(), &other)
         .await
         .unwrap();
     let mut labelled_elsewhere = server_manifest("labelled");
-    labelled_elsewhere["metadata"]["namespace"] = json!("elsewhere");
+    labelled_elsewhere["metadata"]["namespace"] = json!(elsewhere_ns);
     labelled_elsewhere["metadata"]["labels"] = json!({"cluster.x-k8s.io/watch-filter": "mine"});
-    let elsewhere: Api<OpenStackServer> = Api::namespaced(world.client.clone(), "elsewhere");
+    let elsewhere: Api<OpenStackServer> = Api::namespaced(world.client.clone(), &elsewhere_ns);
     let object = serde_json::from_value(labelled_elsewhere).unwrap();
     elsewhere
         .create(&PostParams::default(), &object)
@@ -1216,17 +1257,23 @@ async fn a_manager_told_to_stop_while_waiting_for_crds_stops() {
 async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects() {
     let world = World::start().await;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(world.client.clone());
-    let system = serde_json::from_value(json!({"metadata": {"name": "capo-system"}})).unwrap();
+    // Named after this world's namespace: on the real server, worlds share cluster scope.
+    let (system, team_a, team_b) = (
+        format!("{}-capo-system", world.ns()),
+        format!("{}-team-a", world.ns()),
+        format!("{}-team-b", world.ns()),
+    );
+    let system_ns = serde_json::from_value(json!({"metadata": {"name": system}})).unwrap();
     namespaces
-        .create(&PostParams::default(), &system)
+        .create(&PostParams::default(), &system_ns)
         .await
         .unwrap();
-    let label = json!({"metadata": {"labels": {"team": "a"}}});
+    let label = json!({"metadata": {"labels": {"team": team_a}}});
     namespaces
-        .patch(NAMESPACE, &PatchParams::default(), &Patch::Merge(&label))
+        .patch(world.ns(), &PatchParams::default(), &Patch::Merge(&label))
         .await
         .unwrap();
-    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), "capo-system");
+    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), &system);
     let secret = serde_json::from_value(json!({
         "metadata": {"name": "shared-cloud"},
         "stringData": {"clouds.yaml": world.cloud.clouds_yaml()},
@@ -1237,13 +1284,13 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
         .await
         .unwrap();
     let identities: Api<capo_api::OpenStackClusterIdentity> = Api::all(world.client.clone());
-    for (name, team) in [("team-a", "a"), ("team-b", "b")] {
+    for (name, team) in [(&team_a, &team_a), (&team_b, &team_b)] {
         let identity = serde_json::from_value(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
             "kind": "OpenStackClusterIdentity",
             "metadata": {"name": name},
             "spec": {
-                "secretRef": {"name": "shared-cloud", "namespace": "capo-system"},
+                "secretRef": {"name": "shared-cloud", "namespace": system},
                 "namespaceSelector": {"matchLabels": {"team": team}},
             },
         }))
@@ -1252,7 +1299,7 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
             .create(&PostParams::default(), &identity)
             .await
             .unwrap();
-        let mut manifest = server_manifest(name);
+        let mut manifest = server_manifest(&name[world.ns().len() + 1..]);
         manifest["spec"]["identityRef"] =
             json!({"type": "ClusterIdentity", "name": name, "cloudName": "sim"});
         world.create(manifest).await;
@@ -1267,7 +1314,7 @@ async fn a_cluster_identity_lends_its_secret_only_to_the_namespaces_it_selects()
         .await;
     let message = &condition(&refused, types::INSTANCE_READY).unwrap().message;
     assert!(
-        message.contains("team-b does not allow namespace default"),
+        message.contains(&format!("{team_b} does not allow namespace {}", world.ns())),
         "{message}"
     );
 }
@@ -1427,7 +1474,7 @@ async fn a_ready_server_keeps_its_condition_while_its_secret_is_gone_and_still_d
     world.create(server_manifest("steady")).await;
     world.wait_for("steady", "Ready", is_ready).await;
     let before = world.cloud.object_counts();
-    let secrets: Api<Secret> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let secrets: Api<Secret> = world.kube.api();
     secrets
         .delete("cloud-config", &DeleteParams::default())
         .await
@@ -1437,7 +1484,10 @@ async fn a_ready_server_keeps_its_condition_while_its_secret_is_gone_and_still_d
         Some(world.warnings(reasons::INVALID_CREDENTIALS).await).filter(|w| !w.is_empty())
     })
     .await;
-    assert!(warnings[0].contains("default/cloud-config"), "{warnings:?}");
+    assert!(
+        warnings[0].contains(&format!("{}/cloud-config", world.ns())),
+        "{warnings:?}"
+    );
     let steady = world.servers().get("steady").await.unwrap();
     assert!(is_ready(&steady), "{:?}", steady.status);
 
@@ -1461,7 +1511,7 @@ pub(crate) async fn start_shard(
     filter: &str,
 ) -> CancellationToken {
     let kubeconfig = dir.join(format!("kubeconfig-{filter}"));
-    std::fs::write(&kubeconfig, world._kube.kubeconfig()).unwrap();
+    std::fs::write(&kubeconfig, world.kube.simulator().kubeconfig()).unwrap();
     let options = manager::KubeClientOptions {
         user_agent: format!("capo-rs/test (shard-{filter})"),
         ..manager::KubeClientOptions::default()
@@ -1478,7 +1528,8 @@ pub(crate) async fn start_shard(
 /// Kubernetes writes shard `shard` (started by [`start_shard`]) sent after request `from`.
 pub(crate) fn shard_writes_since(world: &World, from: usize, shard: &str) -> usize {
     world
-        ._kube
+        .kube
+        .simulator()
         .requests()
         .split_off(from)
         .iter()
@@ -1493,7 +1544,7 @@ async fn a_server_moved_between_shards_while_paused_is_let_go_by_one_and_taken_b
         .iter()
         .map(|crd| serde_json::to_value(crd).unwrap())
         .collect();
-    let world = World::prepare(Scenario::default(), capi).await;
+    let world = World::prepare_sim(Scenario::default(), capi).await;
     let dir = tempfile::tempdir().unwrap();
     let stop_a = start_shard(&world, dir.path(), "a").await;
     let stop_b = start_shard(&world, dir.path(), "b").await;
@@ -1521,7 +1572,7 @@ async fn a_server_moved_between_shards_while_paused_is_let_go_by_one_and_taken_b
             has_reason(types::PAUSED, reasons::PAUSED),
         )
         .await;
-    let relabelled_at = world._kube.requests().len();
+    let relabelled_at = world.kube.simulator().requests().len();
     patch(json!({"metadata": {"labels": {filter: "b"}}})).await;
     patch(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": null}}})).await;
     world

@@ -560,7 +560,7 @@ async fn floating_ips_a_restart_left_behind(e2e: &mut E2e) {
     let before = census(&e2e.tenant).await;
     let description = format!(
         "Created by cluster-api-provider-openstack cluster {}-{name}",
-        crate::real_provider::NAMESPACE
+        e2e.ns()
     );
     let mut left = Vec::new();
     for _ in 0..2 {

@@ -1,0 +1,402 @@
+//! The Kubernetes half of a test world: the simulated API server, or the real one that
+//! `tests/kube/up.sh` starts (kube-apiserver, etcd and kube-controller-manager v1.35).
+//!
+//! A scenario asks for [`KubeWorld::start`] and runs unchanged on either. On the real server
+//! each world gets a namespace of its own (tests run side by side on one server), the tests
+//! write as an admin, and the manager runs with a token of capo-rs's ServiceAccount bound to
+//! the RBAC `deploy/` ships, so a missing rule fails the scenario.
+//!
+//! Which server: the simulator, unless `CAPO_TEST_KUBE=real` (set by `.ci/run` for its second
+//! pass over the controller scenarios). Scenarios that also run on a real OpenStack use the real
+//! server whenever `CAPO_REAL_KUBECONFIG` is set ([`KubeWorld::start_preferring_real`]).
+//! `CAPO_REQUIRE_REAL_KUBE=1` turns a missing tier into a failure instead of a notice.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use capo_sim::kube::{KubeSim, KubeSimConfig};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+
+/// Runs `tests/kube/fault.sh ACTION COMPONENT`; only a world that has the server alone may.
+pub(crate) async fn fault(world: &KubeWorld, action: &str, component: &str) {
+    assert!(world.is_alone(), "a fault needs the real server to itself");
+    let status = tokio::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/fault.sh"))
+        .args([action, component])
+        .status()
+        .await
+        .expect("fault.sh runs");
+    assert!(status.success(), "fault.sh {action} {component}: {status}");
+}
+
+/// The namespace every simulated world uses.
+pub(crate) const SIM_NAMESPACE: &str = "default";
+
+/// The real tier's kubeconfigs, from `tests/kube/up.sh`'s output.
+#[derive(Clone, Debug)]
+pub(crate) struct RealKube {
+    /// system:masters.
+    pub(crate) admin: std::path::PathBuf,
+    /// capo-rs's ServiceAccount (deploy/rbac.yaml).
+    pub(crate) manager: std::path::PathBuf,
+}
+
+fn required() -> bool {
+    std::env::var("CAPO_REQUIRE_REAL_KUBE").is_ok_and(|v| v == "1")
+}
+
+/// The real tier, if started; `None` with a notice (or a failure when it is required).
+pub(crate) fn real_kube() -> Option<RealKube> {
+    let admin = std::env::var_os("CAPO_REAL_KUBECONFIG").map(std::path::PathBuf::from);
+    let manager = std::env::var_os("CAPO_REAL_KUBE_SA_KUBECONFIG").map(std::path::PathBuf::from);
+    match (admin, manager) {
+        (Some(admin), Some(manager)) if admin.exists() && manager.exists() => {
+            Some(RealKube { admin, manager })
+        }
+        _ if required() => panic!(
+            "CAPO_REQUIRE_REAL_KUBE=1 but CAPO_REAL_KUBECONFIG and CAPO_REAL_KUBE_SA_KUBECONFIG \
+             do not name kubeconfigs: start the tier with tests/kube/up.sh"
+        ),
+        _ => {
+            eprintln!(
+                "NOTICE: the real Kubernetes tier is not started (tests/kube/up.sh sets \
+                 CAPO_REAL_KUBECONFIG); skipping"
+            );
+            None
+        }
+    }
+}
+
+/// A client from a kubeconfig file.
+pub(crate) async fn client_from(path: &std::path::Path) -> kube::Client {
+    let kubeconfig =
+        Kubeconfig::read_from(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    kube::Client::try_from(config).expect("a client")
+}
+
+/// Which API server a scenario asks for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kube {
+    /// The simulator, or the real server when `CAPO_TEST_KUBE=real`.
+    AsTheEnvironmentSays,
+    /// The real server whenever its tier is started.
+    PreferReal,
+    /// The simulator: the scenario uses a control only it has.
+    Sim,
+}
+
+impl Kube {
+    pub(crate) async fn start(self, crds: &[Value]) -> KubeWorld {
+        match self {
+            Kube::AsTheEnvironmentSays => KubeWorld::start(crds).await,
+            Kube::PreferReal => KubeWorld::start_preferring_real(crds).await,
+            Kube::Sim => KubeWorld::sim(crds).await,
+        }
+    }
+}
+
+/// Which API server a world runs on.
+pub(crate) enum Server {
+    Sim(KubeSim),
+    Real,
+}
+
+/// Worlds on the real server share it; a scenario that stops a component of the tier has it
+/// alone ([`KubeWorld::real_alone`]) and waits until the others are done.
+static SHARED: std::sync::LazyLock<Arc<RwLock<()>>> =
+    std::sync::LazyLock::new(|| Arc::new(RwLock::new(())));
+
+/// How a world holds the real server.
+enum Hold {
+    Sim,
+    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    Alone(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
+}
+
+/// An API server, a namespace on it, and the clients of the tests and of the manager.
+pub(crate) struct KubeWorld {
+    pub(crate) server: Server,
+    hold: Hold,
+    pub(crate) namespace: String,
+    /// The tests' own client (an admin on the real server).
+    pub(crate) client: kube::Client,
+    /// The manager's client (capo-rs's ServiceAccount on the real server).
+    pub(crate) manager_client: kube::Client,
+}
+
+impl KubeWorld {
+    /// The server `CAPO_TEST_KUBE` names (the simulator by default), with `crds` installed.
+    pub(crate) async fn start(crds: &[Value]) -> Self {
+        if std::env::var("CAPO_TEST_KUBE").is_ok_and(|v| v == "real") {
+            match real_kube() {
+                Some(real) => return Self::real(real, crds).await,
+                None => panic!("CAPO_TEST_KUBE=real but the real Kubernetes tier is not started"),
+            }
+        }
+        Self::sim(crds).await
+    }
+
+    /// The real server when the tier is started, the simulator otherwise.
+    pub(crate) async fn start_preferring_real(crds: &[Value]) -> Self {
+        match real_kube() {
+            Some(real) => Self::real(real, crds).await,
+            None => Self::sim(crds).await,
+        }
+    }
+
+    /// The simulator, whatever the environment says: for scenarios that need a control only
+    /// the simulator has (its request log, its conversion router, a restart of the server).
+    pub(crate) async fn sim(crds: &[Value]) -> Self {
+        let sim = KubeSim::start(KubeSimConfig::default())
+            .await
+            .expect("the simulated API server");
+        sim.install(crds).expect("CRDs install");
+        let client = sim.client().expect("a client");
+        KubeWorld {
+            server: Server::Sim(sim),
+            hold: Hold::Sim,
+            namespace: SIM_NAMESPACE.to_owned(),
+            manager_client: client.clone(),
+            client,
+        }
+    }
+
+    /// The real server, `crds` applied and established, and a namespace of this world's own.
+    pub(crate) async fn real(real: RealKube, crds: &[Value]) -> Self {
+        let hold = Hold::Shared(SHARED.clone().read_owned().await);
+        Self::real_holding(real, crds, hold).await
+    }
+
+    /// [`KubeWorld::real`], with the server to itself: no other world runs on it meanwhile, so
+    /// the scenario may stop and start the tier's components (`tests/kube/fault.sh`).
+    pub(crate) async fn real_alone(real: RealKube, crds: &[Value]) -> Self {
+        let hold = Hold::Alone(SHARED.clone().write_owned().await);
+        Self::real_holding(real, crds, hold).await
+    }
+
+    async fn real_holding(real: RealKube, crds: &[Value], hold: Hold) -> Self {
+        let client = client_from(&real.admin).await;
+        let manager_client = client_from(&real.manager).await;
+        let crds: Vec<Value> = crds.iter().cloned().map(through_shared_webhook).collect();
+        apply_crds(&client, &crds).await;
+        apply_crds(&client, &admission_configuration()).await;
+        let namespace = fresh_namespace(&client).await;
+        KubeWorld {
+            server: Server::Real,
+            hold,
+            namespace,
+            client,
+            manager_client,
+        }
+    }
+
+    pub(crate) fn is_real(&self) -> bool {
+        matches!(self.server, Server::Real)
+    }
+
+    /// Whether this world has the real server to itself.
+    pub(crate) fn is_alone(&self) -> bool {
+        matches!(self.hold, Hold::Alone(_))
+    }
+
+    /// The simulator: only for scenarios that run on it alone.
+    #[track_caller]
+    pub(crate) fn simulator(&self) -> &KubeSim {
+        match &self.server {
+            Server::Sim(sim) => sim,
+            Server::Real => panic!("this step needs the simulated API server"),
+        }
+    }
+
+    /// An API of `K` in this world's namespace, as the tests' client.
+    pub(crate) fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Installs more objects (CRDs, cluster-scoped or namespaced, JSON) as an admin.
+    pub(crate) async fn install(&self, objects: &[Value]) {
+        match &self.server {
+            Server::Sim(sim) => sim.install(objects).expect("objects install"),
+            Server::Real => {
+                let objects: Vec<Value> = objects
+                    .iter()
+                    .cloned()
+                    .map(through_shared_webhook)
+                    .collect();
+                apply_crds(&self.client, &objects).await
+            }
+        }
+    }
+}
+
+impl Drop for KubeWorld {
+    /// The real server's namespace goes with its world: kube-controller-manager empties it.
+    fn drop(&mut self) {
+        if !self.is_real() {
+            return;
+        }
+        let (client, namespace) = (self.client.clone(), self.namespace.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let namespaces: Api<Namespace> = Api::all(client);
+                let _ = namespaces
+                    .delete(&namespace, &DeleteParams::background())
+                    .await;
+            });
+        }
+    }
+}
+
+/// capo-rs's webhook server for every world on the real server in this test process: one
+/// server on 127.0.0.1, on a thread of its own (it outlives each test's runtime). Every real
+/// world's CRDs convert through it and our ValidatingWebhookConfiguration admits through it,
+/// trusted by the CA bundle cert-manager's injector would put there.
+pub(crate) struct SharedWebhook {
+    pub(crate) base: String,
+    pub(crate) ca_bundle: String,
+    pub(crate) registry: prometheus::Registry,
+}
+
+pub(crate) fn shared_webhook() -> &'static SharedWebhook {
+    static WEBHOOK: std::sync::LazyLock<SharedWebhook> = std::sync::LazyLock::new(|| {
+        let (sent, received) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("real-kube-webhook".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(async move {
+                    let webhook = crate::conversion::ServedWebhook::start_for_real().await;
+                    let _ = sent.send(SharedWebhook {
+                        base: webhook.url(""),
+                        ca_bundle: webhook.certs.ca_bundle(),
+                        registry: webhook.registry.clone(),
+                    });
+                    std::future::pending::<()>().await;
+                    drop(webhook);
+                });
+            })
+            .expect("the webhook's thread");
+        received.recv().expect("the shared webhook starts")
+    });
+    &WEBHOOK
+}
+
+/// `object` (a CRD or a webhook configuration) pointing at the shared webhook by URL.
+fn through_shared_webhook(mut object: Value) -> Value {
+    let webhook = shared_webhook();
+    let client_config = |path: &str| json!({"url": format!("{}{path}", webhook.base), "caBundle": webhook.ca_bundle});
+    if object["kind"] == "CustomResourceDefinition" {
+        if object["spec"]["conversion"]["strategy"] == "Webhook" {
+            let path = object["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap_or("/convert")
+                .to_owned();
+            object["spec"]["conversion"]["webhook"]["clientConfig"] = client_config(&path);
+        }
+    } else if object["kind"] == "ValidatingWebhookConfiguration" {
+        for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
+            let path = hook["clientConfig"]["service"]["path"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            hook["clientConfig"] = client_config(&path);
+        }
+    }
+    object
+}
+
+/// Our ValidatingWebhookConfiguration as `deploy/` has it, through the shared webhook.
+fn admission_configuration() -> Vec<Value> {
+    capo_provider::manager::manifests::objects(capo_provider::manager::manifests::Flavor::Kustomize)
+        .into_iter()
+        .filter(|o| o["kind"] == "ValidatingWebhookConfiguration")
+        .map(through_shared_webhook)
+        .collect()
+}
+
+/// Server-side applies each object (a CRD, or anything else the tests need cluster-wide) and
+/// waits until every CRD among them is established.
+pub(crate) async fn apply_crds(client: &kube::Client, objects: &[Value]) {
+    let apply = PatchParams::apply("capo-rs-tests").force();
+    for object in objects {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if kind != "CustomResourceDefinition" {
+            let dynamic = dynamic_api(client, object);
+            dynamic
+                .patch(name, &apply, &Patch::Apply(object))
+                .await
+                .unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
+            continue;
+        }
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.patch(name, &apply, &Patch::Apply(object))
+            .await
+            .unwrap_or_else(|e| panic!("the real API server refused CRD {name}: {e}"));
+        let established = kube::runtime::wait::await_condition(
+            crds,
+            name,
+            kube::runtime::wait::conditions::is_crd_established(),
+        );
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .unwrap_or_else(|_| panic!("CRD {name} not established within 30 s"))
+            .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+    }
+}
+
+/// A dynamic API for a JSON object's kind (namespaced when it names a namespace).
+fn dynamic_api(client: &kube::Client, object: &Value) -> Api<kube::api::DynamicObject> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
+    let plural = format!("{}s", kind.to_ascii_lowercase());
+    let resource = kube::core::ApiResource::from_gvk_with_plural(&gvk, &plural);
+    match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// A namespace no other world (of this run or an earlier one) has used.
+async fn fresh_namespace(client: &kube::Client) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() % 1_000_000_000)
+        .unwrap_or_default();
+    let name = format!(
+        "t{}-{started}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"capo-rs.test/world": "real"}},
+    }))
+    .expect("a namespace");
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("namespace {name}: {e}"));
+    name
+}
