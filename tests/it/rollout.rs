@@ -182,13 +182,18 @@ async fn create_owned_cluster(world: &World) -> Api<Cluster> {
 
 /// The Cluster API actor, at the tests' pace.
 fn start_actor(world: &World) -> CapiActor {
+    start_actor_waiting(world, Duration::from_secs(60))
+}
+
+/// [`start_actor`], each of its waits bounded by `wait_timeout`.
+fn start_actor_waiting(world: &World, wait_timeout: Duration) -> CapiActor {
     CapiActor::start(
         world.client.clone(),
         CapiActorConfig {
             namespace: world.ns().into(),
             tick: Duration::from_millis(50),
             join_delay: Duration::from_millis(200),
-            wait_timeout: Duration::from_secs(60),
+            wait_timeout,
         },
         CancellationToken::new(),
     )
@@ -996,7 +1001,8 @@ async fn real_kube_a_rollout_rides_out_an_api_server_restart_and_etcd_stopped_fo
     let baseline = world.cloud.object_counts();
     create_owned_cluster(&world).await;
     wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
-    let actor = start_actor(&world);
+    // Each member of the rollout takes 20-30 s; a fault may add its own length to that.
+    let actor = start_actor_waiting(&world, Duration::from_secs(180));
     let plane = plane(3);
     actor.scale_control_plane(&plane).await.unwrap();
     let before = world.cloud.object_counts();

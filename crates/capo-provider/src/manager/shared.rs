@@ -5,8 +5,13 @@
 //! for every write.
 //!
 //! The store is filled before anything is broadcast, so a woken reconciler reads at least
-//! what woke it. A subscriber that falls `BUFFER` objects behind re-reads the whole store
-//! instead (so nothing is missed but a deletion, which the objects' own requeues cover).
+//! what woke it. That holds for a (re)list too: kube-runtime's store takes a list's objects
+//! only once the list is complete (`InitDone`), so they are broadcast then, not as they
+//! arrive; broadcast earlier, a reconcile found no object in the store and was dropped, and
+//! an object created while the watch was away (an API server restart, a 410) was never
+//! reconciled (found on a real kube-apiserver). A subscriber that falls `BUFFER` objects
+//! behind re-reads the whole store instead (so nothing is missed but a deletion, which the
+//! objects' own requeues cover).
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -48,10 +53,8 @@ where
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
         let (sender, _) = broadcast::channel(BUFFER);
-        let objects = reflector(writer, watcher(api, config).modify(modify))
-            .default_backoff()
-            .touched_objects();
-        let driver = drive(objects, store.clone(), sender.clone());
+        let events = reflector(writer, watcher(api, config).modify(modify)).default_backoff();
+        let driver = drive(events, store.clone(), sender.clone());
         (SharedWatch { store, sender }, driver)
     }
 
@@ -86,22 +89,30 @@ where
     }
 }
 
-async fn drive<K, S>(objects: S, store: Store<K>, sender: broadcast::Sender<Arc<K>>)
+/// Broadcasts what the watch sees once the store holds it: each applied or deleted object as
+/// it comes, and a (re)list's objects when the list is complete and the store swapped in.
+async fn drive<K, S>(events: S, store: Store<K>, sender: broadcast::Sender<Arc<K>>)
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-    S: Stream<Item = Result<K, watcher::Error>>,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let kind = K::kind(&());
-    futures::pin_mut!(objects);
-    while let Some(item) = objects.next().await {
-        match item {
-            Ok(object) => {
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        // No subscriber (yet) is fine: sends that fail are dropped.
+        match event {
+            Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
                 // The stored copy, not a second one; a deleted object is no longer stored.
                 let shared = store
                     .get(&ObjectRef::from_obj(&object))
                     .unwrap_or_else(|| Arc::new(object));
-                // No subscriber (yet) is fine.
                 let _ = sender.send(shared);
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(watcher::Event::InitDone) => {
+                for object in store.state() {
+                    let _ = sender.send(object);
+                }
             }
             Err(error) => tracing::warn!(%kind, %error, "watch trouble; retrying"),
         }
@@ -163,6 +174,38 @@ mod tests {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         map.data.hash(&mut hasher);
         Some(hasher.finish())
+    }
+
+    /// A relist (after a restart of the API server or a 410) wakes its objects only once the
+    /// store holds them: a reconcile woken earlier found nothing and dropped the object.
+    #[tokio::test]
+    async fn a_relisted_object_is_broadcast_once_the_store_holds_it() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let (sender, mut receiver) = broadcast::channel(BUFFER);
+        let probe = sender.clone();
+        let new = config_map("created-while-away", "1");
+        let mut sent_before_the_list_was_stored = None;
+        let relist = [Event::Init, Event::InitApply(new.clone()), Event::InitDone];
+        // As `reflector` does: the store's writer sees each event before it is passed on.
+        let events = futures::stream::iter(relist).map(|event| {
+            if matches!(event, Event::InitDone) {
+                sent_before_the_list_was_stored = Some(probe.len());
+            }
+            writer.apply_watcher_event(&event);
+            Ok(event)
+        });
+        drive(events, store.clone(), sender).await;
+        assert_eq!(
+            sent_before_the_list_was_stored,
+            Some(0),
+            "nothing woken early"
+        );
+        let woken = receiver
+            .recv()
+            .await
+            .expect("the relisted object is broadcast");
+        assert_eq!(woken.name_any(), "created-while-away");
+        assert!(store.get(&ObjectRef::from_obj(woken.as_ref())).is_some());
     }
 
     #[tokio::test]
