@@ -101,11 +101,11 @@ fn version_of(kind: &str) -> &'static str {
     }
 }
 
-fn object_of(case: &Case, part: &Value, name: &str) -> Value {
+fn object_of(case: &Case, part: &Value, name: &str, namespace: &str) -> Value {
     let mut object = json!({
         "apiVersion": format!("{}/{}", capo_api::GROUP, version_of(&case.kind)),
         "kind": case.kind,
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": part["spec"],
     });
     if let Some(annotations) = part.pointer("/metadata/annotations") {
@@ -116,8 +116,13 @@ fn object_of(case: &Case, part: &Value, name: &str) -> Value {
 }
 
 /// Our verdict on one case: `Ok` admitted, `Err` refused with the API server's message.
-async fn our_verdict(api: &Api<DynamicObject>, case: &Case, name: &str) -> Result<(), String> {
-    let new = object_of(case, &case.new, name);
+async fn our_verdict(
+    api: &Api<DynamicObject>,
+    case: &Case,
+    name: &str,
+    namespace: &str,
+) -> Result<(), String> {
+    let new = object_of(case, &case.new, name, namespace);
     let as_dynamic =
         |value: Value| serde_json::from_value::<DynamicObject>(value).expect("a DynamicObject");
     let refused = |e: kube::Error| match e {
@@ -135,7 +140,7 @@ async fn our_verdict(api: &Api<DynamicObject>, case: &Case, name: &str) -> Resul
             .map(drop)
             .map_err(refused);
     }
-    let old = object_of(case, &case.old, name);
+    let old = object_of(case, &case.old, name, namespace);
     api.create(&PostParams::default(), &as_dynamic(old))
         .await
         .unwrap_or_else(|e| panic!("{}: the old object is refused: {e}", case.case));
@@ -176,8 +181,8 @@ fn refused_by_schema(case: &Case) -> Option<String> {
 /// version's CEL rules (kube's CEL evaluator, as the simulator uses) and the webhook's.
 fn direct_verdict(case: &Case) -> Result<(), String> {
     let schema = crate::common::storage_schema(&crate::common::our_crd(&case.kind));
-    let new = object_of(case, &case.new, "direct");
-    let old = object_of(case, &case.old, "direct");
+    let new = object_of(case, &case.new, "direct", NS);
+    let old = object_of(case, &case.old, "direct", NS);
     let old = (case.operation == "UPDATE").then_some(old);
     kube::core::cel::Validator::new()
         .validate(&schema, &new, old.as_ref())
@@ -202,20 +207,26 @@ fn decided_by(why: &str) -> &'static str {
     }
 }
 
-#[tokio::test]
-async fn every_case_of_capos_webhook_tests_gets_capos_verdict() {
+/// One case's verdict: "allow" or "deny", and what refused it.
+pub(crate) struct Verdict {
+    pub(crate) case: String,
+    pub(crate) kind: String,
+    pub(crate) operation: String,
+    pub(crate) capo: String,
+    pub(crate) ours: String,
+    pub(crate) why: String,
+}
+
+/// Every case of CAPO's webhook tests, replayed on the API server behind `client` (with our
+/// CRDs and our ValidatingWebhookConfiguration) in `namespace`.
+pub(crate) async fn replay(client: &kube::Client, namespace: &str) -> Vec<Verdict> {
     let text = std::fs::read_to_string(FIXTURE).expect("the fixture");
     let cases: Vec<Case> = serde_yaml::from_str(&text).expect("the cases parse");
-    let world = admitting_world().await;
-    let mut table = format!(
-        "{:<4} {:<26} {:<6} {:<6} {:<6} {:<8} case\n",
-        "#", "kind", "op", "capo", "ours", "by"
-    );
-    let mut disagreements = Vec::new();
+    let mut verdicts = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let api = Api::namespaced_with(
-            world.client.clone(),
-            NS,
+            client.clone(),
+            namespace,
             &resource(&case.kind, version_of(&case.kind)),
         );
         let (ours, why) = match refused_by_schema(case) {
@@ -223,29 +234,66 @@ async fn every_case_of_capos_webhook_tests_gets_capos_verdict() {
                 Ok(()) => ("allow".to_owned(), schema),
                 Err(message) => ("deny".to_owned(), format!("{schema}; {message}")),
             },
-            None => match our_verdict(&api, case, &format!("case-{i}")).await {
+            None => match our_verdict(&api, case, &format!("case-{i}"), namespace).await {
                 Ok(()) => ("allow".to_owned(), String::new()),
                 Err(message) => ("deny".to_owned(), message),
             },
         };
+        verdicts.push(Verdict {
+            case: case.case.clone(),
+            kind: case.kind.clone(),
+            operation: case.operation.clone(),
+            capo: case.capo.clone(),
+            ours,
+            why,
+        });
+    }
+    verdicts
+}
+
+/// The verdicts as a table, and every one that differs from CAPO's.
+pub(crate) fn table(verdicts: &[Verdict]) -> (String, Vec<String>) {
+    let mut table = format!(
+        "{:<4} {:<26} {:<6} {:<6} {:<6} {:<8} case\n",
+        "#", "kind", "op", "capo", "ours", "by"
+    );
+    let mut disagreements = Vec::new();
+    for (i, v) in verdicts.iter().enumerate() {
         table.push_str(&format!(
             "{i:<4} {:<26} {:<6} {:<6} {:<6} {:<8} {}\n",
-            case.kind,
-            case.operation,
-            case.capo,
-            ours,
-            decided_by(&why),
-            case.case
+            v.kind,
+            v.operation,
+            v.capo,
+            v.ours,
+            decided_by(&v.why),
+            v.case
         ));
-        if ours != case.capo {
+        if v.ours != v.capo {
             disagreements.push(format!(
-                "#{i} {}: CAPO {}, ours {ours}: {why}",
-                case.case, case.capo
+                "#{i} {}: CAPO {}, ours {}: {}",
+                v.case, v.capo, v.ours, v.why
             ));
         }
     }
+    (table, disagreements)
+}
+
+/// Which check refused, as [`table`] prints it.
+pub(crate) fn refused_by(verdict: &Verdict) -> &'static str {
+    decided_by(&verdict.why)
+}
+
+#[tokio::test]
+async fn every_case_of_capos_webhook_tests_gets_capos_verdict() {
+    let world = admitting_world().await;
+    let verdicts = replay(&world.client, NS).await;
+    let (table, disagreements) = table(&verdicts);
     println!("{table}");
-    assert!(cases.len() >= 60, "every case is replayed: {}", cases.len());
+    assert!(
+        verdicts.len() >= 60,
+        "every case is replayed: {}",
+        verdicts.len()
+    );
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
 }
 

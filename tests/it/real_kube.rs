@@ -226,3 +226,45 @@ async fn real_kube_collects_an_owned_server_after_its_owner() {
         .expect("the owner deleted");
     crate::real_provider::wait_gone(&servers, "owned", Duration::from_secs(30)).await;
 }
+
+/// CAPO's webhook cases on the real server, whose CEL (cel-go, its cost budget, ratcheting)
+/// and admission chain decide, with our webhook registered as `deploy/` registers it: every
+/// verdict is CAPO's, and the simulator's (kube's CEL evaluator) is the same, refused by the
+/// same check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_gives_every_case_of_capos_webhook_tests_capos_verdict_and_the_simulators() {
+    let Some(real) = real_kube() else { return };
+    let world = KubeWorld::real(real, &crds()).await;
+    let on_real = crate::admission::replay(&world.client, &world.namespace).await;
+    let (table, disagreements) = crate::admission::table(&on_real);
+    println!("{table}");
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    let simulated = crate::admission::admitting_world().await;
+    let on_sim = crate::admission::replay(&simulated.client, "takeover").await;
+    let differences: Vec<String> = on_real
+        .iter()
+        .zip(&on_sim)
+        .filter(|(real, sim)| {
+            real.ours != sim.ours
+                || crate::admission::refused_by(real) != crate::admission::refused_by(sim)
+        })
+        .map(|(real, sim)| {
+            format!(
+                "{}: real {} ({}), simulator {} ({})\n  real: {}\n  sim:  {}",
+                real.case,
+                real.ours,
+                crate::admission::refused_by(real),
+                sim.ours,
+                crate::admission::refused_by(sim),
+                real.why,
+                sim.why
+            )
+        })
+        .collect();
+    eprintln!(
+        "FIGURES real-kube admission: {} cases, {} verdicts differ from the simulator's",
+        on_real.len(),
+        differences.len()
+    );
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+}

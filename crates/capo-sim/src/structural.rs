@@ -16,6 +16,8 @@ pub struct FieldError {
     pub path: String,
     /// What is wrong.
     pub message: String,
+    /// The API server's cause reason (`FieldValueInvalid`, `FieldValueTypeInvalid`, ...).
+    pub reason: &'static str,
 }
 
 impl std::fmt::Display for FieldError {
@@ -25,9 +27,29 @@ impl std::fmt::Display for FieldError {
 }
 
 fn error(path: &str, message: impl Into<String>) -> FieldError {
+    let message = message.into();
+    let reason = if message == "Required value" {
+        "FieldValueRequired"
+    } else {
+        "FieldValueInvalid"
+    };
     FieldError {
         path: path.to_owned(),
-        message: message.into(),
+        message,
+        reason,
+    }
+}
+
+/// A JSON value's type as the API server's schema validator names it.
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
     }
 }
 
@@ -485,8 +507,16 @@ pub fn validate(value: &Value, schema: &Value) -> Vec<FieldError> {
 
 fn validate_at(value: &Value, schema: &Value, path: &str, errors: &mut Vec<FieldError>) {
     if !type_matches(value, schema) {
+        // As a v1.35 server words it (recorded): the value's type, quoted, twice.
         let expected = str_field(schema, "type").unwrap_or("int or string");
-        errors.push(error(path, format!("must be of type {expected}")));
+        let actual = type_name(value);
+        errors.push(FieldError {
+            reason: "FieldValueTypeInvalid",
+            ..error(
+                path,
+                format!("Invalid value: \"{actual}\": {path} in body must be of type {expected}: \"{actual}\""),
+            )
+        });
         return;
     }
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
@@ -604,7 +634,13 @@ fn validate_array(items: &[Value], schema: &Value, path: &str, errors: &mut Vec<
         errors.push(error(path, format!("must have at least {min} items")));
     }
     if let Some(max) = limit(schema, "maxItems").filter(|m| len > *m) {
-        errors.push(error(path, format!("must have at most {max} items")));
+        errors.push(FieldError {
+            reason: "FieldValueTooMany",
+            ..error(
+                path,
+                format!("Too many: {}: must have at most {max} items", items.len()),
+            )
+        });
     }
     if let Some(item_schema) = schema.get("items") {
         for (i, item) in items.iter().enumerate() {

@@ -52,7 +52,7 @@ impl ApiError {
         }
     }
 
-    fn with_details(mut self, details: Value) -> Self {
+    pub(crate) fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);
         self
     }
@@ -100,10 +100,14 @@ impl ApiError {
 
     /// 422 with one cause per failed field.
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let listed: Vec<String> = causes
-            .iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect();
+        // As `field.ErrorList.ToAggregate`: an error listed twice is said once.
+        let mut listed: Vec<String> = Vec::new();
+        for cause in &causes {
+            let line = format!("{}: {}", cause.field, cause.message);
+            if !listed.contains(&line) {
+                listed.push(line);
+            }
+        }
         let summary = match listed.as_slice() {
             [one] => one.clone(),
             many => format!("[{}]", many.join(", ")),

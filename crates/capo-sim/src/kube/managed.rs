@@ -585,6 +585,11 @@ pub fn fields_v1(set: &FieldSet) -> Value {
         }
         node.member = true;
     }
+    // As the API server's field manager strips it (`stripmeta.go`): `metadata` itself is never
+    // a member of a set, only the fields under it (recorded from a v1.35 server).
+    if let Some(metadata) = root.children.get_mut("f:metadata") {
+        metadata.member = false;
+    }
     render(&root)
 }
 

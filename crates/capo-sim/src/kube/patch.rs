@@ -105,10 +105,12 @@ fn apply_json_patch(document: &mut Value, patch: &json_patch::Patch) -> Result<(
         {
             continue;
         }
-        json_patch::patch(document, std::slice::from_ref(operation)).map_err(|e| {
-            ApiError::unprocessable(format!(
-                "the server rejected our request due to an error in our request: {e}"
-            ))
+        // A real server says no more than this, with empty details (recorded from v1.35).
+        json_patch::patch(document, std::slice::from_ref(operation)).map_err(|_| {
+            ApiError::unprocessable(
+                "the server rejected our request due to an error in our request",
+            )
+            .with_details(serde_json::json!({}))
         })?;
     }
     Ok(())

@@ -985,6 +985,10 @@ async fn list(
     let mut metadata = json!({"resourceVersion": page.rv.to_string()});
     if let Some(token) = page.continue_token {
         metadata["continue"] = token.into();
+    } else if target.def.custom {
+        // A custom resource's list is unstructured on a real server: an empty `continue` is
+        // written, not left out as a built-in's typed list does (recorded from v1.35).
+        metadata["continue"] = "".into();
     }
     if let Some(remaining) = page.remaining {
         metadata["remainingItemCount"] = remaining.into();

@@ -296,6 +296,9 @@ pub struct Store {
     history: VecDeque<Arc<Change>>,
     history_limit: usize,
     compacted_through: u64,
+    /// The resourceVersion at which each custom resource began to be served: a real server's
+    /// watch cache for it starts there, so a watch from before is 410 Gone (recorded).
+    served_since: HashMap<ResourceKey, u64>,
     changes: broadcast::Sender<Arc<Change>>,
     snapshots: VecDeque<Snapshot>,
     next_snapshot: u64,
@@ -361,6 +364,17 @@ static LABEL: LazyLock<Regex> =
 static LABEL_VALUE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$").expect("static regex")
 });
+
+/// Whether a schema holds a CEL rule anywhere.
+fn has_rules(schema: &Value) -> bool {
+    match schema {
+        Value::Object(map) => {
+            map.contains_key("x-kubernetes-validations") || map.values().any(has_rules)
+        }
+        Value::Array(items) => items.iter().any(has_rules),
+        _ => false,
+    }
+}
 
 fn cause(reason: &'static str, field: &str, message: impl Into<String>) -> Cause {
     Cause {
@@ -510,6 +524,7 @@ impl Store {
             history: VecDeque::new(),
             history_limit: config.history.max(1),
             compacted_through: 0,
+            served_since: HashMap::new(),
             changes,
             snapshots: VecDeque::new(),
             next_snapshot: 0,
@@ -633,12 +648,15 @@ impl Store {
         let version = target.def.version(&target.version);
         if let Some(schema) = version.and_then(|v| v.schema.as_ref()) {
             for e in structural::validate(object, schema) {
-                let reason = if e.message == "Required value" {
-                    "FieldValueRequired"
-                } else {
-                    "FieldValueInvalid"
-                };
-                causes.push(cause(reason, &e.path, e.message));
+                causes.push(cause(e.reason, &e.path, e.message));
+            }
+            // A real server says so when the schema's errors kept its CEL rules from running.
+            if !causes.is_empty() && has_rules(schema) {
+                causes.push(cause(
+                    "FieldValueInvalid",
+                    "<nil>",
+                    "Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+                ));
             }
         }
         if causes.is_empty()
@@ -792,10 +810,13 @@ impl Store {
                 if from > self.rv {
                     return Err(ApiError::too_large_resource_version(from, self.rv));
                 }
-                if from < self.compacted_through {
+                let oldest = self
+                    .compacted_through
+                    .max(self.served_since.get(key).copied().unwrap_or(0));
+                if from < oldest {
                     start.expired = Some(ApiError::expired(format!(
                         "too old resource version: {from} ({})",
-                        self.compacted_through + 1
+                        oldest + 1
                     )));
                     return Ok(start);
                 }
@@ -1181,17 +1202,24 @@ impl Store {
                 .filter(|f| !before.contains(f))
                 .collect();
             if !added.is_empty() {
+                // Go's `%#v` of a []string; a real server's two validators (object meta and
+                // the resource's strategy) both report it, so the cause comes twice.
+                let quoted: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+                let forbidden = || {
+                    cause(
+                        "FieldValueForbidden",
+                        "metadata.finalizers",
+                        format!(
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                            quoted.join(", ")
+                        ),
+                    )
+                };
                 return Err(ApiError::invalid(
                     &def.key.group,
                     &def.kind,
                     name,
-                    vec![cause(
-                        "FieldValueForbidden",
-                        "metadata.finalizers",
-                        format!(
-                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
-                        ),
-                    )],
+                    vec![forbidden(), forbidden()],
                 ));
             }
         }
@@ -1704,11 +1732,15 @@ impl Store {
     fn serve_crd(&mut self, crd_name: &str, resource: Option<ResourceDef>) {
         match resource {
             Some(resource) => {
+                self.served_since
+                    .entry(resource.key.clone())
+                    .or_insert(self.rv);
                 self.crds.insert(crd_name.to_owned(), Arc::new(resource));
             }
             None => {
                 if let Some(old) = self.crds.remove(crd_name) {
                     self.objects.retain(|(k, _, _), _| k != &old.key);
+                    self.served_since.remove(&old.key);
                 }
             }
         }
