@@ -249,7 +249,7 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     let groups = world
         .admin
         .neutron()
-        .list_security_groups(&Filter::by_name(&format!(
+        .list_security_groups(&Filter::by_name(format!(
             "k8s-cluster-{}-c1-secgroup-controlplane",
             world.ns()
         )))
@@ -1001,7 +1001,7 @@ async fn additional_ports_fixed_and_floating_ips_are_as_the_spec_says() {
     let groups = world
         .admin
         .neutron()
-        .list_security_groups(&Filter::by_name(&format!(
+        .list_security_groups(&Filter::by_name(format!(
             "k8s-cluster-{}-c1-secgroup-controlplane",
             world.ns()
         )))
