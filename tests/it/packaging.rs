@@ -826,3 +826,58 @@ async fn sigterm_in_a_burst_of_reconciles_exits_in_time_and_loses_nothing() {
     again.signal("TERM");
     assert_eq!(again.exit_code(LONG).await, Some(0));
 }
+
+/// Leader election on the real tier's Leases, by `capo-rs run` processes holding capo-rs's
+/// ServiceAccount token (the Role `deploy/` ships for Leases, the ClusterRole for the rest):
+/// one leads and makes the servers Ready; killed without a word, the other takes over once
+/// the Lease runs out and finishes the servers made meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_two_replicas_one_leads_and_the_other_takes_over_when_it_is_killed() {
+    let Some(real) = crate::kube_world::real_kube() else {
+        return;
+    };
+    let crds = crate::server_controller::our_crds_and(minimal_capi_crds());
+    let kube = crate::kube_world::KubeWorld::real(real.clone(), &crds).await;
+    let world = World::prepare_on(kube, Scenario::default()).await;
+    // A Lease of this world's own, in the namespace the Role grants.
+    let lease = format!("capo-rs-{}", world.ns());
+    let mut flags = LEASE_FLAGS.to_vec();
+    flags.extend([
+        "--namespace",
+        world.ns(),
+        "--leader-election-namespace",
+        manifests::NAMESPACE,
+        "--leader-election-id",
+        &lease,
+    ]);
+    let mut first = Replica::spawn(&real.manager, "first", &flags);
+    first.wait_log("became the leader").await;
+    let second = Replica::spawn(&real.manager, "second", &flags);
+    second.wait_log("standing by").await;
+    create_servers(&world, (0..3).map(|i| format!("before-{i}"))).await;
+    all_ready(&world, 3).await;
+
+    first.child.start_kill().unwrap();
+    let killed = Instant::now();
+    assert_eq!(first.exit_code(LONG).await, None, "killed by a signal");
+    create_servers(&world, (0..3).map(|i| format!("after-{i}"))).await;
+    second.wait_log("became the leader").await;
+    let failover = killed.elapsed();
+    all_ready(&world, 6).await;
+    let leases: Api<Lease> = Api::namespaced(world.client.clone(), manifests::NAMESPACE);
+    let holder = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap_or_default()
+        .holder_identity;
+    assert!(
+        holder.as_deref().is_some_and(|h| h.starts_with("second")),
+        "the Lease names the second replica: {holder:?}"
+    );
+    println!(
+        "FIGURES real-kube leader election: failover {:.2} s after the leader was killed",
+        failover.as_secs_f64()
+    );
+}

@@ -268,3 +268,54 @@ async fn real_kube_gives_every_case_of_capos_webhook_tests_capos_verdict_and_the
     );
     assert!(differences.is_empty(), "{}", differences.join("\n"));
 }
+
+/// The install command, `kubectl apply --server-side -k deploy/`, on the real server over
+/// cert-manager's own CRDs (`tests/kube/up.sh` installs them from cert-manager's published
+/// module), as a server-side dry run: every object of `deploy/` passes the server's schemas,
+/// cert-manager's included. Not persisted: `deploy/`'s ValidatingWebhookConfiguration routes to
+/// a Service no pod serves here and would refuse every other scenario's writes.
+/// Applied as the tests' own field manager, which holds the CRDs and that configuration with
+/// their webhooks by URL: applied by another, the server merges its Service into the URL the
+/// tests own and refuses both ("exactly one of url or service"), which on a new cluster cannot
+/// happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_accepts_every_object_of_deploy_applied_server_side() {
+    let Some(real) = real_kube() else { return };
+    let _world = KubeWorld::real(real.clone(), &crds()).await;
+    let kubectl = std::env::var_os("CAPO_REAL_KUBE_BIN")
+        .map(|dir| std::path::PathBuf::from(dir).join("kubectl"))
+        .expect("CAPO_REAL_KUBE_BIN (tests/kube/up.sh prints it)");
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+    let rendered = tokio::process::Command::new(&kubectl)
+        .args(["kustomize", deploy])
+        .output()
+        .await
+        .expect("kubectl kustomize runs");
+    let objects = String::from_utf8_lossy(&rendered.stdout)
+        .lines()
+        .filter(|l| l.starts_with("kind: "))
+        .count();
+    let output = tokio::process::Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&real.admin)
+        .args(["apply", "--server-side", "--dry-run=server"])
+        .args(["--field-manager", "capo-rs-tests", "-k", deploy])
+        .output()
+        .await
+        .expect("kubectl apply runs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let applied = said
+        .lines()
+        .filter(|l| l.ends_with("(server dry run)"))
+        .count();
+    assert!(
+        objects > 10,
+        "kustomize rendered deploy/: {objects} objects"
+    );
+    assert_eq!(applied, objects, "every object of deploy/ applied:\n{said}");
+}

@@ -118,8 +118,16 @@ start kube-controller-manager --kubeconfig "$RUN/admin.kubeconfig" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --profiling=false --v 1
 wait_for kube-controller-manager "https://127.0.0.1:$KCM_PORT/healthz" -k
 
-# --- capo-rs's ServiceAccount and RBAC as deploy/ ships them, and a kubeconfig with its token.
 KUBECTL=("$BIN/kubectl" --kubeconfig "$RUN/admin.kubeconfig")
+# --- cert-manager's own CRDs (pinned by crds/go.mod, read from Go's module cache), so that
+# deploy/'s Issuer and Certificate meet cert-manager's schemas.
+cert_manager=$(cd "$HERE/crds" && GOTOOLCHAIN=local GOFLAGS= go mod download -json \
+    github.com/cert-manager/cert-manager | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+[[ -d $cert_manager/deploy/crds ]] || die "cert-manager's CRDs are not in Go's module cache ($cert_manager)"
+"${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \
+    -f "$cert_manager/deploy/crds/" >/dev/null
+
+# --- capo-rs's ServiceAccount and RBAC as deploy/ ships them, and a kubeconfig with its token.
 "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \
     -f "$REPO/deploy/namespace.yaml" -f "$REPO/deploy/rbac.yaml" >/dev/null
 token=$("${KUBECTL[@]}" -n capo-rs-system create token capo-rs-manager --duration 48h)
@@ -140,7 +148,7 @@ YAML
 chmod 600 "$RUN/capo-rs.kubeconfig"
 
 version=$("${KUBECTL[@]}" version -o json | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' | tail -n 1)
-say "up: kube-apiserver $version on $SERVER"
+say "up in $SECONDS s: kube-apiserver $version on $SERVER"
 {
     echo "CAPO_REAL_KUBECONFIG=$RUN/admin.kubeconfig"
     echo "CAPO_REAL_KUBE_SA_KUBECONFIG=$RUN/capo-rs.kubeconfig"

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams};
 
 /// The annotation that carries a shard's share on its Lease.
@@ -28,18 +29,16 @@ impl Shares {
     }
 }
 
-/// This shard's share beside those written on the other Leases that someone holds (a released
-/// Lease, with no holder, claims nothing). A share that does not parse counts as the whole
-/// budget: a cloud's limit is not to be guessed at.
-pub fn add_up(leases: &[Lease], own_lease: &str, own_share: f64) -> Shares {
+/// This shard's share beside those written on the other Leases that someone holds at `now` (a
+/// released Lease, with no holder, claims nothing; nor does one whose holder stopped renewing
+/// it longer ago than its duration: a shard killed without releasing it, that nobody took
+/// over, would otherwise claim its share for ever). A share that does not parse counts as the
+/// whole budget: a cloud's limit is not to be guessed at.
+pub fn add_up(leases: &[Lease], own_lease: &str, own_share: f64, now: Timestamp) -> Shares {
     let mut by_lease = BTreeMap::from([(own_lease.to_owned(), own_share)]);
     for lease in leases {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        let held = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            .is_some_and(|h| !h.is_empty());
+        let held = lease.spec.as_ref().is_some_and(|spec| held_at(spec, now));
         let share = lease
             .metadata
             .annotations
@@ -55,6 +54,23 @@ pub fn add_up(leases: &[Lease], own_lease: &str, own_share: f64) -> Shares {
     }
     let total = by_lease.values().sum();
     Shares { by_lease, total }
+}
+
+/// Whether a Lease has a holder that renewed it within its duration (a Lease without a renewal
+/// time or duration, as other tools may write, counts as held).
+fn held_at(spec: &LeaseSpec, now: Timestamp) -> bool {
+    let holder = spec
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| !h.is_empty());
+    let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(seconds)) => renewed
+            .0
+            .checked_add(SignedDuration::from_secs(i64::from(seconds)))
+            .is_ok_and(|until| until < now),
+        _ => false,
+    };
+    holder && !expired
 }
 
 /// A share as the flag and the annotation write it: a number in (0, 1].
@@ -74,7 +90,12 @@ pub async fn shares(
 ) -> Result<Shares, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let leases = api.list(&ListParams::default()).await?;
-    Ok(add_up(&leases.items, own_lease, own_share))
+    Ok(add_up(
+        &leases.items,
+        own_lease,
+        own_share,
+        Timestamp::now(),
+    ))
 }
 
 /// The refusal a shard gives when the shares come to more than the budget.
@@ -94,8 +115,7 @@ pub fn over_budget_message(shares: &Shares) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
     fn lease(name: &str, holder: Option<&str>, share: Option<&str>) -> Lease {
         Lease {
@@ -112,6 +132,24 @@ mod tests {
         }
     }
 
+    /// A shard killed without releasing its Lease (found on a real API server: a Lease left
+    /// by an earlier run kept every later leader from starting) claims its share only while
+    /// its Lease lasts.
+    #[test]
+    fn a_lease_its_holder_stopped_renewing_claims_nothing_once_it_runs_out() {
+        let now = Timestamp::now();
+        let mut killed = lease("capo-rs-leader-election-a", Some("pod-a"), Some("1"));
+        let spec = killed.spec.as_mut().expect("a spec");
+        spec.lease_duration_seconds = Some(15);
+        spec.renew_time = Some(MicroTime(now - SignedDuration::from_secs(60)));
+        let shares = add_up(&[killed.clone()], "capo-rs-leader-election-b", 1.0, now);
+        assert!(!shares.exceed_budget(), "{shares:?}");
+        let spec = killed.spec.as_mut().expect("a spec");
+        spec.renew_time = Some(MicroTime(now - SignedDuration::from_secs(5)));
+        let shares = add_up(&[killed], "capo-rs-leader-election-b", 1.0, now);
+        assert!(shares.exceed_budget(), "still held: {shares:?}");
+    }
+
     #[test]
     fn held_shard_leases_count_and_released_or_foreign_ones_do_not() {
         let leases = [
@@ -120,10 +158,10 @@ mod tests {
             lease("some-other-controller", Some("x"), None),
             lease("capo-rs-leader-election-c", Some("pod-c"), Some("0.25")),
         ];
-        let shares = add_up(&leases, "capo-rs-leader-election-c", 0.25);
+        let shares = add_up(&leases, "capo-rs-leader-election-c", 0.25, Timestamp::now());
         assert_eq!(shares.total, 0.75);
         assert!(!shares.exceed_budget());
-        let shares = add_up(&leases, "capo-rs-leader-election-d", 0.6);
+        let shares = add_up(&leases, "capo-rs-leader-election-d", 0.6, Timestamp::now());
         assert!(shares.exceed_budget(), "{shares:?}");
         let message = over_budget_message(&shares);
         assert!(
@@ -139,9 +177,9 @@ mod tests {
             lease("a", Some("pa"), Some(&third.to_string())),
             lease("b", Some("pb"), Some(&third.to_string())),
         ];
-        assert!(!add_up(&leases, "c", third).exceed_budget());
+        assert!(!add_up(&leases, "c", third, Timestamp::now()).exceed_budget());
         let leases = [lease("a", Some("pa"), Some("half"))];
-        assert!(add_up(&leases, "c", 0.1).exceed_budget());
+        assert!(add_up(&leases, "c", 0.1, Timestamp::now()).exceed_budget());
     }
 
     #[test]
