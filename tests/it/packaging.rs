@@ -606,6 +606,19 @@ fn writes(record: &RequestRecord) -> bool {
     !matches!(record.verb.as_str(), "get" | "list" | "watch") && !lease_request(record)
 }
 
+/// Kills `first` (the leader) without a word, no release; makes three more servers; waits until
+/// `second` leads and all six are Ready. Returns how long the takeover took.
+async fn kill_the_leader(world: &World, first: &mut Replica, second: &Replica) -> Duration {
+    first.child.start_kill().unwrap();
+    let killed = Instant::now();
+    assert_eq!(first.exit_code(LONG).await, None, "killed by a signal");
+    create_servers(world, (0..3).map(|i| format!("after-{i}"))).await;
+    second.wait_log("became the leader").await;
+    let failover = killed.elapsed();
+    all_ready(world, 6).await;
+    failover
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
     let world = World::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
@@ -631,13 +644,7 @@ async fn two_replicas_one_leads_and_the_other_takes_over_when_it_dies() {
     );
 
     // The leader dies without a word (no release): the standby waits out the lease.
-    first.child.start_kill().unwrap();
-    let killed = Instant::now();
-    assert_eq!(first.exit_code(LONG).await, None, "killed by a signal");
-    create_servers(&world, (0..3).map(|i| format!("after-{i}"))).await;
-    second.wait_log("became the leader").await;
-    let failover = killed.elapsed();
-    all_ready(&world, 6).await;
+    let failover = kill_the_leader(&world, &mut first, &second).await;
     // Lease 4 s, retried every 1 s (+20% jitter): at most about 5.2 s after the last renewal.
     assert!(
         failover < Duration::from_secs(8),
@@ -857,13 +864,7 @@ async fn real_kube_two_replicas_one_leads_and_the_other_takes_over_when_it_is_ki
     create_servers(&world, (0..3).map(|i| format!("before-{i}"))).await;
     all_ready(&world, 3).await;
 
-    first.child.start_kill().unwrap();
-    let killed = Instant::now();
-    assert_eq!(first.exit_code(LONG).await, None, "killed by a signal");
-    create_servers(&world, (0..3).map(|i| format!("after-{i}"))).await;
-    second.wait_log("became the leader").await;
-    let failover = killed.elapsed();
-    all_ready(&world, 6).await;
+    let failover = kill_the_leader(&world, &mut first, &second).await;
     let leases: Api<Lease> = Api::namespaced(world.client.clone(), manifests::NAMESPACE);
     let holder = leases
         .get(&lease)

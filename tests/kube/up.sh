@@ -62,21 +62,26 @@ extendedKeyUsage=clientAuth"
 [[ -s $PKI/sa.pub ]] || openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 
 b64() { base64 -w0 <"$1"; }
-cat >"$RUN/admin.kubeconfig" <<YAML
+# kubeconfig FILE USER CREDENTIALS (a YAML flow mapping) [NAMESPACE]
+kubeconfig() {
+    cat >"$1" <<YAML
 apiVersion: v1
 kind: Config
 clusters:
 - name: capo-kube
   cluster: {server: "$SERVER", certificate-authority-data: $(b64 "$PKI/ca.crt")}
 users:
-- name: capo-admin
-  user: {client-certificate-data: $(b64 "$PKI/admin.crt"), client-key-data: $(b64 "$PKI/admin.key")}
+- name: $2
+  user: $3
 contexts:
-- name: capo-admin
-  context: {cluster: capo-kube, user: capo-admin}
-current-context: capo-admin
+- name: $2
+  context: {cluster: capo-kube, user: $2${4:+, namespace: $4}}
+current-context: $2
 YAML
-chmod 600 "$RUN/admin.kubeconfig"
+    chmod 600 "$1"
+}
+kubeconfig "$RUN/admin.kubeconfig" capo-admin \
+    "{client-certificate-data: $(b64 "$PKI/admin.crt"), client-key-data: $(b64 "$PKI/admin.key")}"
 
 start() { # name args...
     local name=$1; shift
@@ -131,21 +136,7 @@ cert_manager=$(cd "$HERE/crds" && GOTOOLCHAIN=local GOFLAGS= go mod download -js
 "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \
     -f "$REPO/deploy/namespace.yaml" -f "$REPO/deploy/rbac.yaml" >/dev/null
 token=$("${KUBECTL[@]}" -n capo-rs-system create token capo-rs-manager --duration 48h)
-cat >"$RUN/capo-rs.kubeconfig" <<YAML
-apiVersion: v1
-kind: Config
-clusters:
-- name: capo-kube
-  cluster: {server: "$SERVER", certificate-authority-data: $(b64 "$PKI/ca.crt")}
-users:
-- name: capo-rs-manager
-  user: {token: "$token"}
-contexts:
-- name: capo-rs-manager
-  context: {cluster: capo-kube, user: capo-rs-manager, namespace: capo-rs-system}
-current-context: capo-rs-manager
-YAML
-chmod 600 "$RUN/capo-rs.kubeconfig"
+kubeconfig "$RUN/capo-rs.kubeconfig" capo-rs-manager "{token: \"$token\"}" capo-rs-system
 
 version=$("${KUBECTL[@]}" version -o json | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p' | tail -n 1)
 say "up in $SECONDS s: kube-apiserver $version on $SERVER"
