@@ -85,6 +85,21 @@ struct Seen {
     released_early: Vec<String>,
 }
 
+/// What the gate promises through a rollout: the API pool never empty once it had a member,
+/// and no machine released before its member was ACTIVE.
+fn assert_gate_held(seen: &Seen) {
+    assert!(
+        seen.min_active.is_some_and(|min| min >= 1),
+        "the API pool never had zero ACTIVE members: {:?}",
+        seen.min_active
+    );
+    assert_eq!(
+        seen.released_early,
+        Vec::<String>::new(),
+        "no machine released before its member was ACTIVE"
+    );
+}
+
 /// Samples the cloud and the machines until `stop`.
 fn watch(
     world: &World,
@@ -319,16 +334,7 @@ async fn a_gated_rollout_never_empties_the_api_pool_and_deleting_the_cluster_lea
     figures.print(Strategy::StatusTree);
     assert_eq!(figures.rollout.replaced.len(), 3, "every machine replaced");
     assert!(seen.samples > 10, "the watcher sampled throughout");
-    assert!(
-        figures.min_active.is_some_and(|min| min >= 1),
-        "the API pool never had zero ACTIVE members: {:?}",
-        figures.min_active
-    );
-    assert_eq!(
-        seen.released_early,
-        Vec::<String>::new(),
-        "no machine released before its member was ACTIVE"
-    );
+    assert_gate_held(&seen);
     // Workers do no load balancer work: released at once, no member.
     let all = machines(&world).list(&ListParams::default()).await.unwrap();
     let worker = all
@@ -1040,16 +1046,7 @@ async fn real_kube_a_rollout_rides_out_an_api_server_restart_and_etcd_stopped_fo
     watcher.await.unwrap();
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert_eq!(report.replaced.len(), 3, "every machine replaced");
-    assert!(
-        seen.min_active.is_some_and(|min| min >= 1),
-        "the API pool never had zero ACTIVE members: {:?}",
-        seen.min_active
-    );
-    assert_eq!(
-        seen.released_early,
-        Vec::<String>::new(),
-        "no machine released early"
-    );
+    assert_gate_held(&seen);
     assert_eq!(
         world.cloud.object_counts(),
         before,
