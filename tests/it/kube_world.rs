@@ -131,6 +131,8 @@ pub(crate) struct KubeWorld {
     pub(crate) client: kube::Client,
     /// The manager's client (capo-rs's ServiceAccount on the real server).
     pub(crate) manager_client: kube::Client,
+    /// A tier this world started for itself ([`KubeWorld::own_real`]), stopped with it.
+    own_tier: Option<OwnTier>,
 }
 
 impl KubeWorld {
@@ -167,6 +169,7 @@ impl KubeWorld {
             namespace: SIM_NAMESPACE.to_owned(),
             manager_client: client.clone(),
             client,
+            own_tier: None,
         }
     }
 
@@ -196,7 +199,52 @@ impl KubeWorld {
             namespace,
             client,
             manager_client,
+            own_tier: None,
         }
+    }
+
+    /// A real server of this world's own: a second tier (`tests/kube/up.sh` in a run
+    /// directory of its own, on free ports), stopped and purged with the world. For scenarios
+    /// that replace cluster-wide state the shared server's other worlds rely on (CAPO 0.14's
+    /// CRDs in place of ours, a storage migration). `crds` apply as they are: no conversion
+    /// or admission of ours until the scenario installs them ([`KubeWorld::install`]).
+    /// The world's namespace is named `namespace`.
+    pub(crate) async fn own_real(crds: &[Value], namespace: &str) -> Self {
+        let tier = OwnTier::start().await;
+        let client = client_from(&tier.kubeconfigs.admin).await;
+        let manager_client = client_from(&tier.kubeconfigs.manager).await;
+        apply_crds(&client, crds).await;
+        let namespace = create_namespace(&client, namespace.to_owned()).await;
+        KubeWorld {
+            server: Server::Real,
+            hold: Hold::Sim,
+            namespace,
+            client,
+            manager_client,
+            own_tier: Some(tier),
+        }
+    }
+
+    /// A server of its own, as real as this one, with a namespace of the same name (the
+    /// cloud's resources carry it): [`KubeWorld::own_real`] beside a real world, a fresh
+    /// simulator beside a simulated one.
+    pub(crate) async fn own_server_like(&self, crds: &[Value]) -> Self {
+        if self.is_real() {
+            Self::own_real(crds, &self.namespace).await
+        } else {
+            Self::sim(crds).await
+        }
+    }
+
+    /// Our CRDs (conversion through the shared webhook) and our ValidatingWebhookConfiguration,
+    /// applied over what is installed, as `deploy/` with cert-manager's CA injection would.
+    pub(crate) async fn install_ours(&self) {
+        let ours: Vec<Value> = capo_api::crds::all()
+            .iter()
+            .map(|crd| serde_json::to_value(crd).expect("CRD"))
+            .chain(admission_as_shipped())
+            .collect();
+        self.install(&ours).await;
     }
 
     pub(crate) fn is_real(&self) -> bool {
@@ -245,7 +293,7 @@ impl KubeWorld {
 impl Drop for KubeWorld {
     /// The real server's namespace goes with its world: kube-controller-manager empties it.
     fn drop(&mut self) {
-        if !self.is_real() {
+        if !self.is_real() || self.own_tier.is_some() {
             return;
         }
         let (client, namespace) = (self.client.clone(), self.namespace.clone());
@@ -258,6 +306,74 @@ impl Drop for KubeWorld {
             });
         }
     }
+}
+
+/// A second real tier, on free ports in a run directory of its own; `down.sh --purge` when
+/// dropped.
+struct OwnTier {
+    env: Vec<(String, String)>,
+    kubeconfigs: RealKube,
+}
+
+impl OwnTier {
+    async fn start() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let run = std::env::temp_dir().join(format!(
+            "capo-kube-own-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let ports = free_ports(4);
+        let mut env = vec![("CAPO_KUBE_RUN".to_owned(), run.display().to_string())];
+        for (name, port) in [
+            "CAPO_KUBE_ETCD_PORT",
+            "CAPO_KUBE_ETCD_PEER_PORT",
+            "CAPO_KUBE_APISERVER_PORT",
+            "CAPO_KUBE_KCM_PORT",
+        ]
+        .into_iter()
+        .zip(ports)
+        {
+            env.push((name.to_owned(), port.to_string()));
+        }
+        let tier = OwnTier {
+            env,
+            kubeconfigs: RealKube {
+                admin: run.join("admin.kubeconfig"),
+                manager: run.join("capo-rs.kubeconfig"),
+            },
+        };
+        let started = tokio::process::Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/up.sh"))
+            .envs(tier.env.iter().cloned())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .await
+            .expect("up.sh runs");
+        assert!(started.success(), "a tier of its own: up.sh {started}");
+        tier
+    }
+}
+
+impl Drop for OwnTier {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/down.sh"))
+            .arg("--purge")
+            .envs(self.env.iter().cloned())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `n` ports nothing listens on now (held together, so distinct).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("an address").port())
+        .collect()
 }
 
 /// capo-rs's webhook server for every world on the real server in this test process: one
@@ -322,11 +438,18 @@ fn through_shared_webhook(mut object: Value) -> Value {
     object
 }
 
-/// Our ValidatingWebhookConfiguration as `deploy/` has it, through the shared webhook.
-fn admission_configuration() -> Vec<Value> {
+/// Our ValidatingWebhookConfiguration as `deploy/` has it (through its Service).
+fn admission_as_shipped() -> Vec<Value> {
     capo_provider::manager::manifests::objects(capo_provider::manager::manifests::Flavor::Kustomize)
         .into_iter()
         .filter(|o| o["kind"] == "ValidatingWebhookConfiguration")
+        .collect()
+}
+
+/// Our ValidatingWebhookConfiguration, through the shared webhook.
+fn admission_configuration() -> Vec<Value> {
+    admission_as_shipped()
+        .into_iter()
         .map(through_shared_webhook)
         .collect()
 }
@@ -388,6 +511,10 @@ async fn fresh_namespace(client: &kube::Client) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
+    create_namespace(client, name).await
+}
+
+async fn create_namespace(client: &kube::Client, name: String) -> String {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Namespace",

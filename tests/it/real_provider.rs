@@ -1860,10 +1860,15 @@ async fn takeover_from_capo(e2e: &mut E2e) {
         .map(|c| serde_json::to_value(c).expect("CRD"))
         .collect();
     crds.extend(crate::takeover::capo_crds());
-    // CAPO 0.14's CRDs replace ours: on a server of its own, the simulator.
-    let kube = KubeWorld::sim(&crds).await;
+    // CAPO 0.14's CRDs replace ours: on a server of its own (a second real tier beside the
+    // real one, so the v1beta1 objects are stored in real etcd; a simulator beside the
+    // simulated one).
+    let kube = e2e.kube.own_server_like(&crds).await;
     crate::takeover::recreate(&kube.client, &kube.namespace, &capo_objects).await;
-    let webhook = crate::conversion::ServedWebhook::start(kube.simulator()).await;
+    let webhook = match &kube.server {
+        Server::Sim(sim) => Some(crate::conversion::ServedWebhook::start(sim).await),
+        Server::Real => None,
+    };
     e2e.move_to(kube);
     let members_before = member_ids(&e2e.tenant, &lb).await;
     assert_eq!(
@@ -1881,7 +1886,10 @@ async fn takeover_from_capo(e2e: &mut E2e) {
 
     // The takeover.
     let started = Instant::now();
-    webhook.upgrade_crds(&e2e.client).await;
+    match &webhook {
+        Some(webhook) => webhook.upgrade_crds(&e2e.client).await,
+        None => e2e.kube.install_ours().await,
+    }
     e2e.start_manager();
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(e2e.client.clone());
     for kind in capo_api::conversion::CONVERTIBLE_KINDS {
@@ -1990,17 +1998,19 @@ async fn takeover_from_capo(e2e: &mut E2e) {
             );
         }
     }
-    // The manager shares the test's client here: the grants only the migration needs show
-    // in the log (the test itself sends none of them).
-    let sent: std::collections::BTreeSet<(String, String, String)> = e2e
-        .kube
-        .simulator()
-        .requests()
-        .into_iter()
-        .map(|r| (r.verb, r.group, r.resource))
-        .collect();
-    for grant in crate::packaging::used_by_the_storage_migration() {
-        assert!(sent.contains(&grant), "the migration uses {grant:?}");
+    // On the simulator the manager shares the test's client: the grants only the migration
+    // needs show in the log (the test itself sends none of them). On the real server the
+    // manager holds its ServiceAccount's token: a grant missing from deploy/ fails the
+    // migration above.
+    if let Server::Sim(sim) = &e2e.kube.server {
+        let sent: std::collections::BTreeSet<(String, String, String)> = sim
+            .requests()
+            .into_iter()
+            .map(|r| (r.verb, r.group, r.resource))
+            .collect();
+        for grant in crate::packaging::used_by_the_storage_migration() {
+            assert!(sent.contains(&grant), "the migration uses {grant:?}");
+        }
     }
 
     // Afterwards, under capo-rs: a rollout under the gate, and a deletion.
@@ -2030,14 +2040,18 @@ async fn takeover_from_capo(e2e: &mut E2e) {
             .expect("template deleted");
     }
     assert_nothing_left(e2e, &before).await;
+    let conversions = match &e2e.kube.server {
+        Server::Sim(sim) => sim.converter().calls().to_string(),
+        Server::Real => "(shared webhook)".to_owned(),
+    };
     eprintln!(
-        "FIGURES takeover {}: storage migrated in {:.1} s, settled in {:.1} s; OpenStack requests {}, of which writes {}; webhook conversions {}",
+        "FIGURES takeover {} ({} API server): storage migrated in {:.1} s, settled in {:.1} s; OpenStack requests {}, of which writes {}; webhook conversions {conversions}",
         e2e.label,
+        if e2e.kube.is_real() { "real" } else { "simulated" },
         migrated_in.as_secs_f64(),
         settled_in.as_secs_f64(),
         spent(&BTreeMap::new(), &takeover_requests),
         writes.values().sum::<u64>(),
-        e2e.kube.simulator().converter().calls(),
     );
     drop(webhook);
 }
@@ -2155,16 +2169,16 @@ both!(
     sim_an_address_pairs_edit_reaches_the_machines_port
 );
 
-// The takeover installs CAPO 0.14's CRDs in place of ours: on a simulated API server of its
-// own, never the shared real one.
+// The takeover installs CAPO 0.14's CRDs in place of ours: on an API server of its own (a
+// second real tier when the real one runs), never the shared one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes() {
-    on_real!(takeover_from_capo, PASSWORD_CLOUD, Kube::Sim);
+    on_real!(takeover_from_capo, PASSWORD_CLOUD);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_a_cluster_capo_built_is_taken_over_without_a_cloud_write_then_rolls_and_deletes() {
-    on_sim!(takeover_from_capo, false, Kube::Sim);
+    on_sim!(takeover_from_capo, false);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -242,6 +242,7 @@ pub async fn recreate(client: &Client, namespace: &str, objects: &[Value]) {
                 .unwrap_or_default()
                 .to_owned();
             let metadata = fresh["metadata"].as_object_mut().expect("metadata");
+            metadata.insert("namespace".into(), json!(namespace));
             for system in [
                 "uid",
                 "resourceVersion",
