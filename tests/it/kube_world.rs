@@ -278,6 +278,14 @@ impl KubeWorld {
     pub(crate) async fn install(&self, objects: &[Value]) {
         match &self.server {
             Server::Sim(sim) => sim.install(objects).expect("objects install"),
+            Server::Real => self.apply(objects).await,
+        }
+    }
+
+    /// Applies objects server-side as an admin, over what is installed (a CRD replaced).
+    pub(crate) async fn apply(&self, objects: &[Value]) {
+        match &self.server {
+            Server::Sim(_) => apply_crds(&self.client, objects).await,
             Server::Real => {
                 let objects: Vec<Value> = objects
                     .iter()

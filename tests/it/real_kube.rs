@@ -319,3 +319,147 @@ async fn real_kube_accepts_every_object_of_deploy_applied_server_side() {
     );
     assert_eq!(applied, objects, "every object of deploy/ applied:\n{said}");
 }
+
+/// Our OpenStackCluster CRD as an older release might have shipped it: without the bastion's
+/// CEL rule and the conditions' reason pattern (and no conversion, v1beta2 alone is used).
+fn osc_crd(tightened: bool) -> Value {
+    let crd = capo_api::crds::all()
+        .into_iter()
+        .map(|crd| serde_json::to_value(crd).expect("CRD"))
+        .find(|crd| crd["spec"]["names"]["kind"] == "OpenStackCluster")
+        .expect("our OpenStackCluster CRD");
+    if tightened {
+        return crd;
+    }
+    let mut crd = crd;
+    crd["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("conversion");
+    for version in crd["spec"]["versions"].as_array_mut().expect("versions") {
+        let schema = &mut version["schema"]["openAPIV3Schema"]["properties"];
+        if let Some(bastion) = schema["spec"]["properties"]["bastion"].as_object_mut() {
+            bastion.remove("x-kubernetes-validations");
+        }
+        let reason = &mut schema["status"]["properties"]["conditions"]["items"]["properties"]["reason"];
+        if let Some(reason) = reason.as_object_mut() {
+            reason.remove("pattern");
+        }
+    }
+    crd
+}
+
+fn condition(type_: &str, reason: &str, message: &str) -> Value {
+    json!({"type": type_, "status": "True", "reason": reason, "message": message,
+           "lastTransitionTime": "2026-11-26T00:00:00Z"})
+}
+
+/// CRD validation ratcheting (GA in 1.33): after a rule tightens, an update that leaves a
+/// now-invalid value as it was is accepted, value by value (object fields by name, `map`
+/// list items by key); one that changes it, or a create, is refused. The same steps on the
+/// simulator and on a real API server of the test's own (the CRD is replaced).
+async fn rules_ratchet_on_what_an_update_leaves_unchanged(world: KubeWorld) {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        world.client.clone(),
+        &world.namespace,
+        &resource("OpenStackCluster", HUB),
+    );
+    let cluster = |name: &str| {
+        serde_json::from_value::<DynamicObject>(json!({
+            "apiVersion": format!("{}/{HUB}", capo_api::GROUP), "kind": "OpenStackCluster",
+            "metadata": {"name": name},
+            "spec": {"identityRef": {"cloudName": "openstack", "name": "cloud"},
+                     "bastion": {"enabled": true}},
+        }))
+        .expect("an object")
+    };
+    api.create(&PostParams::default(), &cluster("old"))
+        .await
+        .expect("valid before the rule");
+    let merge = |patch: Value| Patch::Merge(patch);
+    let pp = PatchParams::default();
+    let stored_reason = "was fine then";
+    api.patch_status(
+        "old",
+        &pp,
+        &merge(json!({"status": {"conditions": [condition("Ready", stored_reason, "up")]}})),
+    )
+    .await
+    .expect("a reason the old schema took");
+
+    world.apply(&[osc_crd(true)]).await;
+
+    let accepted = [
+        (
+            "another field of spec",
+            json!({"spec": {"controlPlaneAvailabilityZones": ["az1"]}}),
+            false,
+        ),
+        (
+            "another condition beside the old one",
+            json!({"status": {"conditions": [condition("Ready", stored_reason, "up"), condition("Other", "Fine", "")]}}),
+            true,
+        ),
+        (
+            "the old condition's message, its reason kept",
+            json!({"status": {"conditions": [condition("Ready", stored_reason, "still up"), condition("Other", "Fine", "")]}}),
+            true,
+        ),
+    ];
+    for (what, patch, status) in accepted {
+        let written = match status {
+            true => api.patch_status("old", &pp, &merge(patch)).await,
+            false => api.patch("old", &pp, &merge(patch)).await,
+        };
+        written.unwrap_or_else(|e| panic!("{what}: ratcheted, so accepted; got {e}"));
+    }
+    let refused = [
+        (
+            "the bastion edited, still without a spec",
+            json!({"spec": {"bastion": {"enabled": true, "availabilityZone": "az1"}}}),
+            false,
+            "spec must be set while the bastion is enabled",
+        ),
+        (
+            "the old reason replaced by another invalid one",
+            json!({"status": {"conditions": [condition("Ready", "still not fine", "up")]}}),
+            true,
+            "status.conditions[0].reason",
+        ),
+    ];
+    for (what, patch, status, says) in refused {
+        let written = match status {
+            true => api.patch_status("old", &pp, &merge(patch)).await,
+            false => api.patch("old", &pp, &merge(patch)).await,
+        };
+        let Err(kube::Error::Api(e)) = written else {
+            panic!("{what}: refused, got {written:?}");
+        };
+        assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"), "{what}");
+        assert!(e.message.contains(says), "{what}: {}", e.message);
+    }
+    let Err(kube::Error::Api(e)) = api.create(&PostParams::default(), &cluster("new")).await else {
+        panic!("a create is never ratcheted");
+    };
+    assert!(
+        e.message
+            .contains("spec must be set while the bastion is enabled"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_rules_ratchet_on_what_an_update_leaves_unchanged() {
+    if real_kube().is_none() {
+        return;
+    }
+    let world = KubeWorld::own_real(&[osc_crd(false)], "ratchet").await;
+    rules_ratchet_on_what_an_update_leaves_unchanged(world).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_kube_rules_ratchet_on_what_an_update_leaves_unchanged() {
+    let world = KubeWorld::sim(&[osc_crd(false)]).await;
+    rules_ratchet_on_what_an_update_leaves_unchanged(world).await;
+}

@@ -721,6 +721,82 @@ fn validate_object(
     }
 }
 
+/// Whether an update's error at `path` is ratcheted away (CRD validation ratcheting, GA in
+/// 1.33): the value there, or at the deepest ancestor the old object correlates with, is
+/// unchanged. As upstream correlates: object fields by name, items of a `map` list by their
+/// keys; other lists' items and the root's `apiVersion`/`kind` not at all. A CEL rule's error
+/// is judged at the path it reports, which differs from its node only with `fieldPath`.
+pub fn ratcheted(path: &str, new: &Value, old: &Value, schema: &Value) -> bool {
+    let (mut new, mut old, mut schema) = (new, old, schema);
+    if new == old {
+        return true;
+    }
+    for (depth, step) in path_steps(path).into_iter().enumerate() {
+        let next = match step {
+            Step::Field(name) if depth == 0 && (name == "apiVersion" || name == "kind") => None,
+            Step::Field(name) => field_schema(schema, name)
+                .and_then(|sub| Some((new.get(name)?, old.get(name)?, sub))),
+            Step::Item(index) => schema.get("items").and_then(|items| {
+                let item = new.get(index)?;
+                Some((item, map_list_partner(schema, item, old)?, items))
+            }),
+        };
+        let Some(next) = next else {
+            return false;
+        };
+        (new, old, schema) = next;
+        if new == old {
+            return true;
+        }
+    }
+    false
+}
+
+enum Step<'a> {
+    Field(&'a str),
+    Item(usize),
+}
+
+/// `spec.a[0].b` as steps; a bracket that holds no index ends the walk there.
+fn path_steps(path: &str) -> Vec<Step<'_>> {
+    let mut steps = Vec::new();
+    for segment in path.split('.').filter(|s| !s.is_empty()) {
+        let mut parts = segment.split('[');
+        if let Some(name) = parts.next().filter(|n| !n.is_empty()) {
+            steps.push(Step::Field(name));
+        }
+        for index in parts {
+            match index.trim_end_matches(']').parse() {
+                Ok(i) => steps.push(Step::Item(i)),
+                Err(_) => return steps,
+            }
+        }
+    }
+    steps
+}
+
+fn field_schema<'a>(schema: &'a Value, name: &str) -> Option<&'a Value> {
+    props(schema)
+        .and_then(|p| p.get(name))
+        .or_else(|| schema.get("additionalProperties").filter(|a| a.is_object()))
+}
+
+/// The old list's item with `item`'s keys, when the list is a `map` list.
+fn map_list_partner<'a>(schema: &Value, item: &Value, old: &'a Value) -> Option<&'a Value> {
+    if str_field(schema, "x-kubernetes-list-type") != Some("map") {
+        return None;
+    }
+    let keys: Vec<&str> = schema
+        .get("x-kubernetes-list-map-keys")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    old.as_array()?
+        .iter()
+        .find(|candidate| keys.iter().all(|k| candidate.get(*k) == item.get(*k)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -901,5 +977,33 @@ mod tests {
         assert!(format_matches("10.0.0.1", "ipv4"));
         assert!(!format_matches("10.0.0.300", "ipv4"));
         assert!(format_matches("2026-11-22T10:00:00Z", "date-time"));
+    }
+
+    #[test]
+    fn an_update_keeps_what_was_stored_before_a_rule_tightened_but_no_new_violation() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 3},
+            "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["id"],
+                "items": {"type": "object", "properties": {"id": {"type": "string"}, "x": {"type": "string", "maxLength": 1}}}},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 1}}}}}});
+        let old = json!({"spec": {"name": "long", "ports": [{"id": "a", "x": "yy"}], "tags": ["zz"]}});
+        // Only another field changed: every old violation ratchets.
+        let mut new = old.clone();
+        new["spec"]["other"] = json!(1);
+        for path in ["spec.name", "spec.ports[0].x", "spec.tags[0]"] {
+            assert!(ratcheted(path, &new, &old, &schema), "{path}");
+        }
+        // A changed value, a map-list item found by its key at another index: not, and yes.
+        new["spec"]["name"] = json!("longer");
+        new["spec"]["ports"] = json!([{"id": "b", "x": "ww"}, {"id": "a", "x": "yy"}]);
+        assert!(!ratcheted("spec.name", &new, &old, &schema));
+        assert!(ratcheted("spec.ports[1].x", &new, &old, &schema));
+        assert!(!ratcheted("spec.ports[0].x", &new, &old, &schema));
+        // Items of an atomic list correlate with nothing once the list changed.
+        new["spec"]["tags"] = json!(["zz", "q"]);
+        assert!(!ratcheted("spec.tags[0]", &new, &old, &schema));
+        // The root's kind never ratchets.
+        assert!(!ratcheted("kind", &json!({"kind": 1, "a": 1}), &json!({"kind": 1}), &schema));
     }
 }

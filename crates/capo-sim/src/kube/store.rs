@@ -646,9 +646,18 @@ impl Store {
     ) -> Vec<Cause> {
         let mut causes = Vec::new();
         let version = target.def.version(&target.version);
-        if let Some(schema) = version.and_then(|v| v.schema.as_ref()) {
+        // CRD validation ratcheting (GA in 1.33): an update's error on a value it left as
+        // it was does not count.
+        let schema = version.and_then(|v| v.schema.as_ref());
+        let stands = |path: &str| match (old, schema) {
+            (Some(old), Some(schema)) => !structural::ratcheted(path, object, old, schema),
+            _ => true,
+        };
+        if let Some(schema) = schema {
             for e in structural::validate(object, schema) {
-                causes.push(cause(e.reason, &e.path, e.message));
+                if stands(&e.path) {
+                    causes.push(cause(e.reason, &e.path, e.message));
+                }
             }
             // A real server says so when the schema's errors kept its CEL rules from running.
             if !causes.is_empty() && has_rules(schema) {
@@ -665,6 +674,9 @@ impl Store {
         {
             for e in errors.into_vec() {
                 let field = e.field_path.trim_start_matches('.').to_owned();
+                if !stands(&field) {
+                    continue;
+                }
                 causes.push(cause(
                     "FieldValueInvalid",
                     &field,
