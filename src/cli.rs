@@ -427,15 +427,16 @@ fn identity(instance: Option<&str>) -> String {
 async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     use capo_provider::manager::{self, Health, KubeClientOptions, Phase};
     let identity = identity(args.instance.as_deref());
+    let registry = prometheus::Registry::new();
     let options = KubeClientOptions {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         user_agent: format!("capo-rs/{} ({identity})", env!("CARGO_PKG_VERSION")),
+        requests: Some(manager::kube_client::KubeRequests::register(&registry)?),
     };
     let client = manager::connect(args.kubeconfig.as_deref(), &options).await?;
     let mut config = args.manager_config()?;
     config.leader_election = args.leader_election(&identity, client.default_namespace())?;
-    let registry = prometheus::Registry::new();
     let health = Arc::new(Health::new(&manager::CONTROLLERS));
     let admin_stop = CancellationToken::new();
     let (_, admin) = manager::admin::serve(

@@ -229,6 +229,11 @@ pub enum BenchCommand {
         /// wrapper that execs one with its arguments. Default: this binary.
         #[arg(long)]
         controller: Option<PathBuf>,
+        /// A real Kubernetes tier's run directory (`tests/kube/up.sh`'s CAPO_KUBE_RUN) in
+        /// place of the simulated API server: the controller runs with its ServiceAccount's
+        /// token. Give the bench a tier of its own; its objects stay.
+        #[arg(long)]
+        kube_tier: Option<PathBuf>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -438,6 +443,7 @@ pub fn bench(
             steady,
             shards,
             controller,
+            kube_tier,
             json,
         } => {
             let binary = std::env::current_exe()?;
@@ -452,6 +458,7 @@ pub fn bench(
                 openstack_burst,
                 concurrency,
                 steady: Duration::from_secs(steady),
+                kube_tier,
             };
             let say = |line: &str| eprintln!("scale: {line}");
             if shards > 1 {

@@ -247,6 +247,15 @@ impl KubeWorld {
         self.install(&ours).await;
     }
 
+    /// The run directory of the tier this world started for itself.
+    pub(crate) fn own_tier_dir(&self) -> Option<std::path::PathBuf> {
+        let tier = self.own_tier.as_ref()?;
+        tier.env
+            .iter()
+            .find(|(name, _)| name == "CAPO_KUBE_RUN")
+            .map(|(_, dir)| dir.into())
+    }
+
     pub(crate) fn is_real(&self) -> bool {
         matches!(self.server, Server::Real)
     }

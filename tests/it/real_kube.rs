@@ -341,7 +341,8 @@ fn osc_crd(tightened: bool) -> Value {
         if let Some(bastion) = schema["spec"]["properties"]["bastion"].as_object_mut() {
             bastion.remove("x-kubernetes-validations");
         }
-        let reason = &mut schema["status"]["properties"]["conditions"]["items"]["properties"]["reason"];
+        let reason =
+            &mut schema["status"]["properties"]["conditions"]["items"]["properties"]["reason"];
         if let Some(reason) = reason.as_object_mut() {
             reason.remove("pattern");
         }

@@ -2047,7 +2047,11 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     eprintln!(
         "FIGURES takeover {} ({} API server): storage migrated in {:.1} s, settled in {:.1} s; OpenStack requests {}, of which writes {}; webhook conversions {conversions}",
         e2e.label,
-        if e2e.kube.is_real() { "real" } else { "simulated" },
+        if e2e.kube.is_real() {
+            "real"
+        } else {
+            "simulated"
+        },
         migrated_in.as_secs_f64(),
         settled_in.as_secs_f64(),
         spent(&BTreeMap::new(), &takeover_requests),

@@ -84,6 +84,37 @@ fn trusting_the_load_balancer_is_caught_releasing_machines_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_scale_measures_a_small_fleet_in_separate_processes() {
+    measure_a_small_fleet(None).await;
+}
+
+/// The same on a real API server of the test's own: the controller with its ServiceAccount's
+/// token, its Kubernetes requests from its own count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_bench_scale_measures_a_small_fleet_on_a_real_api_server() {
+    if crate::kube_world::real_kube().is_none() {
+        return;
+    }
+    let world = crate::kube_world::KubeWorld::own_real(&[], "bench").await;
+    let report = measure_a_small_fleet(world.own_tier_dir()).await;
+    for phase in ["bring-up", "steady", "rollouts", "restart"] {
+        assert!(
+            report.kube_requests_per_second[phase] > 0.0,
+            "{phase}: {:?}",
+            report.kube_requests_per_second
+        );
+    }
+    assert!(
+        report
+            .kube_requests_by_resource
+            .contains_key("watch (after the restart)"),
+        "{:?}",
+        report.kube_requests_by_resource
+    );
+}
+
+async fn measure_a_small_fleet(
+    kube_tier: Option<std::path::PathBuf>,
+) -> capo_bench::scale::ScaleReport {
     let config = capo_bench::scale::ScaleConfig {
         binary: CAPO_RS.into(),
         controller: CAPO_RS.into(),
@@ -95,6 +126,7 @@ async fn bench_scale_measures_a_small_fleet_in_separate_processes() {
         openstack_burst: 40,
         concurrency: 4,
         steady: std::time::Duration::from_secs(2),
+        kube_tier,
     };
     let report = capo_bench::scale::run(config, &|line| eprintln!("scale: {line}"))
         .await
@@ -120,4 +152,5 @@ async fn bench_scale_measures_a_small_fleet_in_separate_processes() {
     assert!(
         report.openstack_requests_by_operation["load-balancer loadbalancer_member_create"] >= 2
     );
+    report
 }

@@ -4,6 +4,11 @@
 //! worker machines, rolls a share of the control planes, restarts the controller, and
 //! measures the controller's memory and CPU from /proc, its reconcile times from its own
 //! /metrics, and the requests both simulators served.
+//!
+//! With `--kube-tier DIR` the Kubernetes half is a real API server instead: the run
+//! directory of `tests/kube/up.sh` (its admin kubeconfig sets up, the controller runs with
+//! capo-rs's ServiceAccount token), and the controller's Kubernetes requests are read from
+//! its own `capo_kube_requests_total`. Give it a tier of its own: the objects stay.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +51,9 @@ pub struct ScaleConfig {
     pub concurrency: u16,
     /// How long steady state is measured.
     pub steady: Duration,
+    /// A real Kubernetes tier's run directory (`tests/kube/up.sh`) in place of the simulated
+    /// API server.
+    pub kube_tier: Option<PathBuf>,
 }
 
 /// Quantiles of one controller's reconcile time.
@@ -430,8 +438,13 @@ pub(crate) struct Requests {
 
 pub(crate) struct Sims {
     http: reqwest::Client,
-    pub(crate) kube_url: String,
+    /// The simulated API server (its request log), or `None` on a real one.
+    pub(crate) kube_url: Option<String>,
     pub(crate) openstack_url: String,
+    /// On a real API server: the controller's admin port, whose `capo_kube_requests_total`
+    /// counts its requests, and what the controllers before a restart had counted.
+    pub(crate) controller_admin: std::sync::Mutex<Option<u16>>,
+    counted_before: std::sync::Mutex<f64>,
 }
 
 impl Sims {
@@ -450,17 +463,22 @@ impl Sims {
     /// The controller's requests (by its User-Agent) to Kubernetes, and every request to
     /// OpenStack (only the controller talks to it).
     pub(crate) async fn requests(&self) -> anyhow::Result<Requests> {
-        let kube = self.get(format!("{}/_sim/requests", self.kube_url)).await?;
-        let controller: f64 = kube["by_client_verb"]
-            .as_object()
-            .map(|counts| {
-                counts
-                    .iter()
-                    .filter(|(key, _)| key.starts_with("capo-rs "))
-                    .filter_map(|(_, n)| n.as_f64())
-                    .sum()
-            })
-            .unwrap_or(0.0);
+        let controller = match &self.kube_url {
+            Some(url) => {
+                let kube = self.get(format!("{url}/_sim/requests")).await?;
+                kube["by_client_verb"]
+                    .as_object()
+                    .map(|counts| {
+                        counts
+                            .iter()
+                            .filter(|(key, _)| key.starts_with("capo-rs "))
+                            .filter_map(|(_, n)| n.as_f64())
+                            .sum()
+                    })
+                    .unwrap_or(0.0)
+            }
+            None => self.counted_before() + self.controller_counts().await?.values().sum::<f64>(),
+        };
         let openstack = self
             .get(format!("{}/_sim/requests", self.openstack_url))
             .await?;
@@ -469,6 +487,45 @@ impl Sims {
             openstack: openstack["total"].as_f64().unwrap_or(0.0),
             at: Some(Instant::now()),
         })
+    }
+}
+
+impl Sims {
+    fn counted_before(&self) -> f64 {
+        self.counted_before.lock().map(|n| *n).unwrap_or_default()
+    }
+
+    /// The running controller's `capo_kube_requests_total`, by verb.
+    pub(crate) async fn controller_counts(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+        let port = self
+            .controller_admin
+            .lock()
+            .ok()
+            .and_then(|p| *p)
+            .context("no controller to ask")?;
+        let text = self
+            .http
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(samples(&text)
+            .into_iter()
+            .filter(|(name, _, _)| name == "capo_kube_requests_total")
+            .map(|(_, labels, n)| (labels.get("verb").cloned().unwrap_or_default(), n))
+            .collect())
+    }
+
+    /// Before a controller stops: what it counted carries over to its successor's count.
+    pub(crate) async fn carry_over(&self) -> anyhow::Result<()> {
+        if self.kube_url.is_none() {
+            let counted: f64 = self.controller_counts().await?.values().sum();
+            if let Ok(mut before) = self.counted_before.lock() {
+                *before += counted;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -640,7 +697,7 @@ fn watch_memory(
 /// Both simulators in processes of their own, and a client of the simulated API server with
 /// the cloud's Secret in place.
 pub(crate) struct Stage {
-    _kube: Process,
+    _kube: Option<Process>,
     _openstack: Process,
     pub(crate) dir: PathBuf,
     pub(crate) kubeconfig: PathBuf,
@@ -653,8 +710,24 @@ impl Stage {
     pub(crate) async fn start(config: &ScaleConfig) -> anyhow::Result<Stage> {
         let dir = std::env::temp_dir().join(format!("capo-rs-scale-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let kubeconfig = dir.join("kubeconfig");
         let clouds = dir.join("clouds.yaml");
+        if let Some(tier) = &config.kube_tier {
+            let openstack = spawn_openstack(config, &clouds, &dir)?;
+            let clouds_yaml = wait_for_file(&clouds).await?;
+            let client = client_from(&tier.join("admin.kubeconfig")).await?;
+            install_crds(&client).await?;
+            return Stage::staged(
+                None,
+                openstack,
+                dir,
+                tier.join("capo-rs.kubeconfig"),
+                None,
+                &clouds_yaml,
+                client,
+            )
+            .await;
+        }
+        let kubeconfig = dir.join("kubeconfig");
         let kube = Process::spawn(
             &config.binary,
             "sim-kube",
@@ -671,21 +744,7 @@ impl Stage {
             ],
             &dir,
         )?;
-        let openstack = Process::spawn(
-            &config.binary,
-            "sim-openstack",
-            &[
-                "--log-level".into(),
-                "error".into(),
-                "sim".into(),
-                "openstack".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--clouds-yaml-out".into(),
-                clouds.display().to_string(),
-            ],
-            &dir,
-        )?;
+        let openstack = spawn_openstack(config, &clouds, &dir)?;
         let kubeconfig_text = wait_for_file(&kubeconfig).await?;
         let clouds_yaml = wait_for_file(&clouds).await?;
         let kube_url = kubeconfig_text
@@ -694,6 +753,28 @@ impl Stage {
             .context("no server in the kubeconfig")?
             .trim()
             .to_owned();
+        let client = client_from(&kubeconfig).await?;
+        Stage::staged(
+            Some(kube),
+            openstack,
+            dir,
+            kubeconfig,
+            Some(kube_url),
+            &clouds_yaml,
+            client,
+        )
+        .await
+    }
+
+    async fn staged(
+        kube: Option<Process>,
+        openstack: Process,
+        dir: PathBuf,
+        kubeconfig: PathBuf,
+        kube_url: Option<String>,
+        clouds_yaml: &str,
+        client: kube::Client,
+    ) -> anyhow::Result<Stage> {
         let openstack_url = clouds_yaml
             .lines()
             .find_map(|line| line.trim().strip_prefix("auth_url: "))
@@ -705,15 +786,10 @@ impl Stage {
             http: http.clone(),
             kube_url,
             openstack_url,
+            controller_admin: std::sync::Mutex::new(None),
+            counted_before: std::sync::Mutex::new(0.0),
         };
-        let client = {
-            let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_text)?;
-            let options = kube::config::KubeConfigOptions::default();
-            kube::Client::try_from(
-                kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?,
-            )?
-        };
-        put_cloud_secret(&client, &clouds_yaml).await?;
+        put_cloud_secret(&client, clouds_yaml).await?;
         Ok(Stage {
             _kube: kube,
             _openstack: openstack,
@@ -724,6 +800,59 @@ impl Stage {
             client,
         })
     }
+}
+
+fn spawn_openstack(config: &ScaleConfig, clouds: &Path, dir: &Path) -> anyhow::Result<Process> {
+    Process::spawn(
+        &config.binary,
+        "sim-openstack",
+        &[
+            "--log-level".into(),
+            "error".into(),
+            "sim".into(),
+            "openstack".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--clouds-yaml-out".into(),
+            clouds.display().to_string(),
+        ],
+        dir,
+    )
+}
+
+async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| kubeconfig.display().to_string())?;
+    let options = kube::config::KubeConfigOptions::default();
+    Ok(kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(file, &options).await?,
+    )?)
+}
+
+/// Our CRDs and Cluster API's on a real API server (server-side, taking them over), each
+/// established before the run starts.
+async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let apply = kube::api::PatchParams::apply("capo-rs-bench").force();
+    for crd in capo_api::crds::all()
+        .into_iter()
+        .chain(capo_api::capi::crds())
+    {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(&name, &apply, &kube::api::Patch::Apply(&crd))
+            .await
+            .with_context(|| format!("CRD {name}"))?;
+        let established = kube::runtime::wait::await_condition(
+            crds.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_crd_established(),
+        );
+        tokio::time::timeout(Duration::from_secs(60), established)
+            .await
+            .with_context(|| format!("CRD {name} not established in 60 s"))??;
+    }
+    Ok(())
 }
 
 pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Result<ScaleReport> {
@@ -738,6 +867,9 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
     let admin = free_port()?;
     let controller = start_controller(&config, &kubeconfig, admin, &dir, "controller", &[])?;
     wait_ready(&http, admin).await?;
+    if let Ok(mut port) = sims.controller_admin.lock() {
+        *port = Some(admin);
+    }
     let pid = Arc::new(AtomicU64::new(u64::from(controller.pid()?)));
     let mut report = ScaleReport {
         config: Some(config.clone()),
@@ -862,6 +994,7 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .await?;
     report.reconcile_times = reconcile_times(&samples(&metrics));
     let restart = Instant::now();
+    sims.carry_over().await?;
     controller.terminate().await?;
     let controller = start_controller(
         &config,
@@ -925,18 +1058,29 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .await?;
     report.openstack_requests_by_operation =
         serde_json::from_value(log["by_operation"].clone()).unwrap_or_default();
-    let kube_log = sims.get(format!("{}/_sim/requests", sims.kube_url)).await?;
-    report.kube_requests_by_resource = kube_log["by_client_verb_resource"]
-        .as_object()
-        .map(|counts| {
-            counts
-                .iter()
-                .filter_map(|(key, n)| {
-                    Some((key.strip_prefix("capo-rs ")?.to_owned(), n.as_u64()?))
+    report.kube_requests_by_resource = match &sims.kube_url {
+        Some(url) => {
+            let kube_log = sims.get(format!("{url}/_sim/requests")).await?;
+            kube_log["by_client_verb_resource"]
+                .as_object()
+                .map(|counts| {
+                    counts
+                        .iter()
+                        .filter_map(|(key, n)| {
+                            Some((key.strip_prefix("capo-rs ")?.to_owned(), n.as_u64()?))
+                        })
+                        .collect()
                 })
-                .collect()
-        })
-        .unwrap_or_default();
+                .unwrap_or_default()
+        }
+        // The restarted controller's own count, by verb (a real server keeps no log by client).
+        None => sims
+            .controller_counts()
+            .await?
+            .into_iter()
+            .map(|(verb, n)| (format!("{verb} (after the restart)"), n as u64))
+            .collect(),
+    };
     let per_service = per_service_seconds(&log["per_service_second"]);
     report.openstack_peak_per_second_by_service = per_service
         .iter()

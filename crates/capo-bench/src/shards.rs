@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+use anyhow::Context as _;
 use futures::StreamExt as _;
 use serde::Serialize;
 use serde_json::Value;
@@ -55,6 +56,11 @@ pub async fn run(
     shards: u32,
     say: &(dyn Fn(&str) + Sync),
 ) -> anyhow::Result<ShardReport> {
+    // Each shard's requests come from the simulated API server's log, by client.
+    anyhow::ensure!(
+        config.kube_tier.is_none(),
+        "--shards needs the simulated API server (no --kube-tier)"
+    );
     let stage = Stage::start(&config).await?;
     let share = format!("{}", 1.0 / f64::from(shards.max(1)));
     let mut controllers = Vec::new();
@@ -144,7 +150,14 @@ pub async fn run(
     report.openstack_windows_over_budget = windows_over_the_budget(&per_service, &config);
     let kube = stage
         .sims
-        .get(format!("{}/_sim/requests", stage.sims.kube_url))
+        .get(format!(
+            "{}/_sim/requests",
+            stage
+                .sims
+                .kube_url
+                .as_deref()
+                .context("shards run on the simulated API server")?
+        ))
         .await?;
     let labelled: BTreeMap<&str, &str> = names
         .iter()

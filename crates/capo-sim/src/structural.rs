@@ -987,7 +987,8 @@ mod tests {
                 "x-kubernetes-list-map-keys": ["id"],
                 "items": {"type": "object", "properties": {"id": {"type": "string"}, "x": {"type": "string", "maxLength": 1}}}},
             "tags": {"type": "array", "items": {"type": "string", "maxLength": 1}}}}}});
-        let old = json!({"spec": {"name": "long", "ports": [{"id": "a", "x": "yy"}], "tags": ["zz"]}});
+        let old =
+            json!({"spec": {"name": "long", "ports": [{"id": "a", "x": "yy"}], "tags": ["zz"]}});
         // Only another field changed: every old violation ratchets.
         let mut new = old.clone();
         new["spec"]["other"] = json!(1);
@@ -1004,6 +1005,11 @@ mod tests {
         new["spec"]["tags"] = json!(["zz", "q"]);
         assert!(!ratcheted("spec.tags[0]", &new, &old, &schema));
         // The root's kind never ratchets.
-        assert!(!ratcheted("kind", &json!({"kind": 1, "a": 1}), &json!({"kind": 1}), &schema));
+        assert!(!ratcheted(
+            "kind",
+            &json!({"kind": 1, "a": 1}),
+            &json!({"kind": 1}),
+            &schema
+        ));
     }
 }

@@ -27,6 +27,51 @@ pub struct KubeClientOptions {
     pub burst: NonZeroU32,
     /// Sent as User-Agent; the API server names our field manager after its first word.
     pub user_agent: String,
+    /// Counts every request sent, by verb (`capo_kube_requests_total`), when set.
+    pub requests: Option<KubeRequests>,
+}
+
+/// `capo_kube_requests_total{verb}`: the requests this client sent to the API server (a
+/// watch counts once, when it starts), whatever the server answered.
+#[derive(Clone)]
+pub struct KubeRequests(prometheus::IntCounterVec);
+
+impl KubeRequests {
+    /// The counter, registered in `registry`.
+    pub fn register(registry: &prometheus::Registry) -> prometheus::Result<Self> {
+        let counter = prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "capo_kube_requests_total",
+                "Requests sent to the Kubernetes API server, by verb (a watch counts once).",
+            ),
+            &["verb"],
+        )?;
+        registry.register(Box::new(counter.clone()))?;
+        Ok(KubeRequests(counter))
+    }
+
+    fn count<B>(&self, request: &http::Request<B>) {
+        let watch = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+        let verb = match *request.method() {
+            _ if watch => "watch",
+            http::Method::GET => "get",
+            http::Method::POST => "create",
+            http::Method::PUT => "update",
+            http::Method::PATCH => "patch",
+            http::Method::DELETE => "delete",
+            _ => "other",
+        };
+        self.0.with_label_values(&[verb]).inc();
+    }
+}
+
+impl std::fmt::Debug for KubeRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeRequests")
+    }
 }
 
 impl Default for KubeClientOptions {
@@ -35,6 +80,7 @@ impl Default for KubeClientOptions {
             qps: 20.0,
             burst: NonZeroU32::new(30).unwrap_or(NonZeroU32::MIN),
             user_agent: format!("capo-rs/{}", env!("CARGO_PKG_VERSION")),
+            requests: None,
         }
     }
 }
@@ -71,7 +117,49 @@ pub fn client(
     let builder =
         ClientBuilder::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))?;
     let layer = RateLimitLayer::new(options.qps, options.burst)?;
-    Ok(builder.with_layer(&layer).build())
+    let counted = tower::layer::util::Stack::new(
+        tower::util::option_layer(options.requests.clone().map(CountLayer)),
+        layer,
+    );
+    Ok(builder.with_layer(&counted).build())
+}
+
+/// Counts each request as it leaves (behind the rate limit: what the server receives).
+#[derive(Clone)]
+struct CountLayer(KubeRequests);
+
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Counted<S> {
+        Counted {
+            inner,
+            requests: self.0.clone(),
+        }
+    }
+}
+
+struct Counted<S> {
+    inner: S,
+    requests: KubeRequests,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> S::Future {
+        self.requests.count(&request);
+        self.inner.call(request)
+    }
 }
 
 /// The tower layer that holds requests to a rate.
@@ -176,5 +264,46 @@ mod tests {
         let elapsed = started.elapsed();
         assert!(elapsed >= Duration::from_millis(180), "{elapsed:?}");
         assert!(RateLimitLayer::new(0.0, NonZeroU32::MIN).is_err());
+    }
+
+    #[tokio::test]
+    async fn every_request_is_counted_by_verb_a_watch_as_a_watch() {
+        let registry = prometheus::Registry::new();
+        let requests = KubeRequests::register(&registry).unwrap_or_else(|e| panic!("{e}"));
+        let mut service = tower::Layer::layer(
+            &CountLayer(requests),
+            tower::service_fn(|_: http::Request<()>| async {
+                Ok::<(), std::convert::Infallible>(())
+            }),
+        );
+        for (method, uri) in [
+            ("GET", "/api/v1/namespaces/a/secrets/b"),
+            ("GET", "/apis/g/v1/things?watch=true&resourceVersion=1"),
+            ("PATCH", "/apis/g/v1/namespaces/a/things/b/status"),
+            ("GET", "/apis/g/v1/things?limit=500"),
+        ] {
+            let request = http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let sent = service.ready().await.map(|s| s.call(request));
+            assert!(sent.is_ok());
+        }
+        let counts: Vec<(String, u64)> = registry
+            .gather()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .map(|m| {
+                (
+                    m.get_label()[0].value().to_owned(),
+                    m.get_counter().get_value() as u64,
+                )
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [("get".into(), 2), ("patch".into(), 1), ("watch".into(), 1)]
+        );
     }
 }
