@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 const NS: &str = "takeover";
 
 /// The Service's DNS names, as the Certificate in `deploy/` lists them.
-fn service_names() -> Vec<String> {
+pub(crate) fn service_names() -> Vec<String> {
     let (namespace, name) = capo_api::crds::WEBHOOK_SERVICE;
     vec![
         format!("{name}.{namespace}.svc"),

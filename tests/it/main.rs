@@ -19,6 +19,7 @@ mod crds;
 mod demo;
 mod floating_ip_pools;
 mod kube_answers;
+mod kube_reviews;
 mod kube_world;
 mod membership;
 mod packaging;

@@ -178,18 +178,27 @@ pub fn classify_response(
 /// How long to pause after a 429 that names no Retry-After.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Retry-After as seconds or an HTTP date; a date in the past means "now".
+/// The longest pause a Retry-After can ask for. A cloud endpoint is not trusted with more:
+/// one answering `Retry-After: 18446744073709551615` would otherwise overflow every deadline
+/// computed from it (a panic) or hold its endpoint for ever.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// Retry-After as seconds or an HTTP date, at most [`MAX_RETRY_AFTER`]; a date in the past
+/// means "now".
 pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
     let value = headers
         .get(http::header::RETRY_AFTER)?
         .to_str()
         .ok()?
         .trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+    let asked = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let date = httpdate::parse_http_date(value).ok()?;
+            date.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(asked.min(MAX_RETRY_AFTER))
 }
 
 fn is_immutable(message: &str) -> bool {
@@ -371,6 +380,23 @@ mod tests {
         assert_eq!(retry_after(&headers, now), Some(Duration::ZERO));
         headers.insert(http::header::RETRY_AFTER, "soon".parse().unwrap());
         assert_eq!(retry_after(&headers, now), None);
+    }
+
+    #[test]
+    fn a_retry_after_beyond_reason_is_held_to_the_longest_pause() {
+        let now = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for asked in [
+            "18446744073709551615",
+            "86400",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::RETRY_AFTER, asked.parse().unwrap());
+            assert_eq!(retry_after(&headers, now), Some(MAX_RETRY_AFTER), "{asked}");
+        }
+        // What follows from it cannot overflow.
+        let deadline = std::time::Instant::now().checked_add(MAX_RETRY_AFTER);
+        assert!(deadline.is_some());
     }
 
     #[test]

@@ -111,7 +111,12 @@ impl EndpointGate {
     /// Holds every request to this endpoint for `duration` (a Retry-After). A shorter pause
     /// never cuts a longer one short.
     pub fn pause_for(&self, duration: Duration) {
-        let until = Instant::now() + duration;
+        // Retry-After is held to MAX_RETRY_AFTER where it is read; a longer pause from
+        // anywhere else is the longest the clock can hold, never a panic.
+        let now = Instant::now();
+        let until = now
+            .checked_add(duration)
+            .unwrap_or_else(|| now + super::error::MAX_RETRY_AFTER);
         let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
         if paused.is_none_or(|current| current < until) {
             *paused = Some(until);

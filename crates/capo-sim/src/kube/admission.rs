@@ -48,6 +48,8 @@ pub struct Write<'a> {
     pub old: Option<&'a Value>,
     /// `dryRun=All`.
     pub dry_run: bool,
+    /// The request's `fieldManager`, when it named one.
+    pub field_manager: Option<&'a str>,
 }
 
 /// Validates `write` in its version, then asks the matching validating webhooks.
@@ -86,6 +88,8 @@ struct Webhook {
     ca_bundle: Option<String>,
     ignore_failure: bool,
     version: String,
+    /// `timeoutSeconds` (10 unless set).
+    timeout_s: u64,
 }
 
 fn matching_webhooks(shared: Server<'_>, write: &Write<'_>) -> Vec<Webhook> {
@@ -138,6 +142,7 @@ fn matching(webhook: &Value, write: &Write<'_>) -> Option<Webhook> {
         ca_bundle,
         ignore_failure: webhook["failurePolicy"] == "Ignore",
         version,
+        timeout_s: webhook["timeoutSeconds"].as_u64().unwrap_or(10),
     })
 }
 
@@ -162,14 +167,20 @@ async fn call(shared: Server<'_>, webhook: &Webhook, write: &Write<'_>) -> Resul
             "name": write.object["metadata"]["name"],
             "namespace": write.target.namespace,
             "operation": write.operation,
-            "userInfo": {"username": "capo-sim"},
+            "userInfo": {"username": "capo-sim", "groups": ["system:authenticated"], "extra": {}},
             "object": object, "oldObject": old,
             "dryRun": write.dry_run,
+            "options": options(write),
         },
     });
     let answer = shared
         .converter
-        .post(&webhook.endpoint, webhook.ca_bundle.as_deref(), &review)
+        .post(
+            &webhook.endpoint,
+            webhook.ca_bundle.as_deref(),
+            &review,
+            webhook.timeout_s,
+        )
         .await;
     let response = match answer {
         Ok(answer) if answer["response"]["uid"] == uid.as_str() => answer["response"].clone(),
@@ -186,6 +197,22 @@ async fn call(shared: Server<'_>, webhook: &Webhook, write: &Write<'_>) -> Resul
         return Ok(());
     }
     Err(denied(webhook, &response["status"]))
+}
+
+/// The write's options as the real server puts them in a review (a patch's as an update's).
+fn options(write: &Write<'_>) -> Value {
+    let kind = match write.operation {
+        "CREATE" => "CreateOptions",
+        _ => "UpdateOptions",
+    };
+    let mut options = json!({"apiVersion": "meta.k8s.io/v1", "kind": kind});
+    if let Some(manager) = write.field_manager {
+        options["fieldManager"] = json!(manager);
+    }
+    if write.dry_run {
+        options["dryRun"] = json!(["All"]);
+    }
+    options
 }
 
 async fn in_webhook_version(

@@ -20,6 +20,9 @@ use serde_json::{Value, json};
 
 use super::errors::{ApiError, Cause};
 
+/// How long the API server waits for a conversion webhook (not configurable).
+const CONVERSION_TIMEOUT_S: u64 = 30;
+
 /// Where a webhook is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -223,13 +226,24 @@ impl Converter {
         };
         *lock(&self.calls) += 1;
         let uid = uuid::Uuid::new_v4().to_string();
+        // As recorded from kube-apiserver 1.35: the object without its resourceVersion (the
+        // storage layer sets it after decoding), and an empty response beside the request.
+        let mut sent = object.clone();
+        if let Some(metadata) = sent.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.remove("resourceVersion");
+        }
         let review = json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
-            "request": {"uid": uid, "desiredAPIVersion": desired, "objects": [object]},
-            "response": {},
+            "request": {"uid": uid, "desiredAPIVersion": desired, "objects": [sent]},
+            "response": {"uid": "", "convertedObjects": null, "result": {"metadata": {}}},
         });
         let answer = self
-            .post(endpoint, ca_bundle.as_deref(), &review)
+            .post(
+                endpoint,
+                ca_bundle.as_deref(),
+                &review,
+                CONVERSION_TIMEOUT_S,
+            )
             .await
             .map_err(failed)?;
         let converted = check_answer(&answer, &uid).map_err(failed)?;
@@ -239,20 +253,25 @@ impl Converter {
         Ok(converted)
     }
 
-    /// POSTs `body` to a webhook, as the API server does (30 s timeout); its JSON answer.
+    /// POSTs `body` to a webhook, as the API server does (`?timeout=` the webhook's
+    /// timeout: 30 s for conversion, the configuration's `timeoutSeconds` for admission);
+    /// its JSON answer.
     pub async fn post(
         &self,
         endpoint: &Endpoint,
         ca_bundle: Option<&str>,
         body: &Value,
+        timeout_s: u64,
     ) -> Result<Value, String> {
         let (url, client) = self.client(endpoint, ca_bundle)?;
+        let target = format!("{url}?timeout={timeout_s}s");
         let response = client
-            .post(format!("{url}?timeout=30s"))
+            .post(&target)
+            .timeout(Duration::from_secs(timeout_s))
             .json(body)
             .send()
             .await
-            .map_err(|e| format!("Post \"{url}?timeout=30s\": {}", error_chain(&e)))?;
+            .map_err(|e| format!("Post \"{target}\": {}", error_chain(&e)))?;
         if !response.status().is_success() {
             return Err(format!(
                 "the server responded with status {}",

@@ -553,6 +553,7 @@ async fn resource_request(
                 object: &body,
                 old: None,
                 dry_run: opts.dry_run,
+                field_manager: request.param("fieldManager"),
             };
             admission::admit(shared.admission(), &write).await?;
             let (stored_as, body) = to_storage(shared, &target, body).await?;
@@ -566,7 +567,8 @@ async fn resource_request(
             reencode(shared, &target, name).await?;
             let body = request.json_body()?;
             if !status {
-                admit_update(shared, &target, name, &body, opts.dry_run).await?;
+                let manager = request.param("fieldManager");
+                admit_update(shared, &target, name, &body, opts.dry_run, manager).await?;
             }
             let (stored_as, body) = to_storage(shared, &target, body).await?;
             let written = shared
@@ -714,6 +716,18 @@ async fn patch(
         }
         let force = request.flag("force");
         let (stored_as, config) = to_storage(shared, target, config).await?;
+        if !status {
+            admit_apply(
+                shared,
+                request,
+                target,
+                (&stored_as, name),
+                &config,
+                &opts,
+                force,
+            )
+            .await?;
+        }
         let written = shared
             .store()
             .apply(&stored_as, name, config, status, &opts, force)?;
@@ -754,6 +768,7 @@ async fn patch(
                 object: &patched,
                 old: Some(&presented),
                 dry_run: opts.dry_run,
+                field_manager: request.param("fieldManager"),
             };
             admission::admit(shared.admission(), &write).await?;
         }
@@ -772,6 +787,46 @@ async fn patch(
     }
 }
 
+/// Admits a server-side apply as the real server does any write (recorded: an UPDATE review
+/// of the merged object, with the request's fieldManager): the apply tried without storing,
+/// its result against the live object, both in the request's version.
+async fn admit_apply(
+    shared: &Arc<Shared>,
+    request: &Request<'_>,
+    target: &Target,
+    (stored_as, name): (&Target, &str),
+    config: &Value,
+    opts: &WriteOptions,
+    force: bool,
+) -> Result<(), ApiError> {
+    let trial = WriteOptions {
+        dry_run: true,
+        ..opts.clone()
+    };
+    let merged = shared
+        .store()
+        .apply(stored_as, name, config.clone(), false, &trial, force)?;
+    let merged = written_in(shared, target, merged).await?;
+    let current = shared.store().get(target, name).ok();
+    let old = match current {
+        Some(current) => Some(present(
+            &target.def,
+            &target.version,
+            &in_version(shared, target, &current).await?,
+        )),
+        None => None,
+    };
+    let write = Write {
+        target,
+        operation: if old.is_some() { "UPDATE" } else { "CREATE" },
+        object: &merged.object,
+        old: old.as_ref(),
+        dry_run: opts.dry_run,
+        field_manager: request.param("fieldManager"),
+    };
+    admission::admit(shared.admission(), &write).await
+}
+
 /// Admits a PUT of `body` over the stored object (a PUT of a missing one fails later, as
 /// the real server's does for custom resources).
 async fn admit_update(
@@ -780,6 +835,7 @@ async fn admit_update(
     name: &str,
     body: &Value,
     dry_run: bool,
+    field_manager: Option<&str>,
 ) -> Result<(), ApiError> {
     let Ok(stored) = shared.store().get(target, name) else {
         return Ok(());
@@ -795,6 +851,7 @@ async fn admit_update(
         object: body,
         old: Some(&old),
         dry_run,
+        field_manager,
     };
     admission::admit(shared.admission(), &write).await
 }
