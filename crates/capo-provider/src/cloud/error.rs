@@ -183,7 +183,7 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// computed from it (a panic) or hold its endpoint for ever.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
-/// Retry-After as seconds or an HTTP date, at most [`MAX_RETRY_AFTER`]; a date in the past
+/// Retry-After as seconds or an HTTP date, at most `MAX_RETRY_AFTER`; a date in the past
 /// means "now".
 pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
     let value = headers
