@@ -249,11 +249,7 @@ impl KubeWorld {
 
     /// The run directory of the tier this world started for itself.
     pub(crate) fn own_tier_dir(&self) -> Option<std::path::PathBuf> {
-        let tier = self.own_tier.as_ref()?;
-        tier.env
-            .iter()
-            .find(|(name, _)| name == "CAPO_KUBE_RUN")
-            .map(|(_, dir)| dir.into())
+        self.own_tier.as_ref().map(|tier| tier.run.clone())
     }
 
     pub(crate) fn is_real(&self) -> bool {
@@ -328,6 +324,7 @@ impl Drop for KubeWorld {
 /// A second real tier, on free ports in a run directory of its own; `down.sh --purge` when
 /// dropped.
 struct OwnTier {
+    run: std::path::PathBuf,
     env: Vec<(String, String)>,
     kubeconfigs: RealKube,
 }
@@ -354,6 +351,7 @@ impl OwnTier {
             env.push((name.to_owned(), port.to_string()));
         }
         let tier = OwnTier {
+            run: run.clone(),
             env,
             kubeconfigs: RealKube {
                 admin: run.join("admin.kubeconfig"),
