@@ -28,7 +28,9 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// What to log: a level (error, warn, info, debug, trace) or a filter such as
-    /// `info,capo_provider=debug`. Default: $RUST_LOG, else info (error for the demo).
+    /// `info,capo_provider=debug`. A level is capo-rs's own; other crates (the OpenStack SDK,
+    /// kube, hyper) stay at warn unless named, as in `debug,openstack_sdk=debug`.
+    /// Default: $RUST_LOG, else info (error for the demo).
     #[arg(long, global = true)]
     pub log_level: Option<String>,
 }

@@ -12,19 +12,17 @@ mod watch_lb;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    // The SDK logs every request at INFO, and kube-runtime opens an INFO span per reconcile
-    // beside our own: keep them to warnings unless asked. The demo shows its own view: only
-    // errors, unless asked.
-    let default_filter = if cli.is_demo() {
-        "error"
-    } else {
-        "info,openstack_sdk=warn,openstack_sdk_core=warn,openstack_sdk_auth_core=warn,kube_runtime=warn"
-    };
-    let filter = match &cli.log_level {
-        Some(level) => tracing_subscriber::EnvFilter::try_new(level),
-        None => tracing_subscriber::EnvFilter::try_from_default_env()
-            .or_else(|_| tracing_subscriber::EnvFilter::try_new(default_filter)),
-    };
+    // The operator's level is capo-rs's own: the SDK, kube's client, hyper and h2 log requests
+    // (and the SDK authentication) at info and below, so they stay at warnings unless a
+    // directive names them (capo_provider::manager::log_filter). The demo shows its own view: only errors.
+    let default_level = if cli.is_demo() { "error" } else { "info" };
+    let asked = cli
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("RUST_LOG").ok());
+    let filter = tracing_subscriber::EnvFilter::try_new(
+        capo_provider::manager::log_filter::directives(asked.as_deref(), default_level),
+    );
     let filter = match filter {
         Ok(filter) => filter,
         Err(error) => {

@@ -672,6 +672,41 @@ async fn lists_follow_pagination_links() {
     assert_eq!(listed.len(), 2);
 }
 
+/// A cloud that sends `next` links forever gets its listing refused after
+/// `MAX_LISTED` objects: no endless loop, no unbounded memory, and no list cut short.
+#[tokio::test]
+async fn endless_pagination_is_refused_not_followed_forever() {
+    let server = MockServer::start().await;
+    let member = sample("member_list_active.json")["members"][0].clone();
+    let page: Vec<Value> = std::iter::repeat_n(member, 1000).collect();
+    let next = format!(
+        "{}/load-balancer/v2/lbaas/pools/{POOL}/members?marker={MEMBER}",
+        server.uri()
+    );
+    Mock::given(method("GET"))
+        .respond_with(json_response(
+            200,
+            &json!({"members": page, "members_links": [{"rel": "next", "href": next}]}),
+        ))
+        .mount(&server)
+        .await;
+    let mut opts = options();
+    opts.rate_limit = RateLimit {
+        qps: std::num::NonZeroU32::new(10_000).unwrap(),
+        burst: std::num::NonZeroU32::new(10_000).unwrap(),
+    };
+    let (client, _) = noauth_client(&server, opts);
+    let error = client.octavia().list_members(POOL).await.unwrap_err();
+    assert!(matches!(error, CloudError::Decode(_)), "{error:?}");
+    assert!(error.message().contains("50000"), "{error}");
+    let pages = server.received_requests().await.unwrap_or_default().len();
+    assert_eq!(
+        pages,
+        capo_provider::cloud::MAX_LISTED / 1000 + 1,
+        "requests made"
+    );
+}
+
 #[tokio::test]
 async fn retry_after_over_http_pauses_the_next_request() {
     let server = MockServer::start().await;
@@ -788,6 +823,64 @@ async fn retry_after_seconds_and_date_are_obeyed_in_virtual_time() {
         "{:?}",
         at[3] - at[2]
     );
+}
+
+/// A Retry-After no clock can add (`u64::MAX` seconds) is held to five minutes: the call is
+/// refused as rate limited, the process does not panic, and the pause ends.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_too_long_for_any_clock_is_held_to_five_minutes() {
+    let session = ScriptedSession::new(vec![(429, vec![("retry-after", u64::MAX.to_string())])]);
+    let (clouds, _) = clouds(options());
+    let client = clouds.client(session.clone());
+    let error = client.octavia().get_member(POOL, MEMBER).await.unwrap_err();
+    assert!(
+        matches!(error, CloudError::RateLimited { retry_after, .. } if retry_after == Duration::from_secs(300)),
+        "{error:?}"
+    );
+    tokio::time::advance(Duration::from_secs(301)).await;
+    client.octavia().get_member(POOL, MEMBER).await.unwrap();
+    assert_eq!(session.arrivals().len(), 2);
+}
+
+/// Two projects on one endpoint share its rate limiter, but a 429 sent to one holds only that
+/// one's requests: the other tenant's go straight through.
+#[tokio::test(start_paused = true)]
+async fn a_429_to_one_project_pauses_that_project_only() {
+    let told = ScriptedSession::new(vec![(429, vec![("retry-after", "30".into())])]);
+    let other = Arc::new(ScriptedSession {
+        scope: SessionScope {
+            identity: "another-project".into(),
+            ..told.scope.clone()
+        },
+        answers: Mutex::new(VecDeque::new()),
+        arrivals: Mutex::new(Vec::new()),
+    });
+    let (clouds, _) = clouds(options());
+    let (told_client, other_client) = (clouds.client(told.clone()), clouds.client(other.clone()));
+    let error = told_client
+        .octavia()
+        .get_member(POOL, MEMBER)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, CloudError::RateLimited { .. }), "{error:?}");
+    let started = tokio::time::Instant::now();
+    other_client
+        .octavia()
+        .get_member(POOL, MEMBER)
+        .await
+        .unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "not held by the other's pause"
+    );
+    let error = told_client
+        .octavia()
+        .get_member(POOL, MEMBER)
+        .await
+        .unwrap_err();
+    assert!(error.message().contains("not sent"), "{error}");
+    assert_eq!((told.arrivals().len(), other.arrivals().len()), (1, 1));
 }
 
 #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ mod conversion;
 mod crds;
 mod demo;
 mod floating_ip_pools;
+mod hostile;
 mod kube_answers;
 mod kube_reviews;
 mod kube_world;

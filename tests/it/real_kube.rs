@@ -320,6 +320,64 @@ async fn real_kube_accepts_every_object_of_deploy_applied_server_side() {
     assert_eq!(applied, objects, "every object of deploy/ applied:\n{said}");
 }
 
+/// The manager's pod, as `deploy/manager.yaml` runs it, meets the Pod Security Standard
+/// `restricted` that `deploy/namespace.yaml` enforces there: the real server's PodSecurity
+/// admission admits it (a server-side dry run), and refuses the same pod given more privilege.
+#[tokio::test]
+async fn real_kube_the_manager_pod_meets_pod_security_restricted_in_its_namespace() {
+    let Some(real) = real_kube() else { return };
+    let client = crate::kube_world::client_from(&real.admin).await;
+    let read = |file: &str| -> Value {
+        let path = format!("{}/deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let namespace = read("namespace.yaml");
+    crate::kube_world::apply_crds(&client, std::slice::from_ref(&namespace)).await;
+    let name = namespace["metadata"]["name"]
+        .as_str()
+        .expect("a name")
+        .to_owned();
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let manager = read("manager.yaml");
+    let pod = |privileged: bool| -> k8s_openapi::api::core::v1::Pod {
+        let mut spec = manager["spec"]["template"]["spec"].clone();
+        // The ServiceAccount admission would refuse first where deploy/rbac.yaml is not applied.
+        if let Some(spec) = spec.as_object_mut() {
+            spec.remove("serviceAccountName");
+        }
+        if privileged {
+            // Not `privileged: true`: this server refuses that by its own flag first.
+            spec["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = json!(true);
+            spec["containers"][0]["securityContext"]["capabilities"]["add"] = json!(["NET_ADMIN"]);
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "pod-security-check"}, "spec": spec}))
+        .expect("a Pod")
+    };
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, &name);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    pods.create(&dry_run, &pod(false))
+        .await
+        .unwrap_or_else(|e| panic!("the manager's pod is refused in {name}: {e}"));
+    let refused = pods
+        .create(&dry_run, &pod(true))
+        .await
+        .expect_err("a privileged pod");
+    assert!(
+        refused
+            .to_string()
+            .contains("violates PodSecurity \"restricted"),
+        "{refused}"
+    );
+}
+
 /// Our OpenStackCluster CRD as an older release might have shipped it: without the bastion's
 /// CEL rule and the conditions' reason pattern (and no conversion, v1beta2 alone is used).
 fn osc_crd(tightened: bool) -> Value {

@@ -78,6 +78,8 @@ pub mod reasons {
     pub const KUBERNETES_UNAVAILABLE: &str = "KubernetesUnavailable";
     /// The spec cannot work (unknown flavor, invalid CIDR); waits for a spec change.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// A reconcile panicked (a bug in capo-rs); caught, and retried with backoff.
+    pub const INTERNAL_ERROR: &str = "InternalError";
     /// The object is being deleted.
     pub const DELETING: &str = "Deleting";
     /// The reasons of the load balancer gate (`APIServerLoadBalancerReady` and

@@ -5,6 +5,7 @@
 
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod cloud;
 pub mod controllers;
 pub mod manager;

@@ -212,41 +212,138 @@ fn set_annotation(object: &mut Value, data: String) {
 /// Answers a `ConversionReview` (apiextensions.k8s.io/v1) request. Every object converts,
 /// or none is returned and the result is a Failure naming the first that could not.
 pub fn review(body: &Value) -> Value {
-    let request = &body["request"];
-    let uid = request["uid"].clone();
-    let failure = |message: String| {
-        json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "ConversionReview",
-            "response": {"uid": uid, "convertedObjects": [], "result": {"status": "Failure", "message": message}},
-        })
+    let reviewed = review_bytes(body.to_string().as_bytes());
+    serde_json::from_slice(&reviewed.answer).unwrap_or(Value::Null)
+}
+
+/// What [`review_bytes`] answered.
+#[derive(Debug)]
+pub struct Reviewed {
+    /// The `ConversionReview` answer, as JSON.
+    pub answer: Vec<u8>,
+    /// The version converted to and the kinds of the objects converted, or why the review
+    /// failed.
+    pub outcome: Result<Converted, String>,
+}
+
+/// What a successful review converted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Converted {
+    /// The version asked for (`v1beta1`, `v1beta2`).
+    pub to: String,
+    /// How many objects of each kind.
+    pub kinds: std::collections::BTreeMap<String, u64>,
+}
+
+/// The envelope of a `ConversionReview` as sent: the objects are left as the text they came
+/// in, and parsed one at a time.
+#[derive(serde::Deserialize)]
+struct ReviewIn<'a> {
+    #[serde(rename = "apiVersion", default)]
+    api_version: Value,
+    #[serde(default)]
+    kind: Value,
+    #[serde(default, borrow)]
+    request: Option<RequestIn<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RequestIn<'a> {
+    #[serde(default)]
+    uid: Value,
+    #[serde(rename = "desiredAPIVersion", default)]
+    desired_api_version: Option<String>,
+    #[serde(default, borrow)]
+    objects: Option<Vec<&'a serde_json::value::RawValue>>,
+}
+
+/// [`review`] on the request's bytes, answering bytes. A real API server sends a whole list
+/// in one review when a client lists in a version other than the storage version, so the
+/// objects are never held as one JSON tree: each is parsed, converted and written out in turn.
+/// What it holds at once is the request, the answer, and one object.
+pub fn review_bytes(body: &[u8]) -> Reviewed {
+    let envelope: ReviewIn<'_> = match serde_json::from_slice(body) {
+        Ok(envelope) => envelope,
+        Err(error) => return failure(&Value::Null, &format!("the request is not JSON: {error}")),
     };
-    if body["apiVersion"] != "apiextensions.k8s.io/v1" || body["kind"] != "ConversionReview" {
-        return failure(format!(
+    if envelope.api_version != "apiextensions.k8s.io/v1" || envelope.kind != "ConversionReview" {
+        let message = format!(
             "expected an apiextensions.k8s.io/v1 ConversionReview, got apiVersion {} kind {}",
-            body["apiVersion"], body["kind"]
-        ));
+            envelope.api_version, envelope.kind
+        );
+        let uid = envelope.request.as_ref().map_or(&Value::Null, |r| &r.uid);
+        return failure(uid, &message);
     }
+    let Some(request) = envelope.request else {
+        return failure(&Value::Null, "request.uid is missing");
+    };
+    let uid = &request.uid;
     if !uid.is_string() {
-        return failure("request.uid is missing".into());
+        return failure(uid, "request.uid is missing");
     }
-    let Some(desired) = request["desiredAPIVersion"].as_str() else {
-        return failure("request.desiredAPIVersion is missing".into());
+    let Some(desired) = request.desired_api_version.as_deref() else {
+        return failure(uid, "request.desiredAPIVersion is missing");
     };
-    let Some(objects) = request["objects"].as_array() else {
-        return failure("request.objects is missing".into());
+    let Some(objects) = request.objects else {
+        return failure(uid, "request.objects is missing");
     };
-    match objects
-        .iter()
-        .map(|o| convert(o, desired))
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(converted) => json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "ConversionReview",
-            "response": {"uid": uid, "convertedObjects": converted, "result": {"status": "Success"}},
-        }),
-        Err(e) => failure(format!("cannot convert {e}")),
+    let mut done = Converted {
+        to: desired.rsplit('/').next().unwrap_or_default().to_owned(),
+        ..Converted::default()
+    };
+    // Written straight into the answer: the request and the answer are all that is held.
+    let mut answer = Vec::with_capacity(body.len() + 256);
+    answer.extend_from_slice(
+        br#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","response":{"uid":"#,
+    );
+    answer.extend_from_slice(uid.to_string().as_bytes());
+    answer.extend_from_slice(br#","convertedObjects":["#);
+    for (i, raw) in objects.iter().enumerate() {
+        let object: Value = match serde_json::from_str(raw.get()) {
+            Ok(object) => object,
+            Err(error) => {
+                return failure(
+                    uid,
+                    &format!("cannot convert object {i}: not JSON: {error}"),
+                );
+            }
+        };
+        if i > 0 {
+            answer.push(b',');
+        }
+        let written = convert(&object, desired)
+            .map_err(|e| format!("cannot convert {e}"))
+            .and_then(|out| {
+                let kind = out["kind"].as_str().unwrap_or_default().to_owned();
+                *done.kinds.entry(kind).or_default() += 1;
+                serde_json::to_writer(&mut answer, &out).map_err(|e| e.to_string())
+            });
+        if let Err(message) = written {
+            return failure(uid, &message);
+        }
+    }
+    answer.extend_from_slice(br#"],"result":{"status":"Success"}}}"#);
+    Reviewed {
+        answer,
+        outcome: Ok(done),
+    }
+}
+
+/// A failed review that names no request (the request could not be looked at): `message` says
+/// why.
+pub fn review_failed(message: &str) -> Reviewed {
+    failure(&Value::Null, message)
+}
+
+fn failure(uid: &Value, message: &str) -> Reviewed {
+    let answer = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "ConversionReview",
+        "response": {"uid": uid, "convertedObjects": [], "result": {"status": "Failure", "message": message}},
+    });
+    Reviewed {
+        answer: answer.to_string().into_bytes(),
+        outcome: Err(message.to_owned()),
     }
 }
 

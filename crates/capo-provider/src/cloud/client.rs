@@ -112,6 +112,7 @@ impl Clouds {
             slot.last_used = Some(now);
             slot.cell.clone()
         };
+        self.forget_unused();
         let session = cell
             .get_or_try_init(|| {
                 let cacert = credentials.cacert.as_deref();
@@ -137,6 +138,19 @@ impl Clouds {
                 self.lookups_of(&scope),
             ),
         }
+    }
+
+    /// Drops the gates, capabilities and lookups no client holds any more: each is keyed by
+    /// what a clouds.yaml says (auth URL, region, credential), so every one ever seen would
+    /// otherwise stay. What a new client needs is made again.
+    fn forget_unused(&self) {
+        fn held<K, V>(map: &Mutex<HashMap<K, Arc<V>>>) {
+            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+            map.retain(|_, value| Arc::strong_count(value) > 1);
+        }
+        held(&self.gates);
+        held(&self.capabilities);
+        held(&self.lookups);
     }
 
     fn capabilities_of(&self, scope: &SessionScope) -> Arc<Capabilities> {
@@ -224,7 +238,7 @@ impl Clouds {
             None => None,
         };
         let limits = &self.options.path;
-        gate.admit(limits.max_gate_wait)
+        gate.admit(&scope.identity, limits.max_gate_wait)
             .await
             .map_err(|_| CloudError::RateLimited {
                 ctx: connect_context("identity endpoint saturated; not sent".into()),

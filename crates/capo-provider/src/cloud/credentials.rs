@@ -76,7 +76,9 @@ impl fmt::Debug for ResolvedCloud {
 impl CloudCredentials {
     /// Parses and checks the clouds.yaml entry.
     pub fn resolve(&self) -> Result<ResolvedCloud, CloudError> {
-        let file: ConfigFile = serde_yaml::from_str(&self.clouds_yaml).map_err(|e| {
+        // A tenant writes this file: serde-saphyr (maintained, and bounded: a budget on
+        // events, nesting and alias expansion) rather than the deprecated serde_yaml.
+        let file: ConfigFile = serde_saphyr::from_str(&self.clouds_yaml).map_err(|e| {
             let at = e
                 .location()
                 .map(|l| format!(" at line {} column {}", l.line(), l.column()))

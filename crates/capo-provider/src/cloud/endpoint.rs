@@ -130,6 +130,25 @@ impl RestEndpoint for Call {
 
 impl Pageable for Call {}
 
+/// The most objects one listing may hold. The lists capo-rs makes are narrowed by name, tag,
+/// network or project and hold a few hundred at most; a cloud that pages on past this (a
+/// broken or hostile endpoint sending `next` links forever) gets its listing refused instead
+/// of an endless loop or unbounded memory. Refused, not truncated: a truncated list could make
+/// something present look absent.
+pub const MAX_LISTED: usize = 50_000;
+
+/// A listing longer than [`MAX_LISTED`], as the error that refuses it.
+pub(crate) fn too_long(op: Operation, listed: usize) -> Result<(), CloudError> {
+    if listed <= MAX_LISTED {
+        return Ok(());
+    }
+    Err(CloudError::Decode(super::ErrorContext {
+        service: op.service,
+        operation: op.name.to_owned(),
+        message: format!("the listing goes on past {MAX_LISTED} objects; refused"),
+    }))
+}
+
 impl RequestPath {
     /// Runs `call` and decodes the (unwrapped) answer.
     pub(crate) async fn fetch<T: DeserializeOwned + Send + 'static>(
@@ -141,17 +160,20 @@ impl RequestPath {
         call.query_async(&client).await.map_err(|e| from_sdk(op, e))
     }
 
-    /// Runs a list call, following the service's pagination links to the end.
+    /// Runs a list call, following the service's pagination links to the end, or to
+    /// [`MAX_LISTED`] objects: a listing longer than that is refused, never cut short.
     pub(crate) async fn fetch_all<T: DeserializeOwned + Send + 'static>(
         &self,
         call: Call,
     ) -> Result<Vec<T>, CloudError> {
         let op = call.op;
         let client = OpClient { path: self, op };
-        paged(call, Pagination::All)
+        let listed: Vec<T> = paged(call, Pagination::Limit(MAX_LISTED + 1))
             .query_async(&client)
             .await
-            .map_err(|e| from_sdk(op, e))
+            .map_err(|e| from_sdk(op, e))?;
+        too_long(op, listed.len())?;
+        Ok(listed)
     }
 
     /// Runs a call whose answer has no body worth reading (DELETE's 204, PUT's 202).

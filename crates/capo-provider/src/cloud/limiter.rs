@@ -1,6 +1,9 @@
 //! One gate per (auth URL, region, service): a governor rate limiter running on tokio's clock
-//! (so paused-clock tests measure virtual time) plus the endpoint's Retry-After pause.
+//! (so paused-clock tests measure virtual time) plus the Retry-After pauses of the identities
+//! that call the endpoint: a 429 to one project holds that project's requests, not every
+//! tenant's.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::ops::Add;
 use std::sync::Mutex;
@@ -12,6 +15,8 @@ use governor::nanos::Nanos;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use tokio::time::Instant;
+
+use crate::clock::Later;
 
 use super::Service;
 
@@ -56,12 +61,14 @@ pub enum Refused {
 
 type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<TokioInstant>>;
 
-/// The gate of one endpoint: its rate limiter and any Retry-After pause, shared by
-/// every client that calls it.
+/// The gate of one endpoint: its rate limiter, shared by every client that calls it, and the
+/// Retry-After pause of each identity (a session scope's `identity`) that was told to wait.
 pub struct EndpointGate {
     limiter: Limiter,
     clock: TokioClock,
-    paused_until: Mutex<Option<Instant>>,
+    /// Only pauses that have not ended: pruned whenever one is added, so its size is the
+    /// number of identities paused in the last [`MAX_RETRY_AFTER`](super::error::MAX_RETRY_AFTER).
+    paused_until: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for EndpointGate {
@@ -78,17 +85,17 @@ impl EndpointGate {
         EndpointGate {
             limiter: RateLimiter::direct_with_clock(quota, clock.clone()),
             clock,
-            paused_until: Mutex::new(None),
+            paused_until: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Waits for the pause to end and for a limiter slot, up to `max_wait` in all; returns how
-    /// long it waited. The wait is a tokio sleep, so dropping the future cancels it.
-    pub async fn admit(&self, max_wait: Duration) -> Result<Duration, Refused> {
+    /// Waits for `who`'s pause to end and for a limiter slot, up to `max_wait` in all; returns
+    /// how long it waited. The wait is a tokio sleep, so dropping the future cancels it.
+    pub async fn admit(&self, who: &str, max_wait: Duration) -> Result<Duration, Refused> {
         let start = Instant::now();
         loop {
             let waited = start.elapsed();
-            if let Some(remaining) = self.pause_remaining() {
+            if let Some(remaining) = self.pause_remaining(who) {
                 if waited + remaining > max_wait {
                     return Err(Refused::Paused { remaining });
                 }
@@ -108,25 +115,23 @@ impl EndpointGate {
         }
     }
 
-    /// Holds every request to this endpoint for `duration` (a Retry-After). A shorter pause
-    /// never cuts a longer one short.
-    pub fn pause_for(&self, duration: Duration) {
+    /// Holds `who`'s requests to this endpoint for `duration` (a Retry-After it was sent).
+    /// A shorter pause never cuts a longer one short.
+    pub fn pause_for(&self, who: &str, duration: Duration) {
         // Retry-After is held to MAX_RETRY_AFTER where it is read; a longer pause from
-        // anywhere else is the longest the clock can hold, never a panic.
+        // anywhere else is held to the clock's furthest deadline, never a panic.
         let now = Instant::now();
-        let until = now
-            .checked_add(duration)
-            .unwrap_or_else(|| now + super::error::MAX_RETRY_AFTER);
+        let until = now.later(duration);
         let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        if paused.is_none_or(|current| current < until) {
-            *paused = Some(until);
-        }
+        paused.retain(|_, ends| *ends > now);
+        let ends = paused.entry(who.to_owned()).or_insert(until);
+        *ends = (*ends).max(until);
     }
 
-    /// How long the current Retry-After pause still lasts.
-    pub fn pause_remaining(&self) -> Option<Duration> {
+    /// How long `who`'s Retry-After pause still lasts.
+    pub fn pause_remaining(&self, who: &str) -> Option<Duration> {
         let paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
-        let until = (*paused)?;
+        let until = *paused.get(who)?;
         let now = Instant::now();
         (until > now).then(|| until - now)
     }
@@ -190,35 +195,68 @@ mod tests {
         let gate = gate(10, 5);
         let start = Instant::now();
         for _ in 0..5 {
-            assert_eq!(gate.admit(Duration::MAX).await, Ok(Duration::ZERO));
+            assert_eq!(gate.admit("p", Duration::MAX).await, Ok(Duration::ZERO));
         }
-        gate.admit(Duration::MAX).await.unwrap();
+        gate.admit("p", Duration::MAX).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(100));
     }
 
     #[tokio::test(start_paused = true)]
     async fn pause_holds_requests_and_refuses_when_too_long() {
         let gate = gate(100, 100);
-        gate.pause_for(Duration::from_secs(3));
-        gate.pause_for(Duration::from_secs(1));
+        gate.pause_for("p", Duration::from_secs(3));
+        gate.pause_for("p", Duration::from_secs(1));
         assert_eq!(
-            gate.admit(Duration::from_secs(1)).await,
+            gate.admit("p", Duration::from_secs(1)).await,
             Err(Refused::Paused {
                 remaining: Duration::from_secs(3)
             })
         );
         let start = Instant::now();
-        gate.admit(Duration::from_secs(10)).await.unwrap();
+        gate.admit("p", Duration::from_secs(10)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(3));
     }
 
     #[tokio::test(start_paused = true)]
     async fn saturation_beyond_the_wait_limit_is_refused() {
         let gate = gate(1, 1);
-        gate.admit(Duration::ZERO).await.unwrap();
+        gate.admit("p", Duration::ZERO).await.unwrap();
         assert!(matches!(
-            gate.admit(Duration::from_millis(10)).await,
+            gate.admit("p", Duration::from_millis(10)).await,
             Err(Refused::Saturated { .. })
         ));
+    }
+
+    /// One project's 429 holds that project's requests only: the endpoint's other tenants go
+    /// on, and the pause is forgotten once it ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_holds_only_the_identity_that_was_told_to_wait() {
+        let gate = gate(100, 100);
+        gate.pause_for("tenant-a", Duration::from_secs(30));
+        assert_eq!(
+            gate.admit("tenant-b", Duration::ZERO).await,
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(
+            gate.admit("tenant-a", Duration::ZERO).await,
+            Err(Refused::Paused {
+                remaining: Duration::from_secs(30)
+            })
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        gate.pause_for("tenant-b", Duration::from_secs(1));
+        let paused = gate.paused_until.lock().unwrap();
+        assert_eq!(
+            paused.keys().collect::<Vec<_>>(),
+            ["tenant-b"],
+            "ended pauses are pruned"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_too_long_for_the_clock_is_no_panic() {
+        let gate = gate(100, 100);
+        gate.pause_for("p", Duration::MAX);
+        assert_eq!(gate.pause_remaining("p"), Some(crate::clock::FAR));
     }
 }

@@ -34,7 +34,10 @@ use std::fmt;
 
 pub use client::{CloudClient, CloudOptions, Clouds};
 pub use credentials::{CloudCredentials, ResolvedCloud};
-pub use error::{CloudError, ErrorContext, classify_response, retry_after, server_message};
+pub use endpoint::MAX_LISTED;
+pub use error::{
+    CloudError, ErrorContext, MAX_RETRY_AFTER, classify_response, retry_after, server_message,
+};
 pub use limiter::{EndpointGate, GateKey, RateLimit};
 pub use metrics::ApiMetrics;
 pub use path::{PathOptions, RequestPath};

@@ -91,8 +91,9 @@ pub struct ServerNetwork {
     pub uuid: Option<String>,
 }
 
-/// A server to create: the `server` object of `POST /servers`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+/// A server to create: the `server` object of `POST /servers`. `Debug` says how long the
+/// user data is, never what it holds (bootstrap data carries the cluster's join secrets).
+#[derive(Clone, Default, PartialEq, Serialize)]
 pub struct ServerSpec {
     /// The server's name.
     pub name: String,
@@ -134,6 +135,30 @@ pub struct ServerSpec {
     /// More scheduler hints, sent beside the server object.
     #[serde(skip)]
     pub scheduler_hints: serde_json::Map<String, Value>,
+}
+
+impl std::fmt::Debug for ServerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user_data = self
+            .user_data
+            .as_ref()
+            .map(|data| format!("<{} bytes, not shown>", data.len()));
+        f.debug_struct("ServerSpec")
+            .field("name", &self.name)
+            .field("flavor_ref", &self.flavor_ref)
+            .field("image_ref", &self.image_ref)
+            .field("networks", &self.networks)
+            .field("key_name", &self.key_name)
+            .field("metadata", &self.metadata)
+            .field("user_data", &user_data)
+            .field("availability_zone", &self.availability_zone)
+            .field("tags", &self.tags)
+            .field("config_drive", &self.config_drive)
+            .field("block_devices", &self.block_devices)
+            .field("server_group_id", &self.server_group_id)
+            .field("scheduler_hints", &self.scheduler_hints)
+            .finish()
+    }
 }
 
 /// A Nova flavor, as `GET /flavors/{id}` returns it.
@@ -313,4 +338,22 @@ pub(crate) fn not_found(op: Operation, message: String) -> CloudError {
         operation: op.name.to_owned(),
         message,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_user_data() {
+        let spec = ServerSpec {
+            name: "m-0".into(),
+            user_data: Some("am9pbi10b2tlbjogc2VjcmV0".into()),
+            ..ServerSpec::default()
+        };
+        let shown = format!("{spec:?}");
+        assert!(!shown.contains("am9pbi10b2tlbjogc2VjcmV0"), "{shown}");
+        assert!(shown.contains("<24 bytes, not shown>"), "{shown}");
+        assert!(shown.contains("m-0"), "{shown}");
+    }
 }

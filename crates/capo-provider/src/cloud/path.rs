@@ -203,7 +203,7 @@ impl RequestPath {
                 Err(error) => error,
             };
             if let CloudError::RateLimited { retry_after, .. } = &error {
-                gate.pause_for(*retry_after);
+                gate.pause_for(&self.session.scope().identity, *retry_after);
             }
             if !is_retryable(&prepared.method, &error) {
                 return (Err(error), gate_wait);
@@ -231,7 +231,7 @@ impl RequestPath {
 
     async fn admit(&self, op: Operation, gate: &EndpointGate) -> Result<Duration, CloudError> {
         let admitted = self
-            .cancellable(gate.admit(self.options.max_gate_wait))
+            .cancellable(gate.admit(&self.session.scope().identity, self.options.max_gate_wait))
             .await
             .ok_or_else(|| self.cancelled(op))?;
         let waited = admitted.map_err(|refused| {

@@ -65,12 +65,12 @@ impl RetryPolicy {
             .saturating_mul(1u32 << exponent)
             .min(self.max_delay);
         let delay = ceiling.mul_f64(unit.clamp(0.0, 1.0));
-        (elapsed + delay <= self.max_elapsed).then_some(delay)
+        (elapsed.saturating_add(delay) <= self.max_elapsed).then_some(delay)
     }
 
     /// Whether a server-requested pause still fits the policy's time budget.
     pub fn allows_pause(&self, attempt: u32, elapsed: Duration, pause: Duration) -> bool {
-        attempt < self.max_attempts && elapsed + pause <= self.max_elapsed
+        attempt < self.max_attempts && elapsed.saturating_add(pause) <= self.max_elapsed
     }
 }
 

@@ -79,6 +79,11 @@ impl<K: Eq + Hash + Clone> Backoff<K> {
         self.failures.remove(key);
     }
 
+    /// Forgets every object but those `keep` keeps.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.failures.retain(|key, _| keep(key));
+    }
+
     /// Objects currently backing off.
     pub fn len(&self) -> usize {
         self.failures.len()

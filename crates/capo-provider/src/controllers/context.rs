@@ -2,7 +2,7 @@
 //! membership engine, OpenStack clients per credentials, metrics, tunables, and the
 //! per-object backoff that turns a category of error into the next attempt's delay.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -204,6 +204,21 @@ impl Context {
         lock(&self.notes).retain(|(object, _), _| object != key);
     }
 
+    /// Forgets what is held about `controller`'s objects that left its store (`live`: the keys
+    /// of those still in it): an object deleted while another replica led, or one whose last
+    /// pass never came, would otherwise be remembered for as long as the process runs.
+    pub fn prune(&self, controller: &str, live: &HashSet<String>) {
+        let prefix = format!("{controller}/");
+        let keep = |key: &str| !key.starts_with(&prefix) || live.contains(key);
+        self.lock_backoff().retain(|key| keep(key));
+        lock(&self.wakes).retain(|key, _| keep(key));
+        lock(&self.steps).retain(keep);
+        lock(&self.versions).retain(|key, _| keep(key));
+        lock(&self.notes).retain(|(key, _), _| keep(key));
+        let live: HashSet<u64> = live.iter().map(|key| key_digest(key)).collect();
+        self.last_writes.retain(controller, &live);
+    }
+
     /// Notes that `what` happened to `key` at `at` (the first time counts).
     pub fn note(&self, key: &str, what: &str, at: tokio::time::Instant) {
         lock(&self.notes)
@@ -339,18 +354,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Keyed by a digest of the object's key: one entry per object each controller wrote, and the
 /// key's string was most of an entry.
 #[derive(Default)]
-pub struct LastWrites(Mutex<HashMap<u64, (u64, u64)>>);
+pub struct LastWrites(Mutex<HashMap<u64, Written>>);
+
+/// A digest of the writing controller's name, and of the status before and after.
+type Written = (u64, u64, u64);
 
 impl LastWrites {
     /// Whether `status` is what we last wrote over `before`.
     pub fn repeats<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) -> bool {
         let last = self.lock().get(&key_digest(key)).copied();
-        last == Some((digest(before), digest(Some(status))))
+        last == Some((controller_of(key), digest(before), digest(Some(status))))
     }
 
     /// Records that `status` was just written to `key` over `before`.
     pub fn wrote<S: Serialize>(&self, key: &str, before: Option<&S>, status: &S) {
-        let entry = (digest(before), digest(Some(status)));
+        let entry = (controller_of(key), digest(before), digest(Some(status)));
         self.lock().insert(key_digest(key), entry);
     }
 
@@ -359,9 +377,21 @@ impl LastWrites {
         self.lock().remove(&key_digest(key));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (u64, u64)>> {
+    /// Forgets what `controller` wrote to objects other than `live` (key digests).
+    pub fn retain(&self, controller: &str, live: &HashSet<u64>) {
+        let controller = key_digest(controller);
+        self.lock()
+            .retain(|key, (by, _, _)| *by != controller || live.contains(key));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Written>> {
         lock(&self.0)
     }
+}
+
+/// The digest of the controller part of an object key (`controller/namespace/name`).
+fn controller_of(key: &str) -> u64 {
+    key_digest(key.split('/').next().unwrap_or_default())
 }
 
 fn digest<S: Serialize>(value: Option<&S>) -> u64 {

@@ -111,14 +111,19 @@ pub fn credentials_from_secret(
     })
 }
 
-/// One client per credentials key.
+/// One client per credentials key. A client unused for the cloud options'
+/// `session_idle_ttl` (an hour by default) is dropped, with its session and CA file, when
+/// another is made: a Secret seen once is not held for the life of the process.
 pub struct ClientCache {
     clouds: Arc<Clouds>,
-    clients: Mutex<HashMap<CredentialsKey, CloudClient>>,
+    clients: Mutex<HashMap<CredentialsKey, Cached>>,
     /// The version (uid, resourceVersion) of each credentials Secret (`namespace/name`) last
     /// read, while the Secret watch has shown no other: a reconcile that finds its Secret
     /// here needs no GET.
     versions: Mutex<HashMap<String, (String, String)>>,
+    /// Secrets (`namespace/name`) whose new client skips TLS verification (`verify: false`),
+    /// until the reconcile that made it has said so ([`ClientCache::take_insecure`]).
+    insecure: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ClientCache {
@@ -128,6 +133,7 @@ impl ClientCache {
             clouds,
             clients: Mutex::new(HashMap::new()),
             versions: Mutex::new(HashMap::new()),
+            insecure: Mutex::default(),
         }
     }
 
@@ -157,7 +163,7 @@ impl ClientCache {
 
     /// The client already made for `key`, if any.
     pub fn existing(&self, key: &CredentialsKey) -> Option<CloudClient> {
-        self.lock().get(key).cloned()
+        self.lock().get_mut(key).map(Cached::used)
     }
 
     /// The client for `key`, connecting (and authenticating) on first use. `data` is the
@@ -167,10 +173,13 @@ impl ClientCache {
         key: &CredentialsKey,
         data: &BTreeMap<String, Vec<u8>>,
     ) -> Result<CloudClient, CredentialsError> {
-        if let Some(client) = self.lock().get(key) {
-            return Ok(client.clone());
+        if let Some(client) = self.lock().get_mut(key).map(Cached::used) {
+            return Ok(client);
         }
         let credentials = credentials_from_secret(key, data)?;
+        let insecure = credentials
+            .resolve()
+            .is_ok_and(|cloud| cloud.config.verify == Some(false));
         let client =
             self.clouds
                 .connect(&credentials)
@@ -180,14 +189,32 @@ impl ClientCache {
                     source,
                 })?;
         let mut clients = self.lock();
-        // An older version of the same Secret, cloud and region is superseded.
-        clients.retain(|known, _| {
-            !(known.uid == key.uid
+        // An older version of the same Secret, cloud and region is superseded; a client left
+        // unused for the idle time goes.
+        let idle = self.clouds.options().session_idle_ttl;
+        clients.retain(|known, cached| {
+            let superseded = known.uid == key.uid
                 && known.cloud_name == key.cloud_name
-                && known.region == key.region)
+                && known.region == key.region;
+            !superseded && cached.last_used.elapsed() < idle
         });
-        clients.insert(key.clone(), client.clone());
+        clients.insert(key.clone(), Cached::new(client.clone()));
+        drop(clients);
+        if insecure {
+            tracing::warn!(
+                secret = key.secret,
+                cloud = key.cloud_name,
+                "clouds.yaml says verify: false: the cloud's TLS certificate is not checked"
+            );
+            lock(&self.insecure).insert(key.secret.clone());
+        }
         Ok(client)
+    }
+
+    /// Whether a client just made from `secret` skips TLS verification and nobody has said so
+    /// yet: true once per such client.
+    pub fn take_insecure(&self, secret: &str) -> bool {
+        lock(&self.insecure).remove(secret)
     }
 
     /// A client already made for the Secret `secret` (`namespace/name`), cloud and region,
@@ -205,7 +232,7 @@ impl ClientCache {
                     && key.cloud_name == cloud_name
                     && key.region.as_deref() == region
             })
-            .map(|(_, client)| client.clone())
+            .map(|(_, cached)| cached.client.clone())
     }
 
     /// Clients cached.
@@ -218,8 +245,28 @@ impl ClientCache {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CredentialsKey, CloudClient>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CredentialsKey, Cached>> {
         lock(&self.clients)
+    }
+}
+
+/// A client and when it was last handed out.
+struct Cached {
+    client: CloudClient,
+    last_used: tokio::time::Instant,
+}
+
+impl Cached {
+    fn new(client: CloudClient) -> Self {
+        Cached {
+            client,
+            last_used: tokio::time::Instant::now(),
+        }
+    }
+
+    fn used(&mut self) -> CloudClient {
+        self.last_used = tokio::time::Instant::now();
+        self.client.clone()
     }
 }
 

@@ -29,6 +29,9 @@ pub enum ErrorCategory {
     Dependency,
     /// The Kubernetes API failed us (conflict, timeout): retry soon.
     Kubernetes,
+    /// The reconcile panicked: a bug in capo-rs. The panic is caught, reported on the object
+    /// and retried with backoff; the process and every other object carry on.
+    Internal,
 }
 
 impl ErrorCategory {
@@ -50,6 +53,7 @@ impl ErrorCategory {
             ErrorCategory::Credentials => reasons::INVALID_CREDENTIALS,
             ErrorCategory::Dependency => reasons::DEPENDENCY_MISSING,
             ErrorCategory::Kubernetes => reasons::KUBERNETES_UNAVAILABLE,
+            ErrorCategory::Internal => reasons::INTERNAL_ERROR,
         }
     }
 
@@ -62,6 +66,7 @@ impl ErrorCategory {
             ErrorCategory::Credentials => "credentials",
             ErrorCategory::Dependency => "dependency",
             ErrorCategory::Kubernetes => "kubernetes",
+            ErrorCategory::Internal => "internal",
         }
     }
 }
@@ -70,6 +75,22 @@ impl ErrorCategory {
 pub trait Categorized: std::error::Error {
     /// The category of this error, which decides its reason, metric label and retry.
     fn category(&self) -> ErrorCategory;
+}
+
+/// Implemented by each controller's error enum: the error of a reconcile that panicked, of
+/// category [`ErrorCategory::Internal`].
+pub trait FromPanic {
+    /// `message` is what the panic said.
+    fn from_panic(message: String) -> Self;
+}
+
+/// What a caught panic said: its `&str` or `String` payload, or a placeholder.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 impl Categorized for CloudError {
@@ -145,6 +166,7 @@ mod tests {
             ErrorCategory::Credentials,
             ErrorCategory::Dependency,
             ErrorCategory::Kubernetes,
+            ErrorCategory::Internal,
         ];
         let labels: std::collections::HashSet<&str> = all.iter().map(|c| c.label()).collect();
         assert_eq!(labels.len(), all.len());
@@ -161,5 +183,16 @@ mod tests {
         assert!(ErrorCategory::InvalidSpec.is_terminal());
         assert!(ErrorCategory::Credentials.is_terminal());
         assert!(!ErrorCategory::Transient.is_terminal());
+        assert!(!ErrorCategory::Internal.is_terminal());
+    }
+
+    #[test]
+    fn a_panic_says_what_it_said() {
+        let caught = std::panic::catch_unwind(|| panic!("at {}", 3)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "at 3");
+        let caught = std::panic::catch_unwind(|| panic!("static")).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "static");
+        let caught = std::panic::catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        assert_eq!(panic_message(caught.as_ref()), "a panic without a message");
     }
 }

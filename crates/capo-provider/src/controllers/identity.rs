@@ -9,6 +9,7 @@ use capo_api::common::{IdentityRef, IdentityRefType};
 use capo_api::identity::LabelSelector;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
@@ -106,6 +107,7 @@ pub async fn cloud_client(
         secret.resource_version().unwrap_or_default(),
     );
     let key = key_at(version.clone());
+    let regarding = secret.object_ref(&());
     let data: BTreeMap<String, Vec<u8>> = secret
         .data
         .unwrap_or_default()
@@ -116,8 +118,27 @@ pub async fn cloud_client(
     if watched {
         ctx.clouds.read_version(&secret_label, version.0, version.1);
     }
+    if ctx.clouds.take_insecure(&secret_label) {
+        let note = format!(
+            "cloud {:?} of this Secret has verify: false in clouds.yaml: capo-rs does not check \
+             the cloud's TLS certificate, so anyone on the path can read the credentials",
+            identity.cloud_name
+        );
+        ctx.event(
+            &regarding,
+            EventType::Warning,
+            INSECURE_SKIP_VERIFY,
+            "Connect",
+            note,
+        )
+        .await;
+    }
     Ok(client)
 }
+
+/// The reason of the Warning event on a credentials Secret whose clouds.yaml turns TLS
+/// verification off.
+pub const INSECURE_SKIP_VERIFY: &str = "InsecureSkipVerify";
 
 /// The client for cleaning up: as [`cloud_client`], but once the Secret is gone (deleted
 /// before the objects that use it, as a namespace deletion does), the client this process

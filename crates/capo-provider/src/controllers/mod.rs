@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use capo_api::capi::{self, Cluster};
 use capo_api::conditions::{self, Desired, Status, reasons, types};
+use futures::FutureExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -45,7 +46,7 @@ pub use backoff::{Backoff, BackoffPolicy};
 pub use caches::Caches;
 pub use context::{Context, ControllerConfig};
 pub use credentials::{ClientCache, CredentialsError, CredentialsKey};
-pub use error::{Categorized, ErrorCategory};
+pub use error::{Categorized, ErrorCategory, FromPanic};
 pub use metrics::ReconcileMetrics;
 pub use outcome::Outcome;
 
@@ -159,7 +160,7 @@ pub async fn reconcile_watched<K, S, E>(
     write_failed: impl FnOnce(kube::Error) -> E,
 ) -> Result<Action, E>
 where
-    E: Categorized,
+    E: Categorized + FromPanic,
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone,
     S: packed::Stored<K> + Resource<DynamicType = ()>,
     DeserializeGuard<K>: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -178,7 +179,13 @@ where
     let reconciling = ctx.metrics.reconciling(controller, &key);
     let result = async {
         match object.decoded() {
-            Ok(inner) => reconcile(&inner, &ctx, &key).await,
+            Ok(inner) => {
+                let attempt = std::panic::AssertUnwindSafe(reconcile(&inner, &ctx, &key));
+                match attempt.catch_unwind().await {
+                    Ok(result) => result,
+                    Err(payload) => Err(report_panic(object.as_ref(), payload, &ctx).await),
+                }
+            }
             Err(invalid) => report_invalid::<K>(object.as_ref(), &invalid, &ctx)
                 .await
                 .map(|()| Outcome::Unreadable)
@@ -188,6 +195,30 @@ where
     .instrument(span)
     .await;
     conclude(&ctx, reconciling, controller, &key, result)
+}
+
+/// A reconcile that panicked (a bug of ours) is an error of this object alone: logged, said
+/// in a Warning event on the object, and retried with backoff by the error policy. Left to
+/// unwind, it would end the controller's stream, and with it every other object's reconciles.
+/// The per-object state it held is behind mutexes that ignore poisoning.
+async fn report_panic<E: FromPanic>(
+    object: &impl Resource<DynamicType = ()>,
+    payload: Box<dyn std::any::Any + Send>,
+    ctx: &Context,
+) -> E {
+    let message = error::panic_message(payload.as_ref());
+    tracing::error!(panic = %message, "the reconcile panicked; retrying with backoff");
+    let note = format!("the reconcile panicked (a bug in capo-rs; please report it): {message}");
+    let regarding = object.object_ref(&());
+    ctx.event(
+        &regarding,
+        EventType::Warning,
+        reasons::INTERNAL_ERROR,
+        "Reconcile",
+        note,
+    )
+    .await;
+    E::from_panic(message)
 }
 
 /// Finishes a reconcile of `key`: records its metrics, resets the object's backoff on success

@@ -86,6 +86,12 @@ impl StepBook {
         self.first_passes.remove(key);
     }
 
+    /// Forgets every object but those `keep` keeps.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.objects.retain(|key, _| keep(key));
+        self.first_passes.retain(|key| keep(key));
+    }
+
     /// The first pass of `key` since this process started, for an object whose status says
     /// a complete pass at `generation` found everything in place (ours before a restart):
     /// `steps` count as done at `at`, which the caller draws at random within the last sync

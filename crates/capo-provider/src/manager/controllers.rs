@@ -574,10 +574,10 @@ fn claim_wakeups(
 /// `reconcile_on`) and re-syncs.
 pub struct ClusterWakeups {
     /// OpenStackClusters to reconcile: the engine changed their load balancer's verdict.
-    pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<cluster::Watched>>,
+    pub changed: futures::channel::mpsc::Receiver<ObjectRef<cluster::Watched>>,
     /// One message per re-sync (the bridge fell behind the engine): reconcile every
     /// OpenStackCluster.
-    pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
+    pub resync: futures::channel::mpsc::Receiver<()>,
 }
 
 /// The OpenStackCluster controller, until `shutdown`; reconciles in flight finish first. It
@@ -676,10 +676,10 @@ pub fn run_clusters(
 /// re-syncs.
 pub struct MachineWakeups {
     /// OpenStackMachines to reconcile: the engine changed a verdict that names them.
-    pub changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<machine::Watched>>,
+    pub changed: futures::channel::mpsc::Receiver<ObjectRef<machine::Watched>>,
     /// One message per re-sync (the bridge fell behind the engine): reconcile every
     /// OpenStackMachine.
-    pub resync: futures::channel::mpsc::UnboundedReceiver<()>,
+    pub resync: futures::channel::mpsc::Receiver<()>,
 }
 
 /// The OpenStackMachine controller, until `shutdown`; reconciles in flight finish first. It

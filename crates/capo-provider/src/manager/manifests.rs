@@ -333,11 +333,18 @@ fn labels() -> Value {
     })
 }
 
+/// The namespace, held to the Pod Security Standard `restricted`: the manager's pod keeps it
+/// (non-root, no privilege escalation, every capability dropped, the runtime's seccomp
+/// profile), and nothing less privileged can be started beside it.
 fn namespace() -> Value {
+    let mut labels = labels();
+    for mode in ["enforce", "audit", "warn"] {
+        labels[format!("pod-security.kubernetes.io/{mode}")] = json!("restricted");
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": NAMESPACE, "labels": labels()},
+        "metadata": {"name": NAMESPACE, "labels": labels},
     })
 }
 

@@ -13,6 +13,7 @@ pub mod crds;
 pub mod health;
 pub mod kube_client;
 pub mod leader;
+pub mod log_filter;
 pub mod manifests;
 pub mod migration;
 pub mod shards;
@@ -246,7 +247,11 @@ pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
     count
         .checked_mul(millis)
         .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
+        .filter(|duration| *duration <= crate::clock::FAR)
+        .ok_or_else(|| {
+            let most = crate::clock::FAR.as_secs() / 3600;
+            format!("{text:?} is too long: at most {most}h")
+        })
 }
 
 /// Runs the controllers until `shutdown` is cancelled, then stops gracefully.
@@ -462,6 +467,10 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
         assert!(parse_duration("1d").is_err());
+        // Held to what the clock can add to now: a flag never makes a deadline overflow.
+        assert_eq!(parse_duration("8784h"), Ok(crate::clock::FAR));
+        assert!(parse_duration("8785h").is_err());
+        assert!(parse_duration("18446744073709551615ms").is_err());
         assert!(parse_duration("m").is_err());
     }
 

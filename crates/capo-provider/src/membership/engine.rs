@@ -16,6 +16,8 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, broadcast};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
+
+use crate::clock::Later;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -659,7 +661,7 @@ async fn sweep(
             }
         }
         Err(CloudError::RateLimited { retry_after, .. }) => {
-            scheduler.defer_list(&list, now + retry_after);
+            scheduler.defer_list(&list, now.later(retry_after));
         }
         Err(error) => {
             let refused = matches!(error, CloudError::Forbidden(_) | CloudError::NotFound(_));
@@ -780,7 +782,7 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bo
             let mut scheduler = lock(&endpoint.scheduler);
             match error {
                 CloudError::RateLimited { retry_after, .. } => {
-                    scheduler.defer(&lb, now + retry_after)
+                    scheduler.defer(&lb, now.later(retry_after))
                 }
                 _ => scheduler.done(
                     &lb,

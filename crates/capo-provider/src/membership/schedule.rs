@@ -40,6 +40,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::Later;
+
 use super::metrics::ListCounts;
 use crate::cloud::octavia::{LIST_PAGE, LoadBalancerRow, OperatingStatus, ProvisioningStatus};
 
@@ -752,7 +754,7 @@ impl Scheduler {
         sweep.failures += 1;
         if sweep.failures >= LIST_FAILURES {
             sweep.failures = 0;
-            self.list_unavailable(list, now + retry, now);
+            self.list_unavailable(list, now.later(retry), now);
         } else {
             sweep.due = now + pace;
         }

@@ -36,7 +36,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::error::{Categorized, ErrorCategory};
+use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
 use super::server::resolve::ResolveError;
@@ -73,6 +73,9 @@ const STATUS_FIELDS: &[&str] = &[
 /// Why a reconcile of an OpenStackCluster failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The reconcile panicked: a bug in capo-rs, caught and retried with backoff.
+    #[error("the reconcile panicked (a bug in capo-rs; please report it): {0}")]
+    Panicked(String),
     /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
@@ -104,10 +107,17 @@ pub enum ClusterError {
     },
 }
 
+impl FromPanic for ClusterError {
+    fn from_panic(message: String) -> Self {
+        ClusterError::Panicked(message)
+    }
+}
+
 impl Categorized for ClusterError {
     fn category(&self) -> ErrorCategory {
         match self {
             ClusterError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            ClusterError::Panicked(_) => ErrorCategory::Internal,
             ClusterError::Identity(error) => error.category(),
             ClusterError::InvalidSpec(_) | ClusterError::Resolve(ResolveError::Spec(_)) => {
                 ErrorCategory::InvalidSpec

@@ -26,7 +26,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::error::{Categorized, ErrorCategory};
+use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::{self, IdentityError};
 use super::outcome::Outcome;
 use super::server::resolve::neutron_filter;
@@ -60,6 +60,9 @@ const STATUS_FIELDS: &[&str] = &[
 /// Why a reconcile of an OpenStackFloatingIPPool failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
+    /// The reconcile panicked: a bug in capo-rs, caught and retried with backoff.
+    #[error("the reconcile panicked (a bug in capo-rs; please report it): {0}")]
+    Panicked(String),
     /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
@@ -87,10 +90,17 @@ pub enum PoolError {
     },
 }
 
+impl FromPanic for PoolError {
+    fn from_panic(message: String) -> Self {
+        PoolError::Panicked(message)
+    }
+}
+
 impl Categorized for PoolError {
     fn category(&self) -> ErrorCategory {
         match self {
             PoolError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            PoolError::Panicked(_) => ErrorCategory::Internal,
             PoolError::Identity(error) => error.category(),
             PoolError::Network(_) => ErrorCategory::InvalidSpec,
             PoolError::Cloud { source, .. } => source.category(),

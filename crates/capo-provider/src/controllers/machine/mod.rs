@@ -38,7 +38,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::error::{Categorized, ErrorCategory};
+use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
 use super::server::resolve::ResolveError;
@@ -67,6 +67,9 @@ const STATUS_FIELDS: &[&str] = &[
 /// Why a reconcile of an OpenStackMachine failed; its category says what happens next.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
+    /// The reconcile panicked: a bug in capo-rs, caught and retried with backoff.
+    #[error("the reconcile panicked (a bug in capo-rs; please report it): {0}")]
+    Panicked(String),
     /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
@@ -97,10 +100,17 @@ pub enum MachineError {
     },
 }
 
+impl FromPanic for MachineError {
+    fn from_panic(message: String) -> Self {
+        MachineError::Panicked(message)
+    }
+}
+
 impl Categorized for MachineError {
     fn category(&self) -> ErrorCategory {
         match self {
             MachineError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            MachineError::Panicked(_) => ErrorCategory::Internal,
             MachineError::Identity(error) => error.category(),
             MachineError::Resolve(ResolveError::Spec(_)) => ErrorCategory::InvalidSpec,
             MachineError::Resolve(ResolveError::Cloud { source, .. }) => source.category(),

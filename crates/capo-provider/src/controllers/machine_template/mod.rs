@@ -25,7 +25,7 @@ use kube::core::DeserializeGuard;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
-use super::error::{Categorized, ErrorCategory};
+use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
 use super::server::orc::{self, OrcImage};
@@ -46,6 +46,9 @@ const STATUS_FIELDS: &[&str] = &["capacity", "nodeInfo", "conditions", "observed
 /// next (a flavor Nova does not have is a spec error).
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
+    /// The reconcile panicked: a bug in capo-rs, caught and retried with backoff.
+    #[error("the reconcile panicked (a bug in capo-rs; please report it): {0}")]
+    Panicked(String),
     /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
@@ -73,10 +76,17 @@ pub enum TemplateError {
     },
 }
 
+impl FromPanic for TemplateError {
+    fn from_panic(message: String) -> Self {
+        TemplateError::Panicked(message)
+    }
+}
+
 impl Categorized for TemplateError {
     fn category(&self) -> ErrorCategory {
         match self {
             TemplateError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            TemplateError::Panicked(_) => ErrorCategory::Internal,
             TemplateError::Identity(error) => error.category(),
             TemplateError::Resolve(ResolveError::Spec(_))
             | TemplateError::Cloud {

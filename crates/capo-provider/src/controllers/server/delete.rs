@@ -74,8 +74,11 @@ pub(super) async fn run(
     Ok(Outcome::Deleted)
 }
 
-/// The recorded server while it exists; then every server with the object's name and tags,
-/// so that one a lost status write forgot is found too.
+/// The recorded server while it exists. With none recorded, every server with the object's
+/// name and tags, so that one a lost status write forgot is found too. A recorded server that
+/// is gone leaves nothing of ours to find: a server is never created again once one was
+/// recorded, so another server of that name belongs to someone else (another namespace's
+/// object of the same name, or a person's) and is not ours to delete.
 async fn find_servers(
     cloud: &CloudClient,
     object: &OpenStackServer,
@@ -83,11 +86,11 @@ async fn find_servers(
 ) -> Result<Vec<Server>, ServerError> {
     let nova = cloud.nova();
     if let Some(id) = recorded {
-        match nova.get_server(id).await {
-            Ok(server) => return Ok(vec![server]),
-            Err(CloudError::NotFound(_)) => {}
-            Err(error) => return Err(ServerError::cloud(format!("reading server {id}"))(error)),
-        }
+        return match nova.get_server(id).await {
+            Ok(server) => Ok(vec![server]),
+            Err(CloudError::NotFound(_)) => Ok(Vec::new()),
+            Err(error) => Err(ServerError::cloud(format!("reading server {id}"))(error)),
+        };
     }
     nova.list_servers_by_name(&object.name_any(), &object.spec.tags)
         .await

@@ -25,7 +25,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::error::{Categorized, ErrorCategory};
+use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
 use super::packed::Packed;
@@ -57,6 +57,9 @@ const STATUS_FIELDS: &[&str] = &[
 /// say what happens next and what the conditions and events show.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    /// The reconcile panicked: a bug in capo-rs, caught and retried with backoff.
+    #[error("the reconcile panicked (a bug in capo-rs; please report it): {0}")]
+    Panicked(String),
     /// A read or write through the Kubernetes API failed.
     #[error("{what}: {source}")]
     Kubernetes {
@@ -115,10 +118,17 @@ pub enum ServerError {
     ImageFailed(String),
 }
 
+impl FromPanic for ServerError {
+    fn from_panic(message: String) -> Self {
+        ServerError::Panicked(message)
+    }
+}
+
 impl Categorized for ServerError {
     fn category(&self) -> ErrorCategory {
         match self {
             ServerError::Kubernetes { .. } => ErrorCategory::Kubernetes,
+            ServerError::Panicked(_) => ErrorCategory::Internal,
             ServerError::Identity(error) => error.category(),
             ServerError::InvalidSpec(_)
             | ServerError::FloatingIp(_)

@@ -73,6 +73,11 @@ pub fn review(validators: &Validators, resource: &str, body: &[u8]) -> Value {
     }
 }
 
+/// A refusal that names no request (the request could not be looked at): `message` says why.
+pub fn refused(message: &str) -> Value {
+    answer(&Value::Null, Err(message.to_owned()))
+}
+
 fn answer(uid: &Value, verdict: Result<(), String>) -> Value {
     let response = match verdict {
         Ok(()) => json!({"uid": uid, "allowed": true}),

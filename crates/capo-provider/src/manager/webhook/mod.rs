@@ -5,28 +5,36 @@
 //! Every replica serves it, leader or not, from start-up to exit: while it is down the API
 //! server cannot read a v1beta1 object stored as v1beta2 (or the other way round), and
 //! every such read fails. The certificate is read again whenever its files change.
+//!
+//! Any pod that reaches the port can call it, so nothing a caller sends may stall the
+//! process (its Lease renewal and `/healthz` share the runtime) or exhaust its memory:
+//! bounded TLS handshakes, header reads and requests; a cap on connections, in all and per
+//! peer address; body limits per route and a budget for all the bodies held at once; and the
+//! work itself (conversion, CEL) on the blocking pool, a few at a time, under a deadline.
 
 pub mod admission;
 pub mod capo_rules;
 pub mod tls;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 pub use admission::{Validator, Validators};
 pub use tls::{CertificateStore, Reload};
@@ -91,46 +99,137 @@ impl WebhookMetrics {
     }
 }
 
+/// The largest `ConversionReview` accepted. A real API server converts a whole list in one
+/// review: 5,000 OpenStackMachines as it sends them (managed fields, owner, status) come to
+/// 17.7 MB (tests/it/hostile.rs measures it), so this leaves room for objects 2.7 times that.
+pub const MAX_CONVERSION_BODY: usize = 48 << 20;
+/// The largest `AdmissionReview` accepted: an object (etcd holds at most 1.5 MiB) and its old
+/// self, with room for the envelope.
+pub const MAX_ADMISSION_BODY: usize = 4 << 20;
+/// The request bodies held at once, in all: one whole conversion list, with room beside it.
+/// The answer is about as large as the request, so the webhook's peak (about twice this)
+/// stays within the Deployment's 256 MiB limit beside the controllers.
+const BODY_BUDGET: usize = 64 << 20;
+/// How long a request may wait for room in the body budget before it is refused (503).
+const BODY_BUDGET_WAIT: Duration = Duration::from_secs(5);
+/// Conversions and admission checks running at once, on the blocking pool.
+const CONCURRENT_WORK: usize = 4;
+/// How long a conversion or an admission check may take; the API server gives up on a
+/// webhook after 30 s at most (10 s by default for admission), so later answers help nobody.
+const WORK_DEADLINE: Duration = Duration::from_secs(25);
+
 #[derive(Clone)]
 struct Webhook {
     metrics: WebhookMetrics,
     validators: Arc<Validators>,
+    work: Arc<Semaphore>,
 }
 
 /// The webhook routes (plain HTTP; [`serve`] puts TLS in front).
 pub fn router(metrics: WebhookMetrics, validators: Validators) -> Router {
+    let budget = Arc::new(Semaphore::new(BODY_BUDGET >> 10));
+    let limited = |max: usize| {
+        (
+            DefaultBodyLimit::max(max),
+            axum::middleware::from_fn_with_state((budget.clone(), max), hold_body_budget),
+        )
+    };
+    let (convert_limit, convert_budget) = limited(MAX_CONVERSION_BODY);
+    let (admission_limit, admission_budget) = limited(MAX_ADMISSION_BODY);
     Router::new()
-        .route(capo_api::crds::CONVERT_PATH, post(convert))
-        .route("/validate/{resource}", post(validate))
+        .route(
+            capo_api::crds::CONVERT_PATH,
+            post(convert)
+                .route_layer(convert_budget)
+                .route_layer(convert_limit),
+        )
+        .route(
+            "/validate/{resource}",
+            post(validate)
+                .route_layer(admission_budget)
+                .route_layer(admission_limit),
+        )
         .with_state(Webhook {
             metrics,
             validators: Arc::new(validators),
+            work: Arc::new(Semaphore::new(CONCURRENT_WORK)),
         })
+}
+
+/// Reserves room in the body budget for the request's body (its Content-Length, or the
+/// route's limit when it names none) before the body is read, until the answer is made.
+async fn hold_body_budget(
+    State((budget, max)): State<(Arc<Semaphore>, usize)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if length.is_some_and(|length| length > max) {
+        return refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {max} bytes"),
+        );
+    }
+    let kib = u32::try_from(length.unwrap_or(max).min(max) / 1024 + 1).unwrap_or(u32::MAX);
+    let reserved = tokio::time::timeout(BODY_BUDGET_WAIT, budget.acquire_many_owned(kib)).await;
+    let Ok(Ok(_held)) = reserved else {
+        return refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many large requests at once; try again".into(),
+        );
+    };
+    next.run(request).await
+}
+
+fn refusal(status: StatusCode, message: String) -> Response {
+    (status, message).into_response()
+}
+
+/// Runs `work` on the blocking pool, a few at a time, and waits at most [`WORK_DEADLINE`]
+/// for it. Work that overruns keeps its slot until it ends, so runaway requests cannot pile
+/// up; the runtime (Lease renewal, health, the controllers) never waits for any of it.
+async fn off_the_runtime<T: Send + 'static>(
+    webhook: &Webhook,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, &'static str> {
+    let started = tokio::time::Instant::now();
+    let slot = tokio::time::timeout(WORK_DEADLINE, webhook.work.clone().acquire_owned())
+        .await
+        .map_err(|_| "the webhook is busy")?
+        .map_err(|_| "the webhook is stopping")?;
+    let left = WORK_DEADLINE.saturating_sub(started.elapsed());
+    let task = tokio::task::spawn_blocking(move || {
+        let _slot: OwnedSemaphorePermit = slot;
+        work()
+    });
+    match tokio::time::timeout(left, task).await {
+        Ok(Ok(done)) => Ok(done),
+        Ok(Err(_)) => Err("the webhook failed on this request"),
+        Err(_) => Err("the webhook ran out of time on this request"),
+    }
 }
 
 async fn convert(State(webhook): State<Webhook>, body: Bytes) -> Response {
     let started = Instant::now();
-    let answer = match serde_json::from_slice::<Value>(&body) {
-        Ok(review) => {
-            let answer = capo_api::conversion::review(&review);
-            count_objects(&webhook.metrics, &review, &answer);
-            answer
+    let reviewed = off_the_runtime(&webhook, move || capo_api::conversion::review_bytes(&body))
+        .await
+        .unwrap_or_else(capo_api::conversion::review_failed);
+    let result = match &reviewed.outcome {
+        Ok(converted) => {
+            for (kind, count) in &converted.kinds {
+                webhook
+                    .metrics
+                    .objects
+                    .with_label_values(&[kind, &converted.to])
+                    .inc_by(*count);
+            }
+            "success"
         }
-        Err(error) => json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
-            "response": {"uid": "", "convertedObjects": [],
-                         "result": {"status": "Failure", "message": format!("the request is not JSON: {error}")}},
-        }),
-    };
-    let result = match answer["response"]["result"]["status"].as_str() {
-        Some("Success") => "success",
-        _ => {
-            tracing::warn!(
-                message = answer["response"]["result"]["message"]
-                    .as_str()
-                    .unwrap_or_default(),
-                "conversion refused"
-            );
+        Err(message) => {
+            tracing::warn!(%message, "conversion refused");
             "failure"
         }
     };
@@ -139,22 +238,12 @@ async fn convert(State(webhook): State<Webhook>, body: Bytes) -> Response {
         .duration
         .with_label_values(&["conversion", result])
         .observe(started.elapsed().as_secs_f64());
-    json_response(&answer)
-}
-
-fn count_objects(metrics: &WebhookMetrics, review: &Value, answer: &Value) {
-    let to = review["request"]["desiredAPIVersion"]
-        .as_str()
-        .and_then(|v| v.rsplit('/').next())
-        .unwrap_or("");
-    for object in answer["response"]["convertedObjects"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let kind = object["kind"].as_str().unwrap_or("");
-        metrics.objects.with_label_values(&[kind, to]).inc();
-    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        reviewed.answer,
+    )
+        .into_response()
 }
 
 async fn validate(
@@ -163,7 +252,12 @@ async fn validate(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let answer = admission::review(&webhook.validators, &resource, &body);
+    let validators = webhook.validators.clone();
+    let answer = off_the_runtime(&webhook, move || {
+        admission::review(&validators, &resource, &body)
+    })
+    .await
+    .unwrap_or_else(admission::refused);
     let result = if answer["response"]["allowed"] == true {
         "success"
     } else {
@@ -232,19 +326,15 @@ pub async fn serve(
         source,
     })?;
     let app = router(metrics.clone(), validators);
-    let tls_listener = TlsListener::start(listener, TlsAcceptor::from(Arc::new(tls)), &shutdown);
     let reloader = tokio::spawn(watch_certificate(
         store,
         metrics,
         config.reload_every,
         shutdown.clone(),
     ));
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
     let task = tokio::spawn(async move {
-        let serving =
-            axum::serve(tls_listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
-        if let Err(error) = serving.await {
-            tracing::error!(%error, "webhook server stopped");
-        }
+        accept_connections(listener, acceptor, app, shutdown).await;
         reloader.abort();
     });
     tracing::info!(address = %bound, cert_dir = %config.cert_dir.display(), "webhook server listening (/convert, /validate)");
@@ -284,66 +374,164 @@ async fn watch_certificate(
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's headers, on a new connection or an idle
+/// kept-alive one: a slowloris client, or an idle one, is closed after this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one request may take from its headers to its answer, its body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connections may take to finish their requests once the server is stopping.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Connections served at once; past this, new ones wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections served at once from one peer address; past this, a new one from it is closed
+/// at once. One pod cannot take every connection from the API server (another address).
+pub const MAX_CONNECTIONS_PER_PEER: usize = 128;
 
-/// TLS connections for axum: handshakes run on their own tasks, so a slow client delays
-/// nobody else.
-struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
+/// Accepts connections until `shutdown`, each served on a task of its own, then waits for
+/// those in flight to finish.
+async fn accept_connections(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    app: Router,
+    shutdown: CancellationToken,
+) {
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let peers = Peers::default();
+    loop {
+        let slot = tokio::select! {
+            () = shutdown.cancelled() => break,
+            slot = connections.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                tracing::debug!(%error, "webhook accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(peer_slot) = peers.take(peer.ip()) else {
+            tracing::debug!(%peer, "too many webhook connections from this address; closed");
+            continue;
+        };
+        let connection =
+            serve_connection(tcp, peer, acceptor.clone(), app.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            connection.await;
+            drop((slot, peer_slot));
+        });
+    }
+    // Every connection holds a slot until it ends.
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, connections.acquire_many(all)).await;
 }
 
-impl TlsListener {
-    fn start(listener: TcpListener, acceptor: TlsAcceptor, shutdown: &CancellationToken) -> Self {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let (sender, ready) = mpsc::channel(64);
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    accepted = listener.accept() => accepted,
-                };
-                let (tcp, peer) = match accepted {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        tracing::debug!(%error, "webhook accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, sender) = (acceptor.clone(), sender.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = sender.send((stream, peer)).await;
-                        }
-                        Ok(Err(error)) => {
-                            tracing::debug!(%error, %peer, "webhook TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%peer, "webhook TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        TlsListener { ready, local }
+/// One connection: the TLS handshake, then HTTP/1.1 requests until the client leaves, idles
+/// past the header timeout, or the server stops.
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    app: Router,
+    shutdown: CancellationToken,
+) {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => return tracing::debug!(%error, %peer, "webhook TLS handshake failed"),
+        Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
+    };
+    let service = hyper::service::service_fn(move |request| {
+        let app = app.clone();
+        async move {
+            let answer = tokio::time::timeout(REQUEST_TIMEOUT, app.oneshot(request)).await;
+            Ok::<_, std::convert::Infallible>(match answer {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => refusal(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request took too long".into(),
+                ),
+            })
+        }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    let connection = http.serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+    let mut connection = std::pin::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    if let Err(error) = ended {
+        tracing::debug!(%error, %peer, "webhook connection ended");
     }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
+/// Connections per peer address; an address is forgotten when its last connection ends.
+#[derive(Clone, Default)]
+struct Peers(Arc<Mutex<HashMap<IpAddr, usize>>>);
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The acceptor stopped (shutdown): nothing more will come.
-            None => std::future::pending().await,
+/// One connection's place in its peer's count, given back when dropped.
+struct PeerSlot {
+    peers: Peers,
+    address: IpAddr,
+}
+
+impl Peers {
+    fn take(&self, address: IpAddr) -> Option<PeerSlot> {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(address).or_default();
+        if *count >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut counts = self.peers.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.address) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.address);
+            }
         }
     }
+}
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_gets_its_share_of_connections_and_is_forgotten_after() {
+        let peers = Peers::default();
+        let one: IpAddr = [127, 0, 0, 2].into();
+        let other: IpAddr = [127, 0, 0, 1].into();
+        let held: Vec<PeerSlot> = (0..MAX_CONNECTIONS_PER_PEER)
+            .map(|_| peers.take(one).expect("within its share"))
+            .collect();
+        assert!(peers.take(one).is_none(), "past its share");
+        let theirs = peers.take(other).expect("another address is not held back");
+        drop(held);
+        drop(theirs);
+        assert!(peers.0.lock().unwrap().is_empty(), "forgotten");
     }
 }
