@@ -124,8 +124,12 @@ fn trusting_the_lb_the_demo_says_the_api_went_down_and_fails() {
     eprintln!("{summary}");
     assert_eq!(output.status.code(), Some(1), "{summary}");
     assert!(summary.contains("THE CLUSTER'S API WENT DOWN"), "{summary}");
-    assert!(summary.contains("had no ACTIVE member for"), "{summary}");
-    assert!(summary.contains("min ACTIVE members  0"), "{summary}");
+    // How the outage shows depends on which member the rollout reaches first, which two busy
+    // cores can reorder: the pool empties of ACTIVE members, or keeps one that does not serve.
+    let no_active =
+        summary.contains("had no ACTIVE member for") && summary.contains("min ACTIVE members  0");
+    let none_serving = summary.contains("min serving members 0");
+    assert!(no_active || none_serving, "{summary}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,20 @@ fn https(webhook: &ServedWebhook) -> reqwest::Client {
         .expect("a client")
 }
 
+/// `review` sent to the webhook's `/convert` over HTTPS, and its answer.
+async fn convert_over_https(webhook: &ServedWebhook, review: Vec<u8>) -> Value {
+    https(webhook)
+        .post(webhook.url("/convert"))
+        .header("content-type", "application/json")
+        .body(review)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON")
+}
+
 /// A TLS connector that trusts the webhook's CA.
 fn connector(webhook: &ServedWebhook) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
@@ -123,16 +137,7 @@ async fn a_5000_object_conversion_list_fits_and_converts() {
     let body = serde_json::to_vec(&review).expect("JSON");
     assert!(body.len() < MAX_CONVERSION_BODY, "{} bytes", body.len());
     let started = Instant::now();
-    let answer: Value = https(&webhook)
-        .post(webhook.url("/convert"))
-        .header("content-type", "application/json")
-        .body(body.clone())
-        .send()
-        .await
-        .expect("an answer")
-        .json()
-        .await
-        .expect("JSON");
+    let answer = convert_over_https(&webhook, body.clone()).await;
     let took = started.elapsed();
     assert_eq!(
         answer["response"]["result"]["status"], "Success",
@@ -257,15 +262,7 @@ async fn the_webhook_answers_beside_2000_idle_connections_and_a_slowloris() {
         "request": {"uid": "u-1", "desiredAPIVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
                     "objects": [stored_machine(1)]}});
     let asked = Instant::now();
-    let answer: Value = https(&webhook)
-        .post(webhook.url("/convert"))
-        .json(&review)
-        .send()
-        .await
-        .expect("an answer")
-        .json()
-        .await
-        .expect("JSON");
+    let answer = convert_over_https(&webhook, review.to_string().into_bytes()).await;
     let answered_in = asked.elapsed();
     assert_eq!(answer["response"]["result"]["status"], "Success");
     assert!(

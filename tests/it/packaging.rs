@@ -371,6 +371,8 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
 struct Replica {
     child: Child,
     lines: Arc<Mutex<Vec<Value>>>,
+    /// Reads the replica's log lines until its stderr closes.
+    reader: Option<tokio::task::JoinHandle<()>>,
     identity_base: String,
 }
 
@@ -390,7 +392,7 @@ impl Replica {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let stderr = child.stderr.take().unwrap();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
                 let value =
@@ -401,6 +403,7 @@ impl Replica {
         Replica {
             child,
             lines,
+            reader: Some(reader),
             identity_base: instance.to_owned(),
         }
     }
@@ -462,11 +465,16 @@ impl Replica {
     }
 
     async fn exit_code(&mut self, within: Duration) -> Option<i32> {
-        tokio::time::timeout(within, self.child.wait())
+        let code = tokio::time::timeout(within, self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("{} did not exit within {within:?}", self.identity_base))
             .unwrap()
-            .code()
+            .code();
+        // Its last lines may still be on their way from the pipe: read them to the end.
+        if let Some(reader) = self.reader.take() {
+            let _ = tokio::time::timeout(within, reader).await;
+        }
+        code
     }
 
     /// Whether this replica's requests are `record`'s (its User-Agent names its identity).

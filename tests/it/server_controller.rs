@@ -273,6 +273,62 @@ impl World {
         }
     }
 
+    /// A server made outside capo-rs, on a port `port_name` of the tenant network, both with the
+    /// tag `server_manifest` gives: what a crashed controller, or someone else, leaves.
+    pub(crate) async fn server_out_of_band(
+        &self,
+        name: &str,
+        port_name: &str,
+    ) -> (
+        capo_provider::cloud::neutron::Port,
+        capo_provider::cloud::nova::Server,
+    ) {
+        use capo_provider::cloud::{neutron, nova};
+        let network = self
+            .admin
+            .neutron()
+            .list_networks(&neutron::Filter::by_name("capo-net"))
+            .await
+            .unwrap()
+            .remove(0);
+        let port = self
+            .admin
+            .neutron()
+            .create_port(&neutron::PortSpec {
+                name: port_name.into(),
+                network_id: network.id,
+                tags: vec!["capo-rs-test".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let flavor = self.admin.nova().flavor_by_name("m1.small").await.unwrap();
+        let image = self
+            .admin
+            .glance()
+            .list_images(Some("ubuntu-2404-kube-v1.33.4"), &[])
+            .await
+            .unwrap()
+            .remove(0);
+        let server = self
+            .admin
+            .nova()
+            .create_server(&nova::ServerSpec {
+                name: name.into(),
+                flavor_ref: flavor.id,
+                image_ref: image.id,
+                networks: vec![nova::ServerNetwork {
+                    port: Some(port.id.clone()),
+                    uuid: None,
+                }],
+                tags: vec!["capo-rs-test".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        (port, server)
+    }
+
     pub(crate) async fn wait_gone(&self, name: &str) {
         let waited = await_condition(self.servers(), name, |object: Option<&OpenStackServer>| {
             object.is_none()
@@ -1385,45 +1441,7 @@ async fn a_port_and_server_left_by_a_crash_before_any_status_write_are_adopted()
     let world = World::start().await;
     // What a controller that died right after its creates leaves: a port named as ours on our
     // network, and a server on it, with the spec's tags; nothing in any status.
-    let neutron = world.admin.neutron();
-    let network = neutron
-        .list_networks(&capo_provider::cloud::neutron::Filter::by_name("capo-net"))
-        .await
-        .unwrap()
-        .remove(0);
-    let port = neutron
-        .create_port(&capo_provider::cloud::neutron::PortSpec {
-            name: "orphan-0".into(),
-            network_id: network.id,
-            tags: vec!["capo-rs-test".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let flavor = world.admin.nova().flavor_by_name("m1.small").await.unwrap();
-    let image = world
-        .admin
-        .glance()
-        .list_images(Some("ubuntu-2404-kube-v1.33.4"), &[])
-        .await
-        .unwrap()
-        .remove(0);
-    let server = world
-        .admin
-        .nova()
-        .create_server(&capo_provider::cloud::nova::ServerSpec {
-            name: "orphan".into(),
-            flavor_ref: flavor.id,
-            image_ref: image.id,
-            networks: vec![capo_provider::cloud::nova::ServerNetwork {
-                port: Some(port.id.clone()),
-                uuid: None,
-            }],
-            tags: vec!["capo-rs-test".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (port, server) = world.server_out_of_band("orphan", "orphan-0").await;
     let creates = world.requests("compute server_create") + world.requests("network port_create");
 
     world.create(server_manifest("orphan")).await;
@@ -1767,42 +1785,7 @@ async fn a_server_of_the_same_name_is_not_deleted_once_ours_is_gone() {
         )
         .await;
 
-    let flavor = nova.flavor_by_name("m1.small").await.unwrap();
-    let image = world
-        .admin
-        .glance()
-        .list_images(Some("ubuntu-2404-kube-v1.33.4"), &[])
-        .await
-        .unwrap()
-        .remove(0);
-    let neutron = world.admin.neutron();
-    let network = neutron
-        .list_networks(&capo_provider::cloud::neutron::Filter::by_name("capo-net"))
-        .await
-        .unwrap()
-        .remove(0);
-    let port = neutron
-        .create_port(&capo_provider::cloud::neutron::PortSpec {
-            name: "theirs".into(),
-            network_id: network.id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let theirs = nova
-        .create_server(&capo_provider::cloud::nova::ServerSpec {
-            name: "twin".into(),
-            flavor_ref: flavor.id,
-            image_ref: image.id,
-            networks: vec![capo_provider::cloud::nova::ServerNetwork {
-                port: Some(port.id),
-                uuid: None,
-            }],
-            tags: vec!["capo-rs-test".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (_, theirs) = world.server_out_of_band("twin", "theirs").await;
 
     world
         .servers()
