@@ -216,7 +216,12 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     let before = objects(&world);
     let requests_before = world.request_total();
     create_cluster(&world, "c1", cluster_spec()).await;
-    let cluster = wait_cluster(&world, "c1", "provisioned and Ready", settled).await;
+    // Ready comes with the endpoint; the gate reads True once the engine has seen the LB
+    // settle after its monitor was made (a routine PENDING_UPDATE keeps Ready True).
+    let cluster = wait_cluster(&world, "c1", "provisioned, Ready and gated open", |c| {
+        settled(c) && condition(c, types::API_SERVER_LOAD_BALANCER_READY).0 == "True"
+    })
+    .await;
     let create_requests = world.request_total() - requests_before;
     eprintln!(
         "create requests by operation: {}",

@@ -127,30 +127,50 @@ fn watch(
                 .iter()
                 .filter(|m| m.provisioning_status == "ACTIVE")
                 .count();
+            // A machine that looked joining with its providerID set, and whose member was
+            // not ACTIVE: released early only if it is still joining when read again after
+            // the cloud. A slow list can show a machine as it was before it began to leave,
+            // while the cloud already shows its member going.
+            let suspects: Vec<String> = list
+                .items
+                .iter()
+                .filter(|machine| {
+                    joining(machine)
+                        && machine.spec.provider_id.is_some()
+                        && gate::member_address(machine, &[]).is_some_and(|address| {
+                            !api_pool.iter().any(|m| {
+                                m.address == address && m.provisioning_status == "ACTIVE"
+                            })
+                        })
+                })
+                .map(kube::ResourceExt::name_any)
+                .collect();
+            let mut confirmed = Vec::new();
+            for name in suspects {
+                if let Ok(Some(now)) = machines.get_opt(&name).await
+                    && joining(&now)
+                {
+                    confirmed.push(name);
+                }
+            }
             let mut seen = record.lock().unwrap();
             seen.samples += 1;
             if active > 0 || seen.min_active.is_some() {
                 seen.min_active = Some(seen.min_active.map_or(active, |min| min.min(active)));
             }
-            for machine in &list.items {
-                let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
-                    && !gate::is_leaving(machine);
-                let Some(address) = gate::member_address(machine, &[]) else {
-                    continue;
-                };
-                let member_active = api_pool
-                    .iter()
-                    .any(|m| m.address == address && m.provisioning_status == "ACTIVE");
-                if joining && machine.spec.provider_id.is_some() && !member_active {
-                    let name = kube::ResourceExt::name_any(machine);
-                    if !seen.released_early.contains(&name) {
-                        seen.released_early.push(name);
-                    }
+            for name in confirmed {
+                if !seen.released_early.contains(&name) {
+                    seen.released_early.push(name);
                 }
             }
         }
     });
     (seen, task)
+}
+
+/// A control-plane machine whose member is wanted in the pool.
+fn joining(machine: &OpenStackMachine) -> bool {
+    capi::is_control_plane(kube::ResourceExt::labels(machine)) && !gate::is_leaving(machine)
 }
 
 /// The world with a provisioned cluster `c1` and the actor playing Cluster API.
