@@ -20,6 +20,7 @@ mod demo;
 mod floating_ip_pools;
 mod hostile;
 mod kube_answers;
+mod kube_connect;
 mod kube_reviews;
 mod kube_world;
 mod membership;

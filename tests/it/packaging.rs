@@ -368,7 +368,7 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
 }
 
 /// A `capo-rs run` process and its JSON log lines.
-struct Replica {
+pub(crate) struct Replica {
     child: Child,
     lines: Arc<Mutex<Vec<Value>>>,
     /// Reads the replica's log lines until its stderr closes.
@@ -377,7 +377,7 @@ struct Replica {
 }
 
 impl Replica {
-    fn spawn(kubeconfig: &Path, instance: &str, extra: &[&str]) -> Replica {
+    pub(crate) fn spawn(kubeconfig: &Path, instance: &str, extra: &[&str]) -> Replica {
         let mut child = Command::new(CAPO_RS)
             .args(["run", "--kubeconfig"])
             .arg(kubeconfig)
@@ -440,7 +440,7 @@ impl Replica {
         })
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         self.lines
             .lock()
             .unwrap()
@@ -464,7 +464,7 @@ impl Replica {
         assert!(sent.success());
     }
 
-    async fn exit_code(&mut self, within: Duration) -> Option<i32> {
+    pub(crate) async fn exit_code(&mut self, within: Duration) -> Option<i32> {
         let code = tokio::time::timeout(within, self.child.wait())
             .await
             .unwrap_or_else(|_| panic!("{} did not exit within {within:?}", self.identity_base))

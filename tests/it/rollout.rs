@@ -138,9 +138,9 @@ fn watch(
                     joining(machine)
                         && machine.spec.provider_id.is_some()
                         && gate::member_address(machine, &[]).is_some_and(|address| {
-                            !api_pool.iter().any(|m| {
-                                m.address == address && m.provisioning_status == "ACTIVE"
-                            })
+                            !api_pool
+                                .iter()
+                                .any(|m| m.address == address && m.provisioning_status == "ACTIVE")
                         })
                 })
                 .map(kube::ResourceExt::name_any)

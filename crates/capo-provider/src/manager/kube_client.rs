@@ -2,7 +2,7 @@
 //! `--kube-api-qps` / `--kube-api-burst` as client-go's token bucket holds Cluster API's
 //! controllers. kube-rs has no rate limiter of its own; its client is a tower stack, so one
 //! layer in front of it waits for a slot before each request (a watch counts once, when it
-//! starts, as in client-go).
+//! starts, as in client-go). A failed connection says why (`unreachable`).
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -17,6 +17,7 @@ use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::ManagerError;
+use super::unreachable::ExplainLayer;
 
 /// How the client talks to the API server.
 #[derive(Clone, Debug)]
@@ -114,6 +115,7 @@ pub fn client(
     let user_agent = http::HeaderValue::from_str(&options.user_agent)
         .map_err(|e| ManagerError::Connect(format!("user agent: {e}")))?;
     config.headers.push((http::header::USER_AGENT, user_agent));
+    let explain = ExplainLayer::new(&config.cluster_url.to_string());
     let builder =
         ClientBuilder::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))?;
     let layer = RateLimitLayer::new(options.qps, options.burst)?;
@@ -121,7 +123,9 @@ pub fn client(
         tower::util::option_layer(options.requests.clone().map(CountLayer)),
         layer,
     );
-    Ok(builder.with_layer(&counted).build())
+    // Outermost: what leaves the client says why a connection failed.
+    let stack = tower::layer::util::Stack::new(counted, explain);
+    Ok(builder.with_layer(&stack).build())
 }
 
 /// Counts each request as it leaves (behind the rate limit: what the server receives).

@@ -7,6 +7,11 @@
 /// capo-rs's crates (`capo_<name>`): a bare level in the filter applies to these.
 const OURS: &[&str] = &["rs", "provider", "api", "sim", "demo", "bench"];
 
+/// Targets silenced unless a directive names them (or a module above them). kube's client
+/// logs each failed request at error as `failed with error client error (Connect)`, without
+/// its cause; the caller's own line says the same and why (`manager::unreachable`).
+const QUIET: &[&str] = &["kube_client::client::builder"];
+
 /// The levels tracing knows, least to most verbose.
 const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
 
@@ -39,6 +44,15 @@ pub fn directives(asked: Option<&str>, default_level: &str) -> String {
             out.push(format!("{crate_name}={level}"));
         }
     }
+    for quiet in QUIET {
+        let asked_for = named.iter().any(|d| {
+            let target = target_of(d);
+            *quiet == target || quiet.starts_with(&format!("{target}::"))
+        });
+        if !asked_for {
+            out.push(format!("{quiet}=off"));
+        }
+    }
     out.extend(named.into_iter().map(str::to_owned));
     out.join(",")
 }
@@ -66,9 +80,11 @@ fn target_of(directive: &str) -> &str {
 mod tests {
     use super::*;
 
+    /// Our crates at `level`, and the quiet targets off.
     fn ours_at(level: &str) -> String {
         OURS.iter()
             .map(|c| format!("capo_{c}={level}"))
+            .chain(QUIET.iter().map(|q| format!("{q}=off")))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -115,6 +131,12 @@ mod tests {
         let filter = directives(Some("info,capo_provider=trace"), "info");
         assert!(!filter.contains("capo_provider=info"), "{filter}");
         assert!(filter.ends_with(",capo_provider=trace"), "{filter}");
+        // Naming kube's client, or the quiet module, hears it again.
+        for asked in ["kube_client=debug", "kube_client::client::builder=error"] {
+            let filter = directives(Some(asked), "info");
+            assert!(!filter.contains("builder=off"), "{filter}");
+            assert!(filter.ends_with(asked), "{filter}");
+        }
     }
 
     #[test]

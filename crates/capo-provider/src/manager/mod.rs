@@ -19,6 +19,7 @@ pub mod migration;
 pub mod shards;
 pub mod shared;
 pub mod sweep;
+pub mod unreachable;
 pub mod wakeups;
 pub mod webhook;
 
