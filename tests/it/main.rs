@@ -8,6 +8,7 @@ mod admission;
 mod book;
 mod capabilities;
 mod capi_actor;
+mod capi_peers;
 mod capo_compat;
 mod capo_templates;
 mod cloud;

@@ -235,7 +235,7 @@ fn start_actor_waiting(world: &World, wait_timeout: Duration) -> CapiActor {
 }
 
 /// CAPO_TEST_LOG=capo_provider=debug shows what the controllers do.
-fn init_test_log() {
+pub(crate) fn init_test_log() {
     if let Ok(filter) = std::env::var("CAPO_TEST_LOG") {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

@@ -1,0 +1,818 @@
+//! Cluster API's own controllers drive capo-rs: Cluster API v1.14.2's core manager (built by
+//! `tests/capi/build.sh` from the Go module proxy), its CRDs and webhook configurations read
+//! from Go's module cache, on a real API server of the test's own, with its webhooks served on
+//! a certificate the test issues and the CA bundle injected as cert-manager's CA injector
+//! would. capo-rs runs as its ServiceAccount on the simulated cloud.
+//!
+//! The manager's webhook server binds every address (controller-runtime has no host flag), so
+//! it runs in a network namespace of its own behind relays on 127.0.0.1
+//! (`tests/capi/isolated.sh`).
+//!
+//! Without the peers (`CAPO_CAPI_BIN`, `CAPO_CAPI_SRC`: `tests/capi/build.sh`'s `env` file)
+//! the scenario skips with a notice, unless `CAPO_REQUIRE_CAPI=1` (CI) makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use capo_api::conditions::{self, reasons, types};
+use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineTemplate};
+use capo_sim::certs::WebhookCerts;
+use capo_sim::openstack::{Effect, ObjectKind, Rule, Scenario};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::cluster_controller::{cluster_spec, settled, wait_cluster_within};
+use crate::kube_world::{KubeWorld, apply_crds};
+use crate::server_controller::World;
+
+/// Cluster API's peers, when built.
+struct CapiPeers {
+    bin: PathBuf,
+    src: PathBuf,
+}
+
+fn capi_peers() -> Option<CapiPeers> {
+    let found = match (
+        std::env::var_os("CAPO_CAPI_BIN"),
+        std::env::var_os("CAPO_CAPI_SRC"),
+    ) {
+        (Some(bin), Some(src)) => Some(CapiPeers {
+            bin: bin.into(),
+            src: src.into(),
+        }),
+        _ => None,
+    };
+    if found.is_none() {
+        assert!(
+            !std::env::var("CAPO_REQUIRE_CAPI").is_ok_and(|v| v == "1"),
+            "CAPO_REQUIRE_CAPI=1 but Cluster API's peers are not built: run tests/capi/build.sh \
+             and export its env file"
+        );
+        eprintln!(
+            "skipped: Cluster API's peers are not built (tests/capi/build.sh; export its env file)"
+        );
+    }
+    found
+}
+
+/// Cluster API's CRDs, each converting through the manager at `base`, trusted by `ca_bundle`.
+fn capi_crds(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
+    let dir = src.join("core/config/crd/bases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            let mut crd: Value = serde_yaml::from_str(&text).unwrap();
+            // What Cluster API's kustomization patches in: conversion through its webhook.
+            crd["spec"]["conversion"] = json!({
+                "strategy": "Webhook",
+                "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    "clientConfig": {"url": format!("{base}/convert"), "caBundle": ca_bundle},
+                },
+            });
+            crd
+        })
+        .collect()
+}
+
+/// Cluster API's mutating and validating webhook configurations, calling the manager at
+/// `base`, trusted by `ca_bundle`, named as its release names them.
+fn capi_webhooks(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
+    let path = src.join("core/config/webhook/manifests.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
+        .filter_map(|value| serde_json::to_value(value).ok())
+        .filter(|object| object.is_object())
+        .map(|mut object| {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            object["metadata"]["name"] = json!(format!("capi-{name}"));
+            for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = hook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                hook["clientConfig"] =
+                    json!({"url": format!("{base}{path}"), "caBundle": ca_bundle});
+            }
+            object
+        })
+        .collect()
+}
+
+/// Cluster API's core manager, running against the world's own real API server.
+struct CapiManager {
+    script: std::process::Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl CapiManager {
+    async fn start(kube: &KubeWorld, peers: &CapiPeers) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = WebhookCerts::issue(&["127.0.0.1".to_owned()]).unwrap();
+        certs.write(&dir.path().join("certs")).unwrap();
+        let outside = free_port();
+        let base = format!("https://127.0.0.1:{outside}");
+        let mut objects = capi_crds(&peers.src, &base, &certs.ca_bundle());
+        objects.extend(capi_webhooks(&peers.src, &base, &certs.ca_bundle()));
+        apply_crds(&kube.client, &objects).await;
+        let run = kube.own_tier_dir().expect("a tier of the world's own");
+        let admin = run.join("admin.kubeconfig");
+        let api_port = api_port(&admin);
+        let log = dir.path().join("capi-manager.log");
+        let output = std::fs::File::create(&log).unwrap();
+        let netns = format!("capo-capi-{}-{outside}", std::process::id());
+        let script = std::process::Command::new("bash")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/capi/isolated.sh"
+            ))
+            .args([
+                &netns,
+                &api_port.to_string(),
+                &outside.to_string(),
+                "9443",
+                "--",
+            ])
+            .arg(peers.bin.join("capi-manager"))
+            .args(["--webhook-port=9443", "--leader-elect=false", "--v=2"])
+            .arg(format!(
+                "--webhook-cert-dir={}",
+                dir.path().join("certs").display()
+            ))
+            .env("KUBECONFIG", &admin)
+            .stdout(output.try_clone().unwrap())
+            .stderr(output)
+            .spawn()
+            .unwrap();
+        let manager = CapiManager {
+            script,
+            log,
+            _dir: dir,
+        };
+        manager.wait_serving(kube).await;
+        manager
+    }
+
+    /// Until Cluster API's defaulting webhook answers a dry-run create of a Cluster.
+    async fn wait_serving(&self, kube: &KubeWorld) {
+        let clusters = capi_api(kube, "Cluster", "clusters");
+        let probe: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "probe", "namespace": kube.namespace},
+            "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                           "kind": "OpenStackCluster", "name": "probe"}},
+        }))
+        .unwrap();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            match clusters.create(&dry_run, &probe).await {
+                Ok(_) => return,
+                Err(error) if tokio::time::Instant::now() >= deadline => panic!(
+                    "Cluster API's webhooks never answered: {error}\n{}",
+                    self.log_tail()
+                ),
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for CapiManager {
+    /// SIGTERM to the script: the manager, its relays and its namespace go with it.
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.script.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.script.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.script.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// The API server's port, from the kubeconfig's `server: "https://127.0.0.1:<port>"`.
+fn api_port(kubeconfig: &Path) -> u16 {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    regex::Regex::new(r#"server: ?"?https://127\.0\.0\.1:([0-9]+)"#)
+        .unwrap()
+        .captures(&text)
+        .and_then(|found| found[1].parse().ok())
+        .unwrap_or_else(|| panic!("no server port in {}", kubeconfig.display()))
+}
+
+fn capi_api(kube: &KubeWorld, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    Api::namespaced_with(kube.client.clone(), &kube.namespace, &resource)
+}
+
+async fn create(api: &Api<DynamicObject>, object: Value) {
+    let object: DynamicObject = serde_json::from_value(object).unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", object.metadata.name.unwrap_or_default()));
+}
+
+/// Waits until the object `name` satisfies `done` (as Cluster API left it), saying `what`.
+async fn wait_object(
+    api: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+    manager: &CapiManager,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let now = api
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .map(|o| serde_json::to_value(o).unwrap_or_default());
+        match now {
+            Some(object) if done(&object) => return object,
+            _ if tokio::time::Instant::now() >= deadline => panic!(
+                "{name} never {what}: {:#}\nCluster API's manager:\n{}",
+                api.get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|o| serde_json::to_value(o).unwrap_or_default())
+                    .unwrap_or_default(),
+                manager.log_tail()
+            ),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// Cluster API's manager and capo-rs's on a real API server of their own, the simulated cloud
+/// beside them; `None` (skipped) without the peers.
+struct Driven {
+    world: World,
+    manager: CapiManager,
+    clusters: Api<DynamicObject>,
+    machines: Api<DynamicObject>,
+    /// What the cloud held before any cluster.
+    before: std::collections::BTreeMap<String, usize>,
+}
+
+async fn driven(namespace: &str) -> Option<Driven> {
+    crate::rollout::init_test_log();
+    let peers = capi_peers()?;
+    // A tier of the test's own is started from the shared tier's binaries.
+    crate::kube_world::real_kube()?;
+    let kube = KubeWorld::own_real(&[], namespace).await;
+    kube.install_ours().await;
+    let manager = CapiManager::start(&kube, &peers).await;
+    let mut world = World::prepare_on(kube, Scenario::default()).await;
+    world.start_manager(Default::default());
+    let clusters = capi_api(&world.kube, "Cluster", "clusters");
+    let machines = capi_api(&world.kube, "Machine", "machines");
+    let before = world.cloud.object_counts();
+    Some(Driven {
+        world,
+        manager,
+        clusters,
+        machines,
+        before,
+    })
+}
+
+impl Driven {
+    fn ns(&self) -> String {
+        self.world.ns().to_owned()
+    }
+
+    /// A Cluster and its OpenStackCluster `c1`, as a user writes them: no owner, no label.
+    /// Cluster API's Cluster controller adopts the OpenStackCluster, capo-rs provisions it,
+    /// and Cluster API reads that back.
+    async fn provisioned_cluster(&self) {
+        create(
+            &self.clusters,
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"name": "c1", "namespace": self.ns()},
+                "spec": {
+                    "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
+                    "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                          "kind": "OpenStackCluster", "name": "c1"},
+                },
+            }),
+        )
+        .await;
+        let infra: Api<OpenStackCluster> = self.world.kube.api();
+        let cluster: OpenStackCluster = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+            "metadata": {"name": "c1", "namespace": self.ns()},
+            "spec": cluster_spec(),
+        }))
+        .unwrap();
+        infra
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap();
+        let provisioned = wait_cluster_within(
+            &self.world,
+            "c1",
+            "provisioned",
+            Duration::from_secs(180),
+            settled,
+        )
+        .await;
+        let owners = provisioned
+            .metadata
+            .owner_references
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            owners.iter().any(|o| o.kind == "Cluster" && o.name == "c1"),
+            "Cluster API's Cluster controller owns the OpenStackCluster: {owners:?}"
+        );
+        let endpoint = provisioned.spec.control_plane_endpoint.clone().unwrap();
+        let capi_cluster = wait_object(
+            &self.clusters,
+            "c1",
+            "saw its infrastructure provisioned",
+            |c| c["status"]["initialization"]["infrastructureProvisioned"] == true,
+            &self.manager,
+        )
+        .await;
+        assert_eq!(
+            capi_cluster["spec"]["controlPlaneEndpoint"]["host"],
+            json!(endpoint.host),
+            "Cluster API copied the endpoint capo-rs set"
+        );
+    }
+
+    fn servers(&self) -> usize {
+        self.world
+            .cloud
+            .object_counts()
+            .get("servers")
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Deletes the Cluster: Cluster API deletes what it owns, capo-rs what it built, and the
+    /// cloud holds what it held before.
+    async fn delete_cluster(mut self) {
+        self.clusters
+            .delete("c1", &DeleteParams::default())
+            .await
+            .unwrap();
+        wait_gone(&self.clusters, "c1", &self.manager).await;
+        let infra: Api<OpenStackCluster> = self.world.kube.api();
+        assert!(infra.get_opt("c1").await.unwrap().is_none());
+        assert_eq!(
+            self.world.cloud.object_counts(),
+            self.before,
+            "nothing leaked"
+        );
+        self.world.stop_manager().await;
+    }
+}
+
+#[tokio::test]
+async fn cluster_apis_controllers_drive_a_cluster_and_a_machine_through_capo_rs() {
+    let Some(driven) = driven("capi-driven").await else {
+        return;
+    };
+    driven.provisioned_cluster().await;
+    let ns = driven.ns();
+
+    // A worker Machine with its bootstrap data ready and a pre-terminate hook: Cluster API's
+    // Machine controller adopts the OpenStackMachine, capo-rs builds the server, Cluster API
+    // takes its providerID.
+    driven
+        .world
+        .put_secret("m1-bootstrap", "value", "#cloud-config\n")
+        .await;
+    let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
+    let machine: OpenStackMachine = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
+        "metadata": {"name": "m1", "namespace": ns},
+        "spec": machine_spec(),
+    }))
+    .unwrap();
+    infra_machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    create(
+        &driven.machines,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": ns,
+                         "annotations": {HOOK: ""}},
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"dataSecretName": "m1-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                      "kind": "OpenStackMachine", "name": "m1"},
+            },
+        }),
+    )
+    .await;
+    let capi_machine = wait_object(
+        &driven.machines,
+        "m1",
+        "took its providerID",
+        |m| {
+            m["spec"]["providerID"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("openstack:///"))
+        },
+        &driven.manager,
+    )
+    .await;
+    let infra_machine = infra_machines.get("m1").await.unwrap();
+    assert_eq!(
+        capi_machine["spec"]["providerID"].as_str(),
+        infra_machine.spec.provider_id.as_deref(),
+        "Cluster API copied the providerID capo-rs set"
+    );
+    assert!(
+        infra_machine
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.kind == "Machine" && o.name == "m1"),
+        "Cluster API's Machine controller owns the OpenStackMachine"
+    );
+    assert_eq!(driven.servers(), 1);
+
+    // Deleting the Machine: Cluster API skips the drain (no node) and holds the
+    // OpenStackMachine while the pre-terminate hook is there; then capo-rs deletes the server.
+    driven
+        .machines
+        .delete("m1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_object(
+        &driven.machines,
+        "m1",
+        "waited for its pre-terminate hook",
+        |m| has_reason(m, "WaitingForPreTerminateHook"),
+        &driven.manager,
+    )
+    .await;
+    let held = infra_machines.get("m1").await.unwrap();
+    assert!(
+        held.metadata.deletion_timestamp.is_none(),
+        "the OpenStackMachine is not deleted while the hook holds"
+    );
+    assert_eq!(driven.servers(), 1, "nor is its server");
+    let unhooked = json!({"metadata": {"annotations": {HOOK: null}}});
+    driven
+        .machines
+        .patch("m1", &PatchParams::default(), &Patch::Merge(&unhooked))
+        .await
+        .unwrap();
+    wait_gone(&driven.machines, "m1", &driven.manager).await;
+    assert_eq!(driven.servers(), 0);
+    driven.delete_cluster().await;
+}
+
+/// Cluster API's MachineDeployment and MachineSet controllers: two workers cloned from an
+/// OpenStackMachineTemplate, scaled down to one, then the deployment deleted.
+#[tokio::test]
+async fn cluster_apis_machine_deployment_scales_workers_through_capo_rs() {
+    let Some(driven) = driven("capi-deployment").await else {
+        return;
+    };
+    driven.provisioned_cluster().await;
+    let ns = driven.ns();
+    driven
+        .world
+        .put_secret("workers-bootstrap", "value", "#cloud-config\n")
+        .await;
+    let templates: Api<OpenStackMachineTemplate> = driven.world.kube.api();
+    let template: OpenStackMachineTemplate = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "OpenStackMachineTemplate",
+        "metadata": {"name": "workers", "namespace": ns},
+        "spec": {"template": {"spec": machine_spec()}},
+    }))
+    .unwrap();
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let deployments = capi_api(
+        &driven.world.kube,
+        "MachineDeployment",
+        "machinedeployments",
+    );
+    create(
+        &deployments,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": "workers", "namespace": ns},
+            "spec": {
+                "clusterName": "c1",
+                "replicas": 2,
+                "template": {"spec": {
+                    "clusterName": "c1",
+                    "bootstrap": {"dataSecretName": "workers-bootstrap"},
+                    "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                          "kind": "OpenStackMachineTemplate", "name": "workers"},
+                }},
+            },
+        }),
+    )
+    .await;
+    let released = wait_machines_released(&driven, 2).await;
+    assert_eq!(driven.servers(), 2);
+    wait_object(
+        &deployments,
+        "workers",
+        "counted two replicas",
+        |d| d["status"]["replicas"] == json!(2),
+        &driven.manager,
+    )
+    .await;
+
+    let one = json!({"spec": {"replicas": 1}});
+    deployments
+        .patch("workers", &PatchParams::default(), &Patch::Merge(&one))
+        .await
+        .unwrap();
+    let left = wait_machines_released(&driven, 1).await;
+    assert!(
+        released.contains(&left[0]),
+        "one of the two stays: {left:?}"
+    );
+    wait_servers(&driven, 1).await;
+
+    deployments
+        .delete("workers", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&deployments, "workers", &driven.manager).await;
+    wait_machines_released(&driven, 0).await;
+    wait_servers(&driven, 0).await;
+    driven.delete_cluster().await;
+}
+
+/// The gate under Cluster API's Machine controller: a control-plane machine whose member
+/// is held PENDING_CREATE keeps its providerID from capo-rs, so Cluster API's Machine reads
+/// its infrastructure as not provisioned; once the member is ACTIVE, Cluster API takes it.
+#[tokio::test]
+async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_member() {
+    let Some(driven) = driven("capi-gate").await else {
+        return;
+    };
+    driven.provisioned_cluster().await;
+    let ns = driven.ns();
+    driven.world.cloud.add_rule(Rule {
+        kind: ObjectKind::Member,
+        name: "*-cp1".into(),
+        effect: Effect::Stuck,
+        times: None,
+    });
+    driven
+        .world
+        .put_secret("cp1-bootstrap", "value", "#cloud-config\n")
+        .await;
+    // Labelled as the kubeadm control plane labels what it creates.
+    let labels = json!({"cluster.x-k8s.io/cluster-name": "c1",
+                        "cluster.x-k8s.io/control-plane": ""});
+    let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
+    let machine: OpenStackMachine = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
+        "metadata": {"name": "cp1", "namespace": ns, "labels": labels},
+        "spec": machine_spec(),
+    }))
+    .unwrap();
+    infra_machines
+        .create(&PostParams::default(), &machine)
+        .await
+        .unwrap();
+    create(
+        &driven.machines,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "cp1", "namespace": ns, "labels": labels},
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"dataSecretName": "cp1-bootstrap"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                      "kind": "OpenStackMachine", "name": "cp1"},
+            },
+        }),
+    )
+    .await;
+    // The server is up and its member made, but PENDING_CREATE: capo-rs says so.
+    let pending = |m: &OpenStackMachine| {
+        m.status
+            .as_ref()
+            .and_then(|s| {
+                conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY)
+            })
+            .is_some_and(|c| {
+                c.status == "False"
+                    && [reasons::MEMBERS_PENDING, reasons::MEMBER_STUCK]
+                        .contains(&c.reason.as_str())
+            })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let held = loop {
+        let now = infra_machines.get("cp1").await.unwrap();
+        if pending(&now) {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cp1 never reported its member pending: {:?}",
+            now.status
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        held.spec.provider_id.is_none(),
+        "no providerID from capo-rs"
+    );
+    let member = driven
+        .world
+        .cloud
+        .member_truth()
+        .into_iter()
+        .find(|m| m.name.ends_with("-cp1"))
+        .expect("cp1's member");
+    assert_eq!(member.provisioning_status, "PENDING_CREATE");
+    let capi_machine = serde_json::to_value(driven.machines.get("cp1").await.unwrap()).unwrap();
+    assert!(
+        capi_machine["spec"]["providerID"].is_null(),
+        "Cluster API's Machine has no providerID: {capi_machine:#}"
+    );
+    assert_ne!(
+        capi_machine["status"]["initialization"]["infrastructureProvisioned"],
+        json!(true),
+        "Cluster API reads cp1's infrastructure as not provisioned"
+    );
+    // The member goes ACTIVE: capo-rs releases the machine, Cluster API takes its providerID.
+    driven.world.cloud.clear_rules();
+    wait_object(
+        &driven.machines,
+        "cp1",
+        "took its providerID",
+        |m| {
+            m["spec"]["providerID"].as_str().is_some()
+                && m["status"]["initialization"]["infrastructureProvisioned"] == true
+        },
+        &driven.manager,
+    )
+    .await;
+    // Deleting the only control-plane machine: Cluster API waits on capo-rs's pre-terminate
+    // hook, and capo-rs holds it, saying why: its member is the last ACTIVE one.
+    driven
+        .machines
+        .delete("cp1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_object(
+        &driven.machines,
+        "cp1",
+        "waited for capo-rs's hook",
+        |m| has_reason(m, "WaitingForPreTerminateHook"),
+        &driven.manager,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = infra_machines.get("cp1").await.unwrap();
+        let reason = now
+            .status
+            .as_ref()
+            .and_then(|s| {
+                conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY)
+            })
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        if reason == reasons::LAST_ACTIVE_MEMBER {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cp1 never said why it holds: {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        driven
+            .world
+            .cloud
+            .member_truth()
+            .iter()
+            .any(|m| m.name.ends_with("-cp1") && m.provisioning_status == "ACTIVE"),
+        "the API pool keeps its one ACTIVE member"
+    );
+    // Deleting the cluster lets it go with everything else.
+    driven.delete_cluster().await;
+}
+
+const HOOK: &str = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/capo-rs-test";
+
+fn machine_spec() -> Value {
+    json!({"flavor": {"filter": {"name": "m1.small"}},
+           "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}}})
+}
+
+fn has_reason(object: &Value, reason: &str) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| conditions.iter().any(|c| c["reason"] == reason))
+}
+
+/// Waits until exactly `count` Machines exist, each with the providerID Cluster API copied
+/// from its OpenStackMachine; returns their names.
+async fn wait_machines_released(driven: &Driven, count: usize) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let list = driven
+            .machines
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let released: Vec<String> = list
+            .iter()
+            .filter(|m| {
+                m.metadata.deletion_timestamp.is_none()
+                    && m.data["spec"]["providerID"].as_str().is_some()
+            })
+            .filter_map(|m| m.metadata.name.clone())
+            .collect();
+        if list.len() == count && released.len() == count {
+            return released;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{count} released machines never: {released:?} of {}\nCluster API's manager:\n{}",
+            list.len(),
+            driven.manager.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the cloud holds `count` servers.
+async fn wait_servers(driven: &Driven, count: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while driven.servers() != count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cloud never held {count} servers: {}",
+            driven.servers()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn wait_gone(api: &Api<DynamicObject>, name: &str, manager: &CapiManager) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while let Some(object) = api.get_opt(name).await.ok().flatten() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} was never deleted: {:#}\nCluster API's manager:\n{}",
+            object.data["status"],
+            manager.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
