@@ -54,7 +54,7 @@ pub enum SimCommand {
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// `status-tree` (capo-rs: each member's own provisioning_status) or `lb-only` (trusting
-    /// the load balancer's status, as CAPO does).
+    /// the load balancer's status, never the member's).
     #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
     strategy: Strategy,
     /// Divides every timing of the story (1: about a minute and a half).
@@ -188,7 +188,7 @@ pub enum BenchCommand {
         #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
         threads: Option<u16>,
         /// `status-tree` (capo-rs: status trees and the serving gate), `provisioning` (capo-rs
-        /// with --gate=provisioning) or `lb-only` (trusting the load balancer, as CAPO does):
+        /// with --gate=provisioning) or `lb-only` (trusting the load balancer's status):
         /// the last two show the violations the checker finds then.
         #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
         strategy: Strategy,

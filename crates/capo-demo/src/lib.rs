@@ -37,7 +37,7 @@ pub const CLUSTER: &str = "demo";
 #[derive(Clone, Debug)]
 pub struct DemoConfig {
     /// How the membership engine reads members: `status-tree` (ours) or `lb-only` (trusting
-    /// the load balancer's status, as CAPO does).
+    /// the load balancer's status, never the member's).
     pub strategy: Strategy,
     pub pace: Pace,
     /// Where `/metrics` is served (port 0 picks a free one).
@@ -88,7 +88,7 @@ pub struct Running {
 
 fn strategy_words(strategy: Strategy) -> &'static str {
     match strategy {
-        Strategy::LbOnly => "lb-only: trusting the load balancer's status, as CAPO does",
+        Strategy::LbOnly => "lb-only: trusting the load balancer's status, never the member's",
         Strategy::Provisioning => "provisioning: each member's provisioning_status, not its health",
         _ => "serving: each member ACTIVE and its health monitor reading ONLINE",
     }
