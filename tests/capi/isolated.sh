@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Runs a Go peer whose servers bind every address (controller-runtime's webhook server has no
 # host flag) in a network namespace of its own, holding only a loopback, so that nothing it
-# serves is reachable but through two relays bound to 127.0.0.1:
-#   inside, 127.0.0.1:API_PORT   -> outside, 127.0.0.1:API_PORT (the API server);
-#   outside, 127.0.0.1:OUTSIDE   -> inside, 127.0.0.1:INSIDE (the peer's webhook server).
-# Usage: isolated.sh NAME API_PORT OUTSIDE INSIDE -- COMMAND [ARG...]
+# serves is reachable but through relays bound to 127.0.0.1:
+#   --reach PORT              inside, 127.0.0.1:PORT -> outside, 127.0.0.1:PORT (the API
+#                             server, a simulated cloud);
+#   --serve OUTSIDE:INSIDE    outside, 127.0.0.1:OUTSIDE -> inside, 127.0.0.1:INSIDE (the
+#                             peer's webhook server).
+# Usage: isolated.sh NAME [--reach PORT]... [--serve OUTSIDE:INSIDE]... -- COMMAND [ARG...]
 # Stop it with SIGTERM: the peer, the relays and the namespace go with it.
 set -euo pipefail
-[ $# -ge 6 ] && [ "$5" = "--" ] || { echo "usage: $0 NAME API_PORT OUTSIDE INSIDE -- COMMAND [ARG...]" >&2; exit 2; }
-name=$1 api=$2 outside=$3 inside=$4
-shift 5
+usage() { echo "usage: $0 NAME [--reach PORT]... [--serve OUTSIDE:INSIDE]... -- COMMAND [ARG...]" >&2; exit 2; }
+[ $# -ge 3 ] || usage
+name=$1
+shift
+reach=() serve=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  case $1 in
+    --reach) [[ ${2:-} =~ ^[0-9]+$ ]] || usage; reach+=("$2"); shift 2 ;;
+    --serve) [[ ${2:-} =~ ^[0-9]+:[0-9]+$ ]] || usage; serve+=("$2"); shift 2 ;;
+    *) usage ;;
+  esac
+done
+[ "${1:-}" = "--" ] && [ $# -ge 2 ] || usage
+shift
 for tool in ip socat nsenter; do
   command -v "$tool" >/dev/null || { echo "isolated.sh: $tool is needed (apt-get install iproute2 socat util-linux)" >&2; exit 1; }
 done
@@ -28,10 +41,14 @@ stop() {
 trap 'stop; exit 143' TERM INT
 trap stop EXIT
 ip -n "$name" link set lo up
-ip netns exec "$name" socat "TCP-LISTEN:$api,bind=127.0.0.1,reuseaddr,fork" \
-  "SYSTEM:exec nsenter --net=$here_ns socat STDIO TCP\:127.0.0.1\:$api" &
-socat "TCP-LISTEN:$outside,bind=127.0.0.1,reuseaddr,fork" \
-  "SYSTEM:exec ip netns exec $name socat STDIO TCP\:127.0.0.1\:$inside" &
+for port in "${reach[@]}"; do
+  ip netns exec "$name" socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" \
+    "SYSTEM:exec nsenter --net=$here_ns socat STDIO TCP\:127.0.0.1\:$port" &
+done
+for pair in "${serve[@]}"; do
+  socat "TCP-LISTEN:${pair%%:*},bind=127.0.0.1,reuseaddr,fork" \
+    "SYSTEM:exec ip netns exec $name socat STDIO TCP\:127.0.0.1\:${pair##*:}" &
+done
 ip netns exec "$name" "$@" &
 peer=$!
 wait "$peer"

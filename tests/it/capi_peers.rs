@@ -137,13 +137,8 @@ impl CapiManager {
                 env!("CARGO_MANIFEST_DIR"),
                 "/tests/capi/isolated.sh"
             ))
-            .args([
-                &netns,
-                &api_port.to_string(),
-                &outside.to_string(),
-                "9443",
-                "--",
-            ])
+            .args([&netns, "--reach", &api_port.to_string()])
+            .args(["--serve", &format!("{outside}:9443"), "--"])
             .arg(peers.bin.join("capi-manager"))
             .args(["--webhook-port=9443", "--leader-elect=false", "--v=2"])
             .arg(format!(
