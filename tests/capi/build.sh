@@ -17,19 +17,21 @@ out=${CAPO_CAPI_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/capo-rs/capi-peers/$key
 built() { [ -x "$out/capi-manager" ] && [ -x "$out/clusterctl" ] && [ -s "$out/env" ] && [ -d "$(sed -n 's/^CAPO_CAPI_SRC=//p' "$out/env")" ]; }
 if built; then echo "$out"; exit 0; fi
 
-command -v go >/dev/null || { echo "build.sh: Go is needed to build the peers (go 1.25 or later)" >&2; exit 1; }
-rm -rf "$out.part" && mkdir -p "$out.part"
+command -v go >/dev/null || { echo "build.sh: Go is needed to build the peers (go 1.26 or later)" >&2; exit 1; }
+mkdir -p "$(dirname "$out")"
+# A part directory of this run's own: a build left running by an earlier run cannot mix in.
+part=$(mktemp -d "$out.part.XXXXXX")
+trap 'rm -rf "$part"' EXIT
 cd "$here"
 build() { # name package
   local started=$SECONDS
-  go build -trimpath -ldflags "-s -w" -o "$out.part/$1" "$2"
+  go build -trimpath -ldflags "-s -w" -o "$part/$1" "$2"
   echo "build.sh: $1 built in $((SECONDS - started)) s" >&2
 }
 build capi-manager sigs.k8s.io/cluster-api/core
 build clusterctl sigs.k8s.io/cluster-api/cmd/clusterctl
 src=$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api)
 [ -d "$src/core/config/crd/bases" ] || { echo "build.sh: no CRDs under $src/core/config/crd/bases" >&2; exit 1; }
-printf 'CAPO_CAPI_BIN=%s\nCAPO_CAPI_SRC=%s\n' "$out" "$src" >"$out.part/env"
-rm -rf "$out" && mv "$out.part" "$out"
-sed -i "s|$out.part|$out|" "$out/env"
+printf 'CAPO_CAPI_BIN=%s\nCAPO_CAPI_SRC=%s\n' "$out" "$src" >"$part/env"
+rm -rf "$out" && mv "$part" "$out"
 echo "$out"

@@ -32,7 +32,9 @@ ip netns add "$name"
 peer=""
 stop() {
   trap - EXIT TERM INT
-  [ -n "$peer" ] && kill -TERM "$peer" 2>/dev/null && { timeout 10 tail --pid="$peer" -f /dev/null || kill -KILL "$peer" 2>/dev/null; }
+  if [ -n "$peer" ] && kill -TERM "$peer" 2>/dev/null; then
+    timeout 10 tail --pid="$peer" -f /dev/null || kill -KILL "$peer" 2>/dev/null || true
+  fi
   kill $(jobs -p) 2>/dev/null || true
   # Whatever the peer started is in the namespace too.
   ip netns pids "$name" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
@@ -49,6 +51,20 @@ for pair in "${serve[@]}"; do
   socat "TCP-LISTEN:${pair%%:*},bind=127.0.0.1,reuseaddr,fork" \
     "SYSTEM:exec ip netns exec $name socat STDIO TCP\:127.0.0.1\:${pair##*:}" &
 done
+# Every relay listening before the peer starts; a port taken meanwhile fails here, not later.
+listening() { # netns-or-empty port
+  local out
+  if [ -n "$1" ]; then out=$(ip netns exec "$1" ss -Hltn "sport = :$2"); else out=$(ss -Hltn "sport = :$2"); fi
+  [ -n "$out" ]
+}
+for _ in $(seq 100); do
+  ready=1
+  for port in "${reach[@]}"; do listening "$name" "$port" || ready=0; done
+  for pair in "${serve[@]}"; do listening "" "${pair%%:*}" || ready=0; done
+  [ "$ready" -eq 1 ] && break
+  sleep 0.05
+done
+[ "$ready" -eq 1 ] || { echo "isolated.sh: a relay did not start (a port in use?)" >&2; exit 1; }
 ip netns exec "$name" "$@" &
 peer=$!
 wait "$peer"

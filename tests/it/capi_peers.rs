@@ -117,7 +117,24 @@ struct CapiManager {
 }
 
 impl CapiManager {
+    /// Started, and its webhooks answering. A relay port taken between choosing it and
+    /// binding it ends the script at once; the manager is then started again on another.
     async fn start(kube: &KubeWorld, peers: &CapiPeers) -> Self {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut manager = Self::spawn(kube, peers).await;
+            match manager.wait_serving(kube).await {
+                Ok(()) => return manager,
+                Err(ended) if tries < 3 => eprintln!("{ended}; starting it again"),
+                Err(ended) => panic!("{ended}"),
+            }
+        }
+    }
+
+    /// Cluster API's CRDs and webhooks (calling a port chosen now), and the manager behind
+    /// them.
+    async fn spawn(kube: &KubeWorld, peers: &CapiPeers) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let certs = WebhookCerts::issue(&["127.0.0.1".to_owned()]).unwrap();
         certs.write(&dir.path().join("certs")).unwrap();
@@ -150,17 +167,16 @@ impl CapiManager {
             .stderr(output)
             .spawn()
             .unwrap();
-        let manager = CapiManager {
+        CapiManager {
             script,
             log,
             _dir: dir,
-        };
-        manager.wait_serving(kube).await;
-        manager
+        }
     }
 
-    /// Until Cluster API's defaulting webhook answers a dry-run create of a Cluster.
-    async fn wait_serving(&self, kube: &KubeWorld) {
+    /// Until Cluster API's defaulting webhook answers a dry-run create of a Cluster; an error
+    /// when the script ended first.
+    async fn wait_serving(&mut self, kube: &KubeWorld) -> Result<(), String> {
         let clusters = capi_api(kube, "Cluster", "clusters");
         let probe: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
@@ -176,8 +192,14 @@ impl CapiManager {
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
+            if let Ok(Some(status)) = self.script.try_wait() {
+                return Err(format!(
+                    "Cluster API's manager (tests/capi/isolated.sh) ended: {status}\n{}",
+                    self.log_tail()
+                ));
+            }
             match clusters.create(&dry_run, &probe).await {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(error) if tokio::time::Instant::now() >= deadline => panic!(
                     "Cluster API's webhooks never answered: {error}\n{}",
                     self.log_tail()
@@ -277,8 +299,10 @@ async fn wait_object(
 /// Cluster API's manager and capo-rs's on a real API server of their own, the simulated cloud
 /// beside them; `None` (skipped) without the peers.
 struct Driven {
-    world: World,
+    /// Before `world`: fields drop in order, and Cluster API's manager stops while its API
+    /// server (the world's own tier) still answers.
     manager: CapiManager,
+    world: World,
     clusters: Api<DynamicObject>,
     machines: Api<DynamicObject>,
     /// What the cloud held before any cluster.
@@ -299,8 +323,8 @@ async fn driven(namespace: &str) -> Option<Driven> {
     let machines = capi_api(&world.kube, "Machine", "machines");
     let before = world.cloud.object_counts();
     Some(Driven {
-        world,
         manager,
+        world,
         clusters,
         machines,
         before,
@@ -759,12 +783,20 @@ fn has_reason(object: &Value, reason: &str) -> bool {
 async fn wait_machines_released(driven: &Driven, count: usize) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
-        let list = driven
+        // An error (a timeout under load) is not an empty list: ask again.
+        let Ok(list) = driven
             .machines
             .list(&Default::default())
             .await
             .map(|l| l.items)
-            .unwrap_or_default();
+        else {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "machines never listed"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        };
         let released: Vec<String> = list
             .iter()
             .filter(|m| {
@@ -801,11 +833,16 @@ async fn wait_servers(driven: &Driven, count: usize) {
 
 async fn wait_gone(api: &Api<DynamicObject>, name: &str, manager: &CapiManager) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    while let Some(object) = api.get_opt(name).await.ok().flatten() {
+    loop {
+        // An error (a timeout under load) is not an answer: ask again.
+        let left = match api.get_opt(name).await {
+            Ok(None) => return,
+            Ok(Some(object)) => object.data["status"].clone(),
+            Err(error) => json!(error.to_string()),
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{name} was never deleted: {:#}\nCluster API's manager:\n{}",
-            object.data["status"],
+            "{name} was never deleted: {left:#}\nCluster API's manager:\n{}",
             manager.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -90,15 +90,19 @@ impl std::fmt::Display for Cause {
             Cause::WrongName {
                 expected,
                 presented,
+            } if presented.is_empty() => write!(
+                f,
+                "the server's certificate is not for {expected}: connect by a name the \
+                 certificate holds, or set tls-server-name in the kubeconfig"
+            ),
+            Cause::WrongName {
+                expected,
+                presented,
             } => write!(
                 f,
                 "the server's certificate is for {} but not for {expected}: connect by a name \
                  the certificate holds, or set tls-server-name in the kubeconfig",
-                if presented.is_empty() {
-                    "no name".to_owned()
-                } else {
-                    presented.join(", ")
-                }
+                presented.join(", ")
             ),
             Cause::Certificate(why) => write!(f, "the server's certificate is refused: {why}"),
             Cause::Tls(why) => write!(f, "the TLS handshake failed: {why}"),
@@ -121,18 +125,14 @@ fn utc(unix_seconds: u64) -> String {
         .map_or_else(|| format!("{unix_seconds} s"), |at| at.to_rfc3339())
 }
 
-/// Why `error` kept a request from the server, when it did: `None` for anything that is not
-/// a transport failure (the server's own answers, an authentication plugin's error).
+/// Why `error` kept a request from the server, when it failed to connect: `None` for
+/// anything else (the server's own answers, an authentication plugin's error, a connection
+/// lost mid-request, which may have reached the server).
 pub fn explain(error: &(dyn std::error::Error + 'static)) -> Option<Cause> {
-    let transport =
-        chain(error).find_map(|e| e.downcast_ref::<hyper_util::client::legacy::Error>())?;
-    Some(cause_in(error).unwrap_or_else(|| {
-        if transport.is_connect() {
-            Cause::Other(whole_chain(error))
-        } else {
-            Cause::Other(format!("the connection failed: {}", whole_chain(error)))
-        }
-    }))
+    chain(error)
+        .find_map(|e| e.downcast_ref::<hyper_util::client::legacy::Error>())
+        .filter(|transport| transport.is_connect())?;
+    Some(cause_in(error).unwrap_or_else(|| Cause::Other(whole_chain(error))))
 }
 
 /// The first reason in the chain that has a name.
@@ -186,7 +186,7 @@ fn of_tls(error: &rustls::Error) -> Cause {
             presented,
         } => Cause::WrongName {
             expected: server_name(expected),
-            presented: presented.clone(),
+            presented: presented.iter().map(|name| bare_name(name)).collect(),
         },
         CertificateError::Other(other)
             if matches!(
@@ -206,6 +206,16 @@ fn server_name(name: &rustls_pki_types::ServerName<'_>) -> String {
         rustls_pki_types::ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
         other => format!("{other:?}"),
     }
+}
+
+/// `example.com` of webpki's `DnsName("example.com")` (and `IpAddress(..)`), as presented
+/// names come from rustls.
+fn bare_name(presented: &str) -> String {
+    presented
+        .split_once('(')
+        .and_then(|(_, inner)| inner.strip_suffix(')'))
+        .map_or(presented, |inner| inner.trim_matches('"'))
+        .to_owned()
 }
 
 fn chain<'a>(
@@ -359,7 +369,7 @@ mod tests {
             .map(|c| c.to_string())
             .unwrap_or_default();
         assert!(
-            said.contains("not for 127.0.0.1") && said.contains("elsewhere.example"),
+            said.contains("is for elsewhere.example but not for 127.0.0.1"),
             "{said}"
         );
     }
