@@ -397,6 +397,41 @@ impl Driven {
         );
     }
 
+    /// An OpenStackMachine and its Machine `name` in cluster `c1`, both with `labels`, the
+    /// Machine with `annotations` and its bootstrap data ready (`<name>-bootstrap`).
+    async fn machine(&self, name: &str, labels: Value, annotations: Value) {
+        let secret = format!("{name}-bootstrap");
+        self.world
+            .put_secret(&secret, "value", "#cloud-config\n")
+            .await;
+        let infra_machines: Api<OpenStackMachine> = self.world.kube.api();
+        let machine: OpenStackMachine = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
+            "metadata": {"name": name, "namespace": self.ns(), "labels": labels},
+            "spec": machine_spec(),
+        }))
+        .unwrap();
+        infra_machines
+            .create(&PostParams::default(), &machine)
+            .await
+            .unwrap();
+        create(
+            &self.machines,
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                "metadata": {"name": name, "namespace": self.ns(), "labels": labels,
+                             "annotations": annotations},
+                "spec": {
+                    "clusterName": "c1",
+                    "bootstrap": {"dataSecretName": secret},
+                    "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                          "kind": "OpenStackMachine", "name": name},
+                },
+            }),
+        )
+        .await;
+    }
+
     fn servers(&self) -> usize {
         self.world
             .cloud
@@ -431,41 +466,12 @@ async fn cluster_apis_controllers_drive_a_cluster_and_a_machine_through_capo_rs(
         return;
     };
     driven.provisioned_cluster().await;
-    let ns = driven.ns();
 
     // A worker Machine with its bootstrap data ready and a pre-terminate hook: Cluster API's
     // Machine controller adopts the OpenStackMachine, capo-rs builds the server, Cluster API
     // takes its providerID.
-    driven
-        .world
-        .put_secret("m1-bootstrap", "value", "#cloud-config\n")
-        .await;
+    driven.machine("m1", json!({}), json!({HOOK: ""})).await;
     let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
-    let machine: OpenStackMachine = serde_json::from_value(json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
-        "metadata": {"name": "m1", "namespace": ns},
-        "spec": machine_spec(),
-    }))
-    .unwrap();
-    infra_machines
-        .create(&PostParams::default(), &machine)
-        .await
-        .unwrap();
-    create(
-        &driven.machines,
-        json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "m1", "namespace": ns,
-                         "annotations": {HOOK: ""}},
-            "spec": {
-                "clusterName": "c1",
-                "bootstrap": {"dataSecretName": "m1-bootstrap"},
-                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                      "kind": "OpenStackMachine", "name": "m1"},
-            },
-        }),
-    )
-    .await;
     let capi_machine = wait_object(
         &driven.machines,
         "m1",
@@ -617,45 +623,17 @@ async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_mem
         return;
     };
     driven.provisioned_cluster().await;
-    let ns = driven.ns();
     driven.world.cloud.add_rule(Rule {
         kind: ObjectKind::Member,
         name: "*-cp1".into(),
         effect: Effect::Stuck,
         times: None,
     });
-    driven
-        .world
-        .put_secret("cp1-bootstrap", "value", "#cloud-config\n")
-        .await;
     // Labelled as the kubeadm control plane labels what it creates.
     let labels = json!({"cluster.x-k8s.io/cluster-name": "c1",
                         "cluster.x-k8s.io/control-plane": ""});
+    driven.machine("cp1", labels, json!({})).await;
     let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
-    let machine: OpenStackMachine = serde_json::from_value(json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
-        "metadata": {"name": "cp1", "namespace": ns, "labels": labels},
-        "spec": machine_spec(),
-    }))
-    .unwrap();
-    infra_machines
-        .create(&PostParams::default(), &machine)
-        .await
-        .unwrap();
-    create(
-        &driven.machines,
-        json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "cp1", "namespace": ns, "labels": labels},
-            "spec": {
-                "clusterName": "c1",
-                "bootstrap": {"dataSecretName": "cp1-bootstrap"},
-                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                      "kind": "OpenStackMachine", "name": "cp1"},
-            },
-        }),
-    )
-    .await;
     // The server is up and its member made, but PENDING_CREATE: capo-rs says so.
     let pending = |m: &OpenStackMachine| {
         m.status

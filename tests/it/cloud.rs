@@ -1152,22 +1152,8 @@ async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
 /// `backend` behind TLS at `https://localhost:<port>`, with a certificate for `localhost`
 /// from a fresh CA (returned, PEM). Each connection is proxied until `stop`.
 async fn tls_front(backend: std::net::SocketAddr, stop: CancellationToken) -> (u16, String) {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs = capo_sim::certs::WebhookCerts::issue(&["localhost".to_owned()]).unwrap();
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes()).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .unwrap();
+    let config = certs.server_config().unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use capo_provider::manager::{self, KubeClientOptions};
 use capo_sim::certs::{Flaw, WebhookCerts};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -34,20 +32,7 @@ impl Drop for FakeApiServer {
 }
 
 async fn serve(certs: &WebhookCerts) -> FakeApiServer {
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes()).unwrap();
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(chain, key)
-    .unwrap();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = certs.server_config().unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

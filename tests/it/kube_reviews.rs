@@ -15,8 +15,6 @@ use capo_sim::certs::WebhookCerts;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -111,20 +109,7 @@ impl RecordingWebhook {
 }
 
 fn tls_config(certs: &WebhookCerts) -> rustls::ServerConfig {
-    let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(certs.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .expect("the certificate");
-    let key = PrivateKeyDer::from_pem_slice(certs.key_pem.as_bytes()).expect("the key");
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .expect("a server configuration");
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    tls
+    certs.server_config().expect("a server configuration")
 }
 
 async fn pass_on(

@@ -2,9 +2,12 @@
 //! them: a CA, and a serving certificate it signs for the webhook Service's DNS names.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::Engine;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 
 /// The common name of the CAs made here.
@@ -98,6 +101,25 @@ impl WebhookCerts {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
+    }
+
+    /// A TLS server configuration presenting the serving certificate (HTTP/1.1 by ALPN), for
+    /// a test's own server.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, String> {
+        let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("the certificate: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|e| format!("the key: {e}"))?;
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS versions: {e}"))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| format!("a server configuration: {e}"))?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(tls)
     }
 
     /// Writes `tls.crt`, `tls.key` and `ca.crt` into `dir`, as a Secret volume holds them.
