@@ -7,8 +7,11 @@
 //! `requestKind` keeps the version sent. A refusal reads as the real server's:
 //! `admission webhook "<name>" denied the request: <message>`.
 //!
-//! Not modelled: mutating webhooks, namespace and object selectors, match conditions,
-//! timeouts other than 30 s, and server-side apply (its merged object is not sent).
+//! A server-side apply is admitted too: its merged object, tried without storing, against the
+//! live one (`server.rs`), as the real server's recorded UPDATE review shows.
+//!
+//! Not modelled: mutating webhooks, namespace and object selectors, match conditions, and
+//! timeouts other than 30 s.
 
 use std::sync::{Mutex, MutexGuard};
 
