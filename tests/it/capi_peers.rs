@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use capo_api::conditions::{self, reasons, types};
+use capo_api::conditions::reasons;
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineTemplate};
 use capo_sim::certs::WebhookCerts;
 use capo_sim::openstack::{Effect, ObjectKind, Rule, Scenario};
@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 use crate::cluster_controller::{cluster_spec, settled, wait_cluster_within};
 use crate::kube_world::{KubeWorld, apply_crds};
+use crate::rollout::member_condition;
 use crate::server_controller::World;
 
 /// Cluster API's peers, when built.
@@ -263,6 +264,31 @@ async fn create(api: &Api<DynamicObject>, object: Value) {
         .unwrap_or_else(|e| panic!("{}: {e}", object.metadata.name.unwrap_or_default()));
 }
 
+/// How long a scenario waits for any one step.
+const STEP: Duration = Duration::from_secs(180);
+
+/// Polls `probe` every 250 ms until it answers `Ok`; an `Err` says what it saw (an API error
+/// under load is not an answer). Past [`STEP`] the test fails with `what`, the last thing
+/// seen and Cluster API's log.
+async fn until<T, F>(manager: &CapiManager, what: &str, probe: impl Fn() -> F) -> T
+where
+    F: Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let seen = match probe().await {
+            Ok(found) => return found,
+            Err(seen) => seen,
+        };
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never {what}; last seen: {seen}\nCluster API's manager:\n{}",
+            manager.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Waits until the object `name` satisfies `done` (as Cluster API left it), saying `what`.
 async fn wait_object(
     api: &Api<DynamicObject>,
@@ -271,29 +297,22 @@ async fn wait_object(
     done: impl Fn(&Value) -> bool,
     manager: &CapiManager,
 ) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let now = api
-            .get_opt(name)
-            .await
-            .ok()
-            .flatten()
-            .map(|o| serde_json::to_value(o).unwrap_or_default());
-        match now {
-            Some(object) if done(&object) => return object,
-            _ if tokio::time::Instant::now() >= deadline => panic!(
-                "{name} never {what}: {:#}\nCluster API's manager:\n{}",
-                api.get_opt(name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|o| serde_json::to_value(o).unwrap_or_default())
-                    .unwrap_or_default(),
-                manager.log_tail()
-            ),
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+    let done = &done;
+    until(manager, &format!("{name} {what}"), move || async move {
+        match api.get_opt(name).await {
+            Ok(Some(object)) => {
+                let object = serde_json::to_value(object).unwrap_or_default();
+                if done(&object) {
+                    Ok(object)
+                } else {
+                    Err(format!("{:#}", object["status"]))
+                }
+            }
+            Ok(None) => Err(format!("no {name}")),
+            Err(error) => Err(error.to_string()),
         }
-    }
+    })
+    .await
 }
 
 /// Cluster API's manager and capo-rs's on a real API server of their own, the simulated cloud
@@ -635,31 +654,23 @@ async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_mem
     driven.machine("cp1", labels, json!({})).await;
     let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
     // The server is up and its member made, but PENDING_CREATE: capo-rs says so.
-    let pending = |m: &OpenStackMachine| {
-        m.status
-            .as_ref()
-            .and_then(|s| {
-                conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY)
-            })
-            .is_some_and(|c| {
-                c.status == "False"
-                    && [reasons::MEMBERS_PENDING, reasons::MEMBER_STUCK]
-                        .contains(&c.reason.as_str())
-            })
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    let held = loop {
-        let now = infra_machines.get("cp1").await.unwrap();
-        if pending(&now) {
-            break now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "cp1 never reported its member pending: {:?}",
-            now.status
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let infra = &infra_machines;
+    let held = until(
+        &driven.manager,
+        "cp1's member reported pending",
+        move || async move {
+            let now = infra.get("cp1").await.map_err(|e| e.to_string())?;
+            let (status, reason) = member_condition(&now);
+            let pending =
+                [reasons::MEMBERS_PENDING, reasons::MEMBER_STUCK].contains(&reason.as_str());
+            if status == "False" && pending {
+                Ok(now)
+            } else {
+                Err(format!("{status} {reason}"))
+            }
+        },
+    )
+    .await;
     assert!(
         held.spec.provider_id.is_none(),
         "no providerID from capo-rs"
@@ -710,26 +721,18 @@ async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_mem
         &driven.manager,
     )
     .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let now = infra_machines.get("cp1").await.unwrap();
-        let reason = now
-            .status
-            .as_ref()
-            .and_then(|s| {
-                conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY)
-            })
-            .map(|c| c.reason.clone())
-            .unwrap_or_default();
-        if reason == reasons::LAST_ACTIVE_MEMBER {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "cp1 never said why it holds: {reason}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    until(
+        &driven.manager,
+        "cp1 said why it holds",
+        move || async move {
+            let now = infra.get("cp1").await.map_err(|e| e.to_string())?;
+            match member_condition(&now) {
+                (_, reason) if reason == reasons::LAST_ACTIVE_MEMBER => Ok(()),
+                (status, reason) => Err(format!("{status} {reason}")),
+            }
+        },
+    )
+    .await;
     assert!(
         driven
             .world
@@ -759,22 +762,14 @@ fn has_reason(object: &Value, reason: &str) -> bool {
 /// Waits until exactly `count` Machines exist, each with the providerID Cluster API copied
 /// from its OpenStackMachine; returns their names.
 async fn wait_machines_released(driven: &Driven, count: usize) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        // An error (a timeout under load) is not an empty list: ask again.
-        let Ok(list) = driven
-            .machines
+    let machines = &driven.machines;
+    let what = format!("{count} released machines");
+    until(&driven.manager, &what, move || async move {
+        let list = machines
             .list(&Default::default())
             .await
-            .map(|l| l.items)
-        else {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "machines never listed"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            continue;
-        };
+            .map_err(|e| e.to_string())?
+            .items;
         let released: Vec<String> = list
             .iter()
             .filter(|m| {
@@ -784,45 +779,33 @@ async fn wait_machines_released(driven: &Driven, count: usize) -> Vec<String> {
             .filter_map(|m| m.metadata.name.clone())
             .collect();
         if list.len() == count && released.len() == count {
-            return released;
+            Ok(released)
+        } else {
+            Err(format!("{released:?} of {} machines", list.len()))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{count} released machines never: {released:?} of {}\nCluster API's manager:\n{}",
-            list.len(),
-            driven.manager.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the cloud holds `count` servers.
 async fn wait_servers(driven: &Driven, count: usize) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while driven.servers() != count {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the cloud never held {count} servers: {}",
-            driven.servers()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let what = format!("{count} servers in the cloud");
+    until(&driven.manager, &what, || async {
+        match driven.servers() {
+            held if held == count => Ok(()),
+            held => Err(format!("{held} servers")),
+        }
+    })
+    .await;
 }
 
 async fn wait_gone(api: &Api<DynamicObject>, name: &str, manager: &CapiManager) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        // An error (a timeout under load) is not an answer: ask again.
-        let left = match api.get_opt(name).await {
-            Ok(None) => return,
-            Ok(Some(object)) => object.data["status"].clone(),
-            Err(error) => json!(error.to_string()),
-        };
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} was never deleted: {left:#}\nCluster API's manager:\n{}",
-            manager.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    until(manager, &format!("{name} deleted"), move || async move {
+        match api.get_opt(name).await {
+            Ok(None) => Ok(()),
+            Ok(Some(object)) => Err(format!("{:#}", object.data["status"])),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
 }

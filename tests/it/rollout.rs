@@ -427,7 +427,8 @@ async fn trusting_the_lb_instead_empties_the_api_pool_during_the_same_rollout() 
     world.stop_manager().await;
 }
 
-fn member_condition(machine: &OpenStackMachine) -> (String, String) {
+/// The status and reason of a machine's `APIServerLoadBalancerMemberReady` condition.
+pub(crate) fn member_condition(machine: &OpenStackMachine) -> (String, String) {
     machine
         .status
         .as_ref()
