@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use capo_api::conditions::{self, reasons, types};
 use capo_api::{OpenStackCluster, OpenStackMachine};
+use capo_provider::cloud::Owner;
 use capo_provider::cloud::neutron::{Filter, NetworkSpec};
 use capo_provider::cloud::octavia::{LoadBalancerSpec, MemberSpec};
 use capo_provider::manager::{ManagerConfig, WatchScope};
@@ -644,22 +645,30 @@ async fn a_keystone_outage_and_a_rate_limit_storm_say_so_and_the_cluster_converg
     );
 }
 
+/// CAPO's names join namespace and name with a hyphen, so cluster `x-c1` here and cluster
+/// `c1` in namespace `<ns>-x` share every name. What the other made (marked as its own, as
+/// capo-rs marks, or unmarked, as CAPO leaves it with no status of ours pointing at it) is
+/// neither adopted nor deleted.
 #[tokio::test]
-async fn what_capo_created_is_adopted_not_duplicated() {
+async fn resources_of_another_cluster_whose_names_collide_are_neither_adopted_nor_deleted() {
     let world = World::start().await;
     let neutron = world.admin.neutron();
+    let resource = format!("{}-x-c1", world.ns());
+    let theirs = Owner::new("OpenStackCluster", &format!("{}-x", world.ns()), "c1");
     let network = neutron
         .create_network(&NetworkSpec {
-            name: format!("k8s-clusterapi-cluster-{}-c1", world.ns()),
+            name: format!("k8s-clusterapi-cluster-{resource}"),
             admin_state_up: true,
+            tags: vec![theirs.tag().to_owned()],
             ..NetworkSpec::default()
         })
         .await
         .unwrap();
-    neutron
+    let group = neutron
         .create_security_group(
-            &format!("k8s-cluster-{}-c1-secgroup-controlplane", world.ns()),
+            &format!("k8s-cluster-{resource}-secgroup-controlplane"),
             "Cluster API managed group",
+            &[],
         )
         .await
         .unwrap();
@@ -667,28 +676,51 @@ async fn what_capo_created_is_adopted_not_duplicated() {
         .admin
         .octavia()
         .create_load_balancer(&LoadBalancerSpec {
-            name: format!("k8s-clusterapi-cluster-{}-c1-kubeapi", world.ns()),
+            name: format!("k8s-clusterapi-cluster-{resource}-kubeapi"),
             vip_network_id: Some(network.id.clone()),
+            tags: vec![theirs.tag().to_owned()],
             ..LoadBalancerSpec::default()
         })
         .await
         .unwrap();
     let before = objects(&world);
-    // The VIP above predates any subnet, so no router reaches it: as Neutron, the simulator
-    // refuses a floating IP there. Adoption is what is tested here.
-    let mut spec = cluster_spec();
-    spec["apiServer"]["enableFloatingIP"] = json!(false);
-    create_cluster(&world, "c1", spec).await;
-    let cluster = wait_cluster(&world, "c1", "provisioned", |c| provisioned(c) && ready(c)).await;
+    create_cluster(&world, "x-c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "x-c1", "provisioned", |c| {
+        provisioned(c) && ready(c)
+    })
+    .await;
     let status = cluster.status.unwrap();
-    assert_eq!(status.network.unwrap().id, network.id);
-    assert_eq!(status.api_server_managed_load_balancer.unwrap().id, lb.id);
+    assert_ne!(status.network.unwrap().id, network.id, "not their network");
+    assert_ne!(
+        status.api_server_managed_load_balancer.unwrap().id,
+        lb.id,
+        "not their load balancer"
+    );
+    assert_ne!(status.control_plane_security_group.unwrap().id, group.id);
     let after = objects(&world);
     for kind in ["networks", "loadbalancers", "security-groups"] {
         let made = after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
-        let expected = if kind == "security-groups" { 1 } else { 0 };
+        let expected = if kind == "security-groups" { 2 } else { 1 };
         assert_eq!(made, expected, "{kind}: {before:?} -> {after:?}");
     }
+
+    delete_cluster(&world, "x-c1").await;
+    assert_eq!(objects(&world), before, "ours gone, theirs left");
+    neutron
+        .get_network(&network.id)
+        .await
+        .expect("their network stays");
+    let groups = neutron
+        .list_security_groups(&Filter::default().with("id", group.id.clone()))
+        .await
+        .unwrap();
+    assert_eq!(groups.len(), 1, "their group stays");
+    world
+        .admin
+        .octavia()
+        .get_load_balancer(&lb.id)
+        .await
+        .expect("their load balancer stays");
 }
 
 #[tokio::test]

@@ -646,7 +646,7 @@ async fn security_group(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Mad
     let group = must(
         r,
         "security_group_create",
-        neutron.create_security_group(&name, "capo-rs recorded answers"),
+        neutron.create_security_group(&name, "capo-rs recorded answers", &[]),
     )
     .await
     .id;

@@ -275,15 +275,26 @@ impl World {
 
     /// A server made outside capo-rs, on a port `port_name` of the tenant network, both with the
     /// tag `server_manifest` gives: what a crashed controller, or someone else, leaves.
+    /// A port and a server made outside the controller with the spec's tags, and the owner
+    /// mark of this world's OpenStackServer `name` when `marked` (as the controller makes them).
     pub(crate) async fn server_out_of_band(
         &self,
         name: &str,
         port_name: &str,
+        marked: bool,
     ) -> (
         capo_provider::cloud::neutron::Port,
         capo_provider::cloud::nova::Server,
     ) {
-        use capo_provider::cloud::{neutron, nova};
+        use capo_provider::cloud::{Owner, neutron, nova};
+        let mut tags = vec!["capo-rs-test".to_owned()];
+        if marked {
+            tags.push(
+                Owner::new("OpenStackServer", self.ns(), name)
+                    .tag()
+                    .to_owned(),
+            );
+        }
         let network = self
             .admin
             .neutron()
@@ -297,7 +308,7 @@ impl World {
             .create_port(&neutron::PortSpec {
                 name: port_name.into(),
                 network_id: network.id,
-                tags: vec!["capo-rs-test".into()],
+                tags: tags.clone(),
                 ..Default::default()
             })
             .await
@@ -321,7 +332,7 @@ impl World {
                     port: Some(port.id.clone()),
                     uuid: None,
                 }],
-                tags: vec!["capo-rs-test".into()],
+                tags,
                 ..Default::default()
             })
             .await
@@ -515,7 +526,12 @@ async fn a_server_goes_build_to_active_with_its_ports_and_addresses() {
     assert_eq!(ports.len(), 1);
     let port = world.admin.neutron().get_port(&ports[0].id).await.unwrap();
     assert_eq!(port.name, "bastion-0");
-    assert_eq!(port.tags, ["capo-rs-test"]);
+    let owner = capo_provider::cloud::Owner::new("OpenStackServer", world.ns(), "bastion");
+    assert_eq!(
+        port.tags,
+        ["capo-rs-test", owner.tag()],
+        "the spec's tags and our mark"
+    );
     let server = world
         .admin
         .nova()
@@ -523,7 +539,11 @@ async fn a_server_goes_build_to_active_with_its_ports_and_addresses() {
         .await
         .unwrap();
     assert_eq!(server.status, "ACTIVE");
-    assert_eq!(server.tags, ["capo-rs-test"]);
+    assert_eq!(
+        server.tags,
+        ["capo-rs-test", owner.tag()],
+        "the spec's tags and our mark"
+    );
     assert_eq!(
         server.metadata.get("role").map(String::as_str),
         Some("bastion")
@@ -1441,7 +1461,7 @@ async fn a_port_and_server_left_by_a_crash_before_any_status_write_are_adopted()
     let world = World::start().await;
     // What a controller that died right after its creates leaves: a port named as ours on our
     // network, and a server on it, with the spec's tags; nothing in any status.
-    let (port, server) = world.server_out_of_band("orphan", "orphan-0").await;
+    let (port, server) = world.server_out_of_band("orphan", "orphan-0", true).await;
     let creates = world.requests("compute server_create") + world.requests("network port_create");
 
     world.create(server_manifest("orphan")).await;
@@ -1454,6 +1474,34 @@ async fn a_port_and_server_left_by_a_crash_before_any_status_write_are_adopted()
         creates,
         "adopted, not created again"
     );
+}
+
+/// The same names without our owner mark (another namespace's OpenStackServer of that name on
+/// a shared network, or a person's): neither adopted nor, when ours is deleted, deleted.
+#[tokio::test]
+async fn a_port_and_server_of_our_names_without_our_mark_are_neither_adopted_nor_deleted() {
+    let world = World::start().await;
+    let (port, server) = world.server_out_of_band("orphan", "orphan-0", false).await;
+
+    world.create(server_manifest("orphan")).await;
+    let ready = world.wait_for("orphan", "Ready", is_ready).await;
+    let status = ready.status.unwrap();
+    assert_ne!(status.instance_id.as_deref(), Some(server.id.as_str()));
+    assert_ne!(status.resources.unwrap().ports[0].id, port.id);
+
+    world
+        .servers()
+        .delete("orphan", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("orphan").await;
+    let nova = world.admin.nova();
+    assert!(
+        nova.get_server(&server.id).await.is_ok(),
+        "their server stays"
+    );
+    let neutron = world.admin.neutron();
+    assert!(neutron.get_port(&port.id).await.is_ok(), "their port stays");
 }
 
 #[tokio::test]
@@ -1785,7 +1833,7 @@ async fn a_server_of_the_same_name_is_not_deleted_once_ours_is_gone() {
         )
         .await;
 
-    let (_, theirs) = world.server_out_of_band("twin", "theirs").await;
+    let (_, theirs) = world.server_out_of_band("twin", "theirs", true).await;
 
     world
         .servers()

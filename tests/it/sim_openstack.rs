@@ -1991,7 +1991,7 @@ async fn security_groups_get_default_rules_refuse_duplicates_and_are_held_by_por
     let before = sim.object_counts();
     let created = client
         .neutron()
-        .create_security_group("web", "")
+        .create_security_group("web", "", &[])
         .await
         .unwrap();
     let web = created.id.clone();

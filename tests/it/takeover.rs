@@ -283,3 +283,114 @@ pub async fn recreate(client: &Client, namespace: &str, objects: &[Value]) {
         }
     }
 }
+
+/// The cloud as CAPO leaves it: capo-rs's owner marks taken off everything the first phase
+/// made (CAPO marks nothing), so that the takeover can reach it only through the IDs the
+/// status recorded. Volumes carry none here (no machine of the scenario has one).
+pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient) {
+    use capo_provider::cloud::Service;
+    use capo_provider::cloud::neutron::Filter;
+    let unmarked = |tags: &[String]| -> Option<Vec<String>> {
+        capo_provider::cloud::Owner::any_marks(tags).then(|| {
+            let prefix = format!("{}-", capo_provider::cloud::OWNER_KEY);
+            tags.iter()
+                .filter(|t| !t.starts_with(&prefix))
+                .cloned()
+                .collect()
+        })
+    };
+    let neutron = tenant.neutron();
+    let any = Filter::default();
+    let mut neutron_marked: Vec<(&'static str, String, Vec<String>)> = Vec::new();
+    for n in neutron.list_networks(&any).await.expect("networks") {
+        neutron_marked.extend(unmarked(&n.tags).map(|t| ("networks", n.id, t)));
+    }
+    for r in neutron.list_routers(&any).await.expect("routers") {
+        neutron_marked.extend(unmarked(&r.tags).map(|t| ("routers", r.id, t)));
+    }
+    for p in neutron.list_ports(&any).await.expect("ports") {
+        neutron_marked.extend(unmarked(&p.tags).map(|t| ("ports", p.id, t)));
+    }
+    for g in neutron.list_security_groups(&any).await.expect("groups") {
+        neutron_marked.extend(unmarked(&g.tags).map(|t| ("security-groups", g.id, t)));
+    }
+    assert!(
+        !neutron_marked.is_empty(),
+        "the first phase marked what it made"
+    );
+    for (collection, id, tags) in neutron_marked {
+        neutron
+            .set_tags(collection, &id, &tags)
+            .await
+            .expect("Neutron takes the tags off");
+    }
+    let servers = raw(tenant, Service::Compute, "GET", "servers/detail", None).await;
+    for server in servers["servers"].as_array().into_iter().flatten() {
+        let tags: Vec<String> = serde_json::from_value(server["tags"].clone()).unwrap_or_default();
+        if let Some(kept) = unmarked(&tags) {
+            let path = format!("servers/{}/tags", server["id"].as_str().expect("an id"));
+            raw(
+                tenant,
+                Service::Compute,
+                "PUT",
+                &path,
+                Some(json!({"tags": kept})),
+            )
+            .await;
+        }
+    }
+    let lbs = raw(
+        tenant,
+        Service::LoadBalancer,
+        "GET",
+        "lbaas/loadbalancers",
+        None,
+    )
+    .await;
+    for lb in lbs["loadbalancers"].as_array().into_iter().flatten() {
+        let tags: Vec<String> = serde_json::from_value(lb["tags"].clone()).unwrap_or_default();
+        if let Some(kept) = unmarked(&tags) {
+            let path = format!("lbaas/loadbalancers/{}", lb["id"].as_str().expect("an id"));
+            let body = json!({"loadbalancer": {"tags": kept}});
+            raw(tenant, Service::LoadBalancer, "PUT", &path, Some(body)).await;
+        }
+    }
+    let volumes = raw(tenant, Service::BlockStorage, "GET", "volumes/detail", None).await;
+    for volume in volumes["volumes"].as_array().into_iter().flatten() {
+        assert!(
+            volume["metadata"]
+                .get(capo_provider::cloud::OWNER_KEY)
+                .is_none(),
+            "a marked volume the scenario does not expect: {volume}"
+        );
+    }
+}
+
+/// One request outside the typed client, answered 2xx: its JSON body (null when empty).
+async fn raw(
+    client: &capo_provider::cloud::CloudClient,
+    service: capo_provider::cloud::Service,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Value {
+    let session = client.path().session();
+    let base = session.service_url(service).await.expect("a URL");
+    let url = base.join(path).expect("URL");
+    let request = http::Request::builder()
+        .method(method)
+        .uri(url.as_str())
+        .header("content-type", "application/json")
+        .header("openstack-api-version", "compute 2.53")
+        .header("x-openstack-nova-api-version", "2.53")
+        .body(
+            body.map(|b| serde_json::to_vec(&b).expect("JSON"))
+                .unwrap_or_default(),
+        )
+        .expect("request");
+    let response = session.send(request).await.expect("an answer");
+    let status = response.status();
+    let text = String::from_utf8_lossy(response.body()).into_owned();
+    assert!(status.is_success(), "{method} {path}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}

@@ -2,6 +2,8 @@
 //! before the server (so their type and availability zone can be chosen, as CAPO does) and
 //! handed to Nova in its block device mapping.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -35,6 +37,9 @@ pub struct Volume {
     /// Cinder's timestamp, without a zone (UTC).
     #[serde(default)]
     pub created_at: Option<String>,
+    /// Its metadata (string keys and values); capo-rs marks its own volumes here.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 impl Volume {
@@ -73,6 +78,9 @@ pub struct VolumeSpec {
     /// The image to copy onto the volume (a root volume).
     #[serde(rename = "imageRef", skip_serializing_if = "Option::is_none")]
     pub image_id: Option<String>,
+    /// Metadata to create it with (the owner mark); left out when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 const fn op(name: &'static str) -> Operation {

@@ -26,6 +26,7 @@ mod metrics;
 pub mod neutron;
 pub mod nova;
 pub mod octavia;
+mod owner;
 mod path;
 mod retry;
 mod session;
@@ -40,6 +41,7 @@ pub use error::{
 };
 pub use limiter::{EndpointGate, GateKey, RateLimit};
 pub use metrics::ApiMetrics;
+pub use owner::{OWNER_KEY, Owner};
 pub use path::{PathOptions, RequestPath};
 pub use retry::RetryPolicy;
 pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope, versioned_base};

@@ -510,12 +510,13 @@ impl<'a> Neutron<'a> {
 
     /// Creates a network, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_network(&self, spec: &NetworkSpec) -> Result<Network, CloudError> {
-        let op = op("network_create");
+        let create = op("network_create");
         let tag = self.can_tag(&spec.tags).await?;
-        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
-        let network: Network = self.create(op, "networks", "network", body).await?;
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
+        let network: Network = self.create(create, "networks", "network", body).await?;
         if tag {
-            self.set_tags("networks", &network.id, &spec.tags).await?;
+            self.tag_or_undo(op("network_delete"), "networks", &network.id, &spec.tags)
+                .await?;
         }
         Ok(network)
     }
@@ -537,12 +538,13 @@ impl<'a> Neutron<'a> {
 
     /// Creates a subnet, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_subnet(&self, spec: &SubnetSpec) -> Result<Subnet, CloudError> {
-        let op = op("subnet_create");
+        let create = op("subnet_create");
         let tag = self.can_tag(&spec.tags).await?;
-        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
-        let subnet: Subnet = self.create(op, "subnets", "subnet", body).await?;
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
+        let subnet: Subnet = self.create(create, "subnets", "subnet", body).await?;
         if tag {
-            self.set_tags("subnets", &subnet.id, &spec.tags).await?;
+            self.tag_or_undo(op("subnet_delete"), "subnets", &subnet.id, &spec.tags)
+                .await?;
         }
         Ok(subnet)
     }
@@ -570,12 +572,13 @@ impl<'a> Neutron<'a> {
 
     /// Creates a router, then tags it when `spec` has tags and Neutron can tag.
     pub async fn create_router(&self, spec: &RouterSpec) -> Result<Router, CloudError> {
-        let op = op("router_create");
+        let create = op("router_create");
         let tag = self.can_tag(&spec.tags).await?;
-        let body = serde_json::to_value(spec).map_err(|e| encode_error(op, &e))?;
-        let router: Router = self.create(op, "routers", "router", body).await?;
+        let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
+        let router: Router = self.create(create, "routers", "router", body).await?;
         if tag {
-            self.set_tags("routers", &router.id, &spec.tags).await?;
+            self.tag_or_undo(op("router_delete"), "routers", &router.id, &spec.tags)
+                .await?;
         }
         Ok(router)
     }
@@ -645,7 +648,8 @@ impl<'a> Neutron<'a> {
             .create(op("port_create"), "ports", "port", body)
             .await?;
         if tag {
-            self.set_tags("ports", &port.id, &spec.tags).await?;
+            self.tag_or_undo(op("port_delete"), "ports", &port.id, &spec.tags)
+                .await?;
         }
         Ok(port)
     }
@@ -698,6 +702,24 @@ impl<'a> Neutron<'a> {
         self.has_extension(TAG_EXTENSION).await
     }
 
+    /// Tags what was just created; if that fails, deletes it again (as far as Neutron lets
+    /// it) so that nothing is left untagged, which no lookup by owner mark would ever find.
+    async fn tag_or_undo(
+        &self,
+        delete: Operation,
+        collection: &'static str,
+        id: &str,
+        tags: &[String],
+    ) -> Result<(), CloudError> {
+        let Err(error) = self.set_tags(collection, id, tags).await else {
+            return Ok(());
+        };
+        if let Err(undo) = self.delete(delete, collection, id).await {
+            tracing::warn!(%collection, %id, error = %undo, "could not delete what could not be tagged");
+        }
+        Err(error)
+    }
+
     /// Replaces the tags of any taggable resource (`ports`, `networks`, `floatingips`, ...);
     /// nothing where Neutron cannot tag.
     pub async fn set_tags(
@@ -724,19 +746,30 @@ impl<'a> Neutron<'a> {
     }
 
     /// Creates a security group, untagged; Neutron gives a new group its default egress rules.
+    /// Creates a security group, then tags it when there are `tags` and Neutron can tag.
     pub async fn create_security_group(
         &self,
         name: &str,
         description: &str,
+        tags: &[String],
     ) -> Result<SecurityGroup, CloudError> {
+        let tag = self.can_tag(tags).await?;
         let body = json!({ "name": name, "description": description });
-        self.create(
-            op("security_group_create"),
-            "security-groups",
-            "security_group",
-            body,
-        )
-        .await
+        let mut group: SecurityGroup = self
+            .create(
+                op("security_group_create"),
+                "security-groups",
+                "security_group",
+                body,
+            )
+            .await?;
+        if tag {
+            let delete = op("security_group_delete");
+            self.tag_or_undo(delete, "security-groups", &group.id, tags)
+                .await?;
+            group.tags = tags.to_vec();
+        }
+        Ok(group)
     }
 
     /// Deletes a security group.

@@ -148,6 +148,7 @@ pub fn handle(
             None => Reply::nova(404, format!("Instance {id} could not be found.")),
         },
         ("DELETE", ["servers", id]) => delete_server(world, id),
+        ("PUT", ["servers", id, "tags"]) => replace_tags(world, id, &body),
         // Servers are never soft-deleted here, so a force delete is a delete (answered 202).
         ("POST", ["servers", id, "action"]) if body.get("forceDelete").is_some() => {
             match delete_server(world, id) {
@@ -225,11 +226,41 @@ fn over_quota(world: &Cx<'_>, request: &Value) -> Option<Reply> {
     ))
 }
 
+/// Nova's tag schema (2.26+), on create (2.52+) and on replace: at most 50, each 1-60
+/// characters without `/` or `,`.
+fn invalid_tags(tags: &Value) -> Option<Reply> {
+    let Some(tags) = tags.as_array() else {
+        return (!tags.is_null())
+            .then(|| Reply::nova(400, "Invalid input for field/attribute tags."));
+    };
+    let bad = |t: &Value| {
+        t.as_str()
+            .is_none_or(|t| t.is_empty() || t.chars().count() > 60 || t.contains(['/', ',']))
+    };
+    (tags.len() > 50 || tags.iter().any(bad))
+        .then(|| Reply::nova(400, "Invalid input for field/attribute tags."))
+}
+
+/// `PUT /servers/{id}/tags`: the server's tags replaced, answered with them.
+fn replace_tags(world: &mut Cx<'_>, id: &str, body: &Value) -> Reply {
+    if let Some(refused) = invalid_tags(&body["tags"]) {
+        return refused;
+    }
+    let Some(server) = world.nova.servers.get_mut(id) else {
+        return Reply::nova(404, format!("Instance {id} could not be found."));
+    };
+    server.body["tags"] = body["tags"].clone();
+    Reply::ok(json!({"tags": body["tags"]}))
+}
+
 fn create_server(world: &mut Cx<'_>, body: &Value) -> Reply {
     let request = &body["server"];
     let name = request["name"].as_str().unwrap_or_default().to_owned();
     if name.is_empty() {
         return Reply::nova(400, "Invalid input for field/attribute name.");
+    }
+    if let Some(refused) = invalid_tags(&request["tags"]) {
+        return refused;
     }
     let flavor_ref = request["flavorRef"].as_str().unwrap_or_default();
     let Some(flavor) = world

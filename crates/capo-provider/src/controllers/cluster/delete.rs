@@ -240,7 +240,7 @@ async fn delete_router(
     }
     let mut routers = cloud
         .neutron()
-        .list_routers(&Filter::by_name(&pass.names.network))
+        .list_routers(&pass.names.ours_named(&pass.names.network))
         .await
         .map_err(ClusterError::cloud("finding the router"))?;
     if let Some(known) = &status.router
@@ -292,18 +292,27 @@ async fn delete_router(
     Ok(())
 }
 
-/// Ports left on the cluster network that carry the cluster's name (as CAPO finds them),
-/// the subnets, then the network.
+/// The recorded network and ours by name: ports left on it that carry the cluster's name (as
+/// CAPO finds them), the subnets, then the network.
 async fn delete_network(
     pass: &Pass<'_>,
     cloud: &CloudClient,
     status: &mut OpenStackClusterStatus,
 ) -> Result<(), ClusterError> {
-    let networks = cloud
+    let mut networks = cloud
         .neutron()
-        .list_networks(&Filter::by_name(&pass.names.network))
+        .list_networks(&pass.names.ours_named(&pass.names.network))
         .await
         .map_err(ClusterError::cloud("finding the cluster network"))?;
+    if let Some(known) = &status.network
+        && !networks.iter().any(|n| n.id == known.id)
+    {
+        match cloud.neutron().get_network(&known.id).await {
+            Ok(network) => networks.push(network),
+            Err(CloudError::NotFound(_)) => {}
+            Err(e) => return Err(ClusterError::cloud("reading the cluster network")(e)),
+        }
+    }
     let cluster_name = pass.cluster.name_any();
     for network in networks {
         let ports = cloud
@@ -346,6 +355,15 @@ async fn groups_remain(
     status: &mut OpenStackClusterStatus,
 ) -> Result<bool, ClusterError> {
     let mut remain = false;
+    let recorded: Vec<String> = [
+        &status.control_plane_security_group,
+        &status.worker_security_group,
+        &status.bastion_security_group,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|group| group.id.clone())
+    .collect();
     for role in Role::ALL {
         let name = super::security_groups::group_name(&pass.names, role);
         let groups = cloud
@@ -353,7 +371,10 @@ async fn groups_remain(
             .list_security_groups(&Filter::by_name(name))
             .await
             .map_err(ClusterError::cloud("finding a security group"))?;
-        for group in groups {
+        let ours = groups
+            .into_iter()
+            .filter(|g| pass.names.owner.marks(&g.tags) || recorded.contains(&g.id));
+        for group in ours {
             match cloud.neutron().delete_security_group(&group.id).await {
                 Ok(()) | Err(CloudError::NotFound(_)) => {}
                 Err(CloudError::Conflict(_)) => remain = true,

@@ -408,7 +408,7 @@ async fn vip_network(
     }))
 }
 
-/// The LB by its recorded ID, else by CAPO's name.
+/// The LB by its recorded ID, else by CAPO's name and our owner mark.
 pub async fn find(
     names: &Names,
     cloud: &CloudClient,
@@ -423,7 +423,7 @@ pub async fn find(
     }
     let filter = LoadBalancerFilter {
         name: Some(names.load_balancer.clone()),
-        ..LoadBalancerFilter::default()
+        tags: vec![names.owner.tag().to_owned()],
     };
     let found: Vec<LoadBalancer> = cloud
         .octavia()
@@ -432,6 +432,7 @@ pub async fn find(
         .map_err(ClusterError::cloud("finding the load balancer"))?
         .into_iter()
         .filter(|lb| lb.provisioning_status != ProvisioningStatus::Deleted)
+        .filter(|lb| names.owner.marks(&lb.tags))
         .collect();
     match found.len() {
         0 => Ok(None),
@@ -480,7 +481,7 @@ async fn create(
         provider: lb_spec.provider.clone(),
         flavor_id,
         availability_zone: lb_spec.availability_zone.clone(),
-        tags: plan::tags(spec),
+        tags: plan::owned_tags(spec, names),
     };
     let lb = cloud
         .octavia()

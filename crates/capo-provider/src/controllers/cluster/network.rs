@@ -1,13 +1,15 @@
 //! The cluster's network: the external network, the cluster network and its subnets (made
 //! from `managedSubnets`, or given), and the router. Everything is looked up first (status
-//! ID, then CAPO's name), so what CAPO or an earlier run created is adopted.
+//! ID, then CAPO's name with our owner mark), so what CAPO made is taken over through the IDs
+//! its status recorded, and what an earlier pass made but did not record is found by its mark.
+//! The subnet is found inside the network, by CIDR, as CAPO does.
 
 use capo_api::OpenStackClusterSpec;
 use capo_api::cluster::{OpenStackClusterStatus, RouterStatus, SubnetSpec as ApiSubnet};
 use capo_api::common::{IdOrFilter, NetworkStatus, NetworkStatusWithSubnets, Subnet};
 
 use super::ClusterError;
-use super::plan::{Names, tags};
+use super::plan::{Names, owned_tags, tags};
 use crate::cloud::neutron::{
     AllocationPool, Filter, FixedIp, GatewayInfo, Network, NetworkSpec, Router, RouterSpec,
     SubnetSpec,
@@ -121,7 +123,7 @@ async fn managed_network(
     }
     let existing = cloud
         .neutron()
-        .list_networks(&Filter::by_name(&names.network))
+        .list_networks(&names.ours_named(&names.network))
         .await
         .map_err(cloud_error("finding the cluster network"))?;
     if !existing.is_empty() {
@@ -141,7 +143,7 @@ async fn managed_network(
         port_security_enabled: managed
             .and_then(|m| m.enable_port_security)
             .filter(|enabled| !enabled),
-        tags: tags(spec),
+        tags: owned_tags(spec, names),
     };
     let created = cloud
         .neutron()
@@ -260,7 +262,7 @@ async fn router(
                 name: names.network.clone(),
                 description: names.description(),
                 external_gateway_info: Some(gateway.clone()),
-                tags: tags(spec),
+                tags: owned_tags(spec, names),
             };
             let created = cloud
                 .neutron()
@@ -361,7 +363,7 @@ async fn find_router(
     }
     let found = cloud
         .neutron()
-        .list_routers(&Filter::by_name(&names.network))
+        .list_routers(&names.ours_named(&names.network))
         .await
         .map_err(cloud_error("finding the router"))?;
     match found.len() {

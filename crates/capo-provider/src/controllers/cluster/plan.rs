@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use capo_api::OpenStackClusterSpec;
 use capo_api::cluster::{ApiEndpoint, FailureDomain, ManagedLoadBalancer};
 
+use crate::cloud::Owner;
+use crate::cloud::neutron::Filter;
 use crate::cloud::octavia::{HealthMonitor, HealthMonitorSpec};
 
 /// The API server port when `apiServer.port` is unset.
@@ -31,6 +33,10 @@ pub struct Names {
     pub bastion_group: String,
     /// The bastion's OpenStackServer.
     pub bastion: String,
+    /// The mark on what capo-rs creates for the cluster; a lookup by name takes only what
+    /// carries it, so names that CAPO's scheme makes alike across namespaces (`a-b`/`c` and
+    /// `a`/`b-c`) never share a resource.
+    pub owner: Owner,
 }
 
 impl Names {
@@ -46,6 +52,7 @@ impl Names {
             bastion_group: group("bastion"),
             bastion: format!("{cluster}-bastion"),
             resource,
+            owner: Owner::new("OpenStackCluster", namespace, cluster),
         }
     }
 
@@ -61,6 +68,14 @@ impl Names {
             "Created by cluster-api-provider-openstack cluster {}",
             self.resource
         )
+    }
+
+    /// A Neutron filter for what is named `name` and carries our owner mark.
+    pub fn ours_named(&self, name: &str) -> Filter {
+        Filter {
+            tags: vec![self.owner.tag().to_owned()],
+            ..Filter::by_name(name)
+        }
     }
 
     /// The Octavia member of a machine in the pool of `port`, as CAPO names it.
@@ -194,6 +209,24 @@ pub fn tags(spec: &OpenStackClusterSpec) -> Vec<String> {
     tags.sort();
     tags.dedup();
     tags
+}
+
+/// The tags of what capo-rs creates for the cluster: the spec's and the owner mark.
+pub fn owned_tags(spec: &OpenStackClusterSpec, names: &Names) -> Vec<String> {
+    let mut tags = names.owner.with_tag(&spec.tags);
+    tags.sort();
+    tags.dedup();
+    tags
+}
+
+/// The tags an existing resource should carry: the spec's, and the owner mark only if it
+/// already has it (one CAPO made is taken over as it is, never marked).
+pub fn kept_tags(spec: &OpenStackClusterSpec, names: &Names, have: &[String]) -> Vec<String> {
+    if names.owner.marks(have) {
+        owned_tags(spec, names)
+    } else {
+        tags(spec)
+    }
 }
 
 /// What a pool's health monitor needs to become the wanted one.

@@ -1,4 +1,5 @@
-//! The managed security groups: created (or adopted by CAPO's names), tagged, and their rules
+//! The managed security groups: created (or found again by CAPO's names: those whose IDs the
+//! status recorded, CAPO's included, and those with our owner mark), tagged, and their rules
 //! reconciled both ways.
 
 use std::collections::BTreeMap;
@@ -8,7 +9,7 @@ use capo_api::cluster::OpenStackClusterStatus;
 use capo_api::common::SecurityGroupStatus;
 
 use super::ClusterError;
-use super::plan::{Names, tags};
+use super::plan::{Names, kept_tags, owned_tags};
 use super::rules::{self, Role, RuleInputs};
 use crate::cloud::neutron::{Filter, SecurityGroup, SecurityGroupRule};
 use crate::cloud::{CloudClient, CloudError};
@@ -21,6 +22,14 @@ pub(super) fn group_name(names: &Names, role: Role) -> &str {
         Role::ControlPlane => &names.control_plane_group,
         Role::Worker => &names.worker_group,
         Role::Bastion => &names.bastion_group,
+    }
+}
+
+fn slot_of(status: &OpenStackClusterStatus, role: Role) -> &Option<SecurityGroupStatus> {
+    match role {
+        Role::ControlPlane => &status.control_plane_security_group,
+        Role::Worker => &status.worker_security_group,
+        Role::Bastion => &status.bastion_security_group,
     }
 }
 
@@ -55,18 +64,18 @@ pub async fn reconcile(
         return Ok(RuleWork::default());
     }
     let mut groups: BTreeMap<Role, SecurityGroup> = BTreeMap::new();
-    let mut found = find_all(cloud, names).await?;
+    let mut found = find_all(cloud, names, status).await?;
     for role in Role::ALL {
         let wanted = role != Role::Bastion || bastion_enabled;
         let name = group_name(names, role).to_owned();
         let existing = only_one(&name, found.remove(&name).unwrap_or_default())?;
         match (wanted, existing) {
             (true, Some(group)) => {
-                keep_tags(spec, cloud, &group).await?;
+                keep_tags(spec, names, cloud, &group).await?;
                 groups.insert(role, group);
             }
             (true, None) => {
-                let group = create(spec, cloud, &name).await?;
+                let group = create(spec, names, cloud, &name).await?;
                 groups.insert(role, group);
             }
             (false, Some(group)) => remove_unwanted(cloud, &group).await?,
@@ -167,11 +176,19 @@ fn in_group(group_id: &str, rules: Vec<&SecurityGroupRule>) -> Vec<SecurityGroup
 }
 
 /// Every group named as one of the cluster's, in one list (Neutron reads a repeated filter
-/// as any of its values), by name.
+/// as any of its values), by name: those the status recorded and those with our owner mark.
+/// Another namespace's groups of the same name (CAPO's names collide for `a-b`/`c` and
+/// `a`/`b-c`) are neither.
 async fn find_all(
     cloud: &CloudClient,
     names: &Names,
+    status: &OpenStackClusterStatus,
 ) -> Result<BTreeMap<String, Vec<SecurityGroup>>, ClusterError> {
+    let recorded: Vec<&str> = Role::ALL
+        .iter()
+        .filter_map(|role| slot_of(status, *role).as_ref())
+        .map(|group| group.id.as_str())
+        .collect();
     let filter = Role::ALL.iter().fold(Filter::default(), |filter, role| {
         filter.with("name", group_name(names, *role))
     });
@@ -181,7 +198,10 @@ async fn find_all(
         .await
         .map_err(ClusterError::cloud("finding the security groups"))?;
     let mut by_name: BTreeMap<String, Vec<SecurityGroup>> = BTreeMap::new();
-    for group in listed {
+    let ours = listed
+        .into_iter()
+        .filter(|g| names.owner.marks(&g.tags) || recorded.contains(&g.id.as_str()));
+    for group in ours {
         by_name.entry(group.name.clone()).or_default().push(group);
     }
     Ok(by_name)
@@ -199,33 +219,28 @@ fn only_one(name: &str, found: Vec<SecurityGroup>) -> Result<Option<SecurityGrou
 
 async fn create(
     spec: &OpenStackClusterSpec,
+    names: &Names,
     cloud: &CloudClient,
     name: &str,
 ) -> Result<SecurityGroup, ClusterError> {
     let group = cloud
         .neutron()
-        .create_security_group(name, DESCRIPTION)
+        .create_security_group(name, DESCRIPTION, &owned_tags(spec, names))
         .await
         .map_err(ClusterError::cloud("creating a security group"))?;
-    let wanted = tags(spec);
-    if !wanted.is_empty() {
-        cloud
-            .neutron()
-            .set_tags("security-groups", &group.id, &wanted)
-            .await
-            .map_err(ClusterError::cloud("tagging a security group"))?;
-    }
     tracing::info!(group = %group.id, name, "created a security group");
     Ok(group)
 }
 
-/// Tags follow the spec on every pass, as CAPO does for groups.
+/// Tags follow the spec on every pass, as CAPO does for groups; the owner mark stays where it
+/// is (a group CAPO made is not marked).
 async fn keep_tags(
     spec: &OpenStackClusterSpec,
+    names: &Names,
     cloud: &CloudClient,
     group: &SecurityGroup,
 ) -> Result<(), ClusterError> {
-    let wanted = tags(spec);
+    let wanted = kept_tags(spec, names, &group.tags);
     let mut have = group.tags.clone();
     have.sort();
     have.dedup();

@@ -1,7 +1,9 @@
 //! Deleting a server: the server first, coming back until Nova has let it go; then the
 //! trunks and ports we created; then any volume Nova did not take with it; then the
 //! finalizer. Every lookup is by recorded ID and by name too, so what a lost status write
-//! forgot is still found. Already gone is not an error.
+//! forgot is still found; by name, only what carries this object's owner mark, so a
+//! same-named resource of another namespace or a person is never deleted. Already gone is not
+//! an error.
 
 use capo_api::OpenStackServer;
 use capo_api::common::InstanceStatus;
@@ -13,6 +15,7 @@ use kube::{Resource, ResourceExt};
 
 use super::ServerError;
 use super::plan;
+use crate::cloud::cinder::Volume;
 use crate::cloud::neutron::Filter;
 use crate::cloud::nova::Server;
 use crate::cloud::{CloudClient, CloudError};
@@ -75,7 +78,8 @@ pub(super) async fn run(
 }
 
 /// The recorded server while it exists. With none recorded, every server with the object's
-/// name and tags, so that one a lost status write forgot is found too. A recorded server that
+/// name, tags and owner mark, so that one a lost status write forgot is found too. A recorded
+/// server that
 /// is gone leaves nothing of ours to find: a server is never created again once one was
 /// recorded, so another server of that name belongs to someone else (another namespace's
 /// object of the same name, or a person's) and is not ours to delete.
@@ -92,7 +96,8 @@ async fn find_servers(
             Err(error) => Err(ServerError::cloud(format!("reading server {id}"))(error)),
         };
     }
-    nova.list_servers_by_name(&object.name_any(), &object.spec.tags)
+    let owner = plan::owner(&object.namespace().unwrap_or_default(), &object.name_any());
+    nova.list_servers_by_name(&object.name_any(), &owner.with_tag(&object.spec.tags))
         .await
         .map_err(ServerError::cloud("looking up the server by name"))
 }
@@ -122,7 +127,8 @@ async fn delete_server(
     Ok(())
 }
 
-/// The ports we recorded and every port with one of our port names, with their trunks.
+/// The ports we recorded and every port with one of our port names and our owner mark, with
+/// their trunks.
 async fn delete_ports(
     ctx: &Context,
     object: &OpenStackServer,
@@ -140,12 +146,13 @@ async fn delete_ports(
         .as_ref()
         .map(|r| r.ports.as_slice())
         .unwrap_or(&[]);
+    let owner = plan::owner(&object.namespace().unwrap_or_default(), &object.name_any());
     for (index, port_name) in plan::port_names(&object.name_any(), &object.spec)
         .iter()
         .enumerate()
     {
         let mut filter = Filter {
-            tags: plan::port_tags(&object.spec, index),
+            tags: owner.with_tag(&plan::port_tags(&object.spec, index)),
             ..Filter::by_name(port_name)
         };
         if let Some(port) = resolved.get(index) {
@@ -203,15 +210,56 @@ async fn delete_ports(
     Ok(())
 }
 
-/// Volumes Nova did not delete with the server (it was never created, or their delete is
-/// late). Whether all are gone.
+/// The volumes we recorded and those with our names and owner mark, that Nova did not delete
+/// with the server (it was never created, or their delete is late). Whether all are gone.
 async fn delete_volumes(
     cloud: &CloudClient,
     object: &OpenStackServer,
     status: &mut InstanceStatus,
 ) -> Result<bool, ServerError> {
-    let cinder = cloud.cinder();
     let mut remaining = Vec::new();
+    for volume in our_volumes(cloud, object, status).await? {
+        remaining.push(volume.name.clone());
+        if volume.is_deleting() {
+            continue;
+        }
+        match cloud.cinder().delete_volume(&volume.id).await {
+            // Still attached while Nova lets go of it: next time.
+            Ok(()) | Err(CloudError::NotFound(_) | CloudError::BadRequest(_)) => {}
+            Err(error) => {
+                return Err(ServerError::cloud(format!("deleting volume {}", volume.id))(error));
+            }
+        }
+        tracing::info!(volume = %volume.id, "deleting volume");
+    }
+    if let Some(resources) = status.resources.as_mut() {
+        resources.volumes.retain(|v| remaining.contains(&v.name));
+    }
+    Ok(remaining.is_empty())
+}
+
+/// What is left of the recorded volumes (CAPO's among them: it marks nothing), and every
+/// volume with one of our names and our owner mark.
+async fn our_volumes(
+    cloud: &CloudClient,
+    object: &OpenStackServer,
+    status: &InstanceStatus,
+) -> Result<Vec<Volume>, ServerError> {
+    let cinder = cloud.cinder();
+    let mut ours = Vec::new();
+    let recorded = status.resources.iter().flat_map(|r| &r.volumes);
+    for known in recorded {
+        match cinder.get_volume(&known.id).await {
+            Ok(volume) => ours.push(volume),
+            Err(CloudError::NotFound(_)) => {}
+            Err(error) => {
+                return Err(ServerError::cloud(format!("reading volume {}", known.id))(
+                    error,
+                ));
+            }
+        }
+    }
+    let owner = plan::owner(&object.namespace().unwrap_or_default(), &object.name_any());
     for volume_name in plan::volume_names(&object.name_any(), &object.spec) {
         let found = cinder
             .list_volumes_by_name(&volume_name)
@@ -219,25 +267,13 @@ async fn delete_volumes(
             .map_err(ServerError::cloud(format!(
                 "looking up volume {volume_name}"
             )))?;
-        for volume in found {
-            remaining.push(volume.name.clone());
-            if volume.is_deleting() {
-                continue;
-            }
-            match cinder.delete_volume(&volume.id).await {
-                // Still attached while Nova lets go of it: next time.
-                Ok(()) | Err(CloudError::NotFound(_) | CloudError::BadRequest(_)) => {}
-                Err(error) => {
-                    return Err(
-                        ServerError::cloud(format!("deleting volume {}", volume.id))(error),
-                    );
-                }
-            }
-            tracing::info!(volume = %volume.id, "deleting volume");
-        }
+        ours.extend(
+            found
+                .into_iter()
+                .filter(|v| owner.marks_metadata(&v.metadata)),
+        );
     }
-    if let Some(resources) = status.resources.as_mut() {
-        resources.volumes.retain(|v| remaining.contains(&v.name));
-    }
-    Ok(remaining.is_empty())
+    ours.sort_by(|a, b| a.id.cmp(&b.id));
+    ours.dedup_by(|a, b| a.id == b.id);
+    Ok(ours)
 }

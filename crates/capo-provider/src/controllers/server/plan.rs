@@ -12,6 +12,7 @@ use capo_api::common::{
 use capo_api::conditions::{Desired, Status, reasons, types};
 use serde_json::{Value, json};
 
+use crate::cloud::Owner;
 use crate::cloud::cinder::{Volume, VolumeSpec};
 use crate::cloud::neutron::{FixedIp, PortSpec};
 use crate::cloud::nova::{BlockDevice, Server, ServerNetwork, ServerSpec};
@@ -123,8 +124,13 @@ pub fn port_tags(spec: &OpenStackServerSpec, index: usize) -> Vec<String> {
     tags
 }
 
-/// The Neutron request for a resolved port.
-pub fn port_request(port: &ResolvedPortSpec) -> PortSpec {
+/// The owner mark of what an OpenStackServer creates.
+pub fn owner(namespace: &str, name: &str) -> Owner {
+    Owner::new("OpenStackServer", namespace, name)
+}
+
+/// The Neutron request for a resolved port, marked as `owner`'s.
+pub fn port_request(port: &ResolvedPortSpec, owner: &Owner) -> PortSpec {
     let profile = port.profile.as_ref().and_then(|p| {
         let mut profile = serde_json::Map::new();
         if p.ovs_hw_offload == Some(true) {
@@ -162,7 +168,15 @@ pub fn port_request(port: &ResolvedPortSpec) -> PortSpec {
             .iter()
             .map(|v| (v.key.clone(), json!(v.value)))
             .collect(),
-        tags: port.tags.clone(),
+        tags: owner.with_tag(&port.tags),
+    }
+}
+
+/// The Cinder request for a wanted volume, marked as `owner`'s.
+pub fn volume_request(want: &VolumeWant, owner: &Owner) -> VolumeSpec {
+    VolumeSpec {
+        metadata: owner.metadata(),
+        ..want.request.clone()
     }
 }
 
@@ -216,6 +230,7 @@ pub fn wanted_volumes(
                 volume_type: root.type_.clone(),
                 availability_zone: zone(root.availability_zone.as_ref()),
                 image_id: image_id.map(str::to_owned),
+                metadata: Default::default(),
             },
             boot: true,
             tag: None,
@@ -234,6 +249,7 @@ pub fn wanted_volumes(
                 volume_type: volume.and_then(|v| v.type_.clone()),
                 availability_zone: zone(volume.and_then(|v| v.availability_zone.as_ref())),
                 image_id: None,
+                metadata: Default::default(),
             },
             boot: false,
             tag: Some(device.name.clone()),
@@ -300,6 +316,7 @@ pub fn server_request(
     port_ids: &[String],
     block_devices: Vec<BlockDevice>,
     user_data: Option<String>,
+    owner: &Owner,
 ) -> ServerSpec {
     let image = resolved.image_id.clone().unwrap_or_default();
     ServerSpec {
@@ -326,7 +343,7 @@ pub fn server_request(
             .collect(),
         user_data,
         availability_zone: spec.availability_zone.clone(),
-        tags: spec.tags.clone(),
+        tags: owner.with_tag(&spec.tags),
         config_drive: spec.config_drive,
         block_devices,
         server_group_id: resolved.server_group_id.clone(),
@@ -610,6 +627,7 @@ mod tests {
             volume_type: None,
             attachments: Vec::new(),
             created_at: None,
+            metadata: Default::default(),
         }
     }
 
@@ -674,7 +692,13 @@ mod tests {
             port.description.as_deref(),
             Some("Created by cluster-api-provider-openstack cluster c1")
         );
-        let request = port_request(&port);
+        let owner = owner("ns", "bastion");
+        let request = port_request(&port, &owner);
+        assert_eq!(
+            request.tags,
+            ["capo", "mine", owner.tag()],
+            "marked as ours"
+        );
         assert_eq!(request.security_groups, Some(vec!["sg".to_owned()]));
         assert_eq!(request.fixed_ips[0].subnet_id.as_deref(), Some("s1"));
     }
@@ -699,7 +723,8 @@ mod tests {
             }],
             ..ResolvedPortSpec::default()
         };
-        let body = serde_json::to_value(port_request(&port)).expect("serialises");
+        let body =
+            serde_json::to_value(port_request(&port, &owner("ns", "s"))).expect("serialises");
         assert_eq!(
             body["binding:profile"],
             json!({"capabilities": ["switchdev"], "trusted": true})
@@ -753,6 +778,10 @@ mod tests {
         );
         assert_eq!(volumes[0].request.image_id.as_deref(), Some("img"));
         assert_eq!(volumes[1].request.availability_zone, None, "no zone named");
+        let mark = owner("ns", "cp-0");
+        let marked = volume_request(&volumes[0], &mark);
+        assert!(mark.marks_metadata(&marked.metadata), "marked as ours");
+        assert_eq!(marked.name, "cp-0-root");
         let with_ids: Vec<(VolumeWant, String)> = volumes
             .into_iter()
             .map(|v| {
@@ -776,8 +805,18 @@ mod tests {
             flavor_id: Some("2".into()),
             ..ResolvedServerSpec::default()
         };
-        let request = server_request("cp-0", &spec, &resolved, &["p".into()], devices, None);
+        let owner = owner("ns", "cp-0");
+        let request = server_request(
+            "cp-0",
+            &spec,
+            &resolved,
+            &["p".into()],
+            devices,
+            None,
+            &owner,
+        );
         assert_eq!(request.image_ref, "", "the image is on the root volume");
+        assert!(owner.marks(&request.tags), "marked as ours");
     }
 
     #[test]
@@ -819,6 +858,7 @@ mod tests {
             &[],
             vec![],
             None,
+            &owner("ns", "s"),
         );
         assert_eq!(
             Value::Object(request.scheduler_hints),

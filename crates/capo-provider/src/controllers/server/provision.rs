@@ -25,7 +25,7 @@ use super::resolve;
 use crate::cloud::cinder::Volume;
 use crate::cloud::neutron::{Filter, TRUNK_EXTENSION};
 use crate::cloud::nova::Server;
-use crate::cloud::{CloudClient, CloudError};
+use crate::cloud::{CloudClient, CloudError, Owner};
 use crate::controllers::identity;
 use crate::controllers::{Context, Outcome, writes};
 
@@ -44,6 +44,8 @@ struct Pass<'a> {
     resolved: ResolvedServerSpec,
     wants_trunk: Vec<bool>,
     volumes: Vec<VolumeWant>,
+    /// The mark on what this server's pass creates, and on what it finds by name.
+    owner: Owner,
     observed: Observed,
     /// The address `floatingIPPoolRef`'s pool gave, to attach once the server runs.
     floating: Option<String>,
@@ -91,6 +93,7 @@ pub(super) async fn run(
     // As CAPO: the pool's address is had before any port is made.
     let floating = floating_address::claimed(object, ctx, status).await?;
     let volumes = plan::wanted_volumes(&name, spec, resolved.image_id.as_deref());
+    let owner = plan::owner(&namespace, &name);
     let mut pass = Pass {
         ctx,
         object,
@@ -99,6 +102,7 @@ pub(super) async fn run(
         resolved,
         wants_trunk,
         volumes,
+        owner,
         observed: Observed {
             ports: Vec::new(),
             trunks: Vec::new(),
@@ -240,8 +244,8 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// By recorded ID; else by name and the spec's tags (Nova's name filter is a regex, the
-    /// client anchors and escapes it).
+    /// By recorded ID; else by name, the spec's tags and our owner tag (Nova's name filter is
+    /// a regex, the client anchors and escapes it).
     async fn find_server(&self, recorded: Option<&str>) -> Result<ServerState, ServerError> {
         let nova = self.cloud.nova();
         if let Some(id) = recorded {
@@ -252,7 +256,7 @@ impl Pass<'_> {
             };
         }
         let mut servers = nova
-            .list_servers_by_name(&self.name, &self.object.spec.tags)
+            .list_servers_by_name(&self.name, &self.owner.with_tag(&self.object.spec.tags))
             .await
             .map_err(ServerError::cloud("looking up the server by name"))?;
         match servers.len() {
@@ -289,12 +293,12 @@ impl Pass<'_> {
         Ok(ports)
     }
 
-    /// Ports by name and tags on their network.
+    /// Ports by name, tags and our owner tag on their network.
     async fn find_ports(&self) -> Result<Vec<Option<String>>, ServerError> {
         let mut ports = Vec::with_capacity(self.resolved.ports.len());
         for port in &self.resolved.ports {
             let filter = Filter {
-                tags: port.tags.clone(),
+                tags: self.owner.with_tag(&port.tags),
                 ..Filter::by_name(&port.name)
             }
             .with("network_id", port.network_id.clone());
@@ -358,7 +362,11 @@ impl Pass<'_> {
                     let found = cinder.list_volumes_by_name(want.name()).await.map_err(
                         ServerError::cloud(format!("looking up volume {}", want.name())),
                     )?;
-                    only_one("volumes", want.name(), found, |v| &v.id)?
+                    let ours = found
+                        .into_iter()
+                        .filter(|v| self.owner.marks_metadata(&v.metadata))
+                        .collect();
+                    only_one("volumes", want.name(), ours, |v| &v.id)?
                 }
             };
             volumes.push(found);
@@ -414,7 +422,7 @@ impl Pass<'_> {
             let port = self
                 .cloud
                 .neutron()
-                .create_port(&plan::port_request(want))
+                .create_port(&plan::port_request(want, &self.owner))
                 .await
                 .map_err(ServerError::cloud(format!("{CREATING_PORT} {}", want.name)))?;
             tracing::info!(port = %port.id, name = %want.name, "created port");
@@ -465,7 +473,7 @@ impl Pass<'_> {
             let volume = self
                 .cloud
                 .cinder()
-                .create_volume(&want.request)
+                .create_volume(&plan::volume_request(want, &self.owner))
                 .await
                 .map_err(ServerError::cloud(format!(
                     "creating volume {}",
@@ -500,6 +508,7 @@ impl Pass<'_> {
             &port_ids,
             devices,
             user_data,
+            &self.owner,
         );
         let created = self
             .cloud
