@@ -231,6 +231,19 @@ pub struct RunArgs {
     /// every address).
     #[arg(long, default_value = "127.0.0.1:8080", value_parser = capo_provider::manager::admin::parse_address)]
     pub admin_address: SocketAddr,
+    /// Where /metrics is served over HTTPS, to callers whose bearer token the API server
+    /// accepts (TokenReview) and allows `get` on /metrics (SubjectAccessReview), as CAPO's
+    /// secure diagnostics (HOST:PORT, or :PORT; the manifests use :8443). Off when not given.
+    #[arg(long, value_parser = capo_provider::manager::admin::parse_address)]
+    pub metrics_address: Option<SocketAddr>,
+    /// The directory holding the metrics server's tls.crt and tls.key (read again when they
+    /// change); without it, a certificate made at start and signed by itself.
+    #[arg(long)]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
+    /// Also serve /metrics on the admin address, over plain HTTP, to anyone who reaches it
+    /// (local runs; a cluster uses --metrics-address).
+    #[arg(long)]
+    pub insecure_metrics: bool,
     /// Where the webhook server listens over HTTPS: the CRDs' conversion webhook
     /// (v1beta1 <-> v1beta2) and validating webhooks (HOST:PORT, or :PORT; the manifests use
     /// :9443). Off when not given. Every replica serves it, leading or not.
@@ -441,13 +454,29 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     config.leader_election = args.leader_election(&identity, client.default_namespace())?;
     let health = Arc::new(Health::new(&manager::CONTROLLERS));
     let admin_stop = CancellationToken::new();
+    let plain = if args.insecure_metrics {
+        manager::admin::PlainMetrics::Served
+    } else {
+        manager::admin::PlainMetrics::Elsewhere
+    };
     let (_, admin) = manager::admin::serve(
         args.admin_address,
         registry.clone(),
         health.clone(),
+        plain,
         admin_stop.clone(),
     )
     .await?;
+    if let Some(address) = args.metrics_address {
+        use manager::metrics_auth::{Gatekeeper, KubeReviews};
+        let config = manager::metrics_server::MetricsServerConfig {
+            address,
+            cert_dir: args.metrics_cert_dir.clone(),
+        };
+        let gatekeeper = Arc::new(Gatekeeper::new(Arc::new(KubeReviews::new(client.clone()))));
+        manager::metrics_server::serve(config, registry.clone(), gatekeeper, admin_stop.clone())
+            .await?;
+    }
     let _admin_stops_last = admin_stop.clone().drop_guard();
     // Like the admin server, the webhook serves from start to exit, leader or not: the API
     // server needs it to read the version an object is not stored in.

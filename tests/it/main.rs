@@ -19,6 +19,7 @@ mod conversion;
 mod crds;
 mod demo;
 mod floating_ip_pools;
+mod fuzz_pass;
 mod hostile;
 mod kube_answers;
 mod kube_connect;

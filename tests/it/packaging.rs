@@ -138,9 +138,10 @@ async fn the_manifests_render_with_kustomize_and_apply_to_the_api_server() {
     let components = with_defaults(&components);
     assert!(!components.contains("${"), "every variable has a default");
     let wanted = documents(&components);
-    // 7 CRDs; Namespace, 5 RBAC objects, Issuer, Certificate, Deployment, 2 Services,
-    // ValidatingWebhookConfiguration, PDB.
-    assert_eq!(wanted.len(), 20, "{:?}", wanted.keys());
+    // 7 CRDs; Namespace, 6 RBAC objects (the metrics reader's ClusterRole among them),
+    // Issuer, Certificate, Deployment, 2 Services, ValidatingWebhookConfiguration, PDB,
+    // NetworkPolicy.
+    assert_eq!(wanted.len(), 22, "{:?}", wanted.keys());
     for crd in wanted
         .values()
         .filter(|o| o["kind"] == "CustomResourceDefinition")
@@ -334,6 +335,18 @@ pub(crate) fn used_by_orc_and_templates() -> BTreeSet<(String, String, String)> 
     .collect()
 }
 
+/// Who may read `/metrics`, asked of the API server only when something scrapes it (shown
+/// used, with the RBAC `deploy/` ships, by `real_kube_metrics_are_served_over_https_to_a_reader_only`).
+fn used_by_the_metrics_server() -> BTreeSet<(String, String, String)> {
+    [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ]
+    .into_iter()
+    .map(|(g, r)| ("create".to_owned(), g.to_owned(), r.to_owned()))
+    .collect()
+}
+
 /// Grants for floating IP pools and Cluster API's IPAM kinds, which the demo has none of:
 /// the pool scenarios show each used (`floating_ip_pools`).
 pub(crate) fn used_by_floating_ip_pools() -> BTreeSet<(String, String, String)> {
@@ -360,6 +373,7 @@ pub(crate) fn assert_least_privilege(log: &[RequestRecord]) {
     elsewhere.extend(used_by_orc_and_templates());
     elsewhere.extend(used_by_floating_ip_pools());
     elsewhere.extend(used_by_shards());
+    elsewhere.extend(used_by_the_metrics_server());
     let idle: Vec<_> = granted
         .difference(&used)
         .filter(|grant| !elsewhere.contains(*grant))
@@ -544,7 +558,8 @@ async fn the_admin_server_answers_health_readiness_and_metrics() {
     // Cluster API's CRDs come later: until then the process is live but not ready.
     let world = World::prepare_sim(Scenario::default(), Vec::new()).await;
     let (_dir, kubeconfig) = kubeconfig_file(&world);
-    let mut replica = Replica::spawn(&kubeconfig, "admin", &["--leader-elect"]);
+    let flags = ["--leader-elect", "--insecure-metrics"];
+    let mut replica = Replica::spawn(&kubeconfig, "admin", &flags);
     let admin = replica.admin().await;
     replica
         .wait_log("waiting for CustomResourceDefinitions")
@@ -929,4 +944,98 @@ async fn real_kube_two_replicas_one_leads_and_the_other_takes_over_when_it_is_ki
         "FIGURES real-kube leader election: failover {:.2} s after the leader was killed",
         failover.as_secs_f64()
     );
+}
+
+/// On the real API server, with the RBAC `deploy/` ships: `/metrics` over HTTPS answers a
+/// ServiceAccount bound to `capo-rs-metrics-reader`, refuses one that is not (403) and a
+/// caller without a token (401), and is not on the plain admin port at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_metrics_are_served_over_https_to_a_reader_only() {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    let Some(real) = crate::kube_world::real_kube() else {
+        return;
+    };
+    let admin = crate::kube_world::client_from(&real.admin).await;
+    let rbac = std::fs::read_to_string(format!("{}/deploy/rbac.yaml", env!("CARGO_MANIFEST_DIR")))
+        .expect("deploy/rbac.yaml");
+    crate::kube_world::apply_crds(&admin, &crate::common::yaml_documents(&rbac)).await;
+    let namespace = format!("metrics-{}", fastrand::u32(..));
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
+    for name in ["reader", "stranger"] {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+    }
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": format!("{namespace}-reader")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": manifests::METRICS_READER},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+    });
+    crate::kube_world::apply_crds(&admin, std::slice::from_ref(&binding)).await;
+    let token = async |name: &str| -> String {
+        let request = TokenRequest {
+            spec: TokenRequestSpec::default(),
+            ..TokenRequest::default()
+        };
+        let made = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap();
+        made.status.expect("a token").token
+    };
+    let (reader, stranger) = (token("reader").await, token("stranger").await);
+
+    let flags = [
+        "--namespace",
+        &namespace,
+        "--metrics-address",
+        "127.0.0.1:0",
+    ];
+    let mut replica = Replica::spawn(&real.manager, "metrics", &flags);
+    let line = replica.wait_log("metrics server listening").await;
+    let address: SocketAddr = line["address"].as_str().unwrap().parse().unwrap();
+    let https = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let url = format!("https://{address}/metrics");
+    let scrape = async |token: Option<&str>| -> (u16, String) {
+        let mut request = https.get(&url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("an answer");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    };
+    let (status, body) = scrape(Some(&reader)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("capo_kube_requests_total"), "{body}");
+    let (status, body) = scrape(Some(&stranger)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("stranger"), "{body}");
+    assert_eq!(scrape(None).await.0, 401);
+    assert_eq!(scrape(Some("not-a-token")).await.0, 401);
+    let (status, _) = get(replica.admin().await, "/metrics").await;
+    assert_eq!(status, 404, "no plain /metrics without --insecure-metrics");
+
+    replica.signal("TERM");
+    replica.exit_code(LONG).await;
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin.clone());
+    let _ = bindings
+        .delete(&format!("{namespace}-reader"), &Default::default())
+        .await;
+    let _ = namespaces.delete(&namespace, &Default::default()).await;
 }

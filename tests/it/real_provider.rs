@@ -1849,7 +1849,7 @@ async fn takeover_from_capo(e2e: &mut E2e) {
     builder.stop().await;
     e2e.stop_manager(true).await;
     // CAPO marks nothing: taken over, the cloud is reached through the recorded IDs alone.
-    crate::takeover::strip_owner_marks(&e2e.tenant).await;
+    crate::takeover::strip_owner_marks(&e2e.tenant, &name).await;
 
     // The management cluster as CAPO 0.14 leaves it: its CRDs, v1beta1 objects stored.
     let objects = crate::takeover::snapshot(&e2e.client, e2e.ns()).await;

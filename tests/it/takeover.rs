@@ -285,13 +285,14 @@ pub async fn recreate(client: &Client, namespace: &str, objects: &[Value]) {
 }
 
 /// The cloud as CAPO leaves it: capo-rs's owner marks taken off everything the first phase
-/// made (CAPO marks nothing), so that the takeover can reach it only through the IDs the
-/// status recorded. Volumes carry none here (no machine of the scenario has one).
-pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient) {
+/// made for the cluster (every name holds `cluster`; CAPO marks nothing), so that the takeover
+/// can reach it only through the IDs the status recorded. Volumes carry none here (no machine
+/// of the scenario has one). Other scenarios' resources on the same cloud are left alone.
+pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient, cluster: &str) {
     use capo_provider::cloud::Service;
     use capo_provider::cloud::neutron::Filter;
-    let unmarked = |tags: &[String]| -> Option<Vec<String>> {
-        capo_provider::cloud::Owner::any_marks(tags).then(|| {
+    let unmarked = |name: &str, tags: &[String]| -> Option<Vec<String>> {
+        (name.contains(cluster) && capo_provider::cloud::Owner::any_marks(tags)).then(|| {
             let prefix = format!("{}-", capo_provider::cloud::OWNER_KEY);
             tags.iter()
                 .filter(|t| !t.starts_with(&prefix))
@@ -303,16 +304,16 @@ pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient
     let any = Filter::default();
     let mut neutron_marked: Vec<(&'static str, String, Vec<String>)> = Vec::new();
     for n in neutron.list_networks(&any).await.expect("networks") {
-        neutron_marked.extend(unmarked(&n.tags).map(|t| ("networks", n.id, t)));
+        neutron_marked.extend(unmarked(&n.name, &n.tags).map(|t| ("networks", n.id, t)));
     }
     for r in neutron.list_routers(&any).await.expect("routers") {
-        neutron_marked.extend(unmarked(&r.tags).map(|t| ("routers", r.id, t)));
+        neutron_marked.extend(unmarked(&r.name, &r.tags).map(|t| ("routers", r.id, t)));
     }
     for p in neutron.list_ports(&any).await.expect("ports") {
-        neutron_marked.extend(unmarked(&p.tags).map(|t| ("ports", p.id, t)));
+        neutron_marked.extend(unmarked(&p.name, &p.tags).map(|t| ("ports", p.id, t)));
     }
     for g in neutron.list_security_groups(&any).await.expect("groups") {
-        neutron_marked.extend(unmarked(&g.tags).map(|t| ("security-groups", g.id, t)));
+        neutron_marked.extend(unmarked(&g.name, &g.tags).map(|t| ("security-groups", g.id, t)));
     }
     assert!(
         !neutron_marked.is_empty(),
@@ -327,7 +328,8 @@ pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient
     let servers = raw(tenant, Service::Compute, "GET", "servers/detail", None).await;
     for server in servers["servers"].as_array().into_iter().flatten() {
         let tags: Vec<String> = serde_json::from_value(server["tags"].clone()).unwrap_or_default();
-        if let Some(kept) = unmarked(&tags) {
+        let name = server["name"].as_str().unwrap_or_default();
+        if let Some(kept) = unmarked(name, &tags) {
             let path = format!("servers/{}/tags", server["id"].as_str().expect("an id"));
             raw(
                 tenant,
@@ -349,7 +351,8 @@ pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient
     .await;
     for lb in lbs["loadbalancers"].as_array().into_iter().flatten() {
         let tags: Vec<String> = serde_json::from_value(lb["tags"].clone()).unwrap_or_default();
-        if let Some(kept) = unmarked(&tags) {
+        let name = lb["name"].as_str().unwrap_or_default();
+        if let Some(kept) = unmarked(name, &tags) {
             let path = format!("lbaas/loadbalancers/{}", lb["id"].as_str().expect("an id"));
             let body = json!({"loadbalancer": {"tags": kept}});
             raw(tenant, Service::LoadBalancer, "PUT", &path, Some(body)).await;
@@ -377,17 +380,17 @@ async fn raw(
     let session = client.path().session();
     let base = session.service_url(service).await.expect("a URL");
     let url = base.join(path).expect("URL");
-    let request = http::Request::builder()
-        .method(method)
-        .uri(url.as_str())
-        .header("content-type", "application/json")
-        .header("openstack-api-version", "compute 2.53")
-        .header("x-openstack-nova-api-version", "2.53")
-        .body(
-            body.map(|b| serde_json::to_vec(&b).expect("JSON"))
-                .unwrap_or_default(),
-        )
-        .expect("request");
+    let mut request = http::Request::builder().method(method).uri(url.as_str());
+    if service == capo_provider::cloud::Service::Compute {
+        request = request
+            .header("openstack-api-version", "compute 2.53")
+            .header("x-openstack-nova-api-version", "2.53");
+    }
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let body = body.map(|b| serde_json::to_vec(&b).expect("JSON"));
+    let request = request.body(body.unwrap_or_default()).expect("request");
     let response = session.send(request).await.expect("an answer");
     let status = response.status();
     let text = String::from_utf8_lossy(response.body()).into_owned();

@@ -228,6 +228,7 @@ pub(crate) fn start_controller(
         &kubeconfig.display().to_string(),
         "--admin-address",
         &format!("127.0.0.1:{admin}"),
+        "--insecure-metrics",
         "--openstack-qps",
         &config.openstack_qps.to_string(),
         "--openstack-burst",

@@ -37,7 +37,8 @@ pub async fn metrics(
     health: Arc<Health>,
     stop: CancellationToken,
 ) -> std::io::Result<MetricsServer> {
-    let (addr, task) = admin::serve(listen, registry, health, stop.clone()).await?;
+    let plain = admin::PlainMetrics::Served;
+    let (addr, task) = admin::serve(listen, registry, health, plain, stop.clone()).await?;
     Ok(MetricsServer {
         addr,
         stop,

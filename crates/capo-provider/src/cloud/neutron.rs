@@ -89,6 +89,9 @@ pub struct Network {
     /// The network's MTU in bytes; None when Neutron does not report one.
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// The network's free-text description.
+    #[serde(default)]
+    pub description: String,
     /// The network's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
@@ -132,6 +135,9 @@ pub struct Router {
     /// ...); None when the router has no gateway.
     #[serde(default)]
     pub external_gateway_info: Option<Value>,
+    /// The router's free-text description.
+    #[serde(default)]
+    pub description: String,
     /// The router's Neutron tags.
     #[serde(default)]
     pub tags: Vec<String>,
@@ -350,6 +356,9 @@ pub struct NetworkSpec {
     /// Default port security of the network's ports; None leaves Neutron's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port_security_enabled: Option<bool>,
+    /// Free text for Neutron's `description`; left out of the request when empty.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
     /// Tags set after the create (see [`Neutron::set_tags`]), not sent in its body.
     #[serde(skip)]
     pub tags: Vec<String>,
@@ -515,8 +524,7 @@ impl<'a> Neutron<'a> {
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
         let network: Network = self.create(create, "networks", "network", body).await?;
         if tag {
-            self.tag_or_undo(op("network_delete"), "networks", &network.id, &spec.tags)
-                .await?;
+            self.tag_or_warn("networks", &network.id, &spec.tags).await;
         }
         Ok(network)
     }
@@ -543,8 +551,7 @@ impl<'a> Neutron<'a> {
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
         let subnet: Subnet = self.create(create, "subnets", "subnet", body).await?;
         if tag {
-            self.tag_or_undo(op("subnet_delete"), "subnets", &subnet.id, &spec.tags)
-                .await?;
+            self.tag_or_warn("subnets", &subnet.id, &spec.tags).await;
         }
         Ok(subnet)
     }
@@ -577,8 +584,7 @@ impl<'a> Neutron<'a> {
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
         let router: Router = self.create(create, "routers", "router", body).await?;
         if tag {
-            self.tag_or_undo(op("router_delete"), "routers", &router.id, &spec.tags)
-                .await?;
+            self.tag_or_warn("routers", &router.id, &spec.tags).await;
         }
         Ok(router)
     }
@@ -648,8 +654,7 @@ impl<'a> Neutron<'a> {
             .create(op("port_create"), "ports", "port", body)
             .await?;
         if tag {
-            self.tag_or_undo(op("port_delete"), "ports", &port.id, &spec.tags)
-                .await?;
+            self.tag_or_warn("ports", &port.id, &spec.tags).await;
         }
         Ok(port)
     }
@@ -702,22 +707,14 @@ impl<'a> Neutron<'a> {
         self.has_extension(TAG_EXTENSION).await
     }
 
-    /// Tags what was just created; if that fails, deletes it again (as far as Neutron lets
-    /// it) so that nothing is left untagged, which no lookup by owner mark would ever find.
-    async fn tag_or_undo(
-        &self,
-        delete: Operation,
-        collection: &'static str,
-        id: &str,
-        tags: &[String],
-    ) -> Result<(), CloudError> {
-        let Err(error) = self.set_tags(collection, id, tags).await else {
-            return Ok(());
-        };
-        if let Err(undo) = self.delete(delete, collection, id).await {
-            tracing::warn!(%collection, %id, error = %undo, "could not delete what could not be tagged");
+    /// Tags what was just created. If that fails, what was made is kept and handed back
+    /// untagged (a warning says so): the caller records its ID, by which it is found from
+    /// then on. Deleting it instead could fail as well (Neutron gone between the two
+    /// requests), and leave it where no lookup by mark finds it.
+    async fn tag_or_warn(&self, collection: &'static str, id: &str, tags: &[String]) {
+        if let Err(error) = self.set_tags(collection, id, tags).await {
+            tracing::warn!(%collection, %id, %error, "created but not tagged; found by its ID from now on");
         }
-        Err(error)
     }
 
     /// Replaces the tags of any taggable resource (`ports`, `networks`, `floatingips`, ...);
@@ -755,7 +752,7 @@ impl<'a> Neutron<'a> {
     ) -> Result<SecurityGroup, CloudError> {
         let tag = self.can_tag(tags).await?;
         let body = json!({ "name": name, "description": description });
-        let mut group: SecurityGroup = self
+        let group: SecurityGroup = self
             .create(
                 op("security_group_create"),
                 "security-groups",
@@ -764,10 +761,7 @@ impl<'a> Neutron<'a> {
             )
             .await?;
         if tag {
-            let delete = op("security_group_delete");
-            self.tag_or_undo(delete, "security-groups", &group.id, tags)
-                .await?;
-            group.tags = tags.to_vec();
+            self.tag_or_warn("security-groups", &group.id, tags).await;
         }
         Ok(group)
     }

@@ -62,6 +62,18 @@ impl Owner {
         tags.contains(&self.tag)
     }
 
+    /// A description that carries the mark too: Neutron takes tags only after a create, and
+    /// the description goes in the create itself, so a resource whose tagging failed is
+    /// still known as this owner's.
+    pub fn describe(&self, description: &str) -> String {
+        format!("{description} ({})", self.tag)
+    }
+
+    /// Whether a Neutron resource with these tags and description is this owner's.
+    pub fn owns(&self, tags: &[String], description: &str) -> bool {
+        self.marks(tags) || description.contains(&self.tag)
+    }
+
     /// The Cinder metadata that marks a volume as this owner's.
     pub fn metadata(&self) -> BTreeMap<String, String> {
         BTreeMap::from([(OWNER_KEY.to_owned(), self.digest.clone())])
@@ -122,5 +134,17 @@ mod tests {
         assert!(Owner::any_marks(&tags));
         assert!(!Owner::any_marks(&["capo".to_owned()]));
         assert!(owner.marks_metadata(&owner.metadata()));
+    }
+
+    #[test]
+    fn a_description_carries_the_mark_for_what_could_not_be_tagged() {
+        let owner = Owner::new("OpenStackCluster", "ns", "demo");
+        let other = Owner::new("OpenStackCluster", "ns", "demo2");
+        let described = owner.describe("Cluster API managed group");
+        assert!(described.starts_with("Cluster API managed group ("));
+        assert!(owner.owns(&[], &described));
+        assert!(!other.owns(&[], &described));
+        assert!(owner.owns(&owner.with_tag(&[]), ""));
+        assert!(!owner.owns(&[], "Cluster API managed group"));
     }
 }

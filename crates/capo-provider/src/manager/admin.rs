@@ -1,6 +1,8 @@
-//! The admin HTTP server: `/metrics` (the process's one registry: cloud, engine,
-//! controllers), `/healthz` and `/readyz` (from [`Health`]). Plain HTTP: it carries no
-//! secrets, and in a pod it is reached on the pod's own address by the kubelet and Prometheus.
+//! The admin HTTP server: `/healthz` and `/readyz` (from [`Health`]) for the kubelet, and
+//! `/metrics` (the process's one registry: cloud, engine, controllers) only when asked for
+//! plain metrics (`--insecure-metrics`, the demo); otherwise they are served over HTTPS to
+//! callers the API server vouches for ([`super::metrics_server`]). Plain HTTP: the probes
+//! carry nothing anyone could use.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,10 +24,23 @@ struct Admin {
     health: Arc<Health>,
 }
 
+/// Whether the admin server serves `/metrics` too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainMetrics {
+    /// `/metrics` here, over plain HTTP, to anyone who reaches the port.
+    Served,
+    /// `/metrics` answers 404 here, saying where they are.
+    Elsewhere,
+}
+
 /// The admin routes.
-pub fn router(registry: Registry, health: Arc<Health>) -> Router {
+pub fn router(registry: Registry, health: Arc<Health>, plain: PlainMetrics) -> Router {
+    let metrics_route = match plain {
+        PlainMetrics::Served => get(metrics),
+        PlainMetrics::Elsewhere => get(metrics_elsewhere),
+    };
     Router::new()
-        .route("/metrics", get(metrics))
+        .route("/metrics", metrics_route)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(Admin { registry, health })
@@ -48,6 +63,7 @@ pub async fn serve(
     address: SocketAddr,
     registry: Registry,
     health: Arc<Health>,
+    plain: PlainMetrics,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(address).await.map_err(|error| {
@@ -57,20 +73,35 @@ pub async fn serve(
         )
     })?;
     let bound = listener.local_addr()?;
-    let app = router(registry, health);
+    let app = router(registry, health, plain);
     let task = tokio::spawn(async move {
         let serving = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(error) = serving.await {
             tracing::error!(%error, "admin server stopped");
         }
     });
-    tracing::info!(address = %bound, "admin server listening (/metrics, /healthz, /readyz)");
+    let routes = match plain {
+        PlainMetrics::Served => "/metrics, /healthz, /readyz",
+        PlainMetrics::Elsewhere => "/healthz, /readyz",
+    };
+    tracing::info!(address = %bound, routes, "admin server listening");
     Ok((bound, task))
 }
 
 async fn metrics(State(admin): State<Admin>) -> Response {
+    encode(&admin.registry)
+}
+
+async fn metrics_elsewhere() -> Response {
+    let message = "metrics are served over HTTPS on --metrics-address to callers with a bearer \
+                   token (or here with --insecure-metrics)\n";
+    (StatusCode::NOT_FOUND, message).into_response()
+}
+
+/// The registry in Prometheus' text format.
+pub(crate) fn encode(registry: &Registry) -> Response {
     let mut body = Vec::new();
-    match TextEncoder::new().encode(&admin.registry.gather(), &mut body) {
+    match TextEncoder::new().encode(&registry.gather(), &mut body) {
         Ok(()) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }

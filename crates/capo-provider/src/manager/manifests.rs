@@ -25,8 +25,13 @@ pub const ACCOUNT: &str = "capo-rs-manager";
 /// The image the manifests name (build it with the Dockerfile; override with kustomize's
 /// `images:` or clusterctl's `CAPO_RS_IMAGE`).
 pub const IMAGE: &str = "localhost/capo-rs:0.1.0";
-/// The admin server's port (/metrics, /healthz, /readyz).
+/// The admin server's port (/healthz, /readyz).
 pub const ADMIN_PORT: u16 = 8080;
+/// The metrics server's port: /metrics over HTTPS, behind TokenReview and
+/// SubjectAccessReview (CAPO's secure diagnostics port).
+pub const METRICS_PORT: u16 = 8443;
+/// The ClusterRole a scraper (Prometheus' ServiceAccount) is bound to, to read /metrics.
+pub const METRICS_READER: &str = "capo-rs-metrics-reader";
 /// The Service the API server calls to convert between v1beta1 and v1beta2 (the CRDs'
 /// `spec.conversion` names it).
 pub const WEBHOOK_SERVICE: &str = capo_api::crds::WEBHOOK_SERVICE.1;
@@ -180,6 +185,17 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions/status"],
         verbs: &["patch"],
+    },
+    // Who reads /metrics: the caller's token, then its permission, asked of the API server.
+    Rule {
+        group: "authentication.k8s.io",
+        resources: &["tokenreviews"],
+        verbs: &["create"],
+    },
+    Rule {
+        group: "authorization.k8s.io",
+        resources: &["subjectaccessreviews"],
+        verbs: &["create"],
     },
 ];
 
@@ -378,6 +394,12 @@ fn rbac() -> Vec<Value> {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": metadata(&leader, true), "rules": rules_json(LEASE_RULES),
         }),
+        // Bound by whoever scrapes: Prometheus' ServiceAccount, for one.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": metadata(METRICS_READER, false),
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+        }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": metadata(&leader, true),
@@ -395,6 +417,7 @@ fn deployment(flavor: Flavor) -> Value {
             .map(|t| format!("--{}={}", t.flag, flavor.value(t.variable, t.default))),
     );
     args.push(format!("--admin-address=:{ADMIN_PORT}"));
+    args.push(format!("--metrics-address=:{METRICS_PORT}"));
     // Addresses and paths are not tunables: the Service and the volume below name them.
     args.push(format!("--webhook-address=:{WEBHOOK_PORT}"));
     args.push(format!("--webhook-cert-dir={WEBHOOK_CERT_DIR}"));
@@ -448,6 +471,7 @@ fn deployment(flavor: Flavor) -> Value {
                         "env": [pod_name, pod_namespace],
                         "ports": [
                             {"name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP"},
+                            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
                             {"name": "webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
                         ],
                         "livenessProbe": probe("/healthz", 20),
@@ -491,7 +515,7 @@ fn metrics_service() -> Value {
         "metadata": {"name": format!("{DEPLOYMENT}-metrics"), "namespace": NAMESPACE, "labels": labels},
         "spec": {
             "selector": self::labels(),
-            "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP"}],
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     })
 }
@@ -587,6 +611,35 @@ fn certificate() -> Vec<Value> {
     ]
 }
 
+/// Where the API server calls the webhook from, by default anywhere: NetworkPolicy cannot name
+/// the API server, which calls from its host's network. Set it to the control plane's
+/// addresses (clusterctl's `CAPO_RS_API_SERVER_CIDR`, or a kustomize patch).
+pub const API_SERVER_CIDR: &str = "0.0.0.0/0";
+
+/// Ingress to the manager pods: the webhook port from the API server's addresses, the metrics
+/// port from anywhere (every caller must bring a token the API server accepts), nothing else.
+/// The kubelet's probes of the admin port come from the node, which NetworkPolicy does not
+/// hold back. Egress stays open: the tenants' clouds are anywhere.
+fn network_policy(flavor: Flavor) -> Value {
+    let api_server = flavor.value("CAPO_RS_API_SERVER_CIDR", API_SERVER_CIDR);
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels()},
+        "spec": {
+            "podSelector": {"matchLabels": labels()},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"ipBlock": {"cidr": api_server}}],
+                    "ports": [{"protocol": "TCP", "port": WEBHOOK_PORT}],
+                },
+                {"ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+            ],
+        },
+    })
+}
+
 fn service_monitor() -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
@@ -594,7 +647,12 @@ fn service_monitor() -> Value {
         "metadata": {"name": DEPLOYMENT, "namespace": NAMESPACE, "labels": labels()},
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": "capo-rs", "app.kubernetes.io/part-of": "capo-rs"}},
-            "endpoints": [{"port": "admin", "path": "/metrics", "interval": "30s"}],
+            // The certificate is signed by itself; the token decides who reads.
+            "endpoints": [{
+                "port": "metrics", "scheme": "https", "path": "/metrics", "interval": "30s",
+                "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                "tlsConfig": {"insecureSkipVerify": true},
+            }],
         },
     })
 }
@@ -610,6 +668,7 @@ pub fn objects(flavor: Flavor) -> Vec<Value> {
     all.push(webhook_service());
     all.push(validating_webhooks());
     all.push(disruption_budget());
+    all.push(network_policy(flavor));
     all
 }
 
@@ -635,6 +694,7 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
         "{GENERATED}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n\
          - namespace.yaml\n- ../crds\n- rbac.yaml\n- certificate.yaml\n- manager.yaml\n\
          - service.yaml\n- webhook-service.yaml\n- validating-webhook.yaml\n- pdb.yaml\n\
+         - networkpolicy.yaml\n\
          # certificate.yaml holds cert-manager objects: install cert-manager first.\n\
          # Prometheus Operator users: add `components: [servicemonitor]` in an overlay.\n"
     );
@@ -664,6 +724,10 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
             generated(&[validating_webhooks()]),
         ),
         ("pdb.yaml".into(), generated(&[disruption_budget()])),
+        (
+            "networkpolicy.yaml".into(),
+            generated(&[network_policy(Flavor::Kustomize)]),
+        ),
         ("servicemonitor/kustomization.yaml".into(), component),
         (
             "servicemonitor/servicemonitor.yaml".into(),
@@ -712,9 +776,48 @@ mod tests {
             assert!(components.contains(&variable), "{variable}");
         }
         assert!(components.contains("${CAPO_RS_IMAGE:=localhost/capo-rs:0.1.0}"));
+        assert!(components.contains("${CAPO_RS_API_SERVER_CIDR:=0.0.0.0/0}"));
         let plain = yaml(&objects(Flavor::Kustomize));
         assert!(!plain.contains("${"), "the kustomize base has plain values");
         assert!(plain.contains("--leader-elect=true"));
+    }
+
+    #[test]
+    fn the_network_policy_lets_in_the_webhook_and_metrics_ports_of_the_manager_pods_only() {
+        let policy = network_policy(Flavor::Kustomize);
+        let deployment = deployment(Flavor::Kustomize);
+        let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+        for (key, value) in policy["spec"]["podSelector"]["matchLabels"]
+            .as_object()
+            .expect("labels")
+        {
+            assert_eq!(&pod_labels[key], value, "selects the manager pods");
+        }
+        let open: Vec<u64> = policy["spec"]["ingress"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .flat_map(|rule| rule["ports"].as_array().cloned().unwrap_or_default())
+            .filter_map(|port| port["port"].as_u64())
+            .collect();
+        assert_eq!(open, [u64::from(WEBHOOK_PORT), u64::from(METRICS_PORT)]);
+        let ports = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"];
+        for port in &open {
+            let exposed = ports.as_array().expect("ports").iter();
+            assert!(
+                exposed.clone().any(|p| p["containerPort"] == *port),
+                "{port}"
+            );
+        }
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+            API_SERVER_CIDR
+        );
+        let clusterctl = network_policy(Flavor::Clusterctl);
+        assert_eq!(
+            clusterctl["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+            "${CAPO_RS_API_SERVER_CIDR:=0.0.0.0/0}"
+        );
     }
 
     #[test]

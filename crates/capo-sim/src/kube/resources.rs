@@ -212,6 +212,14 @@ pub fn builtins() -> Vec<Arc<ResourceDef>> {
         )
         .with_status()
         .with_short_names(&["pdb"]),
+        ResourceDef::builtin(
+            "networking.k8s.io",
+            "v1",
+            "NetworkPolicy",
+            "networkpolicies",
+            true,
+        )
+        .with_short_names(&["netpol"]),
         ResourceDef::builtin("apps", "v1", "Deployment", "deployments", true)
             .with_status()
             .with_short_names(&["deploy"]),

@@ -238,11 +238,14 @@ async fn delete_router(
     if pass.cluster.spec.router.is_some() {
         return Ok(());
     }
-    let mut routers = cloud
+    let mut routers: Vec<_> = cloud
         .neutron()
-        .list_routers(&pass.names.ours_named(&pass.names.network))
+        .list_routers(&Filter::by_name(&pass.names.network))
         .await
-        .map_err(ClusterError::cloud("finding the router"))?;
+        .map_err(ClusterError::cloud("finding the router"))?
+        .into_iter()
+        .filter(|r| pass.names.owner.owns(&r.tags, &r.description))
+        .collect();
     if let Some(known) = &status.router
         && !routers.iter().any(|r| r.id == known.id)
     {
@@ -299,11 +302,14 @@ async fn delete_network(
     cloud: &CloudClient,
     status: &mut OpenStackClusterStatus,
 ) -> Result<(), ClusterError> {
-    let mut networks = cloud
+    let mut networks: Vec<_> = cloud
         .neutron()
-        .list_networks(&pass.names.ours_named(&pass.names.network))
+        .list_networks(&Filter::by_name(&pass.names.network))
         .await
-        .map_err(ClusterError::cloud("finding the cluster network"))?;
+        .map_err(ClusterError::cloud("finding the cluster network"))?
+        .into_iter()
+        .filter(|n| pass.names.owner.owns(&n.tags, &n.description))
+        .collect();
     if let Some(known) = &status.network
         && !networks.iter().any(|n| n.id == known.id)
     {
@@ -373,7 +379,7 @@ async fn groups_remain(
             .map_err(ClusterError::cloud("finding a security group"))?;
         let ours = groups
             .into_iter()
-            .filter(|g| pass.names.owner.marks(&g.tags) || recorded.contains(&g.id));
+            .filter(|g| pass.names.owner.owns(&g.tags, &g.description) || recorded.contains(&g.id));
         for group in ours {
             match cloud.neutron().delete_security_group(&group.id).await {
                 Ok(()) | Err(CloudError::NotFound(_)) => {}

@@ -121,11 +121,14 @@ async fn managed_network(
             Err(e) => return Err(cloud_error("reading the cluster network")(e)),
         }
     }
-    let existing = cloud
+    let existing: Vec<Network> = cloud
         .neutron()
-        .list_networks(&names.ours_named(&names.network))
+        .list_networks(&Filter::by_name(&names.network))
         .await
-        .map_err(cloud_error("finding the cluster network"))?;
+        .map_err(cloud_error("finding the cluster network"))?
+        .into_iter()
+        .filter(|n| names.owner.owns(&n.tags, &n.description))
+        .collect();
     if !existing.is_empty() {
         return Ok(exactly_one(
             &format!("network named {}", names.network),
@@ -143,6 +146,7 @@ async fn managed_network(
         port_security_enabled: managed
             .and_then(|m| m.enable_port_security)
             .filter(|enabled| !enabled),
+        description: names.owned_description(),
         tags: owned_tags(spec, names),
     };
     let created = cloud
@@ -260,7 +264,7 @@ async fn router(
         None => {
             let router = RouterSpec {
                 name: names.network.clone(),
-                description: names.description(),
+                description: names.owned_description(),
                 external_gateway_info: Some(gateway.clone()),
                 tags: owned_tags(spec, names),
             };
@@ -361,11 +365,14 @@ async fn find_router(
             return Ok(Some(router));
         }
     }
-    let found = cloud
+    let found: Vec<Router> = cloud
         .neutron()
-        .list_routers(&names.ours_named(&names.network))
+        .list_routers(&Filter::by_name(&names.network))
         .await
-        .map_err(cloud_error("finding the router"))?;
+        .map_err(cloud_error("finding the router"))?
+        .into_iter()
+        .filter(|r| names.owner.owns(&r.tags, &r.description))
+        .collect();
     match found.len() {
         0 => Ok(None),
         _ => Ok(Some(exactly_one(

@@ -8,7 +8,6 @@ use capo_api::OpenStackClusterSpec;
 use capo_api::cluster::{ApiEndpoint, FailureDomain, ManagedLoadBalancer};
 
 use crate::cloud::Owner;
-use crate::cloud::neutron::Filter;
 use crate::cloud::octavia::{HealthMonitor, HealthMonitorSpec};
 
 /// The API server port when `apiServer.port` is unset.
@@ -70,12 +69,10 @@ impl Names {
         )
     }
 
-    /// A Neutron filter for what is named `name` and carries our owner mark.
-    pub fn ours_named(&self, name: &str) -> Filter {
-        Filter {
-            tags: vec![self.owner.tag().to_owned()],
-            ..Filter::by_name(name)
-        }
+    /// CAPO's description with the owner mark: for the network, router and groups, which
+    /// Neutron tags only after their create ([`Owner::describe`]).
+    pub fn owned_description(&self) -> String {
+        self.owner.describe(&self.description())
     }
 
     /// The Octavia member of a machine in the pool of `port`, as CAPO names it.

@@ -200,7 +200,7 @@ async fn find_all(
     let mut by_name: BTreeMap<String, Vec<SecurityGroup>> = BTreeMap::new();
     let ours = listed
         .into_iter()
-        .filter(|g| names.owner.marks(&g.tags) || recorded.contains(&g.id.as_str()));
+        .filter(|g| names.owner.owns(&g.tags, &g.description) || recorded.contains(&g.id.as_str()));
     for group in ours {
         by_name.entry(group.name.clone()).or_default().push(group);
     }
@@ -225,7 +225,11 @@ async fn create(
 ) -> Result<SecurityGroup, ClusterError> {
     let group = cloud
         .neutron()
-        .create_security_group(name, DESCRIPTION, &owned_tags(spec, names))
+        .create_security_group(
+            name,
+            &names.owner.describe(DESCRIPTION),
+            &owned_tags(spec, names),
+        )
         .await
         .map_err(ClusterError::cloud("creating a security group"))?;
     tracing::info!(group = %group.id, name, "created a security group");

@@ -16,11 +16,11 @@ pub mod admission;
 pub mod capo_rules;
 pub mod tls;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::https;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request, State};
@@ -30,12 +30,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 use serde_json::Value;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
 
+pub use super::https::{MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER};
 pub use admission::{Validator, Validators};
 pub use tls::{CertificateStore, Reload};
 
@@ -334,7 +334,7 @@ pub async fn serve(
     ));
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let task = tokio::spawn(async move {
-        accept_connections(listener, acceptor, app, shutdown).await;
+        https::accept_connections("webhook", listener, acceptor, app, shutdown).await;
         reloader.abort();
     });
     tracing::info!(address = %bound, cert_dir = %config.cert_dir.display(), "webhook server listening (/convert, /validate)");
@@ -369,169 +369,5 @@ async fn watch_certificate(
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => load(&store, &metrics),
         }
-    }
-}
-
-/// How long a client may take over its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's headers, on a new connection or an idle
-/// kept-alive one: a slowloris client, or an idle one, is closed after this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long one request may take from its headers to its answer, its body included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long connections may take to finish their requests once the server is stopping.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Connections served at once; past this, new ones wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// Connections served at once from one peer address; past this, a new one from it is closed
-/// at once. One pod cannot take every connection from the API server (another address).
-pub const MAX_CONNECTIONS_PER_PEER: usize = 128;
-
-/// Accepts connections until `shutdown`, each served on a task of its own, then waits for
-/// those in flight to finish.
-async fn accept_connections(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    app: Router,
-    shutdown: CancellationToken,
-) {
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let peers = Peers::default();
-    loop {
-        let slot = tokio::select! {
-            () = shutdown.cancelled() => break,
-            slot = connections.clone().acquire_owned() => slot,
-        };
-        let Ok(slot) = slot else { break };
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                tracing::debug!(%error, "webhook accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Some(peer_slot) = peers.take(peer.ip()) else {
-            tracing::debug!(%peer, "too many webhook connections from this address; closed");
-            continue;
-        };
-        let connection =
-            serve_connection(tcp, peer, acceptor.clone(), app.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            connection.await;
-            drop((slot, peer_slot));
-        });
-    }
-    // Every connection holds a slot until it ends.
-    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, connections.acquire_many(all)).await;
-}
-
-/// One connection: the TLS handshake, then HTTP/1.1 requests until the client leaves, idles
-/// past the header timeout, or the server stops.
-async fn serve_connection(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    acceptor: TlsAcceptor,
-    app: Router,
-    shutdown: CancellationToken,
-) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => return tracing::debug!(%error, %peer, "webhook TLS handshake failed"),
-        Err(_) => return tracing::debug!(%peer, "webhook TLS handshake timed out"),
-    };
-    let service = hyper::service::service_fn(move |request| {
-        let app = app.clone();
-        async move {
-            let answer = tokio::time::timeout(REQUEST_TIMEOUT, app.oneshot(request)).await;
-            Ok::<_, std::convert::Infallible>(match answer {
-                Ok(Ok(response)) => response,
-                Ok(Err(never)) => match never {},
-                Err(_) => refusal(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request took too long".into(),
-                ),
-            })
-        }
-    });
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true);
-    let connection = http.serve_connection(hyper_util::rt::TokioIo::new(tls), service);
-    let mut connection = std::pin::pin!(connection);
-    let ended = tokio::select! {
-        ended = connection.as_mut() => ended,
-        () = shutdown.cancelled() => {
-            connection.as_mut().graceful_shutdown();
-            tokio::time::timeout(SHUTDOWN_GRACE, connection.as_mut())
-                .await
-                .unwrap_or(Ok(()))
-        }
-    };
-    if let Err(error) = ended {
-        tracing::debug!(%error, %peer, "webhook connection ended");
-    }
-}
-
-/// Connections per peer address; an address is forgotten when its last connection ends.
-#[derive(Clone, Default)]
-struct Peers(Arc<Mutex<HashMap<IpAddr, usize>>>);
-
-/// One connection's place in its peer's count, given back when dropped.
-struct PeerSlot {
-    peers: Peers,
-    address: IpAddr,
-}
-
-impl Peers {
-    fn take(&self, address: IpAddr) -> Option<PeerSlot> {
-        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let count = counts.entry(address).or_default();
-        if *count >= MAX_CONNECTIONS_PER_PEER {
-            return None;
-        }
-        *count += 1;
-        Some(PeerSlot {
-            peers: self.clone(),
-            address,
-        })
-    }
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut counts = self.peers.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = counts.get_mut(&self.address) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                counts.remove(&self.address);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_peer_gets_its_share_of_connections_and_is_forgotten_after() {
-        let peers = Peers::default();
-        let one: IpAddr = [127, 0, 0, 2].into();
-        let other: IpAddr = [127, 0, 0, 1].into();
-        let held: Vec<PeerSlot> = (0..MAX_CONNECTIONS_PER_PEER)
-            .map(|_| peers.take(one).expect("within its share"))
-            .collect();
-        assert!(peers.take(one).is_none(), "past its share");
-        let theirs = peers.take(other).expect("another address is not held back");
-        drop(held);
-        drop(theirs);
-        assert!(peers.0.lock().unwrap().is_empty(), "forgotten");
     }
 }
