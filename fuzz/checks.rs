@@ -66,7 +66,9 @@ pub fn admission_review(body: &[u8]) {
 }
 
 /// Any `clouds.yaml` in a credentials Secret: resolved or refused with a reason, never a
-/// panic, and the credentials' `Debug` never repeats the file.
+/// panic, and the credentials' `Debug` says nothing of the file: it reads the same whatever
+/// the file holds. (Asking only that it not contain the file was wrong: libFuzzer found a
+/// file that is a prefix of the `Debug` text itself, `fuzz/seeds/clouds_yaml/regression-*`.)
 pub fn clouds_yaml(body: &[u8]) {
     let clouds_yaml = String::from_utf8_lossy(body).into_owned();
     for cloud_name in ["openstack", "capo"] {
@@ -79,8 +81,11 @@ pub fn clouds_yaml(body: &[u8]) {
         if let Err(error) = credentials.resolve() {
             assert!(!error.to_string().is_empty());
         }
-        let shown = format!("{credentials:?}");
-        assert!(clouds_yaml.len() < 16 || !shown.contains(&clouds_yaml));
+        let without_file = CloudCredentials {
+            clouds_yaml: String::new(),
+            ..credentials.clone()
+        };
+        assert_eq!(format!("{credentials:?}"), format!("{without_file:?}"));
     }
 }
 
