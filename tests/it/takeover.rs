@@ -291,14 +291,14 @@ pub async fn recreate(client: &Client, namespace: &str, objects: &[Value]) {
 pub(crate) async fn strip_owner_marks(tenant: &capo_provider::cloud::CloudClient, cluster: &str) {
     use capo_provider::cloud::Service;
     use capo_provider::cloud::neutron::Filter;
+    let prefix = format!("{}-", capo_provider::cloud::OWNER_KEY);
     let unmarked = |name: &str, tags: &[String]| -> Option<Vec<String>> {
-        (name.contains(cluster) && capo_provider::cloud::Owner::any_marks(tags)).then(|| {
-            let prefix = format!("{}-", capo_provider::cloud::OWNER_KEY);
-            tags.iter()
-                .filter(|t| !t.starts_with(&prefix))
-                .cloned()
-                .collect()
-        })
+        let kept: Vec<String> = tags
+            .iter()
+            .filter(|t| !t.starts_with(&prefix))
+            .cloned()
+            .collect();
+        (name.contains(cluster) && kept.len() < tags.len()).then_some(kept)
     };
     let neutron = tenant.neutron();
     let any = Filter::default();

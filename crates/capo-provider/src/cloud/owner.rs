@@ -83,13 +83,6 @@ impl Owner {
     pub fn marks_metadata(&self, metadata: &BTreeMap<String, String>) -> bool {
         metadata.get(OWNER_KEY) == Some(&self.digest)
     }
-
-    /// Whether `tags` carry any owner's tag: a resource without one was made by CAPO, a
-    /// person, or capo-rs before it marked what it made.
-    pub fn any_marks(tags: &[String]) -> bool {
-        let prefix = format!("{OWNER_KEY}-");
-        tags.iter().any(|t| t.starts_with(&prefix))
-    }
 }
 
 #[cfg(test)]
@@ -131,8 +124,6 @@ mod tests {
         let tags = owner.with_tag(&["capo".to_owned()]);
         assert_eq!(owner.with_tag(&tags), tags);
         assert!(owner.marks(&tags));
-        assert!(Owner::any_marks(&tags));
-        assert!(!Owner::any_marks(&["capo".to_owned()]));
         assert!(owner.marks_metadata(&owner.metadata()));
     }
 

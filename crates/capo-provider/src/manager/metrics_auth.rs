@@ -176,8 +176,8 @@ impl Gatekeeper {
         remembered.insert(key, (Instant::now() + ttl, verdict));
     }
 
-    /// How many answers are remembered (for tests).
-    pub fn remembered(&self) -> usize {
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
         self.remembered
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -326,11 +326,12 @@ pub async fn serve(
         source,
     })?;
     let app = router(metrics.clone(), validators);
-    let reloader = tokio::spawn(watch_certificate(
-        store,
-        metrics,
+    let reloads = metrics.reloads.clone();
+    let reloader = tokio::spawn(store.keep_reloading(
+        "webhook",
         config.reload_every,
         shutdown.clone(),
+        move |label| reloads.with_label_values(&[label]).inc(),
     ));
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let task = tokio::spawn(async move {
@@ -342,32 +343,7 @@ pub async fn serve(
 }
 
 fn load(store: &CertificateStore, metrics: &WebhookMetrics) {
-    match store.reload() {
-        Ok(Reload::Unchanged) => {}
-        Ok(Reload::Loaded { fingerprint }) => {
-            metrics.reloads.with_label_values(&["loaded"]).inc();
-            tracing::info!(%fingerprint, dir = %store.dir().display(), "webhook certificate loaded");
-        }
-        Err(error) => {
-            metrics.reloads.with_label_values(&["error"]).inc();
-            tracing::warn!(%error, "webhook certificate not loaded; serving the previous one, if any");
-        }
-    }
-}
-
-/// Looks at the certificate files every `every` until `shutdown`.
-async fn watch_certificate(
-    store: Arc<CertificateStore>,
-    metrics: WebhookMetrics,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticks.tick() => load(&store, &metrics),
-        }
+    if let Some(label) = store.reload_logged("webhook") {
+        metrics.reloads.with_label_values(&[label]).inc();
     }
 }

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -12,6 +13,7 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
 /// The certificate chain's file in the directory.
 pub const CERT_FILE: &str = "tls.crt";
@@ -146,6 +148,47 @@ impl CertificateStore {
             path: key_path,
             reason: format!("the key does not sign for the certificate: {e}"),
         })
+    }
+}
+
+impl CertificateStore {
+    /// [`reload`](Self::reload), logged for `server`: the outcome's label (`loaded`,
+    /// `error`) when something happened, None when the files are what is served.
+    pub fn reload_logged(&self, server: &'static str) -> Option<&'static str> {
+        match self.reload() {
+            Ok(Reload::Unchanged) => None,
+            Ok(Reload::Loaded { fingerprint }) => {
+                tracing::info!(%fingerprint, dir = %self.dir.display(), server, "certificate loaded");
+                Some("loaded")
+            }
+            Err(error) => {
+                tracing::warn!(%error, server, "certificate not loaded; serving the previous one, if any");
+                Some("error")
+            }
+        }
+    }
+
+    /// [`reload_logged`](Self::reload_logged) every `every` until `shutdown`; `counted`
+    /// hears each outcome's label.
+    pub async fn keep_reloading(
+        self: Arc<Self>,
+        server: &'static str,
+        every: Duration,
+        shutdown: CancellationToken,
+        counted: impl Fn(&'static str) + Send,
+    ) {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {
+                    if let Some(label) = self.reload_logged(server) {
+                        counted(label);
+                    }
+                }
+            }
+        }
     }
 }
 
