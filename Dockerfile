@@ -8,7 +8,9 @@
 #
 # Base images are pinned by digest; refresh a pin with `crane digest IMAGE:TAG` and keep the
 # tag beside it. `.ci/run` builds the same binary and assembles the runtime stage from it with
-# buildah (no registry is reachable there): see "The image" in the README.
+# buildah (no registry is reachable there): see "The image" in docs/installation.md. No image
+# is published: build it, push it where your cluster pulls from, and name it in your overlay
+# or in CAPO_RS_IMAGE.
 
 FROM docker.io/library/rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 ARG TARGETARCH

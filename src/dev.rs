@@ -57,7 +57,7 @@ pub struct DemoArgs {
     /// the load balancer's status, never the member's).
     #[arg(long, default_value = "status-tree", value_parser = demo_strategy)]
     strategy: Strategy,
-    /// Divides every timing of the story (1: about a minute and a half).
+    /// Divides every timing of the story (1: about two and a half minutes).
     #[arg(long, default_value_t = 1.0, value_parser = demo_speed)]
     speed: f64,
     /// Serve /metrics on 127.0.0.1 at this port (0 picks a free one).

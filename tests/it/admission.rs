@@ -221,7 +221,7 @@ pub(crate) struct Verdict {
 /// CRDs and our ValidatingWebhookConfiguration) in `namespace`.
 pub(crate) async fn replay(client: &kube::Client, namespace: &str) -> Vec<Verdict> {
     let text = std::fs::read_to_string(FIXTURE).expect("the fixture");
-    let cases: Vec<Case> = serde_yaml::from_str(&text).expect("the cases parse");
+    let cases: Vec<Case> = serde_saphyr::from_str(&text).expect("the cases parse");
     let mut verdicts = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let api = Api::namespaced_with(

@@ -278,3 +278,31 @@ fn every_alert_has_a_runbook_entry_and_every_clusterctl_variable_is_listed() {
         "variables not on docs/installation.md: {variables:?}"
     );
 }
+
+/// The README's figures are the figures page's: each value in its table's "measured" column
+/// appears on `docs/figures.md`, where each figure has its command and commit, so the two
+/// cannot disagree.
+#[test]
+fn the_readmes_figures_are_the_figures_pages() {
+    let readme = read(&repo().join("README.md"));
+    let figures = read(&docs().join("figures.md"));
+    let table = readme
+        .split("## Figures")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has a Figures section");
+    let measured: Vec<&str> = table
+        .lines()
+        .filter(|line| line.starts_with("| ") && !line.starts_with("| figure"))
+        .filter_map(|line| line.split('|').nth(2).map(str::trim))
+        .collect();
+    assert!(measured.len() >= 5, "the README's figures: {measured:?}");
+    let missing: Vec<&&str> = measured
+        .iter()
+        .filter(|value| !figures.contains(**value))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README figures not on docs/figures.md (change both together): {missing:?}"
+    );
+}

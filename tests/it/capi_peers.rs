@@ -18,23 +18,24 @@ use capo_api::conditions::reasons;
 use capo_api::{OpenStackCluster, OpenStackMachine, OpenStackMachineTemplate};
 use capo_sim::certs::WebhookCerts;
 use capo_sim::openstack::{Effect, ObjectKind, Rule, Scenario};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::cluster_controller::{cluster_spec, settled, wait_cluster_within};
+use crate::go_peer::{IsolatedPeer, PeerRun, api_port, free_port, start_with_retries, yaml_files};
 use crate::kube_world::{KubeWorld, apply_crds};
 use crate::rollout::member_condition;
 use crate::server_controller::World;
 
 /// Cluster API's peers, when built.
-struct CapiPeers {
+pub(crate) struct CapiPeers {
     bin: PathBuf,
     src: PathBuf,
 }
 
-fn capi_peers() -> Option<CapiPeers> {
+pub(crate) fn capi_peers() -> Option<CapiPeers> {
     let found = match (
         std::env::var_os("CAPO_CAPI_BIN"),
         std::env::var_os("CAPO_CAPI_SRC"),
@@ -58,20 +59,28 @@ fn capi_peers() -> Option<CapiPeers> {
     found
 }
 
+impl CapiPeers {
+    /// Cluster API v1.14.2: its manager, and its core's kustomize configuration.
+    pub(crate) fn release(&self) -> CapiRelease {
+        CapiRelease {
+            manager: self.bin.join("capi-manager"),
+            config: self.src.join("core/config"),
+        }
+    }
+}
+
+/// A Cluster API release's core manager, and the directory of its kustomize configuration
+/// (`crd/bases`, `webhook/manifests.yaml`) in Go's module cache.
+pub(crate) struct CapiRelease {
+    pub(crate) manager: PathBuf,
+    pub(crate) config: PathBuf,
+}
+
 /// Cluster API's CRDs, each converting through the manager at `base`, trusted by `ca_bundle`.
-fn capi_crds(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
-    let dir = src.join("core/config/crd/bases");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|path| {
-            let text = std::fs::read_to_string(path).unwrap();
-            let mut crd: Value = serde_yaml::from_str(&text).unwrap();
+fn capi_crds(config: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
+    yaml_files(&config.join("crd/bases"))
+        .into_iter()
+        .map(|mut crd| {
             // What Cluster API's kustomization patches in: conversion through its webhook.
             crd["spec"]["conversion"] = json!({
                 "strategy": "Webhook",
@@ -85,18 +94,24 @@ fn capi_crds(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Cluster API's mutating and validating webhook configurations, calling the manager at
-/// `base`, trusted by `ca_bundle`, named as its release names them.
-fn capi_webhooks(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
-    let path = src.join("core/config/webhook/manifests.yaml");
+/// A release's webhook configurations (`webhook/manifests.yaml` under `config`), calling the
+/// manager at `base`, trusted by `ca_bundle`, named `prefix` + their name as the release's
+/// kustomize prefix names them.
+pub(crate) fn webhook_configurations(
+    config: &Path,
+    prefix: &str,
+    base: &str,
+    ca_bundle: &str,
+) -> Vec<Value> {
+    let path = config.join("webhook/manifests.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .filter_map(|document| serde_yaml::Value::deserialize(document).ok())
-        .filter_map(|value| serde_json::to_value(value).ok())
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text)
+        .expect("webhook manifests")
+        .into_iter()
         .filter(|object| object.is_object())
         .map(|mut object| {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            object["metadata"]["name"] = json!(format!("capi-{name}"));
+            object["metadata"]["name"] = json!(format!("{prefix}{name}"));
             for hook in object["webhooks"].as_array_mut().into_iter().flatten() {
                 let path = hook["clientConfig"]["service"]["path"]
                     .as_str()
@@ -111,144 +126,76 @@ fn capi_webhooks(src: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
 }
 
 /// Cluster API's core manager, running against the world's own real API server.
-struct CapiManager {
-    script: std::process::Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+pub(crate) struct CapiManager {
+    peer: IsolatedPeer,
 }
 
 impl CapiManager {
-    /// Started, and its webhooks answering. A relay port taken between choosing it and
-    /// binding it ends the script at once; the manager is then started again on another.
-    async fn start(kube: &KubeWorld, peers: &CapiPeers) -> Self {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let mut manager = Self::spawn(kube, peers).await;
-            match manager.wait_serving(kube).await {
-                Ok(()) => return manager,
-                Err(ended) if tries < 3 => eprintln!("{ended}; starting it again"),
-                Err(ended) => panic!("{ended}"),
-            }
-        }
+    /// Started, and its webhooks answering.
+    pub(crate) async fn start(kube: &KubeWorld, release: &CapiRelease) -> Self {
+        start_with_retries(async || {
+            let mut manager = Self::spawn(kube, release).await;
+            manager.wait_serving(kube).await.map(|()| manager)
+        })
+        .await
     }
 
     /// Cluster API's CRDs and webhooks (calling a port chosen now), and the manager behind
     /// them.
-    async fn spawn(kube: &KubeWorld, peers: &CapiPeers) -> Self {
+    async fn spawn(kube: &KubeWorld, release: &CapiRelease) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let certs = WebhookCerts::issue(&["127.0.0.1".to_owned()]).unwrap();
         certs.write(&dir.path().join("certs")).unwrap();
         let outside = free_port();
         let base = format!("https://127.0.0.1:{outside}");
-        let mut objects = capi_crds(&peers.src, &base, &certs.ca_bundle());
-        objects.extend(capi_webhooks(&peers.src, &base, &certs.ca_bundle()));
+        let mut objects = capi_crds(&release.config, &base, &certs.ca_bundle());
+        objects.extend(webhook_configurations(
+            &release.config,
+            "capi-",
+            &base,
+            &certs.ca_bundle(),
+        ));
         apply_crds(&kube.client, &objects).await;
         let run = kube.own_tier_dir().expect("a tier of the world's own");
         let admin = run.join("admin.kubeconfig");
-        let api_port = api_port(&admin);
-        let log = dir.path().join("capi-manager.log");
-        let output = std::fs::File::create(&log).unwrap();
-        let netns = format!("capo-capi-{}-{outside}", std::process::id());
-        let script = std::process::Command::new("bash")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/capi/isolated.sh"
-            ))
-            .args([&netns, "--reach", &api_port.to_string()])
-            .args(["--serve", &format!("{outside}:9443"), "--"])
-            .arg(peers.bin.join("capi-manager"))
-            .args(["--webhook-port=9443", "--leader-elect=false", "--v=2"])
-            .arg(format!(
-                "--webhook-cert-dir={}",
-                dir.path().join("certs").display()
-            ))
-            .env("KUBECONFIG", &admin)
-            .stdout(output.try_clone().unwrap())
-            .stderr(output)
-            .spawn()
-            .unwrap();
-        CapiManager {
-            script,
-            log,
-            _dir: dir,
-        }
+        let args = vec![
+            "--webhook-port=9443".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--v=2".to_owned(),
+            format!("--webhook-cert-dir={}", dir.path().join("certs").display()),
+        ];
+        let peer = IsolatedPeer::spawn(
+            PeerRun {
+                name: "Cluster API's manager",
+                netns: "capo-capi",
+                binary: release.manager.clone(),
+                args,
+                reach: vec![api_port(&admin)],
+                serve: Some(outside),
+                kubeconfig: admin,
+            },
+            dir,
+        );
+        CapiManager { peer }
     }
 
     /// Until Cluster API's defaulting webhook answers a dry-run create of a Cluster; an error
-    /// when the script ended first.
+    /// when the manager ended first.
     async fn wait_serving(&mut self, kube: &KubeWorld) -> Result<(), String> {
         let clusters = capi_api(kube, "Cluster", "clusters");
-        let probe: DynamicObject = serde_json::from_value(json!({
+        let probe = json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
             "metadata": {"name": "probe", "namespace": kube.namespace},
             "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
                      "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
                                            "kind": "OpenStackCluster", "name": "probe"}},
-        }))
-        .unwrap();
-        let dry_run = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(status)) = self.script.try_wait() {
-                return Err(format!(
-                    "Cluster API's manager (tests/capi/isolated.sh) ended: {status}\n{}",
-                    self.log_tail()
-                ));
-            }
-            match clusters.create(&dry_run, &probe).await {
-                Ok(_) => return Ok(()),
-                Err(error) if tokio::time::Instant::now() >= deadline => panic!(
-                    "Cluster API's webhooks never answered: {error}\n{}",
-                    self.log_tail()
-                ),
-                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
+        });
+        self.peer.wait_admitting(&clusters, probe).await
     }
 
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+    pub(crate) fn log_tail(&self) -> String {
+        self.peer.log_tail()
     }
-}
-
-impl Drop for CapiManager {
-    /// SIGTERM to the script: the manager, its relays and its namespace go with it.
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.script.id().to_string()])
-            .status();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.script.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.script.kill();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
-/// The API server's port, from the kubeconfig's `server: "https://127.0.0.1:<port>"`.
-fn api_port(kubeconfig: &Path) -> u16 {
-    let text = std::fs::read_to_string(kubeconfig).unwrap();
-    regex::Regex::new(r#"server: ?"?https://127\.0\.0\.1:([0-9]+)"#)
-        .unwrap()
-        .captures(&text)
-        .and_then(|found| found[1].parse().ok())
-        .unwrap_or_else(|| panic!("no server port in {}", kubeconfig.display()))
 }
 
 fn capi_api(kube: &KubeWorld, kind: &str, plural: &str) -> Api<DynamicObject> {
@@ -267,26 +214,16 @@ async fn create(api: &Api<DynamicObject>, object: Value) {
 /// How long a scenario waits for any one step.
 const STEP: Duration = Duration::from_secs(180);
 
-/// Polls `probe` every 250 ms until it answers `Ok`; an `Err` says what it saw (an API error
-/// under load is not an answer). Past [`STEP`] the test fails with `what`, the last thing
-/// seen and Cluster API's log.
+/// Polls `probe` every 250 ms until it answers `Ok`, for at most [`STEP`].
 async fn until<T, F>(manager: &CapiManager, what: &str, probe: impl Fn() -> F) -> T
 where
     F: Future<Output = Result<T, String>>,
 {
-    let deadline = tokio::time::Instant::now() + STEP;
-    loop {
-        let seen = match probe().await {
-            Ok(found) => return found,
-            Err(seen) => seen,
-        };
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never {what}; last seen: {seen}\nCluster API's manager:\n{}",
-            manager.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let logs = || format!("Cluster API's manager:\n{}", manager.log_tail());
+    crate::go_peer::until(what, STEP, Duration::from_millis(250), &logs, async || {
+        probe().await
+    })
+    .await
 }
 
 /// Waits until the object `name` satisfies `done` (as Cluster API left it), saying `what`.
@@ -335,7 +272,7 @@ async fn driven(namespace: &str) -> Option<Driven> {
     crate::kube_world::real_kube()?;
     let kube = KubeWorld::own_real(&[], namespace).await;
     kube.install_ours().await;
-    let manager = CapiManager::start(&kube, &peers).await;
+    let manager = CapiManager::start(&kube, &peers.release()).await;
     let mut world = World::prepare_on(kube, Scenario::default()).await;
     world.start_manager(Default::default());
     let clusters = capi_api(&world.kube, "Cluster", "clusters");
@@ -418,7 +355,9 @@ impl Driven {
 
     /// An OpenStackMachine and its Machine `name` in cluster `c1`, both with `labels`, the
     /// Machine with `annotations` and its bootstrap data ready (`<name>-bootstrap`).
-    async fn machine(&self, name: &str, labels: Value, annotations: Value) {
+    /// A Machine with `labels` and `annotations`, and its OpenStackMachine with
+    /// `infra_labels`.
+    async fn machine(&self, name: &str, labels: Value, infra_labels: Value, annotations: Value) {
         let secret = format!("{name}-bootstrap");
         self.world
             .put_secret(&secret, "value", "#cloud-config\n")
@@ -426,7 +365,7 @@ impl Driven {
         let infra_machines: Api<OpenStackMachine> = self.world.kube.api();
         let machine: OpenStackMachine = serde_json::from_value(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackMachine",
-            "metadata": {"name": name, "namespace": self.ns(), "labels": labels},
+            "metadata": {"name": name, "namespace": self.ns(), "labels": infra_labels},
             "spec": machine_spec(),
         }))
         .unwrap();
@@ -489,7 +428,9 @@ async fn cluster_apis_controllers_drive_a_cluster_and_a_machine_through_capo_rs(
     // A worker Machine with its bootstrap data ready and a pre-terminate hook: Cluster API's
     // Machine controller adopts the OpenStackMachine, capo-rs builds the server, Cluster API
     // takes its providerID.
-    driven.machine("m1", json!({}), json!({HOOK: ""})).await;
+    driven
+        .machine("m1", json!({}), json!({}), json!({HOOK: ""}))
+        .await;
     let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
     let capi_machine = wait_object(
         &driven.machines,
@@ -648,10 +589,20 @@ async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_mem
         effect: Effect::Stuck,
         times: None,
     });
-    // Labelled as the kubeadm control plane labels what it creates.
+    // The control-plane label on the Machine only, as a control plane other than kubeadm's
+    // (or a person) may write it: Cluster API copies only the cluster's name to the
+    // OpenStackMachine. CAPO tells a control-plane machine by its Machine; so does capo-rs,
+    // which copies the label.
     let labels = json!({"cluster.x-k8s.io/cluster-name": "c1",
                         "cluster.x-k8s.io/control-plane": ""});
-    driven.machine("cp1", labels, json!({})).await;
+    driven
+        .machine(
+            "cp1",
+            labels,
+            json!({"cluster.x-k8s.io/cluster-name": "c1"}),
+            json!({}),
+        )
+        .await;
     let infra_machines: Api<OpenStackMachine> = driven.world.kube.api();
     // The server is up and its member made, but PENDING_CREATE: capo-rs says so.
     let infra = &infra_machines;
@@ -674,6 +625,11 @@ async fn cluster_apis_machine_controller_waits_while_capo_rs_holds_a_pending_mem
     assert!(
         held.spec.provider_id.is_none(),
         "no providerID from capo-rs"
+    );
+    assert_eq!(
+        held.labels().get("cluster.x-k8s.io/control-plane"),
+        Some(&String::new()),
+        "the Machine's control-plane label copied"
     );
     let member = driven
         .world

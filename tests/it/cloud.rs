@@ -85,6 +85,16 @@ fn clouds_yaml(auth_url: &str) -> String {
 }
 
 fn token_body(server: &MockServer, lifetime: chrono::TimeDelta) -> Value {
+    token_body_with_octavia_at(server, lifetime, None)
+}
+
+/// A token whose catalog sends load-balancer calls to `octavia` (public interface only), or
+/// to `server` like every other service's.
+fn token_body_with_octavia_at(
+    server: &MockServer,
+    lifetime: chrono::TimeDelta,
+    octavia: Option<&str>,
+) -> Value {
     let expires =
         (chrono::Utc::now() + lifetime).to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let endpoint = |kind: &str, prefix: &str| {
@@ -94,6 +104,12 @@ fn token_body(server: &MockServer, lifetime: chrono::TimeDelta) -> Value {
             {"id": format!("{kind}-internal"), "interface": "internal", "region": "RegionOne",
              "region_id": "RegionOne", "url": format!("{}/internal/{prefix}", server.uri())}]})
     };
+    let octavia_entry = match octavia {
+        None => endpoint("load-balancer", "load-balancer"),
+        Some(url) => json!({"type": "load-balancer", "id": "lb", "name": "octavia", "endpoints": [
+            {"id": "lb-public", "interface": "public", "region": "RegionOne",
+             "region_id": "RegionOne", "url": url}]}),
+    };
     json!({"token": {
         "methods": ["password"],
         "expires_at": expires,
@@ -101,7 +117,7 @@ fn token_body(server: &MockServer, lifetime: chrono::TimeDelta) -> Value {
         "user": {"id": "u1", "name": "demo", "domain": {"id": "default", "name": "Default"}},
         "project": {"id": "p1", "name": "demo", "domain": {"id": "default", "name": "Default"}},
         "roles": [{"id": "r1", "name": "member"}],
-        "catalog": [endpoint("identity", "identity"), endpoint("load-balancer", "load-balancer"),
+        "catalog": [endpoint("identity", "identity"), octavia_entry,
                     endpoint("network", "network"), endpoint("compute", "compute/v2.1")]
     }})
 }
@@ -705,6 +721,177 @@ async fn endless_pagination_is_refused_not_followed_forever() {
         capo_provider::cloud::MAX_LISTED / 1000 + 1,
         "requests made"
     );
+}
+
+/// An endpoint that answers every request with a body of 1 GiB, declared in Content-Length
+/// or streamed without one until the client hangs up; it counts the bytes it got out.
+struct GiantBody {
+    url: String,
+    sent: tokio::task::JoinHandle<u64>,
+}
+
+impl GiantBody {
+    const SIZE: u64 = 1 << 30;
+
+    async fn start(declared: bool) -> Self {
+        Self::answering("200 OK", declared).await
+    }
+
+    /// `status` is the status line's end, and any headers of its own (`201 Created\r\nx: y`).
+    async fn answering(status: &'static str, declared: bool) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/load-balancer", listener.local_addr().unwrap());
+        let sent = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let length = match declared {
+                true => format!("content-length: {}\r\n", Self::SIZE),
+                false => "connection: close\r\n".to_owned(),
+            };
+            let answer =
+                format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{length}\r\n");
+            if stream.write_all(answer.as_bytes()).await.is_err() {
+                return 0;
+            }
+            let chunk = vec![b' '; 64 << 10];
+            let mut sent = 0;
+            while sent < Self::SIZE && stream.write_all(&chunk).await.is_ok() {
+                sent += chunk.len() as u64;
+            }
+            sent
+        });
+        GiantBody { url, sent }
+    }
+}
+
+/// A service answering 1 GiB (declared, or streamed without a length) is cut off at
+/// `MAX_ANSWER_BODY`: the call fails as transient, and the endpoint gets no more than the cap
+/// (and the sockets' buffers) out before the client hangs up.
+#[tokio::test]
+async fn a_1_gib_answer_is_cut_off_at_the_cap_not_held() {
+    use capo_provider::cloud::MAX_ANSWER_BODY;
+    for declared in [true, false] {
+        let giant = GiantBody::start(declared).await;
+        let server = MockServer::start().await;
+        mount_identity_discovery(&server).await;
+        let token =
+            token_body_with_octavia_at(&server, chrono::TimeDelta::hours(1), Some(&giant.url));
+        Mock::given(method("POST"))
+            .and(path("/identity/v3/auth/tokens"))
+            .respond_with(
+                ResponseTemplate::new(201)
+                    .insert_header("x-subject-token", TOKEN_A)
+                    .set_body_json(token),
+            )
+            .mount(&server)
+            .await;
+        let mut opts = options();
+        opts.path.retry.max_attempts = 1;
+        let (clouds, _) = clouds(opts);
+        let client = clouds.connect(&credentials(&server)).await.unwrap();
+        let started = std::time::Instant::now();
+        let error = client.octavia().get_member(POOL, MEMBER).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(error, CloudError::Transient(_)), "{error:?}");
+        assert!(error.message().contains("exceeds 64 MiB"), "{error}");
+        drop(client);
+        let sent = giant.sent.await.unwrap();
+        eprintln!(
+            "1 GiB answer ({}): refused after {:.0} ms; the endpoint got {:.1} MiB out",
+            if declared {
+                "Content-Length"
+            } else {
+                "streamed"
+            },
+            took.as_secs_f64() * 1000.0,
+            sent as f64 / f64::from(1 << 20)
+        );
+        assert!(
+            sent < (MAX_ANSWER_BODY as u64) * 2,
+            "the client read on: {sent} bytes"
+        );
+    }
+}
+
+/// Keystone answering the token request with 1 GiB (a token, or a refusal) is cut off at
+/// `MAX_ANSWER_BODY` too: capo-rs asks for its tokens itself, through the bounded client.
+#[tokio::test]
+async fn a_1_gib_answer_from_keystone_is_cut_off_at_the_cap_not_held() {
+    use capo_provider::cloud::MAX_ANSWER_BODY;
+    let answers = [
+        ("201 Created\r\nx-subject-token: giant", true),
+        ("201 Created\r\nx-subject-token: giant", false),
+        ("401 Unauthorized", false),
+    ];
+    for (status, declared) in answers {
+        let giant = GiantBody::answering(status, declared).await;
+        let keystone = giant.url.replace("/load-balancer", "/identity/v3");
+        let credentials = CloudCredentials {
+            clouds_yaml: clouds_yaml(&keystone),
+            cacert: None,
+            cloud_name: "test".into(),
+            region: None,
+        };
+        let (clouds, _) = clouds(options());
+        let started = std::time::Instant::now();
+        let error = clouds.connect(&credentials).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(error, CloudError::Transient(_)), "{error:?}");
+        assert!(error.message().contains("exceeds 64 MiB"), "{error}");
+        let sent = giant.sent.await.unwrap();
+        eprintln!(
+            "1 GiB from Keystone ({status:?}, declared {declared}): refused after {:.0} ms; \
+             it got {:.1} MiB out",
+            took.as_secs_f64() * 1000.0,
+            sent as f64 / f64::from(1 << 20)
+        );
+        assert!(
+            sent < (MAX_ANSWER_BODY as u64) * 2,
+            "the client read on: {sent} bytes"
+        );
+    }
+}
+
+/// An endpoint that sends its headers, then nothing more (the body's 1,000 bytes never come)
+/// is given up at the request timeout, as one that sends nothing at all.
+#[tokio::test]
+async fn an_answer_that_hangs_after_its_headers_times_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+    let (hung_up_tx, hung_up) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buffer = [0u8; 4096];
+        let _ = stream.read(&mut buffer).await;
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{";
+        let _ = stream.write_all(head.as_bytes()).await;
+        // Silence until the client hangs up.
+        let _ = stream.read(&mut buffer).await;
+        let _ = hung_up_tx.send(());
+    });
+    let mut opts = options();
+    opts.path.request_timeout = Duration::from_millis(300);
+    opts.path.retry.max_attempts = 1;
+    let (clouds, _) = clouds(opts);
+    let session = NoAuthSession::new([(Service::LoadBalancer, url)], None).unwrap();
+    let client = clouds.client(Arc::new(session));
+    let started = std::time::Instant::now();
+    let error = client.octavia().get_member(POOL, MEMBER).await.unwrap_err();
+    assert!(matches!(error, CloudError::Transient(_)), "{error:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(client);
+    hung_up.await.expect("the client hung up");
 }
 
 #[tokio::test]

@@ -1182,3 +1182,129 @@ async fn an_unknown_load_balancer_provider_or_flavor_is_refused_before_anything_
         delete_cluster(&world, name).await;
     }
 }
+
+/// The namespaced install (`deploy/namespaced/`): a manager whose ServiceAccount holds only
+/// the Role of its watched namespace and the ClusterRole of cluster-scoped grants builds a
+/// cluster and deletes it, on the real API server (whose RBAC refuses anything more), and
+/// cannot read a Secret of another namespace.
+#[tokio::test]
+async fn real_kube_a_namespaced_install_builds_and_deletes_a_cluster_with_its_role_alone() {
+    use crate::server_controller::{minimal_capi_crds, our_crds_and};
+    let Some(real) = crate::kube_world::real_kube() else {
+        return;
+    };
+    let kube =
+        crate::kube_world::KubeWorld::real(real.clone(), &our_crds_and(minimal_capi_crds())).await;
+    let mut world = World::prepare_on(kube, Scenario::default()).await;
+    let manager = namespaced_manager(&world, &real.admin).await;
+    // The Role is in force (the authorizer's cache has it) before the refusal below means
+    // anything: Secrets of the watched namespace can be listed.
+    let own: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(manager.clone(), world.ns());
+    crate::server_controller::eventually("the Role in force", || async {
+        own.list(&Default::default()).await.ok()
+    })
+    .await;
+    let elsewhere: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(manager.clone(), "kube-system");
+    match elsewhere.list(&Default::default()).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("Secrets of another namespace are refused: {other:?}"),
+    }
+    world.kube.manager_client = manager;
+    world.start_manager(WatchScope::default());
+    let before = objects(&world);
+    create_cluster(&world, "c1", cluster_spec()).await;
+    wait_cluster(&world, "c1", "provisioned and Ready", settled).await;
+    delete_cluster(&world, "c1").await;
+    assert_eq!(objects(&world), before, "nothing left in the cloud");
+    // The cluster-scoped grants are this test's own: they go with it.
+    let name = format!("{}-cluster-scoped", world.ns());
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(world.client.clone());
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> =
+        Api::all(world.client.clone());
+    let _ = roles.delete(&name, &DeleteParams::default()).await;
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+}
+
+/// A client of a fresh ServiceAccount of `world`'s namespace, granted what the namespaced
+/// install grants capo-rs's for that namespace.
+async fn namespaced_manager(world: &World, admin: &std::path::Path) -> kube::Client {
+    use capo_provider::manager::manifests;
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let ns = world.ns().to_owned();
+    let account = "namespaced-manager";
+    let accounts: Api<ServiceAccount> = Api::namespaced(world.client.clone(), &ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    accounts.create(&PostParams::default(), &sa).await.unwrap();
+    let cluster_role = format!("{ns}-cluster-scoped");
+    let rbac: Vec<Value> = manifests::namespaced_rbac(&ns)
+        .into_iter()
+        .map(|mut object| {
+            if object["metadata"]["name"] == manifests::CLUSTER_SCOPED_ROLE {
+                object["metadata"]["name"] = json!(cluster_role);
+            }
+            if object["roleRef"]["name"] == manifests::CLUSTER_SCOPED_ROLE {
+                object["roleRef"]["name"] = json!(cluster_role);
+            }
+            if object.get("subjects").is_some() {
+                object["subjects"] =
+                    json!([{"kind": "ServiceAccount", "name": account, "namespace": ns}]);
+            }
+            object
+        })
+        .collect();
+    crate::kube_world::apply_crds(&world.client, &rbac).await;
+    let token = accounts
+        .create_token_request(account, &PostParams::default(), &TokenRequest::default())
+        .await
+        .unwrap()
+        .status
+        .expect("a token")
+        .token;
+    let kubeconfig = kube::config::Kubeconfig::read_from(admin).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    kube::Client::try_from(config).unwrap()
+}
+
+/// Status writes that time out (504, as kube-apiserver answers them while etcd is stopped)
+/// hold a cluster back and no more: what a reconcile made before its status write failed is
+/// found again, not made twice; the reconciles are counted as errors and retried with
+/// backoff, and the cluster comes out as one built without the fault.
+#[tokio::test]
+async fn status_writes_that_time_out_delay_a_cluster_and_make_nothing_twice() {
+    use crate::server_controller::{metric_sum, minimal_capi_crds};
+    let clean = World::start_sim().await;
+    create_cluster(&clean, "c1", cluster_spec()).await;
+    wait_cluster(&clean, "c1", "provisioned and Ready", settled).await;
+    let wanted = objects(&clean);
+
+    let mut world = World::prepare_sim(Scenario::default(), minimal_capi_crds()).await;
+    let faults = 6;
+    let sim = world.kube.simulator();
+    sim.fail_status_writes(faults, Duration::from_millis(100));
+    // The manager's client as production builds it (kube's own retries off).
+    let config = kube::Config::new(sim.url().parse().unwrap());
+    world.kube.manager_client =
+        capo_provider::manager::kube_client::client(config, &Default::default()).unwrap();
+    world.start_manager(WatchScope::default());
+    create_cluster(&world, "c1", cluster_spec()).await;
+    wait_cluster(&world, "c1", "provisioned and Ready", settled).await;
+    let sim = world.kube.simulator();
+    assert_eq!(sim.status_write_faults_left(), 0, "every fault was met");
+    let timed_out = sim.requests().iter().filter(|r| r.status == 504).count();
+    assert_eq!(timed_out, faults as usize);
+    assert_eq!(objects(&world), wanted, "nothing made twice");
+    let errors = metric_sum(&world.registry, "controller_runtime_reconcile_errors_total");
+    assert!(
+        errors >= f64::from(faults),
+        "each failed write is a reconcile error: {errors}"
+    );
+}

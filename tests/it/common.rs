@@ -53,9 +53,10 @@ pub fn our_schema(kind: &str) -> Value {
 
 /// Parses a multi-document YAML stream into JSON values, skipping empty documents.
 pub fn yaml_documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("valid YAML"))
-        .filter(|v: &Value| !v.is_null())
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(text)
+        .expect("valid YAML")
+        .into_iter()
+        .filter(|v| !v.is_null())
         .collect()
 }
 

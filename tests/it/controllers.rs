@@ -202,7 +202,7 @@ async fn our_capi_types_read_machines_served_by_cluster_apis_real_crds() {
     .iter()
     .map(|file| {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
-        serde_yaml::from_str::<Value>(&text).unwrap()
+        serde_saphyr::from_str::<Value>(&text).unwrap()
     })
     .collect();
     let (typed, untyped) = machine_round_trip(crds).await;

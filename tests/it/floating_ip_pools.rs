@@ -278,7 +278,7 @@ async fn a_pool_answers_claims_through_cluster_apis_real_ipam_crds() {
     }
     let crds = files
         .iter()
-        .map(|f| serde_yaml::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap())
+        .map(|f| serde_saphyr::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap())
         .collect();
     let mut e2e = E2e::simulated_with_ipam(false, crds).await;
     let outcome = tokio::time::timeout(Duration::from_secs(600), claims_on_a_pool(&mut e2e)).await;

@@ -561,20 +561,7 @@ impl Observer for PanicsOnce {
 
 /// The value of a counter or gauge series with these labels, 0 when absent.
 fn metric(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
-    registry
-        .gather()
-        .iter()
-        .filter(|family| family.name() == name)
-        .flat_map(|family| family.get_metric())
-        .filter(|m| {
-            labels.iter().all(|(key, value)| {
-                m.get_label()
-                    .iter()
-                    .any(|l| l.name() == *key && l.value() == *value)
-            })
-        })
-        .map(|m| m.get_counter().get_value() + m.get_gauge().get_value())
-        .sum()
+    capo_provider::controllers::metrics::value(registry, name, labels)
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capo_api::OpenStackServer;
-use capo_provider::manager::manifests::{self, CLUSTER_RULES, LEASE_RULES};
+use capo_provider::manager::manifests::{self, LEASE_RULES};
 use capo_sim::kube::server::RequestRecord;
 use capo_sim::openstack::Scenario;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -245,8 +245,7 @@ async fn the_manifests_render_with_kustomize_and_apply_to_the_api_server() {
 
 /// (verb, group, resource) a set of rules grants.
 fn granted() -> BTreeSet<(String, String, String)> {
-    CLUSTER_RULES
-        .iter()
+    manifests::cluster_wide_rules()
         .chain(LEASE_RULES)
         .flat_map(|rule| {
             rule.resources.iter().flat_map(move |resource| {
@@ -1038,4 +1037,60 @@ async fn real_kube_metrics_are_served_over_https_to_a_reader_only() {
         .delete(&format!("{namespace}-reader"), &Default::default())
         .await;
     let _ = namespaces.delete(&namespace, &Default::default()).await;
+}
+
+/// The ```sh blocks of a book page that write `capo-rs-overlay/kustomization.yaml`.
+fn overlay_blocks(page: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("docs").join(page)).unwrap();
+    text.split("```sh\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("\n```").next())
+        .filter(|block| block.contains("capo-rs-overlay/kustomization.yaml"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The kustomize install as the installation page and the first-cluster guide write it, run as
+/// a user types it in a directory beside a checkout: the overlay renders all of `deploy/` with
+/// the user's image in place of `localhost/capo-rs`. Its last command, `kubectl apply -k`, is
+/// run as `kubectl kustomize` (applying `deploy/` to a real API server is
+/// `real_kube::real_kube_accepts_every_object_of_deploy_applied_server_side`).
+#[test]
+fn the_books_kustomize_overlay_installs_deploy_with_your_image() {
+    let Some(kubectl) = kubectl() else {
+        return;
+    };
+    for page in ["installation.md", "first-cluster.md"] {
+        let blocks = overlay_blocks(page);
+        assert_eq!(blocks.len(), 1, "{page} has one overlay block");
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(repo().join("deploy"), dir.path().join("deploy")).unwrap();
+        let rendered = dir.path().join("rendered.yaml");
+        // `kubectl apply --server-side -k DIR` becomes a render of DIR; the rest runs as written.
+        let shim = format!(
+            "kubectl() {{ [ \"$1 $2 $3\" = 'apply --server-side -k' ] || exit 9; {} kustomize \"$4\" > {}; }}\n",
+            kubectl.display(),
+            rendered.display()
+        );
+        let run = std::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c"])
+            .arg(shim + &blocks[0])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{page}'s overlay block: {}{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let objects = documents(&std::fs::read_to_string(&rendered).unwrap());
+        assert_eq!(objects.len(), 22, "{page}: every object of deploy/");
+        let deployment = &objects["Deployment/capo-rs-controller-manager"];
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.example.com/capo-rs:0.1.0",
+            "{page}: the overlay names the user's image"
+        );
+    }
 }

@@ -88,9 +88,16 @@ fn fault_script() -> PathBuf {
 
 /// Runs the fault helper; a fault that cannot be set is a failed test, not a quiet one.
 pub async fn fault(args: &[&str]) {
+    fault_in_scope("", args).await;
+}
+
+/// `fault.sh` with `CAPO_FAULT_SCOPE=scope`: member faults that no other suite's `clear`
+/// touches (an empty scope is the shared one).
+pub async fn fault_in_scope(scope: &str, args: &[&str]) {
     let output = tokio::process::Command::new("bash")
         .arg(fault_script())
         .args(args)
+        .env("CAPO_FAULT_SCOPE", scope)
         .output()
         .await
         .expect("run tests/openstack/fault.sh");
@@ -104,11 +111,23 @@ pub async fn fault(args: &[&str]) {
 
 /// One GET through the client's authenticated session, as JSON.
 pub async fn get_json(client: &CloudClient, service: Service, path: &str) -> serde_json::Value {
+    try_get_json(client, service, path)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`get_json`], with a failure (a service stopped meanwhile, an answer other than 200) as an
+/// error that says what was asked.
+pub async fn try_get_json(
+    client: &CloudClient,
+    service: Service,
+    path: &str,
+) -> Result<serde_json::Value, String> {
     let session = client.path().session();
     let base = session
         .service_url(service)
         .await
-        .unwrap_or_else(|e| panic!("{service}'s URL: {e}"));
+        .map_err(|e| format!("{service}'s URL: {e}"))?;
     let url = base.join(path).expect("a URL");
     let mut request = http::Request::get(url.as_str());
     if service == Service::BlockStorage {
@@ -117,9 +136,27 @@ pub async fn get_json(client: &CloudClient, service: Service, path: &str) -> ser
     let response = session
         .send(request.body(Vec::new()).expect("request"))
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    assert_eq!(response.status(), 200, "GET {url}");
-    serde_json::from_slice(response.body()).expect("JSON")
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    if response.status() != 200 {
+        return Err(format!("GET {url}: {}", response.status()));
+    }
+    serde_json::from_slice(response.body()).map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// One DELETE through the client's authenticated session; its status.
+pub async fn delete_path(client: &CloudClient, service: Service, path: &str) -> u16 {
+    let session = client.path().session();
+    let base = session
+        .service_url(service)
+        .await
+        .unwrap_or_else(|e| panic!("{service}'s URL: {e}"));
+    let url = base.join(path).expect("a URL");
+    let request = http::Request::delete(url.as_str()).body(Vec::new());
+    let response = session
+        .send(request.expect("request"))
+        .await
+        .unwrap_or_else(|e| panic!("DELETE {url}: {e}"));
+    response.status().as_u16()
 }
 
 /// What a project holds: per kind, each object's id and name.

@@ -285,39 +285,87 @@ async fn real_kube_accepts_every_object_of_deploy_applied_server_side() {
     let kubectl = std::env::var_os("CAPO_REAL_KUBE_BIN")
         .map(|dir| std::path::PathBuf::from(dir).join("kubectl"))
         .expect("CAPO_REAL_KUBE_BIN (tests/kube/up.sh prints it)");
-    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
-    let rendered = tokio::process::Command::new(&kubectl)
-        .args(["kustomize", deploy])
-        .output()
-        .await
-        .expect("kubectl kustomize runs");
-    let objects = String::from_utf8_lossy(&rendered.stdout)
-        .lines()
-        .filter(|l| l.starts_with("kind: "))
-        .count();
-    let output = tokio::process::Command::new(&kubectl)
-        .arg("--kubeconfig")
-        .arg(&real.admin)
-        .args(["apply", "--server-side", "--dry-run=server"])
-        .args(["--field-manager", "capo-rs-tests", "-k", deploy])
-        .output()
-        .await
-        .expect("kubectl apply runs");
-    let said = String::from_utf8_lossy(&output.stdout);
+    // The namespaced install, as a user's overlay adds it: the base and its component.
+    let overlay = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/deploy"),
+        overlay.path().join("deploy"),
+    )
+    .unwrap();
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        "resources:\n- deploy\ncomponents:\n- deploy/namespaced\n",
+    )
+    .unwrap();
+    let namespaced = overlay.path().display().to_string();
+    let base = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy").to_owned();
+    for (dir, path) in [("deploy", base), ("deploy/namespaced", namespaced)] {
+        let rendered = tokio::process::Command::new(&kubectl)
+            .args(["kustomize", &path])
+            .output()
+            .await
+            .expect("kubectl kustomize runs");
+        let rendered = String::from_utf8_lossy(&rendered.stdout).into_owned();
+        let objects = rendered.lines().filter(|l| l.starts_with("kind: ")).count();
+        let output = tokio::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&real.admin)
+            .args(["apply", "--server-side", "--dry-run=server"])
+            .args(["--field-manager", "capo-rs-tests", "-k", &path])
+            .output()
+            .await
+            .expect("kubectl apply runs");
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{dir}: {said}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let applied = said
+            .lines()
+            .filter(|l| l.ends_with("(server dry run)"))
+            .count();
+        assert!(objects > 10, "kustomize rendered {dir}: {objects} objects");
+        assert_eq!(applied, objects, "every object of {dir} applied:\n{said}");
+        if dir == "deploy/namespaced" {
+            the_namespaced_install_grants_its_namespace_alone(&rendered);
+        }
+    }
+}
+
+/// The namespaced render: no ClusterRole grants a namespaced object (a Secret least of all),
+/// the manager's Role is in the watched namespace, and the manager watches it alone.
+fn the_namespaced_install_grants_its_namespace_alone(rendered: &str) {
+    use capo_provider::manager::manifests::{ACCOUNT, NAMESPACED_EXAMPLE, WORKLOAD_RULES};
+    let namespaced: Vec<&str> = WORKLOAD_RULES
+        .iter()
+        .flat_map(|rule| rule.resources.iter().copied())
+        .collect();
+    let objects = crate::common::yaml_documents(rendered);
+    let of = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
+    for role in of("ClusterRole") {
+        let rules = role["rules"].as_array().into_iter().flatten();
+        for resource in rules.flat_map(|r| r["resources"].as_array().into_iter().flatten()) {
+            assert!(
+                !namespaced.contains(&resource.as_str().unwrap_or("")),
+                "{} grants {resource} cluster-wide",
+                role["metadata"]["name"]
+            );
+        }
+    }
+    let role = of("Role")
+        .find(|r| r["metadata"]["name"] == ACCOUNT)
+        .expect("the manager's Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACED_EXAMPLE);
+    let args =
+        of("Deployment").next().expect("the Deployment")["spec"]["template"]["spec"]["containers"]
+            [0]["args"]
+            .clone();
     assert!(
-        output.status.success(),
-        "{said}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+        args.as_array()
+            .is_some_and(|a| a.contains(&json!(format!("--namespace={NAMESPACED_EXAMPLE}")))),
+        "{args}"
     );
-    let applied = said
-        .lines()
-        .filter(|l| l.ends_with("(server dry run)"))
-        .count();
-    assert!(
-        objects > 10,
-        "kustomize rendered deploy/: {objects} objects"
-    );
-    assert_eq!(applied, objects, "every object of deploy/ applied:\n{said}");
 }
 
 /// The manager's pod, as `deploy/manager.yaml` runs it, meets the Pod Security Standard
@@ -330,7 +378,7 @@ async fn real_kube_the_manager_pod_meets_pod_security_restricted_in_its_namespac
     let read = |file: &str| -> Value {
         let path = format!("{}/deploy/{file}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
     let namespace = read("namespace.yaml");
     crate::kube_world::apply_crds(&client, std::slice::from_ref(&namespace)).await;

@@ -81,12 +81,11 @@ fn minimal_ipam_crds() -> Vec<Value> {
 
 /// The tenant's clouds of the real tier's clouds.yaml: the manager gets no admin credential.
 fn tenant_clouds_yaml(full: &str) -> String {
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(full).expect("clouds.yaml parses");
-    if let Some(clouds) = doc.get_mut("clouds").and_then(|c| c.as_mapping_mut()) {
-        clouds
-            .retain(|name, _| matches!(name.as_str(), Some(PASSWORD_CLOUD) | Some(APPCRED_CLOUD)));
+    let mut doc: Value = serde_saphyr::from_str(full).expect("clouds.yaml parses");
+    if let Some(clouds) = doc.get_mut("clouds").and_then(|c| c.as_object_mut()) {
+        clouds.retain(|name, _| matches!(name.as_str(), PASSWORD_CLOUD | APPCRED_CLOUD));
     }
-    serde_yaml::to_string(&doc).expect("clouds.yaml serialises")
+    serde_saphyr::to_string(&doc).expect("clouds.yaml serialises")
 }
 
 impl E2e {
@@ -1587,7 +1586,7 @@ async fn orc_image_is_waited_for_and_used(e2e: &mut E2e) {
         |s| says(s, "is ORC"),
     )
     .await;
-    let crd: Value = serde_yaml::from_str(
+    let crd: Value = serde_saphyr::from_str(
         &std::fs::read_to_string("tests/fixtures/orc-image-crd.yaml").expect("ORC's CRD"),
     )
     .expect("YAML");

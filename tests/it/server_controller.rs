@@ -1065,7 +1065,7 @@ async fn a_cluster_served_by_cluster_apis_real_crd_pauses_and_unpauses_too() {
         "cluster.x-k8s.io_machines.yaml",
     ]
     .iter()
-    .map(|file| serde_yaml::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap())
+    .map(|file| serde_saphyr::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap())
     .collect();
     paused_until_unpaused(
         World::start_with_capi(Scenario::default(), WatchScope::default(), real).await,

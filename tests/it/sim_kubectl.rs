@@ -160,7 +160,7 @@ async fn kubectl_installs_our_crds_and_applies_capo_samples() {
         .collect();
     let stream: Vec<String> = documents
         .iter()
-        .map(|d| serde_yaml::to_string(d).expect("yaml"))
+        .map(|d| serde_saphyr::to_string(d).expect("yaml"))
         .collect();
     let manifest = h.write("samples.yaml", &stream.join("---\n"));
     h.ok(&["apply", "-f", path_arg(&manifest)]).await;

@@ -465,6 +465,15 @@ async fn expired_tokens_get_401_and_the_client_reauthenticates() {
     let providers = client.octavia().list_providers().await.unwrap();
     assert_eq!(providers.len(), 2);
     assert!(sim.request_count("identity token_create") >= 2);
+    // Revoked again: the token the first re-authentication left is not traded in (Keystone
+    // would refuse it), the credentials log in afresh.
+    reqwest::Client::new()
+        .post(format!("{}/_sim/keystone/revoke", sim.url()))
+        .send()
+        .await
+        .unwrap();
+    client.octavia().list_providers().await.unwrap();
+    assert!(sim.request_count("identity token_create") >= 3);
 }
 
 // ---------------------------------------------------------------- faults, in virtual time

@@ -46,7 +46,7 @@
 # same kind and pattern again replaces that trigger. Patterns are SQL LIKE
 # patterns (% and _ wildcards); a member with no name never matches.
 #
-# Environment: CAPO_OPENSTACK_RUN, CAPO_OPENSTACK_VENV (see lib.sh).
+# Environment: CAPO_OPENSTACK_RUN, CAPO_OPENSTACK_VENV (see lib.sh); CAPO_FAULT_SCOPE (below).
 set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,9 +69,20 @@ sql_string() {
     printf "'%s'" "$s"
 }
 
+# CAPO_FAULT_SCOPE (a word, default none): the member faults of one suite apart from the
+# others'. A scoped suite's triggers are named capo_<scope>_fault_* and its holds live in the
+# database capo_<scope>_fault, so `clear` elsewhere (unscoped, or another scope) leaves them be,
+# and its own `clear` touches nothing else. tests/it/capo_peers.rs runs beside the main pass
+# with CAPO_FAULT_SCOPE=peers.
+SCOPE=${CAPO_FAULT_SCOPE:-}
+[[ -z $SCOPE || $SCOPE =~ ^[a-z0-9]+$ ]] || die "CAPO_FAULT_SCOPE must be lower-case letters and digits, got '$SCOPE'"
+PREFIX=capo_fault
+[[ -z $SCOPE ]] || PREFIX=capo_${SCOPE}_fault
+DB=$PREFIX
+
 # trigger_name KIND PATTERN: a stable, valid identifier per kind and pattern.
 trigger_name() {
-    printf 'capo_fault_%s_%s' "$1" "$(printf '%s' "$2" | sha256sum | cut -c1-16)"
+    printf '%s_%s_%s' "$PREFIX" "$1" "$(printf '%s' "$2" | sha256sum | cut -c1-16)"
 }
 
 # The condition shared by all member triggers: this UPDATE turns a matching
@@ -93,25 +104,25 @@ EOF
 }
 
 ensure_hold_schema() {
-    mysql_root <<'EOF'
-CREATE DATABASE IF NOT EXISTS capo_fault;
-CREATE TABLE IF NOT EXISTS capo_fault.member_hold (
+    mysql_root <<EOF
+CREATE DATABASE IF NOT EXISTS $DB;
+CREATE TABLE IF NOT EXISTS $DB.member_hold (
     member_id VARCHAR(36) NOT NULL PRIMARY KEY,
     release_at DATETIME(3) NOT NULL,
     released TINYINT NOT NULL DEFAULT 0
 );
 SET GLOBAL event_scheduler = ON;
 DELIMITER //
-CREATE OR REPLACE EVENT capo_fault.release_members
+CREATE OR REPLACE EVENT $DB.release_members
 ON SCHEDULE EVERY 1 SECOND
 DO BEGIN
-    UPDATE capo_fault.member_hold SET released = 1
+    UPDATE $DB.member_hold SET released = 1
         WHERE released = 0 AND release_at <= NOW(3);
-    UPDATE octavia.member m JOIN capo_fault.member_hold h ON h.member_id = m.id
+    UPDATE octavia.member m JOIN $DB.member_hold h ON h.member_id = m.id
         SET m.provisioning_status = 'ACTIVE'
         WHERE h.released = 1
           AND m.provisioning_status IN ('PENDING_CREATE', 'PENDING_UPDATE');
-    DELETE FROM capo_fault.member_hold WHERE released = 1;
+    DELETE FROM $DB.member_hold WHERE released = 1;
 END//
 DELIMITER ;
 EOF
@@ -174,8 +185,8 @@ member-hold)
     ensure_hold_schema
     name=$(trigger_name hold "$1")
     create_trigger "$name" "  IF $(member_cond "$1") AND NOT EXISTS (
-      SELECT 1 FROM capo_fault.member_hold h WHERE h.member_id = NEW.id AND h.released = 1) THEN
-    INSERT INTO capo_fault.member_hold (member_id, release_at)
+      SELECT 1 FROM $DB.member_hold h WHERE h.member_id = NEW.id AND h.released = 1) THEN
+    INSERT INTO $DB.member_hold (member_id, release_at)
       VALUES (NEW.id, NOW(3) + INTERVAL $2 SECOND)
       ON DUPLICATE KEY UPDATE release_at = VALUES(release_at), released = 0;
     SET NEW.provisioning_status = OLD.provisioning_status;
@@ -187,13 +198,13 @@ member-release)
     need_db
     name=$(trigger_name hold "$1")
     mysql_root octavia -e "DROP TRIGGER IF EXISTS $name"
-    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE 'capo_fault'") ]]; then
-        mysql_root capo_fault <<EOF
-UPDATE octavia.member m JOIN capo_fault.member_hold h ON h.member_id = m.id
+    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE '$DB'") ]]; then
+        mysql_root "$DB" <<EOF
+UPDATE octavia.member m JOIN $DB.member_hold h ON h.member_id = m.id
     SET m.provisioning_status = 'ACTIVE'
     WHERE m.name LIKE $(sql_string "$1")
       AND m.provisioning_status IN ('PENDING_CREATE', 'PENDING_UPDATE');
-DELETE h FROM capo_fault.member_hold h JOIN octavia.member m ON h.member_id = m.id
+DELETE h FROM $DB.member_hold h JOIN octavia.member m ON h.member_id = m.id
     WHERE m.name LIKE $(sql_string "$1");
 EOF
     fi
@@ -212,25 +223,25 @@ clear)
     (($# == 0)) || usage
     need_db
     names=$(mysql_root -N -B -e "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS
-        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE 'capo\\_fault\\_%'")
+        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE '${PREFIX//_/\\_}\\_%'")
     for name in $names; do
         mysql_root octavia -e "DROP TRIGGER IF EXISTS $name"
     done
     # release held members now rather than leaving them pending forever
-    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE 'capo_fault'") ]]; then
-        mysql_root -e "UPDATE capo_fault.member_hold SET release_at = NOW(3)"
+    if [[ -n $(mysql_root -N -B -e "SHOW DATABASES LIKE '$DB'") ]]; then
+        mysql_root -e "UPDATE $DB.member_hold SET release_at = NOW(3)"
         for _ in $(seq 1 30); do
-            [[ $(mysql_root -N -B -e "SELECT COUNT(*) FROM capo_fault.member_hold") == 0 ]] && break
+            [[ $(mysql_root -N -B -e "SELECT COUNT(*) FROM $DB.member_hold") == 0 ]] && break
             sleep 0.2
         done
-        mysql_root -e "DROP EVENT IF EXISTS capo_fault.release_members; DROP DATABASE capo_fault"
+        mysql_root -e "DROP EVENT IF EXISTS $DB.release_members; DROP DATABASE $DB"
     fi
     say "clear: dropped $(wc -w <<<"$names") trigger(s)"
     ;;
 list)
     need_db
     mysql_root -e "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS
-        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE 'capo\\_fault\\_%'\\G"
+        WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE '${PREFIX//_/\\_}\\_%'\\G"
     ;;
 stop)
     (($# == 1)) || usage

@@ -6,8 +6,10 @@ Run by up.sh with the stack's venv, in two phases:
   resources  once every service answers: flavors, an image, the external networks `public`
              and `capo-rs-tiny-external` (one address), the tenant's network
              `capo-rs-lb-tests`, a key pair and an application credential for `capo`, no room
-             for ports, servers or volumes in project `capo-rs-quota`; then the clouds.yaml the
-             tests read (clouds `capo`, `capo-appcred`, `capo-quota`, `capo-admin`).
+             for ports, servers or volumes in project `capo-rs-quota`, room in `capo-rs-peers`
+             (CAPO v0.14.7's clusters) and `capo-rs-peers-rs` (capo-rs's, beside them); then the
+             clouds.yaml the tests read (clouds `capo`, `capo-appcred`, `capo-quota`,
+             `capo-peers`, `capo-peers-rs`, `capo-admin`).
 
 Settings come from the environment up.sh exports (CAPO_OS_*); nothing is printed that holds a
 secret.
@@ -33,6 +35,10 @@ TENANT = "capo"
 # A second project of the tenant's user with no room for ports, servers or volumes: where the
 # recorded answers take Neutron's, Nova's and Cinder's quota errors.
 QUOTA_PROJECT = "capo-rs-quota"
+# A third project of the same user, where CAPO v0.14.7 (tests/capo) builds its clusters: its
+# scenarios take no census of `capo`, so they run beside the tests that do.
+PEERS_PROJECT = "capo-rs-peers"
+PEERS_RS_PROJECT = "capo-rs-peers-rs"
 SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
@@ -171,6 +177,13 @@ def identity():
     quota_project = ensure_project(conn, QUOTA_PROJECT, "no room: quota errors")
     for name in TENANT_ROLES:
         grant(conn, quota_project, user, roles[name])
+    for name, description in [
+        (PEERS_PROJECT, "CAPO v0.14.7's clusters"),
+        (PEERS_RS_PROJECT, "capo-rs's clusters beside CAPO v0.14.7's"),
+    ]:
+        peers_project = ensure_project(conn, name, description)
+        for role in TENANT_ROLES:
+            grant(conn, peers_project, user, roles[role])
     log("catalog, service users and the tenant are in place")
 
 
@@ -229,11 +242,11 @@ def ensure_no_room(conn):
     conn.set_volume_quotas(project.id, volumes=0)
 
 
-def ensure_room(conn):
-    """The tests' project gets room for several whole clusters at once (each e2e test holds a
+def ensure_room(conn, name):
+    """The tests' projects get room for several whole clusters at once (each e2e test holds a
     bastion, 3 control-plane machines, a worker and a rollout's extra machine): Nova's default
     of 10 instances stalled two concurrent rollouts, and every later test with them."""
-    project = conn.identity.find_project(TENANT, domain_id="default")
+    project = conn.identity.find_project(name, domain_id="default")
     conn.set_compute_quotas(project.id, instances=200, cores=800, ram=1638400)
     conn.set_volume_quotas(project.id, volumes=200, gigabytes=10000, snapshots=200)
     conn.network.update_quota(
@@ -305,6 +318,8 @@ def write_clouds_yaml(appcred_id):
         f"      application_credential_id: {appcred_id}\n"
         f"      application_credential_secret: {APPCRED_SECRET}\n" + common
         + password_cloud("capo-quota", TENANT, TENANT_PASS, QUOTA_PROJECT)
+        + password_cloud("capo-peers", TENANT, TENANT_PASS, PEERS_PROJECT)
+        + password_cloud("capo-peers-rs", TENANT, TENANT_PASS, PEERS_RS_PROJECT)
         + password_cloud("capo-admin", "admin", ENV["CAPO_OS_ADMIN_PASS"], "admin")
     )
     tmp = CLOUDS_YAML + ".tmp"
@@ -321,7 +336,9 @@ def resources():
     # A /30: the gateway takes .1, so .2 is the only address to hand out.
     ensure_external_network(conn, TINY_EXTERNAL_NETWORK, "tiny", TINY_EXTERNAL_CIDR)
     ensure_no_room(conn)
-    ensure_room(conn)
+    ensure_room(conn, TENANT)
+    ensure_room(conn, PEERS_PROJECT)
+    ensure_room(conn, PEERS_RS_PROJECT)
     user = tenant()
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.

@@ -26,7 +26,7 @@ pub enum CrdError {
         /// CRD name.
         name: String,
         /// Cause.
-        source: serde_yaml::Error,
+        source: serde_saphyr::ser_error::Error,
     },
     /// A file could not be written.
     #[error("cannot write {path}: {source}")]
@@ -178,7 +178,7 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
 
 /// One YAML document.
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
-    serde_yaml::to_string(crd).map_err(|source| CrdError::Serialize {
+    serde_saphyr::to_string(crd).map_err(|source| CrdError::Serialize {
         name: crd.metadata.name.clone().unwrap_or_default(),
         source,
     })

@@ -871,19 +871,11 @@ fn polls_by_kind(registry: &prometheus::Registry) -> std::collections::BTreeMap<
 
 /// Drift polls counted by the engine's `capo_lb_polls_total{kind="drift"}`.
 fn drift_polls(registry: &prometheus::Registry) -> u64 {
-    registry
-        .gather()
-        .iter()
-        .filter(|family| family.name() == "capo_lb_polls_total")
-        .flat_map(|family| family.get_metric())
-        .filter(|metric| {
-            metric
-                .get_label()
-                .iter()
-                .any(|l| l.name() == "kind" && l.value() == "drift")
-        })
-        .map(|metric| metric.get_counter().get_value() as u64)
-        .sum()
+    capo_provider::controllers::metrics::value(
+        registry,
+        "capo_lb_polls_total",
+        &[("kind", "drift")],
+    ) as u64
 }
 
 struct Rollout {

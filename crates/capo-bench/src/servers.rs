@@ -80,13 +80,7 @@ fn manifest(name: &str, config: &ServersConfig) -> serde_json::Value {
 }
 
 fn reconciles(registry: &Registry) -> f64 {
-    registry
-        .gather()
-        .iter()
-        .filter(|f| f.name() == "controller_runtime_reconcile_total")
-        .flat_map(|f| f.get_metric())
-        .map(|m| m.get_counter().get_value())
-        .sum()
+    capo_provider::controllers::metrics::value(registry, "controller_runtime_reconcile_total", &[])
 }
 
 fn operations(cloud: &OpenStackSim) -> BTreeMap<String, u64> {

@@ -1,6 +1,6 @@
 //! The story's timings. At speed 1 they are already compressed from a real cloud (an amphora
 //! member takes 2-30 s there, a stuck one is flagged after 10 minutes) so that the whole demo
-//! takes about a minute and a half; `--speed` divides every one of them further.
+//! takes about two and a half minutes; `--speed` divides every one of them further.
 
 use std::time::Duration;
 

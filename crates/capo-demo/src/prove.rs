@@ -467,8 +467,8 @@ mod tests {
 
     #[test]
     fn the_prometheus_rule_carries_the_plain_rules_file() {
-        let plain: serde_json::Value = serde_yaml::from_str(RULES).unwrap();
-        let wrapped: serde_json::Value = serde_yaml::from_str(include_str!(
+        let plain: serde_json::Value = serde_saphyr::from_str(RULES).unwrap();
+        let wrapped: serde_json::Value = serde_saphyr::from_str(include_str!(
             "../../../deploy/prometheus/prometheusrule.yaml"
         ))
         .unwrap();

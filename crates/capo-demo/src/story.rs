@@ -22,6 +22,7 @@ use capo_sim::openstack::{
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::wait::await_condition;
+use prometheus::Registry;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -192,6 +193,7 @@ impl Script<'_> {
             let side = &mut self.side;
             let plot = Plot {
                 cloud: self.world.cloud.clone(),
+                registry: self.world.registry.clone(),
                 boards: sampler.boards.clone(),
                 config: self.config.clone(),
             };
@@ -291,6 +293,7 @@ impl Templates {
 /// What the cloud does to each new machine of the rollout.
 struct Plot {
     cloud: Arc<OpenStackSim>,
+    registry: Registry,
     boards: watch::Receiver<Board>,
     config: DemoConfig,
 }
@@ -326,13 +329,13 @@ impl Plot {
                 });
                 side.spawn(throttle_when_built(
                     self.cloud.clone(),
+                    self.registry.clone(),
                     self.boards.clone(),
                     machine.to_owned(),
                 ));
                 format!(
                     "{machine}: its member will go ERROR; once its server is up, Octavia \
-                     answers every request 429 (Retry-After: 1) for {:.1} s",
-                    THROTTLED_FOR.as_secs_f64()
+                     answers every request 429 (Retry-After: 1) until a call gives up"
                 )
             }
             _ => {
@@ -370,13 +373,23 @@ enum Burst {
     Unavailable,
 }
 
-/// How long Octavia throttles every request: long enough that a call's four attempts, one
-/// second apart as Retry-After asks, all meet a 429. Retry-After counts whole seconds, so this
-/// does not compress with `--speed`.
-const THROTTLED_FOR: Duration = Duration::from_millis(4500);
+/// The least time Octavia throttles every request: long enough that a call's four attempts,
+/// one second apart as Retry-After asks, all meet a 429. Retry-After counts whole seconds, so
+/// this does not compress with `--speed`.
+const THROTTLED_AT_LEAST: Duration = Duration::from_millis(4500);
+
+/// The most: on a busy machine no call may start early enough in the least time to meet four
+/// 429s, so the throttling lasts until one has given up, or this long.
+const THROTTLED_AT_MOST: Duration = Duration::from_secs(30);
 
 /// The cloud answers requests with 429 (Octavia, every one) or 503 (Nova, half) for a while.
 async fn burst(cloud: Arc<OpenStackSim>, lasting: Duration, kind: Burst) {
+    start_burst(&cloud, kind);
+    tokio::time::sleep(lasting).await;
+    end_bursts(&cloud);
+}
+
+fn start_burst(cloud: &OpenStackSim, kind: Burst) {
     cloud.update_scenario(|scenario| match kind {
         Burst::TooManyRequests => scenario.rate_limits.push(RateLimitFault {
             service: Some("load-balancer".into()),
@@ -390,17 +403,20 @@ async fn burst(cloud: Arc<OpenStackSim>, lasting: Duration, kind: Burst) {
             status: 503,
         }),
     });
-    tokio::time::sleep(lasting).await;
+}
+
+fn end_bursts(cloud: &OpenStackSim) {
     cloud.update_scenario(|scenario| {
         scenario.rate_limits.clear();
         scenario.server_errors.clear();
     });
 }
 
-/// Throttles Octavia once the machine's server is up, just as its member is to be created:
-/// the create meets a 429 at each of its attempts and fails, to be tried again later.
+/// Throttles Octavia once the machine's server is up, just as its member is to be created,
+/// until a call has met a 429 at each of its attempts and failed, to be tried again later.
 async fn throttle_when_built(
     cloud: Arc<OpenStackSim>,
+    registry: Registry,
     mut boards: watch::Receiver<Board>,
     machine: String,
 ) {
@@ -410,10 +426,27 @@ async fn throttle_when_built(
             .iter()
             .any(|m| m.name == machine && m.server == "ACTIVE")
     });
-    let up = matches!(tokio::time::timeout(STEP_TIMEOUT, built).await, Ok(Ok(_)));
-    if up {
-        burst(cloud, THROTTLED_FOR, Burst::TooManyRequests).await;
+    if !matches!(tokio::time::timeout(STEP_TIMEOUT, built).await, Ok(Ok(_))) {
+        return;
     }
+    let before = calls_failed_by_429s(&registry);
+    start_burst(&cloud, Burst::TooManyRequests);
+    tokio::time::sleep(THROTTLED_AT_LEAST).await;
+    let mut waited = THROTTLED_AT_LEAST;
+    while calls_failed_by_429s(&registry) == before && waited < THROTTLED_AT_MOST {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        waited += Duration::from_millis(250);
+    }
+    end_bursts(&cloud);
+}
+
+/// OpenStack calls that gave up on 429s, as the manager counts them.
+fn calls_failed_by_429s(registry: &Registry) -> u64 {
+    capo_provider::controllers::metrics::value(
+        registry,
+        "capo_openstack_api_request_errors_total",
+        &[("error", "rate_limited")],
+    ) as u64
 }
 
 /// Releases the stuck member a while after capo-rs flags the machine `MemberStuck`. Nothing

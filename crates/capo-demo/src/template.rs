@@ -47,14 +47,8 @@ pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<Stri
 
 /// The objects of a multi-document YAML stream (empty documents skipped).
 pub fn objects(text: &str) -> Result<Vec<Value>, String> {
-    let mut objects = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        let value: Value = serde::Deserialize::deserialize(document).map_err(|e| e.to_string())?;
-        if !value.is_null() {
-            objects.push(value);
-        }
-    }
-    Ok(objects)
+    let documents: Vec<Value> = serde_saphyr::from_str_multiple(text).map_err(|e| e.to_string())?;
+    Ok(documents.into_iter().filter(|v| !v.is_null()).collect())
 }
 
 /// The demo cluster's objects.

@@ -32,6 +32,8 @@ use crate::{DemoConfig, NAMESPACE};
 pub struct DemoWorld {
     pub client: kube::Client,
     pub cloud: Arc<OpenStackSim>,
+    /// The manager's metrics, which the story reads to time its faults.
+    pub registry: Registry,
     /// Which Kubernetes API, in words.
     pub kubernetes: String,
     _kube: Option<KubeSim>,
@@ -102,6 +104,7 @@ impl DemoWorld {
         Ok(DemoWorld {
             client,
             cloud: Arc::new(cloud),
+            registry: registry.clone(),
             kubernetes,
             _kube: kube,
             shutdown,

@@ -2,11 +2,9 @@
 //! gates (one limiter per auth URL, region and service). [`CloudClient`]: what callers hold.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openstack_sdk::AsyncOpenStack;
 use prometheus::Registry;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -14,11 +12,12 @@ use tokio_util::sync::CancellationToken;
 use super::capabilities::Capabilities;
 use super::credentials::{CloudCredentials, ResolvedCloud};
 use super::error::ErrorContext;
+use super::keystone::{Keystone, Tokens};
 use super::limiter::{EndpointGate, GateKey, RateLimit};
 use super::lookups::Lookups;
 use super::metrics::ApiMetrics;
 use super::path::{PathOptions, RequestPath, ServiceGates};
-use super::session::{SdkSession, Session, SessionScope};
+use super::session::{HttpSettings, SdkSession, SendError, Session, SessionScope};
 use super::{CloudError, Operation, Service};
 
 /// Tunables of OpenStack access.
@@ -80,7 +79,6 @@ impl Clouds {
         registry: &Registry,
         cancel: CancellationToken,
     ) -> Result<Arc<Self>, CloudError> {
-        anchor_auth_plugins();
         let metrics = ApiMetrics::register(registry)
             .map_err(|e| CloudError::Config(format!("cannot register metrics: {e}")))?;
         Ok(Arc::new(Clouds {
@@ -228,15 +226,10 @@ impl Clouds {
         gate: &EndpointGate,
         scope: SessionScope,
     ) -> Result<SdkSession, CloudError> {
-        let mut config = resolved.config.clone();
-        let cacert_file = match cacert {
-            Some(pem) => {
-                let file = write_cacert(pem)?;
-                config.cacert = Some(file.path().to_string_lossy().into_owned());
-                Some(file)
-            }
-            None => None,
-        };
+        let config = &resolved.config;
+        if let Some(pem) = cacert {
+            check_pem(pem)?;
+        }
         let limits = &self.options.path;
         gate.admit(&scope.identity, limits.max_gate_wait)
             .await
@@ -244,63 +237,46 @@ impl Clouds {
                 ctx: connect_context("identity endpoint saturated; not sent".into()),
                 retry_after: limits.max_gate_wait,
             })?;
-        let connecting = AsyncOpenStack::builder(&config)
-            .disable_auth_cache(true)
-            .max_auth_retries(1)
-            .http_timeout(limits.request_timeout)
-            .connect();
-        let client = tokio::select! {
+        // A `cacert` path in the clouds.yaml, when the Secret brings no CA.
+        let cacert_from_file = match (cacert, &config.cacert) {
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| CloudError::Config(format!("cacert {path}: {e}")))?,
+            ),
+            _ => None,
+        };
+        let http = HttpSettings {
+            cacert_pem: cacert.or(cacert_from_file.as_deref()),
+            verify: config.verify != Some(false),
+            request_timeout: limits.request_timeout,
+        }
+        .client()
+        .map_err(|e| CloudError::Config(e.to_string()))?;
+        let keystone = Keystone::new(http.clone(), config.clone()).map_err(CloudError::Config)?;
+        let tokens = tokio::select! {
             biased;
             () = self.cancel.cancelled() => {
                 return Err(CloudError::Cancelled(connect_context("cancelled".into())));
             }
-            outcome = tokio::time::timeout(limits.request_timeout * 2, connecting) => match outcome {
+            outcome = tokio::time::timeout(limits.request_timeout * 2, Tokens::obtain(keystone)) => match outcome {
                 Err(_) => return Err(CloudError::Transient(connect_context("Keystone did not answer in time".into()))),
-                Ok(Err(error)) => return Err(connect_error(&error)),
-                Ok(Ok(client)) => client,
+                Ok(Err(error)) => return Err(connect_error(error)),
+                Ok(Ok(tokens)) => tokens,
             },
         };
-        let margin = renew_margin(&client, self.options.token_renew_margin);
-        let renewal = client.enable_auto_renew(margin);
-        Ok(SdkSession::new(client, scope, renewal, cacert_file))
+        let renewal =
+            tokens.renew_in_background(self.options.token_renew_margin, self.cancel.child_token());
+        Ok(SdkSession::new(tokens, http, scope, renewal))
     }
 }
 
-/// Keeps the auth plugins we support linked in: the SDK finds them through `inventory`
-/// registrations, which the linker drops from crates nothing else references.
-fn anchor_auth_plugins() {
-    std::hint::black_box(&openstack_sdk_auth_applicationcredential::ANCHOR);
-    std::hint::black_box(&openstack_sdk_auth_password::ANCHOR);
-    std::hint::black_box(&openstack_sdk_auth_token::ANCHOR);
-}
-
-fn write_cacert(pem: &str) -> Result<tempfile::NamedTempFile, CloudError> {
-    if !pem.contains("-----BEGIN CERTIFICATE-----") {
-        return Err(CloudError::Config(
+fn check_pem(pem: &str) -> Result<(), CloudError> {
+    if pem.contains("-----BEGIN CERTIFICATE-----") {
+        Ok(())
+    } else {
+        Err(CloudError::Config(
             "cacert holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
-        ));
-    }
-    let mut file = tempfile::Builder::new()
-        .prefix("capo-rs-cacert-")
-        .suffix(".pem")
-        .tempfile()
-        .map_err(|e| CloudError::Config(format!("cannot write the CA bundle: {e}")))?;
-    file.write_all(pem.as_bytes())
-        .and_then(|()| file.flush())
-        .map_err(|e| CloudError::Config(format!("cannot write the CA bundle: {e}")))?;
-    Ok(file)
-}
-
-/// The renewal margin for this token: the configured one, but at most a fifth of the token's
-/// remaining lifetime.
-fn renew_margin(client: &AsyncOpenStack, configured: Duration) -> chrono::TimeDelta {
-    let configured = chrono::TimeDelta::from_std(configured).unwrap_or(chrono::TimeDelta::MAX);
-    let lifetime = client
-        .get_auth_info()
-        .map(|info| info.token.expires_at - chrono::Utc::now());
-    match lifetime {
-        Some(lifetime) if lifetime > chrono::TimeDelta::zero() => configured.min(lifetime / 5),
-        _ => configured,
+        ))
     }
 }
 
@@ -313,12 +289,11 @@ fn connect_context(message: String) -> ErrorContext {
 }
 
 /// Keystone's refusal is terminal until someone fixes the Secret; anything else may pass.
-fn connect_error(error: &openstack_sdk::OpenStackError) -> CloudError {
-    let message = error.to_string();
-    if super::session::is_refusal(&message) {
-        CloudError::Unauthorized(connect_context(message))
-    } else {
-        CloudError::Transient(connect_context(message))
+fn connect_error(error: SendError) -> CloudError {
+    match error {
+        SendError::Auth(message) => CloudError::Unauthorized(connect_context(message)),
+        SendError::Config(message) => CloudError::Config(message),
+        other => CloudError::Transient(connect_context(other.to_string())),
     }
 }
 

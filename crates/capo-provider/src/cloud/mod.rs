@@ -20,6 +20,7 @@ mod credentials;
 mod endpoint;
 mod error;
 pub mod glance;
+mod keystone;
 mod limiter;
 pub mod lookups;
 mod metrics;
@@ -30,6 +31,7 @@ mod owner;
 mod path;
 mod retry;
 mod session;
+mod transport;
 
 use std::fmt;
 
@@ -44,7 +46,9 @@ pub use metrics::ApiMetrics;
 pub use owner::{OWNER_KEY, Owner};
 pub use path::{PathOptions, RequestPath};
 pub use retry::RetryPolicy;
-pub use session::{NoAuthSession, SdkSession, SendError, Session, SessionScope, versioned_base};
+pub use session::{
+    MAX_ANSWER_BODY, NoAuthSession, SdkSession, SendError, Session, SessionScope, versioned_base,
+};
 
 /// The OpenStack services we call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -285,6 +285,12 @@ impl RequestPath {
             Ok(response) => response.status().as_u16().to_string(),
             Err(error) => error.kind().to_owned(),
         };
+        let request_id = outcome
+            .as_ref()
+            .ok()
+            .and_then(|response| response.headers().get("x-openstack-request-id"))
+            .and_then(|id| id.to_str().ok())
+            .unwrap_or_default();
         tracing::debug!(
             service = op.service.as_str(),
             operation = op.name,
@@ -292,6 +298,7 @@ impl RequestPath {
             path = prepared.url.path(),
             status,
             attempt,
+            request_id,
             duration_ms = sent.elapsed().as_secs_f64() * 1000.0,
             "openstack request"
         );
@@ -350,6 +357,7 @@ fn context(op: Operation, message: String) -> ErrorContext {
 fn send_failure(op: Operation, error: SendError) -> CloudError {
     match error {
         SendError::Auth(message) => CloudError::Unauthorized(context(op, message)),
+        SendError::Config(message) => CloudError::Config(message),
         other => CloudError::Transient(context(op, other.to_string())),
     }
 }

@@ -1,17 +1,20 @@
 //! Sessions: where each service lives and how one authenticated request is sent.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response};
-use openstack_sdk::AsyncOpenStack;
-use openstack_sdk::api::AsyncClient;
-use openstack_sdk::types::ServiceType;
+use secrecy::{ExposeSecret, SecretString};
+use tokio_util::sync::DropGuard;
 use url::Url;
 
 use super::Service;
+use super::keystone::Tokens;
+pub(crate) use super::transport::{HttpSettings, execute};
+pub use super::transport::{MAX_ANSWER_BODY, SendError};
 
 /// The scope a session belongs to: which limiter gates its requests (`auth_url`, `region`),
 /// and who asks (`identity`: sessions of one identity see the same objects, so one list of
@@ -24,24 +27,6 @@ pub struct SessionScope {
     pub region: String,
     /// Who asks: the credential's digest, or a no-auth session's project ID (or empty).
     pub identity: String,
-}
-
-/// Why a request got no HTTP answer.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// No connection could be made to the endpoint.
-    #[error("cannot connect: {0}")]
-    Connect(String),
-    /// The HTTP client's own timeout expired (connecting, or waiting for the answer).
-    #[error("timed out: {0}")]
-    Timeout(String),
-    /// Keystone refused the credentials while re-authenticating.
-    #[error("authentication failed: {0}")]
-    Auth(String),
-    /// Anything else: no endpoint for the service, a request that could not be built or sent,
-    /// a failed token renewal that was not a refusal.
-    #[error("{0}")]
-    Other(String),
 }
 
 /// What the request path needs from a cloud connection.
@@ -76,40 +61,51 @@ fn is_version_segment(segment: &str) -> bool {
     chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
 }
 
-/// The production session: `openstack_sdk` holds the token (renewed before expiry,
-/// re-issued once on a 401) and the catalog.
+/// The production session: a Keystone token of ours (renewed before expiry, asked for again
+/// once when a service refuses it) and its catalog; every request, Keystone's included, goes
+/// through the bounded transport.
 pub struct SdkSession {
-    client: AsyncOpenStack,
+    tokens: Arc<Tokens>,
+    http: reqwest::Client,
     scope: SessionScope,
-    _renewal: openstack_sdk::RenewHandle,
-    /// The CA bundle from the Secret, written to a private file for the SDK; removed on drop.
-    _cacert: Option<tempfile::NamedTempFile>,
+    /// Stops the token's renewal when the session goes.
+    _renewal: DropGuard,
 }
 
 impl SdkSession {
     pub(crate) fn new(
-        client: AsyncOpenStack,
+        tokens: Arc<Tokens>,
+        http: reqwest::Client,
         scope: SessionScope,
-        renewal: openstack_sdk::RenewHandle,
-        cacert: Option<tempfile::NamedTempFile>,
+        renewal: DropGuard,
     ) -> Self {
         SdkSession {
-            client,
+            tokens,
+            http,
             scope,
             _renewal: renewal,
-            _cacert: cacert,
         }
     }
-}
 
-fn service_type(service: Service) -> ServiceType {
-    match service {
-        Service::Identity => ServiceType::Identity,
-        Service::Compute => ServiceType::Compute,
-        Service::Network => ServiceType::Network,
-        Service::Image => ServiceType::Image,
-        Service::LoadBalancer => ServiceType::LoadBalancer,
-        Service::BlockStorage => ServiceType::BlockStorage,
+    /// Sends the request once with `token`.
+    async fn send_with(
+        &self,
+        parts: &http::request::Parts,
+        body: &[u8],
+        token: &SecretString,
+    ) -> Result<Response<Bytes>, SendError> {
+        let url =
+            Url::parse(&parts.uri.to_string()).map_err(|e| SendError::Other(e.to_string()))?;
+        let mut request = reqwest::Request::new(parts.method.clone(), url);
+        *request.headers_mut() = parts.headers.clone();
+        let mut value = http::HeaderValue::from_str(token.expose_secret())
+            .map_err(|_| SendError::Other("the token is not a header value".into()))?;
+        value.set_sensitive(true);
+        request.headers_mut().insert("x-auth-token", value);
+        if !body.is_empty() {
+            *request.body_mut() = Some(body.to_vec().into());
+        }
+        execute(&self.http, request).await
     }
 }
 
@@ -121,72 +117,24 @@ impl Session for SdkSession {
 
     async fn service_url(&self, service: Service) -> Result<Url, SendError> {
         let endpoint = self
-            .client
-            .get_service_endpoint(&service_type(service), None)
-            .await
-            .map_err(|e| SendError::Other(e.to_string()))?;
-        Ok(versioned_base(endpoint.url().clone(), service))
+            .tokens
+            .current()
+            .endpoint(service.as_str(), self.tokens.config())
+            .map_err(SendError::Other)?;
+        Ok(versioned_base(endpoint, service))
     }
 
     async fn send(&self, request: Request<Vec<u8>>) -> Result<Response<Bytes>, SendError> {
         let (parts, body) = request.into_parts();
-        let mut builder = Request::builder()
-            .method(parts.method)
-            .uri(parts.uri)
-            .version(parts.version);
-        if let Some(headers) = builder.headers_mut() {
-            *headers = parts.headers;
+        let token = self.tokens.current().token().clone();
+        let answer = self.send_with(&parts, &body, &token).await?;
+        if answer.status() != http::StatusCode::UNAUTHORIZED {
+            return Ok(answer);
         }
-        self.client
-            .rest_async(builder, body)
-            .await
-            .map_err(sdk_send_error)
-    }
-}
-
-/// Classifies the SDK's error by the reqwest error inside it, if any.
-fn sdk_send_error(error: openstack_sdk::api::ApiError<openstack_sdk::RestError>) -> SendError {
-    use openstack_sdk::RestError;
-    match error {
-        openstack_sdk::api::ApiError::Client {
-            source: RestError::Communication { source },
-        } => reqwest_send_error(&source),
-        openstack_sdk::api::ApiError::Client {
-            source: RestError::AuthError { source },
-        } => {
-            // Renewing the token can fail because Keystone is down (a 503 during version
-            // discovery): that passes. Only a refusal waits for new credentials.
-            let message = source.to_string();
-            if is_refusal(&message) {
-                SendError::Auth(message)
-            } else {
-                SendError::Other(message)
-            }
-        }
-        other => SendError::Other(other.to_string()),
-    }
-}
-
-/// Whether an authentication failure is Keystone refusing the credentials (terminal until
-/// someone fixes them) rather than Keystone being unreachable or failing (which passes).
-pub(crate) fn is_refusal(message: &str) -> bool {
-    // Status codes as whole words only: a URL's port (`:40371`) is no 403.
-    let status = message
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .any(|word| word == "401" || word == "403");
-    status
-        || ["Unauthorized", "authentication", "Forbidden"]
-            .iter()
-            .any(|needle| message.contains(needle))
-}
-
-fn reqwest_send_error(error: &reqwest::Error) -> SendError {
-    if error.is_timeout() {
-        SendError::Timeout(error.to_string())
-    } else if error.is_connect() {
-        SendError::Connect(error.to_string())
-    } else {
-        SendError::Other(error.to_string())
+        // The token was revoked or expired early: a new one, and the request once more.
+        self.tokens.reissue_unless_renewed(&token).await?;
+        let token = self.tokens.current().token().clone();
+        self.send_with(&parts, &body, &token).await
     }
 }
 
@@ -251,21 +199,7 @@ impl Session for NoAuthSession {
         {
             request.headers_mut().insert("x-project-id", value);
         }
-        let response = self
-            .http
-            .execute(request)
-            .await
-            .map_err(|e| reqwest_send_error(&e))?;
-        let mut builder = Response::builder()
-            .status(response.status())
-            .version(response.version());
-        if let Some(headers) = builder.headers_mut() {
-            *headers = response.headers().clone();
-        }
-        let body = response.bytes().await.map_err(|e| reqwest_send_error(&e))?;
-        builder
-            .body(body)
-            .map_err(|e| SendError::Other(e.to_string()))
+        execute(&self.http, request).await
     }
 }
 
@@ -296,20 +230,5 @@ mod tests {
             "http://h/compute/v2.1/abc123/"
         );
         assert_eq!(base("http://h/image", Service::Image), "http://h/image/v2/");
-    }
-
-    #[test]
-    fn keystone_down_during_renewal_passes_and_a_refusal_does_not() {
-        let down = "`identity` endpoint version discovery error:\n\tUrl: http://127.0.0.1/identity/v3/\n\tMessage: Service is not working.";
-        assert!(!is_refusal(down));
-        assert!(is_refusal(
-            "The request you have made requires authentication. (HTTP 401)"
-        ));
-        assert!(is_refusal("403 Forbidden"));
-        assert!(is_refusal("Request failed with status 401"));
-        // A port that happens to hold 401 or 403 is no refusal.
-        let on_port = "`identity` endpoint version discovery error:\n\tUrl: http://127.0.0.1:40371/identity/v3/\n\tMessage: Service is not working.";
-        assert!(!is_refusal(on_port));
-        assert!(!is_refusal("Url: http://127.0.0.1:34019/"));
     }
 }

@@ -112,7 +112,7 @@ pub fn credentials_from_secret(
 }
 
 /// One client per credentials key. A client unused for the cloud options'
-/// `session_idle_ttl` (an hour by default) is dropped, with its session and CA file, when
+/// `session_idle_ttl` (an hour by default) is dropped, with its session, when
 /// another is made: a Secret seen once is not held for the life of the process.
 pub struct ClientCache {
     clouds: Arc<Clouds>,

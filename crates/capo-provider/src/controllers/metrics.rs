@@ -255,30 +255,33 @@ impl Drop for Reconciling {
     }
 }
 
+/// The sum over the series of metric `name` on `registry` whose labels include all of
+/// `labels`: counters and gauges by value, histograms by sample count. For the demo's and the
+/// benchmarks' own reading of the process's metrics.
+pub fn value(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            labels.iter().all(|(k, v)| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == *k && l.value() == *v)
+            })
+        })
+        .map(|m| {
+            m.get_counter().get_value()
+                + m.get_gauge().get_value()
+                + m.get_histogram().get_sample_count() as f64
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn value(registry: &Registry, name: &str, labels: &[(&str, &str)]) -> f64 {
-        registry
-            .gather()
-            .iter()
-            .filter(|f| f.name() == name)
-            .flat_map(|f| f.get_metric())
-            .filter(|m| {
-                labels.iter().all(|(k, v)| {
-                    m.get_label()
-                        .iter()
-                        .any(|l| l.name() == *k && l.value() == *v)
-                })
-            })
-            .map(|m| {
-                m.get_counter().get_value()
-                    + m.get_gauge().get_value()
-                    + m.get_histogram().get_sample_count() as f64
-            })
-            .sum()
-    }
 
     #[test]
     fn queue_depth_counts_each_waiting_object_once_until_its_reconcile_starts() {

@@ -115,6 +115,11 @@ pub fn client(
     let user_agent = http::HeaderValue::from_str(&options.user_agent)
         .map_err(|e| ManagerError::Connect(format!("user agent: {e}")))?;
     config.headers.push((http::header::USER_AGENT, user_agent));
+    // kube's default retries a 429, 503 or 504 up to 15 times inside the call, with backoff
+    // growing to minutes: a status write to an API server whose etcd is gone (504 after 34 s)
+    // would hold its worker for ten minutes, unseen. The reconcile sees the error instead:
+    // counted, logged, and retried with its object's backoff (watches back off on their own).
+    config.default_retry = false;
     let explain = ExplainLayer::new(&config.cluster_url.to_string());
     let builder =
         ClientBuilder::try_from(config).map_err(|e| ManagerError::Connect(e.to_string()))?;

@@ -63,8 +63,10 @@ pub struct Rule {
 const READ: &[&str] = &["get", "list", "watch"];
 const INFRASTRUCTURE: &str = "infrastructure.cluster.x-k8s.io";
 
-/// What the controllers do, cluster-wide (they watch every namespace unless told one).
-pub const CLUSTER_RULES: &[Rule] = &[
+/// What the controllers do to namespaced objects: granted cluster-wide by the default install
+/// (they watch every namespace), in the watched namespace alone by the namespaced one
+/// (`deploy/namespaced/`, `--namespace`).
+pub const WORKLOAD_RULES: &[Rule] = &[
     // Our objects: the controllers create and delete OpenStackServers for machines and
     // bastions, and patch finalizers and status on all three.
     Rule {
@@ -92,11 +94,6 @@ pub const CLUSTER_RULES: &[Rule] = &[
             "openstackmachinetemplates/status",
         ],
         verbs: &["patch"],
-    },
-    Rule {
-        group: INFRASTRUCTURE,
-        resources: &["openstackclusteridentities"],
-        verbs: &["get"],
     },
     // Cluster API: a Cluster's pause and ownership; a Machine's bootstrap data, and its
     // pre-terminate hook (set and cleared by patch) that holds deletion for the LB member.
@@ -151,22 +148,10 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resources: &["secrets"],
         verbs: READ,
     },
-    // An OpenStackClusterIdentity's namespace selector.
-    Rule {
-        group: "",
-        resources: &["namespaces"],
-        verbs: &["get"],
-    },
     Rule {
         group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
-    },
-    // At start: are our CRDs and Cluster API's installed and Established?
-    Rule {
-        group: "apiextensions.k8s.io",
-        resources: &["customresourcedefinitions"],
-        verbs: &["get"],
     },
     // The storage migration (v1beta1 stored by CAPO 0.14 to v1beta2): a no-op patch of
     // every object of our two-version kinds, then the CRD's storedVersions.
@@ -181,6 +166,31 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resources: &["openstackmachinetemplates"],
         verbs: &["list", "watch", "patch"],
     },
+];
+
+/// What is cluster-scoped, granted by a ClusterRole in both installs: none of it is a
+/// tenant's Secret or object.
+pub const CLUSTER_SCOPED_RULES: &[Rule] = &[
+    // A cluster names its OpenStackClusterIdentity (cluster-scoped).
+    Rule {
+        group: INFRASTRUCTURE,
+        resources: &["openstackclusteridentities"],
+        verbs: &["get"],
+    },
+    // An OpenStackClusterIdentity's namespace selector.
+    Rule {
+        group: "",
+        resources: &["namespaces"],
+        verbs: &["get"],
+    },
+    // At start: are our CRDs and Cluster API's installed and Established?
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["get"],
+    },
+    // The storage migration's last step (it also lists and patches every object of a kind,
+    // across namespaces: the namespaced install cannot migrate, docs/installation.md).
     Rule {
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions/status"],
@@ -364,49 +374,119 @@ fn namespace() -> Value {
     })
 }
 
-fn rules_json(rules: &[Rule]) -> Value {
+fn rules_json<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Value {
     rules
-        .iter()
+        .into_iter()
         .map(|rule| json!({"apiGroups": [rule.group], "resources": rule.resources, "verbs": rule.verbs}))
         .collect()
 }
 
-fn rbac() -> Vec<Value> {
+/// Every rule the default (cluster-wide) install grants the manager in its ClusterRole.
+pub fn cluster_wide_rules() -> impl Iterator<Item = &'static Rule> {
+    WORKLOAD_RULES.iter().chain(CLUSTER_SCOPED_RULES)
+}
+
+fn rbac_metadata(name: &str, namespace: Option<&str>) -> Value {
+    match namespace {
+        Some(namespace) => json!({"name": name, "namespace": namespace, "labels": labels()}),
+        None => json!({"name": name, "labels": labels()}),
+    }
+}
+
+/// A role (`Role` or `ClusterRole`) of `rules`, and its binding to capo-rs's ServiceAccount.
+fn role_and_binding<'a>(
+    kind: &str,
+    name: &str,
+    namespace: Option<&str>,
+    rules: impl IntoIterator<Item = &'a Rule>,
+) -> [Value; 2] {
     let subject = json!([{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}]);
-    let metadata = |name: &str, namespaced: bool| match namespaced {
-        true => json!({"name": name, "namespace": NAMESPACE, "labels": labels()}),
-        false => json!({"name": name, "labels": labels()}),
-    };
-    let leader = format!("{ACCOUNT}-leader-election");
-    vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(ACCOUNT, true)}),
+    [
         json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": metadata(ACCOUNT, false), "rules": rules_json(CLUSTER_RULES),
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+            "metadata": rbac_metadata(name, namespace), "rules": rules_json(rules),
         }),
         json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": metadata(ACCOUNT, false),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ACCOUNT},
-            "subjects": subject,
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": metadata(&leader, true), "rules": rules_json(LEASE_RULES),
-        }),
-        // Bound by whoever scrapes: Prometheus' ServiceAccount, for one.
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": metadata(METRICS_READER, false),
-            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": metadata(&leader, true),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": leader},
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": format!("{kind}Binding"),
+            "metadata": rbac_metadata(name, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
             "subjects": subject,
         }),
     ]
+}
+
+/// The namespace the shipped namespaced install (`deploy/namespaced/`) watches: where
+/// `clusterctl generate cluster` puts a cluster unless told otherwise.
+pub const NAMESPACED_EXAMPLE: &str = "default";
+
+/// The namespaced install's grants: [`WORKLOAD_RULES`] in a Role of `watched` alone, and a
+/// ClusterRole of [`CLUSTER_SCOPED_RULES`]. No Secret outside `watched` can be read.
+pub fn namespaced_rbac(watched: &str) -> Vec<Value> {
+    let mut objects = Vec::from(role_and_binding(
+        "Role",
+        ACCOUNT,
+        Some(watched),
+        WORKLOAD_RULES,
+    ));
+    objects.extend(role_and_binding(
+        "ClusterRole",
+        CLUSTER_SCOPED_ROLE,
+        None,
+        CLUSTER_SCOPED_RULES,
+    ));
+    objects
+}
+
+/// The namespaced install's ClusterRole (and binding), of cluster-scoped grants only.
+pub const CLUSTER_SCOPED_ROLE: &str = "capo-rs-manager-cluster-scoped";
+
+fn rbac() -> Vec<Value> {
+    let leader = format!("{ACCOUNT}-leader-election");
+    let [cluster_role, cluster_binding] =
+        role_and_binding("ClusterRole", ACCOUNT, None, cluster_wide_rules());
+    let [leader_role, leader_binding] =
+        role_and_binding("Role", &leader, Some(NAMESPACE), LEASE_RULES);
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": rbac_metadata(ACCOUNT, Some(NAMESPACE))}),
+        cluster_role,
+        cluster_binding,
+        leader_role,
+        // Bound by whoever scrapes: Prometheus' ServiceAccount, for one.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": rbac_metadata(METRICS_READER, None),
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+        }),
+        leader_binding,
+    ]
+}
+
+/// `deploy/namespaced/`, a kustomize component: the base's manager ClusterRole and binding
+/// replaced by [`namespaced_rbac`] of [`NAMESPACED_EXAMPLE`], and the manager told to watch
+/// it alone. (A component, not an overlay: kustomize refuses an overlay inside its base.)
+fn namespaced_overlay() -> (String, String) {
+    let delete = |kind: &str| {
+        format!(
+            "- patch: |-\n    apiVersion: rbac.authorization.k8s.io/v1\n    kind: {kind}\n    \
+             metadata:\n      name: {ACCOUNT}\n    $patch: delete\n"
+        )
+    };
+    let kustomization = format!(
+        "{GENERATED}apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\n\
+         # The namespaced install: capo-rs reconciles, and reads Secrets in, one namespace only.\n\
+         # Add `components: [namespaced]` to deploy/kustomization.yaml, or to an overlay of it.\n\
+         # To watch another namespace, replace `{NAMESPACED_EXAMPLE}` in role.yaml (twice) and below.\n\
+         resources:\n- role.yaml\npatches:\n{}{}\
+         - target:\n    kind: Deployment\n    name: {DEPLOYMENT}\n  patch: |-\n    \
+         - op: add\n      path: /spec/template/spec/containers/0/args/-\n      \
+         value: --namespace={NAMESPACED_EXAMPLE}\n",
+        delete("ClusterRole"),
+        delete("ClusterRoleBinding"),
+    );
+    (
+        kustomization,
+        generated(&namespaced_rbac(NAMESPACED_EXAMPLE)),
+    )
 }
 
 fn deployment(flavor: Flavor) -> Value {
@@ -487,8 +567,9 @@ fn deployment(flavor: Flavor) -> Value {
                             "runAsNonRoot": true,
                             "capabilities": {"drop": ["ALL"]},
                         },
-                        // A cloud's CA bundle is handed to the OpenStack SDK as a file; the
-                        // webhook's certificate is mounted inside /tmp (after it, so on top).
+                        // A small writable /tmp on a read-only root (nothing of ours writes
+                        // files now: CA bundles stay in memory); the webhook's certificate is
+                        // mounted inside it (after it, so on top).
                         "volumeMounts": [
                             {"name": "tmp", "mountPath": "/tmp"},
                             {"name": "cert", "mountPath": WEBHOOK_CERT_DIR, "readOnly": true},
@@ -675,7 +756,7 @@ pub fn objects(flavor: Flavor) -> Vec<Value> {
 fn yaml(objects: &[Value]) -> String {
     objects
         .iter()
-        .map(|object| serde_yaml::to_string(object).unwrap_or_default())
+        .map(|object| serde_saphyr::to_string(object).unwrap_or_default())
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -696,11 +777,13 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
          - service.yaml\n- webhook-service.yaml\n- validating-webhook.yaml\n- pdb.yaml\n\
          - networkpolicy.yaml\n\
          # certificate.yaml holds cert-manager objects: install cert-manager first.\n\
-         # Prometheus Operator users: add `components: [servicemonitor]` in an overlay.\n"
+         # Prometheus Operator users: add `components: [servicemonitor]` in an overlay.\n\
+         # A namespaced install (Roles, one watched namespace): `components: [namespaced]`.\n"
     );
     let component = format!(
         "{GENERATED}apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources:\n- servicemonitor.yaml\n"
     );
+    let namespaced = namespaced_overlay();
     let mut components = generated(&objects_with_crds(crds_yaml));
     if !components.ends_with('\n') {
         components.push('\n');
@@ -738,15 +821,18 @@ pub fn files(crds_yaml: &str) -> Vec<(String, String)> {
             components,
         ),
         ("clusterctl/metadata.yaml".into(), metadata()),
+        ("namespaced/kustomization.yaml".into(), namespaced.0),
+        ("namespaced/role.yaml".into(), namespaced.1),
     ]
 }
 
 /// The clusterctl components: the Namespace first, the CRDs, then the rest.
 fn objects_with_crds(crds_yaml: &str) -> Vec<Value> {
     let mut all = objects(Flavor::Clusterctl);
-    let crds = serde_yaml::Deserializer::from_str(crds_yaml)
-        .filter_map(|document| serde::Deserialize::deserialize(document).ok())
-        .filter(|value: &Value| !value.is_null());
+    let crds = serde_saphyr::from_str_multiple::<Value, Vec<Value>>(crds_yaml)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|value| !value.is_null());
     let rest = all.split_off(1);
     all.extend(crds);
     all.extend(rest);
@@ -952,17 +1038,64 @@ mod tests {
                 "{path} is not a resource of the kustomization"
             );
             listed.extend(
-                serde_yaml::Deserializer::from_str(text)
-                    .filter_map(|document| serde::Deserialize::deserialize(document).ok())
-                    .filter(|value: &Value| !value.is_null()),
+                serde_saphyr::from_str_multiple::<Value, Vec<Value>>(text)
+                    .expect("YAML")
+                    .into_iter()
+                    .filter(|value| !value.is_null()),
             );
         }
         assert_eq!(listed, objects(Flavor::Kustomize));
     }
 
+    /// The namespaced install's ClusterRole holds cluster-scoped resources alone; everything
+    /// namespaced goes in the Role of the watched namespace, bound to capo-rs's account.
+    #[test]
+    fn the_namespaced_install_grants_nothing_namespaced_cluster_wide() {
+        const CLUSTER_SCOPED: &[&str] = &[
+            "openstackclusteridentities",
+            "namespaces",
+            "customresourcedefinitions",
+            "customresourcedefinitions/status",
+            "tokenreviews",
+            "subjectaccessreviews",
+        ];
+        let resources = |rules: &[Rule]| -> Vec<&str> {
+            rules
+                .iter()
+                .flat_map(|r| r.resources.iter().copied())
+                .collect()
+        };
+        assert!(
+            resources(CLUSTER_SCOPED_RULES)
+                .iter()
+                .all(|r| CLUSTER_SCOPED.contains(r))
+        );
+        assert!(
+            !resources(WORKLOAD_RULES)
+                .iter()
+                .any(|r| CLUSTER_SCOPED.contains(r))
+        );
+        assert!(resources(WORKLOAD_RULES).contains(&"secrets"));
+        let objects = namespaced_rbac("tenant-a");
+        let kinds: Vec<_> = objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            kinds,
+            ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+        );
+        assert_eq!(objects[0]["metadata"]["namespace"], "tenant-a");
+        assert_eq!(objects[1]["subjects"][0]["namespace"], NAMESPACE);
+        assert_eq!(objects[1]["subjects"][0]["name"], ACCOUNT);
+        let granted = |object: &Value| object["rules"].as_array().map_or(0, Vec::len);
+        assert_eq!(granted(&objects[0]), WORKLOAD_RULES.len());
+        assert_eq!(granted(&objects[2]), CLUSTER_SCOPED_RULES.len());
+    }
+
     #[test]
     fn metadata_names_the_v1beta2_contract_for_this_release_series() {
-        let metadata: Value = serde_yaml::from_str(&metadata()).unwrap_or_default();
+        let metadata: Value = serde_saphyr::from_str(&metadata()).unwrap_or_default();
         assert_eq!(metadata["releaseSeries"][0]["contract"], "v1beta2");
         assert_eq!(metadata["releaseSeries"][0]["minor"], 1);
     }

@@ -231,6 +231,16 @@ impl ApiError {
         )
     }
 
+    /// 504 Timeout: what kube-apiserver 1.35 answers a write it could not finish, e.g. a
+    /// status PATCH while etcd is stopped (recorded on the real tier, after 34 s).
+    pub fn write_timed_out() -> Self {
+        Self::new(
+            504,
+            "Timeout",
+            "Timeout: request did not complete within requested timeout - context deadline exceeded",
+        )
+    }
+
     /// The `metav1.Status` body.
     pub fn status(&self) -> Value {
         let mut status = json!({

@@ -102,6 +102,7 @@ impl KubeSim {
             shutdown: shutdown.clone(),
             requests: Mutex::new(Vec::new()),
             converter: conversion::Converter::default(),
+            status_write_faults: Mutex::new((0, Duration::ZERO)),
         });
         let app = server::router(shared.clone());
         let stop = shutdown.clone();
@@ -128,6 +129,28 @@ impl KubeSim {
     /// Where conversion webhooks are reached (route a webhook Service here).
     pub fn converter(&self) -> &conversion::Converter {
         &self.shared.converter
+    }
+
+    /// The next `count` status writes (PATCH or PUT of a `/status` subresource) fail after
+    /// `delay` with 504 Timeout, as kube-apiserver 1.35 answers them while etcd is stopped
+    /// (there after 34 s). Only status writes fail: the rest of an etcd outage (gets by name
+    /// and other writes time out too; watches go on from the watch cache) is not modelled.
+    /// The request log records them.
+    pub fn fail_status_writes(&self, count: u32, delay: Duration) {
+        *self
+            .shared
+            .status_write_faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = (count, delay);
+    }
+
+    /// Status writes still to fail.
+    pub fn status_write_faults_left(&self) -> u32 {
+        self.shared
+            .status_write_faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0
     }
 
     /// The bound address.

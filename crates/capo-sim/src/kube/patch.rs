@@ -54,7 +54,7 @@ impl Patch {
                 .map(Self::Json)
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}"))),
             "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
-                let value: Value = serde_yaml::from_slice(body)
+                let value: Value = serde_saphyr::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
                 if !value.is_object() {
                     return Err(ApiError::bad_request("apply patch must be an object"));

@@ -42,6 +42,8 @@ pub struct Shared {
     pub requests: Mutex<Vec<RequestRecord>>,
     /// Calls CRDs' conversion webhooks.
     pub converter: super::conversion::Converter,
+    /// Status writes still to fail (`KubeSim::fail_status_writes`), and after how long.
+    pub status_write_faults: Mutex<(u32, Duration)>,
 }
 
 /// One resource request as kube-apiserver's authorizer sees it (its RequestInfo), and who
@@ -122,6 +124,26 @@ pub fn authorization_attributes(
 }
 
 impl Shared {
+    /// Whether this request is a status write that is to fail, and after how long (one of
+    /// the faults still to come is used up).
+    fn failing_status_write(&self, method: &Method, path: &str, query: &Query) -> Option<Duration> {
+        let write = matches!(*method, Method::PATCH | Method::PUT);
+        let status = authorization_attributes(method, path, query)
+            .is_some_and(|(_, _, resource, _, _)| resource.ends_with("/status"));
+        if !write || !status {
+            return None;
+        }
+        let mut faults = self
+            .status_write_faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (left, delay) = &mut *faults;
+        (*left > 0).then(|| {
+            *left -= 1;
+            *delay
+        })
+    }
+
     /// What admission needs of the server.
     pub fn admission(&self) -> admission::Server<'_> {
         admission::Server {
@@ -254,13 +276,31 @@ async fn handle(
         headers: &headers,
         body: &body,
     };
+    if let Some(delay) = shared.failing_status_write(&method, uri.path(), &query) {
+        tokio::time::sleep(delay).await;
+        let response = error_response(&ApiError::write_timed_out());
+        log_request(&shared, &method, &uri, &query, &headers, &response);
+        return response;
+    }
     let response = match dispatch(&shared, &request).await {
         Ok(response) => response,
         Err(error) => error_response(&error),
     };
     tracing::debug!(method = %method, path = uri.path(), status = response.status().as_u16(), "sim kube request");
+    log_request(&shared, &method, &uri, &query, &headers, &response);
+    response
+}
+
+fn log_request(
+    shared: &Shared,
+    method: &Method,
+    uri: &Uri,
+    query: &Query,
+    headers: &HeaderMap,
+    response: &Response,
+) {
     if let Some((verb, group, resource, namespace, name)) =
-        authorization_attributes(&method, uri.path(), &query)
+        authorization_attributes(method, uri.path(), query)
     {
         let user_agent = headers
             .get(header::USER_AGENT)
@@ -278,7 +318,6 @@ async fn handle(
             at: std::time::Instant::now(),
         });
     }
-    response
 }
 
 struct Request<'a> {
@@ -332,7 +371,7 @@ impl Request<'_> {
             return super::protobuf::decode(self.body);
         }
         if self.content_type().contains("yaml") {
-            return serde_yaml::from_slice(self.body)
+            return serde_saphyr::from_slice(self.body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")));
         }
         serde_json::from_slice(self.body)

@@ -232,7 +232,7 @@ impl Scenario {
 /// Reads YAML (or JSON) through JSON's data model, so enums are written as one-key maps
 /// (`{fixed: 0.5}`) rather than YAML tags.
 pub fn from_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
-    let value: serde_json::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    let value: serde_json::Value = serde_saphyr::from_str(text).map_err(|e| e.to_string())?;
     serde_json::from_value(value).map_err(|e| e.to_string())
 }
 

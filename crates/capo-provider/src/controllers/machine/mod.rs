@@ -309,6 +309,22 @@ async fn provision(
     writes::add_finalizer(api, pass.osm, conditions::finalizers::MACHINE)
         .await
         .map_err(MachineError::kube("adding the finalizer"))?;
+    if let Some((label, value)) =
+        plan::missing_control_plane_label(pass.osm.labels(), machine.labels())
+    {
+        let patch = Patch::Merge(json!({ "metadata": { "labels": { label: value } } }));
+        api.patch(&pass.name, &PatchParams::default(), &patch)
+            .await
+            .map_err(MachineError::kube(
+                "copying the Machine's control-plane label",
+            ))?;
+        tracing::info!(
+            label,
+            "a control-plane Machine: its label copied to the OpenStackMachine"
+        );
+        // Nothing joins or is released on this pass's view, which took it for a worker.
+        return Ok(Outcome::Poll(pass.ctx.config.poll_min));
+    }
     let Some(infra) = owners.infra.as_ref().filter(|c| {
         Initialization::is_provisioned(c.status.as_ref().and_then(|s| s.initialization.as_ref()))
     }) else {

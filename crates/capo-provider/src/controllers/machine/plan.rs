@@ -2,6 +2,7 @@
 //! API load balancer members (joining or leaving), and the condition that says where they
 //! stand. Time is passed in.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use capo_api::OpenStackMachineSpec;
@@ -120,6 +121,25 @@ pub fn server_spec(
 /// region of the machine's own credentials (none: `openstack:///<server ID>`).
 pub fn provider_id(region: Option<&str>, instance: &str) -> String {
     format!("openstack://{}/{instance}", region.unwrap_or_default())
+}
+
+/// Cluster API's control-plane label and its value, when the Machine carries it and the
+/// OpenStackMachine does not. CAPO tells a control-plane machine by its Machine; everything in
+/// capo-rs (its members, the cluster's desired members, its security group) reads the label on
+/// the OpenStackMachine, which KubeadmControlPlane writes but Cluster API's Machine controller
+/// does not copy (only the cluster's name): a control plane made otherwise would have its
+/// machines taken for workers and released with no member.
+pub fn missing_control_plane_label(
+    osm_labels: &BTreeMap<String, String>,
+    machine_labels: &BTreeMap<String, String>,
+) -> Option<(&'static str, String)> {
+    let label = capo_api::capi::labels::CONTROL_PLANE;
+    if osm_labels.contains_key(label) {
+        return None;
+    }
+    machine_labels
+        .get(label)
+        .map(|value| (label, value.clone()))
 }
 
 /// The managed security group of a machine's role, if the cluster manages them.
@@ -728,6 +748,29 @@ pub fn port_on_network(status: &InstanceStatus, network: &str) -> Option<String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_plane_machines_label_is_copied_only_when_missing() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let control_plane = labels(&[("cluster.x-k8s.io/control-plane", "")]);
+        let worker = labels(&[("cluster.x-k8s.io/cluster-name", "c1")]);
+        assert_eq!(
+            missing_control_plane_label(&worker, &control_plane),
+            Some(("cluster.x-k8s.io/control-plane", String::new()))
+        );
+        assert_eq!(
+            missing_control_plane_label(&control_plane, &control_plane),
+            None
+        );
+        assert_eq!(missing_control_plane_label(&worker, &worker), None);
+        // The label is never taken away: a Machine without it leaves the OpenStackMachine's.
+        assert_eq!(missing_control_plane_label(&control_plane, &worker), None);
+    }
 
     #[test]
     fn provider_ids_read_as_capo_writes_them() {
