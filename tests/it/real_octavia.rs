@@ -10,8 +10,9 @@
 use crate::common;
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, fault, real_cloud};
 
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,6 +26,7 @@ use capo_provider::membership::{Change, Engine, EngineConfig, Reason, ScheduleCo
 use capo_sim::openstack::{
     CloudSettings, Effect, ObjectKind, OpenStackSim, OpenStackSimConfig, Rule, Scenario, Timings,
 };
+use futures::FutureExt;
 use prometheus::Registry;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
@@ -56,6 +58,8 @@ trait Backend: Send + Sync {
     async fn hold_worker(&self);
     async fn release_worker(&self);
     async fn clear(&self);
+    /// A load balancer the scenario made, to be deleted after it whatever happens.
+    fn made(&self, _lb: &str) {}
 }
 
 // ------------------------------------------------------------------------------ real Octavia
@@ -64,7 +68,60 @@ struct RealOctavia {
     client: CloudClient,
     vip_subnet: String,
     clouds_yaml_path: PathBuf,
+    /// The load balancers made since the last [`RealOctavia::delete_what_it_made`].
+    made: Mutex<Vec<String>>,
     _clouds: Arc<Clouds>,
+}
+
+impl RealOctavia {
+    /// Runs a scenario alone on the real tier, faults cleared before and after, then deletes
+    /// every load balancer it made, pass or fail: each VIP's port holds an address of the
+    /// tenant's /24 until its load balancer goes, and the ones scenarios left filled it across
+    /// CI runs ("No more IP addresses available on network").
+    async fn run(&self, scenario: impl Future<Output = ()>) {
+        self.clear().await;
+        let outcome = AssertUnwindSafe(tokio::time::timeout(Duration::from_secs(180), scenario))
+            .catch_unwind()
+            .await;
+        self.clear().await;
+        self.delete_what_it_made().await;
+        match outcome {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(finished) => finished.expect("scenario finished within 3 minutes"),
+        }
+    }
+
+    /// Deletes (cascade) what [`Backend::made`] recorded and waits until Octavia no longer
+    /// has it; one still there after two minutes fails the test.
+    async fn delete_what_it_made(&self) {
+        let made = std::mem::take(&mut *self.made.lock().unwrap_or_else(PoisonError::into_inner));
+        let gone = tokio::time::timeout(Duration::from_secs(120), async {
+            for lb in &made {
+                until_deleted(&self.client, lb).await;
+            }
+        });
+        assert!(
+            gone.await.is_ok(),
+            "load balancers a scenario made are still in Octavia 2 minutes after it: {made:?}"
+        );
+    }
+}
+
+/// Deletes a load balancer (cascade) until Octavia says it is gone. A pending one is waited
+/// for (Octavia refuses to delete it), and a refused or failed delete is tried again.
+async fn until_deleted(client: &CloudClient, lb: &str) {
+    let octavia = client.octavia();
+    loop {
+        match octavia.get_load_balancer(lb).await {
+            Err(CloudError::NotFound(_)) => return,
+            Ok(read) if read.provisioning_status == ProvisioningStatus::Deleted => return,
+            Ok(read) if !read.provisioning_status.is_pending() => {
+                let _refused_is_retried = octavia.delete_load_balancer(lb, true).await;
+            }
+            Ok(_) | Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[async_trait]
@@ -95,6 +152,10 @@ impl Backend for RealOctavia {
         fault(&["clear"]).await;
         fault(&["worker-cont"]).await;
     }
+    fn made(&self, lb: &str) {
+        let mut made = self.made.lock().unwrap_or_else(PoisonError::into_inner);
+        made.push(lb.to_owned());
+    }
 }
 
 /// The real tier's Octavia as the tenant sees it (password through Keystone), or `None` (with a
@@ -115,6 +176,7 @@ async fn real_octavia() -> Option<RealOctavia> {
         client,
         vip_subnet,
         clouds_yaml_path: real.clouds_yaml_path,
+        made: Mutex::default(),
         _clouds: clouds,
     })
 }
@@ -126,10 +188,7 @@ macro_rules! on_real_octavia {
         let Some(real) = real_octavia().await else {
             return;
         };
-        real.clear().await;
-        let outcome = tokio::time::timeout(Duration::from_secs(180), $scenario(&real)).await;
-        real.clear().await;
-        outcome.expect("scenario finished within 3 minutes");
+        real.run($scenario(&real)).await;
     }};
 }
 
@@ -255,6 +314,7 @@ async fn api_load_balancer(backend: &dyn Backend, name: &str) -> (String, String
         })
         .await
         .expect("create load balancer");
+    backend.made(&lb.id);
     assert_eq!(lb.provisioning_status, ProvisioningStatus::PendingCreate);
     settle(client, &lb.id).await;
     let listener = octavia
@@ -1184,10 +1244,7 @@ async fn real_watch_lb() {
     let Some(real) = real_octavia().await else {
         return;
     };
-    real.clear().await;
-    let outcome = tokio::time::timeout(Duration::from_secs(180), watch_lb_exits(&real)).await;
-    real.clear().await;
-    outcome.expect("watch-lb scenarios finished within 3 minutes");
+    real.run(watch_lb_exits(&real)).await;
 }
 
 async fn watch_lb_exits(real: &RealOctavia) {
