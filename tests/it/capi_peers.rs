@@ -460,6 +460,22 @@ async fn cluster_apis_controllers_drive_a_cluster_and_a_machine_through_capo_rs(
         "Cluster API's Machine controller owns the OpenStackMachine"
     );
     assert_eq!(driven.servers(), 1);
+    // The server's name is the machine's InternalDNS, as CAPO reports it, and Cluster API
+    // copies it to the Machine, where a node's CSR approval looks for it.
+    wait_object(
+        &driven.machines,
+        "m1",
+        "reads its server's name as InternalDNS",
+        |m| {
+            m["status"]["addresses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|a| a["type"] == "InternalDNS" && a["address"] == "m1")
+        },
+        &driven.manager,
+    )
+    .await;
 
     // Deleting the Machine: Cluster API skips the drain (no node) and holds the
     // OpenStackMachine while the pre-terminate hook is there; then capo-rs deletes the server.

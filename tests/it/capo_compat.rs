@@ -98,6 +98,8 @@ struct FieldShape {
     default: Value,
     format: Value,
     list_type: Value,
+    /// `x-kubernetes-map-type` (atomic): how a server-side apply merges the object.
+    map_type: Value,
     /// maxItems, maxLength, maxProperties, minItems, minLength, minimum, maximum, pattern:
     /// the API server's CEL cost estimate depends on the upper bounds, and a bound tighter
     /// than CAPO's would refuse a manifest CAPO accepts.
@@ -115,8 +117,8 @@ const BOUNDS: [&str; 8] = [
     "pattern",
 ];
 
-/// Every field path below `spec` with its shape. `list_type` is recorded only where the
-/// reference declares one, so we may add list-type markers CAPO lacks.
+/// Every field path below `spec` with its shape. `list_type` and `map_type` are compared only
+/// where the reference declares one, so we may add markers CAPO lacks.
 fn spec_fields(schema: &Value) -> BTreeMap<String, FieldShape> {
     let mut out = BTreeMap::new();
     walk(&schema["properties"]["spec"], "spec", false, &mut out);
@@ -133,6 +135,7 @@ fn walk(node: &Value, path: &str, required: bool, out: &mut BTreeMap<String, Fie
             default: node["default"].clone(),
             format: node["format"].clone(),
             list_type: node["x-kubernetes-list-type"].clone(),
+            map_type: node["x-kubernetes-map-type"].clone(),
             bounds: BOUNDS
                 .iter()
                 // Compared as numbers: our typed CRDs hold bounds as floats.
@@ -249,6 +252,11 @@ fn compare_spec_fields(
                 Value::Null
             } else {
                 our_shape.list_type.clone()
+            },
+            map_type: if their_shape.map_type.is_null() {
+                Value::Null
+            } else {
+                our_shape.map_type.clone()
             },
             // The root `spec` is required in our CRDs (see docs/api.md); CAPO leaves it optional.
             required: if path == "spec" {

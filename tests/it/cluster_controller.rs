@@ -1011,6 +1011,53 @@ async fn a_monitor_change_is_applied_in_place() {
     wait_cluster(&world, "c1", "settled again", settled).await;
 }
 
+/// A provider that implements no health monitors (Octavia answers 501) gets its pools without
+/// one, as CAPO does: a `SkippedCreateMonitor` warning, and the gate opens on the member's
+/// provisioning status alone, where it would otherwise fail on every pass and never open.
+#[tokio::test]
+async fn a_provider_without_health_monitors_serves_without_one_and_the_gate_still_opens() {
+    let mut world = World::start().await;
+    world.cloud.set_providers_without_monitors(&["amphora"]);
+    create_cluster(&world, "c1", cluster_spec()).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
+    let lb = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+        .expect("its load balancer");
+    assert!(
+        !lb.pools.is_empty() && lb.pools.iter().all(|p| p.monitor_id.is_none()),
+        "pools without a monitor: {lb:?}"
+    );
+    let warnings = world.warnings("SkippedCreateMonitor").await;
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("Provider 'amphora' does not support")),
+        "{warnings:?}"
+    );
+    let pool = pool(&cluster, 6443);
+    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
+    world
+        .admin
+        .octavia()
+        .create_member(&pool, &MemberSpec::new("cp-1", "10.6.0.11", 6443))
+        .await
+        .unwrap();
+    wait_cluster(
+        &world,
+        "c1",
+        "the gate open on provisioning status",
+        has(
+            types::API_SERVER_LOAD_BALANCER_READY,
+            "True",
+            reasons::READY,
+        ),
+    )
+    .await;
+    world.stop_manager().await;
+}
+
 /// Extra ports get their own listener and pool, each machine is wanted in every pool, and
 /// the VIP and floating IP the spec names are the ones used.
 #[tokio::test]

@@ -109,6 +109,10 @@ fn crd_metadata_follows_the_contract() {
     assert_eq!(short("OpenStackCluster"), json!(["osc"]));
     assert_eq!(short("OpenStackMachine"), json!(["osm"]));
     assert_eq!(short("OpenStackServer"), json!(["oss"]));
+    // CAPO's short names for the templates and the identity too: `kubectl get osmt` works.
+    assert_eq!(short("OpenStackClusterTemplate"), json!(["osct"]));
+    assert_eq!(short("OpenStackMachineTemplate"), json!(["osmt"]));
+    assert_eq!(short("OpenStackClusterIdentity"), json!(["osci"]));
     let columns = |kind: &str| -> Vec<String> {
         our_crd(kind)["spec"]["versions"][0]["additionalPrinterColumns"]
             .as_array()

@@ -968,6 +968,36 @@ async fn deletion_leaves_nothing_in_the_cloud_volumes_and_trunks_included() {
     );
 }
 
+/// A cloud that defers deletes (Nova's `reclaim_instance_interval`) turns a deleted server
+/// SOFT_DELETED, and deleting it again leaves it so: capo-rs forces its deletion, so the
+/// object goes and nothing stays in the cloud, where waiting would last until the reclaim.
+#[tokio::test]
+async fn a_soft_deleted_server_is_force_deleted_and_nothing_is_left() {
+    let world = World::start().await;
+    world.cloud.set_deferred_delete(true);
+    let before = world.cloud.object_counts();
+    let mut manifest = server_manifest("deferred");
+    manifest["spec"]["rootVolume"] = json!({"sizeGiB": 20});
+    world.create(manifest).await;
+    world.wait_for("deferred", "Ready", is_ready).await;
+    world
+        .servers()
+        .delete("deferred", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("deferred").await;
+    assert_eq!(
+        world.cloud.object_counts(),
+        before,
+        "nothing we created remains"
+    );
+    assert_eq!(
+        world.requests("compute server_action"),
+        1,
+        "one forceDelete"
+    );
+}
+
 #[tokio::test]
 async fn a_server_deleted_out_of_band_is_reported_and_its_object_still_deletes() {
     let world = World::start().await;

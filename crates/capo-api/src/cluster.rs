@@ -705,6 +705,7 @@ pub struct BastionStatus {
     version = "v1beta2",
     kind = "OpenStackClusterTemplate",
     plural = "openstackclustertemplates",
+    shortname = "osct",
     namespaced,
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1beta2"),

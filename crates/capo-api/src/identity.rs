@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "OpenStackClusterIdentity",
     plural = "openstackclusteridentities",
+    shortname = "osci",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "Cluster-scoped OpenStack credentials shared by clusters in selected namespaces.",
@@ -47,6 +48,7 @@ pub struct OpenStackClusterIdentitySpec {
     pub secret_ref: SecretReference,
     /// Namespaces whose clusters may use this identity; all when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub namespace_selector: Option<LabelSelector>,
 }
 

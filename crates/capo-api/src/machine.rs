@@ -135,6 +135,7 @@ pub struct OpenStackMachineSpec {
         rename = "floatingIPPoolRef",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub floating_ip_pool_ref: Option<TypedLocalObjectReference>,
     /// Extra Nova scheduler hints.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -152,6 +153,7 @@ pub type OpenStackMachineStatus = InstanceStatus;
     version = "v1beta2",
     kind = "OpenStackMachineTemplate",
     plural = "openstackmachinetemplates",
+    shortname = "osmt",
     namespaced,
     status = "OpenStackMachineTemplateStatus",
     category = "cluster-api",

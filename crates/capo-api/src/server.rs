@@ -114,6 +114,7 @@ pub struct OpenStackServerSpec {
         rename = "floatingIPPoolRef",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub floating_ip_pool_ref: Option<TypedLocalObjectReference>,
     /// Availability zone of the server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,6 +125,7 @@ pub struct OpenStackServerSpec {
     pub scheduler_hint_additional_properties: Vec<SchedulerHintAdditionalProperty>,
     /// Secret holding the user data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub user_data_ref: Option<LocalObjectReference>,
 }
 

@@ -59,6 +59,10 @@ pub enum CloudError {
     /// 400 and other 4xx: the request is wrong and repeating it will not help.
     #[error("bad request: {0}")]
     BadRequest(ErrorContext),
+    /// 501: this cloud (or the Octavia provider serving the object) does not implement what
+    /// was asked, and will not next time either.
+    #[error("not implemented: {0}")]
+    NotImplemented(ErrorContext),
     /// 5xx, connection failures, timeouts: the cloud may answer next time.
     #[error("transient: {0}")]
     Transient(ErrorContext),
@@ -113,6 +117,7 @@ impl CloudError {
             | CloudError::Unauthorized(ctx)
             | CloudError::Forbidden(ctx)
             | CloudError::BadRequest(ctx)
+            | CloudError::NotImplemented(ctx)
             | CloudError::Transient(ctx)
             | CloudError::Decode(ctx)
             | CloudError::Cancelled(ctx) => Some(ctx),
@@ -130,6 +135,7 @@ impl CloudError {
             CloudError::Unauthorized(_) => "unauthorized",
             CloudError::Forbidden(_) => "forbidden",
             CloudError::BadRequest(_) => "bad_request",
+            CloudError::NotImplemented(_) => "not_implemented",
             CloudError::Transient(_) => "transient",
             CloudError::Decode(_) => "decode",
             CloudError::Config(_) => "config",
@@ -170,6 +176,7 @@ pub fn classify_response(
         401 => CloudError::Unauthorized(ctx),
         403 => CloudError::Forbidden(ctx),
         408 => CloudError::Transient(ctx),
+        501 => CloudError::NotImplemented(ctx),
         code if code >= 500 => CloudError::Transient(ctx),
         _ => CloudError::BadRequest(ctx),
     }
@@ -360,6 +367,12 @@ mod tests {
         assert!(matches!(classify(401, "{}"), CloudError::Unauthorized(_)));
         assert!(matches!(classify(403, "{}"), CloudError::Forbidden(_)));
         assert!(matches!(classify(503, "{}"), CloudError::Transient(_)));
+        let unimplemented = classify(501, "{}");
+        assert!(matches!(unimplemented, CloudError::NotImplemented(_)));
+        assert!(
+            !unimplemented.is_retryable(),
+            "a 501 is not worth repeating"
+        );
         assert!(matches!(
             classify(429, "{}"),
             CloudError::RateLimited { retry_after, .. } if retry_after == DEFAULT_RETRY_AFTER

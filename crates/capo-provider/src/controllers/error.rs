@@ -108,7 +108,10 @@ impl Categorized for CloudError {
             }
             CloudError::Unauthorized(_) | CloudError::Config(_) => ErrorCategory::Credentials,
             // 403 is policy or quota, 400 a request the spec made: both need a person.
-            CloudError::Forbidden(_) | CloudError::BadRequest(_) => ErrorCategory::InvalidSpec,
+            // 501: what the spec asks of this cloud is not implemented there.
+            CloudError::Forbidden(_)
+            | CloudError::BadRequest(_)
+            | CloudError::NotImplemented(_) => ErrorCategory::InvalidSpec,
         }
     }
 }

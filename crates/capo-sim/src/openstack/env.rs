@@ -170,6 +170,14 @@ pub struct CloudSettings {
     pub neutron_extensions: Vec<String>,
     /// Octavia's current API version (the last of its version document), `(major, minor)`.
     pub octavia_version: (u32, u32),
+    /// Octavia providers whose driver implements no health monitors (ovn-octavia-provider
+    /// before 2021 did not, nor do some vendors' drivers): creating one on their load
+    /// balancers answers 501, as Octavia's API does when a driver raises NotImplementedError.
+    pub providers_without_monitors: Vec<String>,
+    /// Nova's `reclaim_instance_interval` is set: deleting a server that has run makes it
+    /// SOFT_DELETED (its ports and volumes kept), where it stays until a `forceDelete` (or a
+    /// reclaim this simulator never makes); deleting it again leaves it so.
+    pub deferred_delete: bool,
 }
 
 /// A project's quotas, where the services check them.
@@ -203,6 +211,8 @@ impl Default for CloudSettings {
             quotas: Quotas::default(),
             neutron_extensions: vec!["trunk".into(), "standard-attr-tag".into()],
             octavia_version: (2, 27),
+            providers_without_monitors: Vec::new(),
+            deferred_delete: false,
         }
     }
 }

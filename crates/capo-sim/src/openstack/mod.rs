@@ -271,6 +271,17 @@ impl OpenStackSim {
         world.env.settings.octavia_version = octavia_version;
     }
 
+    /// Octavia providers that implement no health monitors, from now on.
+    pub fn set_providers_without_monitors(&self, providers: &[&str]) {
+        self.shared.world().env.settings.providers_without_monitors =
+            providers.iter().map(|p| (*p).to_owned()).collect();
+    }
+
+    /// Nova defers deletes (`reclaim_instance_interval`) from now on, or no longer does.
+    pub fn set_deferred_delete(&self, deferred: bool) {
+        self.shared.world().env.settings.deferred_delete = deferred;
+    }
+
     /// Load balancers and members that exist now.
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();

@@ -147,9 +147,12 @@ pub fn handle(
             Some(server) => Reply::ok(json!({"server": server.body})),
             None => Reply::nova(404, format!("Instance {id} could not be found.")),
         },
+        ("DELETE", ["servers", id]) if world.env.settings.deferred_delete => {
+            soft_delete_server(world, id)
+        }
         ("DELETE", ["servers", id]) => delete_server(world, id),
         ("PUT", ["servers", id, "tags"]) => replace_tags(world, id, &body),
-        // Servers are never soft-deleted here, so a force delete is a delete (answered 202).
+        // As Nova's force_delete: a delete now, in any state (answered 202).
         ("POST", ["servers", id, "action"]) if body.get("forceDelete").is_some() => {
             match delete_server(world, id) {
                 reply if reply.status.is_success() => Reply::empty(202),
@@ -660,6 +663,27 @@ fn list_servers(world: &Cx<'_>, query: &[(String, String)], detail: bool) -> Rep
         })
         .collect();
     Reply::ok(json!({"servers": items}))
+}
+
+/// Nova's delete with `reclaim_instance_interval` set (nova/api/openstack/compute/servers.py,
+/// `_delete`): a server that has run goes SOFT_DELETED and keeps its ports and volumes; one
+/// that never ran is deleted. Deleting a SOFT_DELETED server soft-deletes it again: it stays.
+fn soft_delete_server(world: &mut Cx<'_>, id: &str) -> Reply {
+    let Some(server) = world.nova.servers.get_mut(id) else {
+        return Reply::nova(404, format!("Instance {id} could not be found."));
+    };
+    if !matches!(
+        server.body["status"].as_str(),
+        Some("ACTIVE" | "SHUTOFF" | "SOFT_DELETED")
+    ) {
+        return delete_server(world, id);
+    }
+    server.next = None;
+    let body = &mut server.body;
+    body["status"] = json!("SOFT_DELETED");
+    body["OS-EXT-STS:vm_state"] = json!("soft-delete");
+    body["OS-EXT-STS:task_state"] = Value::Null;
+    Reply::empty(204)
 }
 
 fn delete_server(world: &mut Cx<'_>, id: &str) -> Reply {

@@ -1470,11 +1470,28 @@ fn create_monitor(world: &mut Cx<'_>, body: &Value) -> Reply {
     }
     let lb_id = pool.lb.clone();
     let kind = str_field(body, "type").unwrap_or_else(|| "TCP".into());
-    let ovn = world
+    let provider = world
         .octavia
         .lbs
         .get(&lb_id)
-        .is_some_and(|lb| lb.provider == "ovn");
+        .map(|lb| lb.provider.clone())
+        .unwrap_or_default();
+    if world
+        .env
+        .settings
+        .providers_without_monitors
+        .contains(&provider)
+    {
+        // Octavia 19's octavia/api/drivers/utils.py (call_provider): a driver's
+        // NotImplementedError without a user message becomes ProviderNotImplementedError, 501.
+        return Reply::fault(
+            501,
+            format!(
+                "Provider '{provider}' does not support a requested action: This feature is not implemented by the provider."
+            ),
+        );
+    }
+    let ovn = provider == "ovn";
     if ovn && !matches!(kind.as_str(), "TCP" | "UDP-CONNECT") {
         // ovn-octavia-provider's driver.py (_validate_hm_support), as Octavia returns it.
         return Reply::fault(

@@ -257,6 +257,8 @@ pub fn operation(service: &str, method: &Method, rest: &[&str]) -> String {
             match *segment {
                 "status" => action = Some("status_get"),
                 "tags" => action = Some("tags_update"),
+                // Nova's `POST /servers/{id}/action`, as the client names it.
+                "action" => action = Some("action"),
                 "add_router_interface" => action = Some("interface_add"),
                 "remove_router_interface" => action = Some("interface_remove"),
                 collection => {
@@ -429,6 +431,10 @@ mod tests {
         assert_eq!(
             op("load-balancer", Method::GET, "v2/lbaas/loadbalancers"),
             "loadbalancer_list"
+        );
+        assert_eq!(
+            op("compute", Method::POST, "v2.1/servers/s/action"),
+            "server_action"
         );
         assert_eq!(
             op(

@@ -30,6 +30,8 @@ pub enum LbProgress {
         vip_port: Option<String>,
         /// The spec restricts the listeners, and this Octavia (its API version) cannot.
         old_octavia: Option<String>,
+        /// The provider implements no health monitors: the pools have none (Octavia's word).
+        monitor_skipped: Option<String>,
     },
     /// Being created or changed (by us or anyone): look again when it unlocks.
     Pending(ProvisioningStatus),
@@ -151,6 +153,7 @@ pub async fn reconcile(
         }
     }
     let mut recorded_pools = Vec::new();
+    let mut monitor_skipped = None;
     for port in plan::lb_ports(spec, lb_spec) {
         let step = ensure_port(
             names, lb_spec, cloud, &lb, port, &listeners, &pools, &allowed, monitor,
@@ -158,6 +161,10 @@ pub async fn reconcile(
         .await?;
         match step {
             PortStep::Done(pool) => recorded_pools.push(pool),
+            PortStep::WithoutMonitor(pool, why) => {
+                recorded_pools.push(pool);
+                monitor_skipped = Some(why);
+            }
             PortStep::Changed => {
                 record_pools(status, recorded_pools);
                 return Ok(LbProgress::Pending(ProvisioningStatus::PendingUpdate));
@@ -171,6 +178,7 @@ pub async fn reconcile(
     Ok(LbProgress::Ready {
         vip_port: lb.vip_port_id.clone(),
         old_octavia,
+        monitor_skipped,
     })
 }
 
@@ -208,6 +216,8 @@ fn bastion_ips(status: &OpenStackClusterStatus) -> Vec<String> {
 
 enum PortStep {
     Done(LoadBalancerPoolStatus),
+    /// Done, with no health monitor: the provider implements none (Octavia's message).
+    WithoutMonitor(LoadBalancerPoolStatus, String),
     /// One change made: the LB is locked until it settles.
     Changed,
 }
@@ -287,15 +297,25 @@ async fn ensure_port(
     };
     let wanted = wanted_monitor(lb_spec, monitor, &name, &pool.id);
     let Some(monitor_id) = pool.healthmonitor_id.clone() else {
-        cloud
-            .octavia()
-            .create_health_monitor(&wanted)
-            .await
-            .map_err(ClusterError::cloud(format!(
+        return match cloud.octavia().create_health_monitor(&wanted).await {
+            Ok(_) => {
+                tracing::info!(port, kind = wanted.kind, "created a health monitor");
+                Ok(PortStep::Changed)
+            }
+            // As CAPO: a provider without health monitors serves the port without one; the
+            // gate then reads the members' provisioning status alone (they report
+            // NO_MONITOR). Asked again on the next pass, as CAPO does: a provider may gain them.
+            Err(CloudError::NotImplemented(ctx)) => {
+                tracing::warn!(port, message = %ctx.message, "the provider has no health monitors: the pool goes without one");
+                Ok(PortStep::WithoutMonitor(
+                    pool_status(port, listener, pool, None),
+                    ctx.message,
+                ))
+            }
+            Err(error) => Err(ClusterError::cloud(format!(
                 "creating the health monitor for port {port}"
-            )))?;
-        tracing::info!(port, kind = wanted.kind, "created a health monitor");
-        return Ok(PortStep::Changed);
+            ))(error)),
+        };
     };
     // `monitor` may change (the only LB setting that may, with allowedCIDRs), and so may the
     // monitor's kind (the controller's flag, the cluster's annotation).
@@ -335,12 +355,26 @@ async fn ensure_port(
             return Ok(PortStep::Changed);
         }
     }
-    Ok(PortStep::Done(LoadBalancerPoolStatus {
+    Ok(PortStep::Done(pool_status(
+        port,
+        listener,
+        pool,
+        Some(monitor_id),
+    )))
+}
+
+fn pool_status(
+    port: u16,
+    listener: &Listener,
+    pool: &Pool,
+    monitor_id: Option<String>,
+) -> LoadBalancerPoolStatus {
+    LoadBalancerPoolStatus {
         port: i32::from(port),
         listener_id: listener.id.clone(),
         pool_id: pool.id.clone(),
-        monitor_id: Some(monitor_id),
-    }))
+        monitor_id,
+    }
 }
 
 /// The VIP's network and subnets: `managedLoadBalancer.network`/`subnets`, else the cluster's.

@@ -546,10 +546,14 @@ async fn build(
                 LbProgress::Ready {
                     vip_port,
                     old_octavia,
+                    monitor_skipped,
                 } => {
                     endpoint_note = old_octavia.map(|version| {
                         format!("; allowedCIDRs not enforced: this Octavia's API is {version}, and listeners take them from 2.12")
                     });
+                    if let Some(why) = monitor_skipped {
+                        warn_monitor_skipped(pass, &why).await;
+                    }
                     lb_endpoint(pass, cloud, vip_port, status)
                         .await
                         .map_err(at(types::API_ENDPOINT_READY))?
@@ -615,12 +619,15 @@ async fn build(
         );
     }
     if pass.due(FAILURE_DOMAINS) {
-        let zones = cloud
-            .nova()
-            .list_availability_zones()
-            .await
-            .map_err(ClusterError::cloud("listing availability zones"))
-            .map_err(at(types::READY))?;
+        let zones = match plan::known_zones(&status.failure_domains) {
+            Some(zones) => zones,
+            None => cloud
+                .nova()
+                .list_availability_zones()
+                .await
+                .map_err(ClusterError::cloud("listing availability zones"))
+                .map_err(at(types::READY))?,
+        };
         status.failure_domains = plan::failure_domains(spec, &zones);
         pass.done(FAILURE_DOMAINS);
     }
@@ -937,6 +944,24 @@ async fn write_status(
         .map_err(ClusterError::kube("writing status"))?;
     ctx.note_version(key, written);
     Ok(())
+}
+
+/// CAPO's `SkippedCreateMonitor`: the API pools serve without a health monitor because the
+/// load balancer's provider implements none, and the gate reads provisioning status alone.
+async fn warn_monitor_skipped(pass: &Pass<'_>, octavia_says: &str) {
+    let regarding = pass.cluster.object_ref(&());
+    let note = format!(
+        "the API load balancer's pools have no health monitor: its provider implements none ({octavia_says}); the gate reads the members' provisioning status alone"
+    );
+    pass.ctx
+        .event(
+            &regarding,
+            EventType::Warning,
+            "SkippedCreateMonitor",
+            "Reconcile",
+            note,
+        )
+        .await;
 }
 
 /// The failed step's condition says what went wrong, unless it is True: a failure while

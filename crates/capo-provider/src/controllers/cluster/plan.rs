@@ -181,9 +181,10 @@ pub fn endpoint(
     })
 }
 
-/// The failure domains: Nova's available zones, sorted. Each may take control-plane
-/// machines unless `controlPlaneOmitAvailabilityZone` leaves their placement to Nova; a
-/// non-empty `controlPlaneAvailabilityZones` limits the control plane to the zones it names.
+/// The failure domains: Nova's available zones, sorted. As CAPO: a non-empty
+/// `controlPlaneAvailabilityZones` gives the control plane exactly the zones it names (it
+/// wins over the omit flag); otherwise every zone takes control-plane machines unless
+/// `controlPlaneOmitAvailabilityZone` leaves their placement to Nova.
 pub fn failure_domains(spec: &OpenStackClusterSpec, zones: &[String]) -> Vec<FailureDomain> {
     let omit = spec.control_plane_omit_availability_zone == Some(true);
     let wanted = &spec.control_plane_availability_zones;
@@ -193,11 +194,23 @@ pub fn failure_domains(spec: &OpenStackClusterSpec, zones: &[String]) -> Vec<Fai
     zones
         .into_iter()
         .map(|name| FailureDomain {
-            control_plane: Some(!omit && (wanted.is_empty() || wanted.contains(&name))),
+            control_plane: Some(if wanted.is_empty() {
+                !omit
+            } else {
+                wanted.contains(&name)
+            }),
             name,
             attributes: BTreeMap::new(),
         })
         .collect()
+}
+
+/// The zones the cluster's failure domains were made from, once there are any: as CAPO,
+/// Nova's list is read only until then, so a zone that shows for a moment (a new compute
+/// host's default `nova` zone) never adds a domain Cluster API would place machines in. The
+/// control-plane flags still follow the spec.
+pub fn known_zones(domains: &[FailureDomain]) -> Option<Vec<String>> {
+    (!domains.is_empty()).then(|| domains.iter().map(|d| d.name.clone()).collect())
 }
 
 /// The tags on everything the cluster creates.
@@ -425,8 +438,22 @@ mod tests {
         spec.control_plane_omit_availability_zone = Some(true);
         assert_eq!(
             domains(&spec),
+            [("az1".into(), false), ("az2".into(), true)],
+            "the zones named win over the omit flag, as in CAPO"
+        );
+        spec.control_plane_availability_zones.clear();
+        assert_eq!(
+            domains(&spec),
             [("az1".into(), false), ("az2".into(), false)]
         );
+    }
+
+    #[test]
+    fn failure_domains_once_made_keep_their_zones() {
+        assert_eq!(known_zones(&[]), None, "none yet: Nova is asked");
+        let spec = OpenStackClusterSpec::default();
+        let made = failure_domains(&spec, &["az2".to_owned(), "az1".to_owned()]);
+        assert_eq!(known_zones(&made), Some(vec!["az1".into(), "az2".into()]));
     }
 
     fn monitor(kind: &str, url: Option<&str>) -> HealthMonitor {

@@ -455,7 +455,7 @@ fn copy_server_status(server: &OpenStackServer, status: &mut InstanceStatus) {
     status
         .instance_state
         .clone_from(&server_status.instance_state);
-    status.addresses.clone_from(&server_status.addresses);
+    status.addresses = plan::machine_addresses(&server_status.addresses, &server.name_any());
     status.resolved.clone_from(&server_status.resolved);
     status.resources.clone_from(&server_status.resources);
     if let Some(ready) = conditions::find(&server_status.conditions, types::INSTANCE_READY) {

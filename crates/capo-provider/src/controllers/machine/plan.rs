@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use capo_api::OpenStackMachineSpec;
 use capo_api::cluster::OpenStackClusterStatus;
-use capo_api::common::{FixedIp, IdOrFilter, InstanceStatus, PortOpts};
+use capo_api::common::{FixedIp, IdOrFilter, InstanceStatus, MachineAddress, PortOpts};
 use capo_api::conditions::{Desired, Status, reasons, types};
 use capo_api::server::LocalObjectReference;
 use capo_api::{OpenStackClusterSpec, OpenStackServerSpec};
@@ -140,6 +140,25 @@ pub fn missing_control_plane_label(
     machine_labels
         .get(label)
         .map(|value| (label, value.clone()))
+}
+
+/// A machine's addresses: its server's, and the server's name as `InternalDNS`, as CAPO
+/// reports them. A kubelet that names its node after the server (the in-tree cloud provider
+/// did) has its serving certificate's CSR approved only when a machine's InternalDNS matches
+/// the node's name. No server yet: no addresses.
+pub fn machine_addresses(
+    server_addresses: &[MachineAddress],
+    server_name: &str,
+) -> Vec<MachineAddress> {
+    if server_addresses.is_empty() {
+        return Vec::new();
+    }
+    let mut addresses = server_addresses.to_vec();
+    addresses.push(MachineAddress {
+        type_: "InternalDNS".into(),
+        address: server_name.to_owned(),
+    });
+    addresses
 }
 
 /// The managed security group of a machine's role, if the cluster manages them.
@@ -748,6 +767,27 @@ pub fn port_on_network(status: &InstanceStatus, network: &str) -> Option<String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_machine_reports_its_server_name_as_internal_dns_once_it_has_addresses() {
+        let address = |type_: &str, address: &str| MachineAddress {
+            type_: type_.into(),
+            address: address.into(),
+        };
+        let server = [
+            address("InternalIP", "10.6.0.4"),
+            address("ExternalIP", "172.24.4.9"),
+        ];
+        assert_eq!(
+            machine_addresses(&server, "cp-0"),
+            vec![
+                address("InternalIP", "10.6.0.4"),
+                address("ExternalIP", "172.24.4.9"),
+                address("InternalDNS", "cp-0"),
+            ]
+        );
+        assert_eq!(machine_addresses(&[], "cp-0"), vec![]);
+    }
 
     #[test]
     fn a_control_plane_machines_label_is_copied_only_when_missing() {

@@ -55,10 +55,16 @@ pub(super) async fn run(
     let poll = Outcome::Poll(ctx.config.poll_after(waited));
 
     let servers = find_servers(&cloud, object, status.instance_id.as_deref()).await?;
-    if !servers.is_empty() {
-        for server in &servers {
-            delete_server(ctx, object, &cloud, server).await?;
+    let mut going = false;
+    let mut left_to_reclaim = Vec::new();
+    for server in &servers {
+        match delete_server(ctx, object, &cloud, server).await? {
+            Leaving::Going => going = true,
+            Leaving::Gone => {}
+            Leaving::LeftToReclaim => left_to_reclaim.push(server.id.clone()),
         }
+    }
+    if going {
         status.instance_state = Some("DELETING".into());
         return Ok(poll);
     }
@@ -66,7 +72,7 @@ pub(super) async fn run(
     status.addresses.clear();
 
     delete_ports(ctx, object, &cloud, status).await?;
-    if !delete_volumes(&cloud, object, status).await? {
+    if !delete_volumes(&cloud, object, status, &left_to_reclaim).await? {
         return Ok(poll);
     }
     super::floating_address::release(object, ctx).await?;
@@ -102,12 +108,32 @@ async fn find_servers(
         .map_err(ServerError::cloud("looking up the server by name"))
 }
 
+/// Where a server stands after [`delete_server`].
+enum Leaving {
+    /// On its way out: waited for.
+    Going,
+    /// Gone already.
+    Gone,
+    /// SOFT_DELETED, and Nova refused to force its deletion: the cloud's reclaim takes it,
+    /// with the volumes attached to it.
+    LeftToReclaim,
+}
+
+/// Deletes a server, and says where it stands. A SOFT_DELETED
+/// server (a cloud that defers deletes: `reclaim_instance_interval`) is force-deleted, since
+/// deleting it again only soft-deletes it again and it would be waited for until reclaimed,
+/// holding its ports, volumes and quota. If Nova refuses the force (policy, a lock), it is
+/// left to the cloud's reclaim, as CAPO leaves every SOFT_DELETED server, and the deletion
+/// goes on.
 async fn delete_server(
     ctx: &Context,
     object: &OpenStackServer,
     cloud: &CloudClient,
     server: &Server,
-) -> Result<(), ServerError> {
+) -> Result<Leaving, ServerError> {
+    if server.status == "SOFT_DELETED" {
+        return force_delete_server(ctx, object, cloud, server).await;
+    }
     match cloud.nova().delete_server(&server.id).await {
         Ok(()) | Err(CloudError::NotFound(_)) => {}
         Err(error) => {
@@ -124,7 +150,42 @@ async fn delete_server(
         note,
     )
     .await;
-    Ok(())
+    Ok(Leaving::Going)
+}
+
+async fn force_delete_server(
+    ctx: &Context,
+    object: &OpenStackServer,
+    cloud: &CloudClient,
+    server: &Server,
+) -> Result<Leaving, ServerError> {
+    match cloud.nova().force_delete_server(&server.id).await {
+        Ok(()) => {
+            tracing::info!(server = %server.id, "force-deleting a SOFT_DELETED server");
+            Ok(Leaving::Going)
+        }
+        Err(CloudError::NotFound(_)) => Ok(Leaving::Gone),
+        Err(refused @ (CloudError::Forbidden(_) | CloudError::Conflict(_))) => {
+            tracing::warn!(server = %server.id, error = %refused, "a SOFT_DELETED server is left to the cloud's reclaim");
+            let note = format!(
+                "Server {} ({}) is SOFT_DELETED and Nova refused to force its deletion ({refused}): it stays until the cloud reclaims it",
+                server.name, server.id
+            );
+            ctx.event(
+                &object.object_ref(&()),
+                EventType::Warning,
+                "SoftDeletedServerLeft",
+                "Delete",
+                note,
+            )
+            .await;
+            Ok(Leaving::LeftToReclaim)
+        }
+        Err(error) => Err(ServerError::cloud(format!(
+            "force-deleting SOFT_DELETED server {}",
+            server.id
+        ))(error)),
+    }
 }
 
 /// The ports we recorded and every port with one of our port names and our owner mark, with
@@ -216,9 +277,14 @@ async fn delete_volumes(
     cloud: &CloudClient,
     object: &OpenStackServer,
     status: &mut InstanceStatus,
+    left_to_reclaim: &[String],
 ) -> Result<bool, ServerError> {
     let mut remaining = Vec::new();
     for volume in our_volumes(cloud, object, status).await? {
+        if plan::attached_to_any(&volume.attachments, left_to_reclaim) {
+            // Nova deletes it with its server when the cloud reclaims it.
+            continue;
+        }
         remaining.push(volume.name.clone());
         if volume.is_deleting() {
             continue;

@@ -198,6 +198,15 @@ impl VolumeWant {
     }
 }
 
+/// Whether a volume's Cinder `attachments` name one of these servers.
+pub fn attached_to_any(attachments: &[Value], servers: &[String]) -> bool {
+    attachments.iter().any(|attachment| {
+        attachment["server_id"]
+            .as_str()
+            .is_some_and(|id| servers.iter().any(|s| s == id))
+    })
+}
+
 /// The names of the volumes the spec asks for: `<server>-root` and `<server>-<device>`.
 pub fn volume_names(server: &str, spec: &OpenStackServerSpec) -> Vec<String> {
     wanted_volumes(server, spec, None)
@@ -603,6 +612,14 @@ pub fn neutron_address_pairs(pairs: &[capo_api::common::AddressPair]) -> Vec<Val
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_volume_is_attached_to_a_server_its_attachments_name() {
+        let attachments = [json!({"server_id": "s1", "attachment_id": "a1"}), json!({})];
+        assert!(attached_to_any(&attachments, &["s0".into(), "s1".into()]));
+        assert!(!attached_to_any(&attachments, &["s2".into()]));
+        assert!(!attached_to_any(&[], &["s1".into()]));
+    }
     use capo_api::common::*;
 
     fn spec() -> OpenStackServerSpec {
