@@ -198,6 +198,18 @@ async fn control_plane_machine(world: &World, cluster: &str, name: &str, address
         .unwrap();
 }
 
+/// A control-plane machine `name` of cluster `c1` at `address`, with its member in `pool` made
+/// as the machine controller makes it.
+async fn control_plane_member(world: &World, pool: &str, name: &str, address: &str) {
+    control_plane_machine(world, "c1", name, address).await;
+    world
+        .admin
+        .octavia()
+        .create_member(pool, &MemberSpec::new(name, address, 6443))
+        .await
+        .unwrap();
+}
+
 /// What the simulated cloud holds, by kind, without the objects it was seeded with.
 pub(crate) fn objects(world: &World) -> BTreeMap<String, usize> {
     world.cloud.object_counts()
@@ -476,13 +488,7 @@ async fn a_stuck_member_turns_the_gate_and_ready_false_and_an_error_member_too()
         effect: Effect::Stuck,
         times: None,
     });
-    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
-    world
-        .admin
-        .octavia()
-        .create_member(&pool, &MemberSpec::new("cp-1", "10.6.0.11", 6443))
-        .await
-        .unwrap();
+    control_plane_member(&world, &pool, "cp-1", "10.6.0.11").await;
     let stuck = wait_cluster(
         &world,
         "c1",
@@ -868,16 +874,7 @@ async fn a_locked_load_balancer_is_waited_for_without_errors_and_the_cluster_sta
     });
     create_cluster(&world, "c1", cluster_spec()).await;
     let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
-    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
-    world
-        .admin
-        .octavia()
-        .create_member(
-            &pool(&cluster, 6443),
-            &MemberSpec::new("cp-1", "10.6.0.11", 6443),
-        )
-        .await
-        .unwrap();
+    control_plane_member(&world, &pool(&cluster, 6443), "cp-1", "10.6.0.11").await;
     let patch =
         json!({"spec": {"apiServer": {"managedLoadBalancer": {"allowedCIDRs": ["192.0.2.0/24"]}}}});
     clusters(&world)
@@ -1037,13 +1034,7 @@ async fn a_provider_without_health_monitors_serves_without_one_and_the_gate_stil
         "{warnings:?}"
     );
     let pool = pool(&cluster, 6443);
-    control_plane_machine(&world, "c1", "cp-1", "10.6.0.11").await;
-    world
-        .admin
-        .octavia()
-        .create_member(&pool, &MemberSpec::new("cp-1", "10.6.0.11", 6443))
-        .await
-        .unwrap();
+    control_plane_member(&world, &pool, "cp-1", "10.6.0.11").await;
     wait_cluster(
         &world,
         "c1",

@@ -132,6 +132,11 @@ async fn delete_server(
     server: &Server,
 ) -> Result<Leaving, ServerError> {
     if server.status == "SOFT_DELETED" {
+        // Nova reads SOFT_DELETED until a forced delete finishes, with a task under way: the
+        // force already sent is waited for, not sent again on every pass.
+        if server.task_state.is_some() {
+            return Ok(Leaving::Going);
+        }
         return force_delete_server(ctx, object, cloud, server).await;
     }
     match cloud.nova().delete_server(&server.id).await {
