@@ -337,7 +337,7 @@ impl RunArgs {
         Ok(ManagerConfig {
             scope: WatchScope {
                 namespace: self.namespace.clone(),
-                // `--watch-filter=` (clusterctl's empty default) filters nothing.
+                // `--watch-filter=` (an empty value) filters nothing.
                 watch_filter: self.watch_filter.clone().filter(|value| !value.is_empty()),
             },
             server_concurrency: self.openstackserver_concurrency,

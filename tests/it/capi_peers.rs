@@ -60,6 +60,16 @@ pub(crate) fn capi_peers() -> Option<CapiPeers> {
 }
 
 impl CapiPeers {
+    /// clusterctl v1.14.2.
+    pub(crate) fn clusterctl(&self) -> PathBuf {
+        self.bin.join("clusterctl")
+    }
+
+    /// Cluster API v1.14.2's module in Go's cache.
+    pub(crate) fn src(&self) -> &Path {
+        &self.src
+    }
+
     /// Cluster API v1.14.2: its manager, and its core's kustomize configuration.
     pub(crate) fn release(&self) -> CapiRelease {
         CapiRelease {
@@ -77,7 +87,7 @@ pub(crate) struct CapiRelease {
 }
 
 /// Cluster API's CRDs, each converting through the manager at `base`, trusted by `ca_bundle`.
-fn capi_crds(config: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
+pub(crate) fn capi_crds(config: &Path, base: &str, ca_bundle: &str) -> Vec<Value> {
     yaml_files(&config.join("crd/bases"))
         .into_iter()
         .map(|mut crd| {
@@ -133,8 +143,18 @@ pub(crate) struct CapiManager {
 impl CapiManager {
     /// Started, and its webhooks answering.
     pub(crate) async fn start(kube: &KubeWorld, release: &CapiRelease) -> Self {
+        Self::start_reaching(kube, release, &[]).await
+    }
+
+    /// [`CapiManager::start`], the manager also reaching these ports on 127.0.0.1 (a workload
+    /// cluster's API server).
+    pub(crate) async fn start_reaching(
+        kube: &KubeWorld,
+        release: &CapiRelease,
+        also: &[u16],
+    ) -> Self {
         start_with_retries(async || {
-            let mut manager = Self::spawn(kube, release).await;
+            let mut manager = Self::spawn(kube, release, also).await;
             manager.wait_serving(kube).await.map(|()| manager)
         })
         .await
@@ -142,7 +162,7 @@ impl CapiManager {
 
     /// Cluster API's CRDs and webhooks (calling a port chosen now), and the manager behind
     /// them.
-    async fn spawn(kube: &KubeWorld, release: &CapiRelease) -> Self {
+    async fn spawn(kube: &KubeWorld, release: &CapiRelease, also: &[u16]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let certs = WebhookCerts::issue(&["127.0.0.1".to_owned()]).unwrap();
         certs.write(&dir.path().join("certs")).unwrap();
@@ -170,7 +190,10 @@ impl CapiManager {
                 netns: "capo-capi",
                 binary: release.manager.clone(),
                 args,
-                reach: vec![api_port(&admin)],
+                reach: [api_port(&admin)]
+                    .into_iter()
+                    .chain(also.iter().copied())
+                    .collect(),
                 serve: Some(outside),
                 kubeconfig: admin,
             },
@@ -198,13 +221,13 @@ impl CapiManager {
     }
 }
 
-fn capi_api(kube: &KubeWorld, kind: &str, plural: &str) -> Api<DynamicObject> {
+pub(crate) fn capi_api(kube: &KubeWorld, kind: &str, plural: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind);
     let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
     Api::namespaced_with(kube.client.clone(), &kube.namespace, &resource)
 }
 
-async fn create(api: &Api<DynamicObject>, object: Value) {
+pub(crate) async fn create(api: &Api<DynamicObject>, object: Value) {
     let object: DynamicObject = serde_json::from_value(object).unwrap();
     api.create(&PostParams::default(), &object)
         .await
@@ -215,7 +238,7 @@ async fn create(api: &Api<DynamicObject>, object: Value) {
 const STEP: Duration = Duration::from_secs(180);
 
 /// Polls `probe` every 250 ms until it answers `Ok`, for at most [`STEP`].
-async fn until<T, F>(manager: &CapiManager, what: &str, probe: impl Fn() -> F) -> T
+pub(crate) async fn until<T, F>(manager: &CapiManager, what: &str, probe: impl Fn() -> F) -> T
 where
     F: Future<Output = Result<T, String>>,
 {
@@ -227,7 +250,7 @@ where
 }
 
 /// Waits until the object `name` satisfies `done` (as Cluster API left it), saying `what`.
-async fn wait_object(
+pub(crate) async fn wait_object(
     api: &Api<DynamicObject>,
     name: &str,
     what: &str,
@@ -254,15 +277,15 @@ async fn wait_object(
 
 /// Cluster API's manager and capo-rs's on a real API server of their own, the simulated cloud
 /// beside them; `None` (skipped) without the peers.
-struct Driven {
+pub(crate) struct Driven {
     /// Before `world`: fields drop in order, and Cluster API's manager stops while its API
     /// server (the world's own tier) still answers.
-    manager: CapiManager,
-    world: World,
-    clusters: Api<DynamicObject>,
-    machines: Api<DynamicObject>,
+    pub(crate) manager: CapiManager,
+    pub(crate) world: World,
+    pub(crate) clusters: Api<DynamicObject>,
+    pub(crate) machines: Api<DynamicObject>,
     /// What the cloud held before any cluster.
-    before: std::collections::BTreeMap<String, usize>,
+    pub(crate) before: std::collections::BTreeMap<String, usize>,
 }
 
 async fn driven(namespace: &str) -> Option<Driven> {
@@ -273,29 +296,34 @@ async fn driven(namespace: &str) -> Option<Driven> {
     let kube = KubeWorld::own_real(&[], namespace).await;
     kube.install_ours().await;
     let manager = CapiManager::start(&kube, &peers.release()).await;
-    let mut world = World::prepare_on(kube, Scenario::default()).await;
-    world.start_manager(Default::default());
-    let clusters = capi_api(&world.kube, "Cluster", "clusters");
-    let machines = capi_api(&world.kube, "Machine", "machines");
-    let before = world.cloud.object_counts();
-    Some(Driven {
-        manager,
-        world,
-        clusters,
-        machines,
-        before,
-    })
+    let world = World::prepare_on(kube, Scenario::default()).await;
+    Some(Driven::around(manager, world))
 }
 
 impl Driven {
-    fn ns(&self) -> String {
+    /// Cluster API's `manager` and capo-rs's, started now, on `world`.
+    pub(crate) fn around(manager: CapiManager, mut world: World) -> Self {
+        world.start_manager(Default::default());
+        let clusters = capi_api(&world.kube, "Cluster", "clusters");
+        let machines = capi_api(&world.kube, "Machine", "machines");
+        let before = world.cloud.object_counts();
+        Driven {
+            manager,
+            world,
+            clusters,
+            machines,
+            before,
+        }
+    }
+
+    pub(crate) fn ns(&self) -> String {
         self.world.ns().to_owned()
     }
 
     /// A Cluster and its OpenStackCluster `c1`, as a user writes them: no owner, no label.
     /// Cluster API's Cluster controller adopts the OpenStackCluster, capo-rs provisions it,
     /// and Cluster API reads that back.
-    async fn provisioned_cluster(&self) {
+    pub(crate) async fn provisioned_cluster(&self) {
         create(
             &self.clusters,
             json!({
@@ -357,7 +385,13 @@ impl Driven {
     /// Machine with `annotations` and its bootstrap data ready (`<name>-bootstrap`).
     /// A Machine with `labels` and `annotations`, and its OpenStackMachine with
     /// `infra_labels`.
-    async fn machine(&self, name: &str, labels: Value, infra_labels: Value, annotations: Value) {
+    pub(crate) async fn machine(
+        &self,
+        name: &str,
+        labels: Value,
+        infra_labels: Value,
+        annotations: Value,
+    ) {
         let secret = format!("{name}-bootstrap");
         self.world
             .put_secret(&secret, "value", "#cloud-config\n")
@@ -390,7 +424,7 @@ impl Driven {
         .await;
     }
 
-    fn servers(&self) -> usize {
+    pub(crate) fn servers(&self) -> usize {
         self.world
             .cloud
             .object_counts()
@@ -401,7 +435,7 @@ impl Driven {
 
     /// Deletes the Cluster: Cluster API deletes what it owns, capo-rs what it built, and the
     /// cloud holds what it held before.
-    async fn delete_cluster(mut self) {
+    pub(crate) async fn delete_cluster(mut self) {
         self.clusters
             .delete("c1", &DeleteParams::default())
             .await
@@ -771,7 +805,7 @@ async fn wait_servers(driven: &Driven, count: usize) {
     .await;
 }
 
-async fn wait_gone(api: &Api<DynamicObject>, name: &str, manager: &CapiManager) {
+pub(crate) async fn wait_gone(api: &Api<DynamicObject>, name: &str, manager: &CapiManager) {
     until(manager, &format!("{name} deleted"), move || async move {
         match api.get_opt(name).await {
             Ok(None) => Ok(()),

@@ -1,7 +1,8 @@
 //! CAPO's own cluster templates, as a user applies them with clusterctl, reach provisioned,
 //! and their control-plane machine is released: on the simulator and on the real OpenStack
 //! tier. The templates are read from `../shared/capo/templates/` (skipped with a notice when
-//! absent), and the copy the demo keeps is checked as well.
+//! absent), and the copy the demo keeps and capo-rs's own flavors (`deploy/clusterctl/`) are
+//! checked as well.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,6 +39,24 @@ fn capo_templates() -> Vec<(String, String)> {
         }
     }
     found.sort();
+    found
+}
+
+/// capo-rs's own flavors (`deploy/clusterctl/`, [flavors](../../docs/flavors.md)).
+fn our_flavors() -> Vec<(String, String)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/clusterctl");
+    let mut found: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("deploy/clusterctl")
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(entry.path()).ok()?;
+            name.starts_with("cluster-template")
+                .then(|| (format!("deploy/clusterctl/{name}"), text))
+        })
+        .collect();
+    found.sort();
+    assert!(!found.is_empty(), "deploy/clusterctl/ has its flavors");
     found
 }
 
@@ -155,6 +174,7 @@ async fn every_capo_template(e2e: &mut E2e) {
         "capo-demo/src/cluster-template.yaml (the demo's copy)".to_owned(),
         capo_demo::template::CLUSTER_TEMPLATE.to_owned(),
     ));
+    templates.extend(our_flavors());
     for (file, text) in &templates {
         one_template(e2e, file, text).await;
     }

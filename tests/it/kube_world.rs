@@ -476,8 +476,9 @@ pub(crate) async fn apply_crds(client: &kube::Client, objects: &[Value]) {
     for object in objects {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let kind = object["kind"].as_str().unwrap_or_default();
+        let dynamic = dynamic_api(client, object);
+        replace_service_references(&dynamic, name, object).await;
         if kind != "CustomResourceDefinition" {
-            let dynamic = dynamic_api(client, object);
             dynamic
                 .patch(name, &apply, &Patch::Apply(object))
                 .await
@@ -500,8 +501,53 @@ pub(crate) async fn apply_crds(client: &kube::Client, objects: &[Value]) {
     }
 }
 
+/// Where an installed object (as `clusterctl init` leaves it) calls its webhooks through a
+/// Service and `object` calls them by URL, the URL replaces the Service first, as one merge
+/// patch: a server-side apply would keep the Service beside the URL, which the API server
+/// refuses ("exactly one of url or service").
+async fn replace_service_references(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    object: &Value,
+) {
+    let Ok(Some(installed)) = api.get_opt(name).await else {
+        return;
+    };
+    let installed = serde_json::to_value(installed).unwrap_or_default();
+    let patch = match object["kind"].as_str() {
+        Some("CustomResourceDefinition") => {
+            let by_service = installed
+                .pointer("/spec/conversion/webhook/clientConfig/service")
+                .is_some();
+            let mut conversion = object["spec"]["conversion"].clone();
+            match conversion.pointer_mut("/webhook/clientConfig") {
+                Some(config) if by_service && config.get("url").is_some() => {
+                    config["service"] = Value::Null;
+                }
+                _ => return,
+            }
+            json!({"spec": {"conversion": conversion}})
+        }
+        Some(_) if object.get("webhooks").is_some() => {
+            let by_service = installed["webhooks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|hook| hook.pointer("/clientConfig/service").is_some());
+            if !by_service {
+                return;
+            }
+            json!({"webhooks": object["webhooks"]})
+        }
+        _ => return,
+    };
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: its webhook's Service replaced by a URL: {e}"));
+}
+
 /// A dynamic API for a JSON object's kind (namespaced when it names a namespace).
-fn dynamic_api(client: &kube::Client, object: &Value) -> Api<kube::api::DynamicObject> {
+pub(crate) fn dynamic_api(client: &kube::Client, object: &Value) -> Api<kube::api::DynamicObject> {
     let api_version = object["apiVersion"].as_str().unwrap_or_default();
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let kind = object["kind"].as_str().unwrap_or_default();

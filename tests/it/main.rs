@@ -14,6 +14,7 @@ mod capo_peers;
 mod capo_templates;
 mod cloud;
 mod cluster_controller;
+mod clusterctl;
 mod common;
 mod controllers;
 mod conversion;

@@ -191,6 +191,22 @@ impl World {
         world
     }
 
+    /// A world on the API server `kube` over this world's cloud, no manager started: a
+    /// management cluster the objects move to. The cloud's Secret is not copied: it moves
+    /// with the cluster.
+    pub(crate) fn over_the_same_cloud(&self, kube: KubeWorld) -> World {
+        World {
+            client: kube.client.clone(),
+            kube,
+            registry: Registry::new(),
+            shutdown: CancellationToken::new(),
+            manager: None,
+            admin: self.admin.clone(),
+            baseline: self.baseline,
+            cloud: self.cloud.clone(),
+        }
+    }
+
     pub(crate) fn start_manager(&mut self, scope: WatchScope) {
         self.start_manager_with(manager_config(scope));
     }

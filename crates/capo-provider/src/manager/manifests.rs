@@ -246,11 +246,6 @@ const TUNABLES: &[Tunable] = &[
         default: "2s",
     },
     Tunable {
-        flag: "watch-filter",
-        variable: "CAPO_RS_WATCH_FILTER",
-        default: "",
-    },
-    Tunable {
         flag: "openstackcluster-concurrency",
         variable: "CAPO_RS_OPENSTACKCLUSTER_CONCURRENCY",
         default: "10",
