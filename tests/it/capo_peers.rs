@@ -285,42 +285,64 @@ async fn external_network(tenant: &CloudClient) -> String {
 /// CAPO's world: a real API server of its own, Cluster API v1.12.10's and CAPO's managers on
 /// it, and the real cloud's project for CAPO.
 struct CapoWorld {
-    /// Before `kube`: the managers stop while their API server still answers.
-    capo: CapoManager,
-    capi: CapiManager,
+    /// Before `kube`: the managers stop while their API server still answers. `None` once
+    /// stopped (the takeover).
+    capo: Option<CapoManager>,
+    /// `None` while stopped (the rollback's change of CRDs).
+    capi: Option<CapiManager>,
     kube: KubeWorld,
     tenant: CloudClient,
     external_network: String,
+    /// The tier's cloud (project) its clusters are built in, and the cluster's name.
+    cloud: &'static str,
+    cluster: &'static str,
 }
 
 impl CapoWorld {
     async fn start(peers: &CapoPeers, real: &RealCloud) -> Self {
-        let (tenant, _clouds) = real.client(PEERS_CLOUD).await;
-        let kube = KubeWorld::own_real(&[], NAMESPACE).await;
+        Self::start_in(peers, real, PEERS_CLOUD, NAMESPACE, CLUSTER).await
+    }
+
+    /// CAPO's world in the tier's cloud `cloud`, its objects in `namespace`.
+    async fn start_in(
+        peers: &CapoPeers,
+        real: &RealCloud,
+        cloud: &'static str,
+        namespace: &str,
+        cluster: &'static str,
+    ) -> Self {
+        let (tenant, _clouds) = real.client(cloud).await;
+        let kube = KubeWorld::own_real(&[], namespace).await;
         let capi = CapiManager::start(&kube, &peers.capi_release()).await;
         let auth_url = real
-            .credentials(PEERS_CLOUD)
+            .credentials(cloud)
             .resolve()
             .expect("the tier's clouds.yaml")
             .auth_url;
         let reach = cloud_ports(&tenant, &auth_url).await;
         let capo = CapoManager::start(&kube, peers, &reach).await;
         let external_network = external_network(&tenant).await;
-        cloud_secret(&kube, real, PEERS_CLOUD).await;
+        cloud_secret(&kube, real, cloud).await;
         CapoWorld {
-            capo,
-            capi,
+            capo: Some(capo),
+            capi: Some(capi),
             kube,
             tenant,
             external_network,
+            cloud,
+            cluster,
         }
     }
 
     fn logs(&self) -> String {
         format!(
             "CAPO's manager:\n{}\nCluster API's manager:\n{}",
-            self.capo.log_tail(),
-            self.capi.log_tail()
+            self.capo
+                .as_ref()
+                .map_or_else(|| "(stopped)".to_owned(), CapoManager::log_tail),
+            self.capi
+                .as_ref()
+                .map_or_else(|| "(stopped)".to_owned(), CapiManager::log_tail),
         )
     }
 
@@ -330,10 +352,11 @@ impl CapoWorld {
             kube: &self.kube,
             tenant: &self.tenant,
             external_network: &self.external_network,
-            cloud: PEERS_CLOUD,
-            cluster: CLUSTER,
+            cloud: self.cloud,
+            cluster: self.cluster,
             fault_scope: "peers",
             native: "v1beta1",
+            bastion: false,
             logs,
         }
     }
@@ -354,8 +377,10 @@ impl CapoWorld {
         let Some(addresses) = left.remove("floating IPs") else {
             return String::new();
         };
-        let description =
-            format!("Created by cluster-api-provider-openstack cluster {NAMESPACE}-{CLUSTER}");
+        let description = format!(
+            "Created by cluster-api-provider-openstack cluster {}-{}",
+            self.kube.namespace, self.cluster
+        );
         let (mut lost, mut foreign) = (Vec::new(), Vec::new());
         for address in addresses {
             let id = address
@@ -380,7 +405,8 @@ impl CapoWorld {
             return String::new();
         }
         // Its messages and events say "floating IP"; a line is cut to its head.
-        let lines: Vec<String> = (self.capo.log_lines_with(&["floating IP"]).iter())
+        let capo = self.capo.as_ref().expect("CAPO's manager");
+        let lines: Vec<String> = (capo.log_lines_with(&["floating IP"]).iter())
             .map(|line| line.chars().take(240).collect())
             .collect();
         format!(
@@ -444,6 +470,7 @@ impl CapoRsWorld {
             cluster: RS_CLUSTER,
             fault_scope: "peersrs",
             native: "v1beta2",
+            bastion: false,
             logs,
         }
     }
@@ -465,6 +492,8 @@ struct Arm<'a> {
     fault_scope: &'static str,
     /// The version the provider stores OpenStackMachines in, whose conditions it writes.
     native: &'static str,
+    /// Whether the cluster has a bastion.
+    bastion: bool,
     logs: &'a dyn Fn() -> String,
 }
 
@@ -531,9 +560,7 @@ impl Arm<'_> {
     async fn create_cluster(&self) -> Value {
         let infra = openstack_clusters(self.kube);
         let (namespace, cluster) = (self.namespace(), self.cluster);
-        self.create(
-            &infra,
-            json!({
+        let mut object = json!({
                 "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "OpenStackCluster",
                 "metadata": {"name": cluster, "namespace": namespace},
                 "spec": {
@@ -543,9 +570,12 @@ impl Arm<'_> {
                     "managedSecurityGroups": {"allowAllInClusterTraffic": true},
                     "apiServerLoadBalancer": {"enabled": true},
                 },
-            }),
-        )
-        .await;
+        });
+        if self.bastion {
+            object["spec"]["bastion"] = json!({"enabled": true, "spec": {
+                "flavor": FLAVOR, "image": {"filter": {"name": IMAGE}}, "sshKeyName": KEY_PAIR}});
+        }
+        self.create(&infra, object).await;
         self.create(
             &self.clusters(),
             json!({
@@ -564,8 +594,9 @@ impl Arm<'_> {
             async || {
                 let object = infra.get(cluster).await.map_err(|e| e.to_string())?;
                 let status = serde_json::to_value(&object).unwrap_or_default()["status"].clone();
+                let bastion_up = !self.bastion || status["bastion"]["state"] == "ACTIVE";
                 match status["ready"].as_bool() {
-                    Some(true) => Ok(status),
+                    Some(true) if bastion_up => Ok(status),
                     _ => Err(format!("{status:#}")),
                 }
             },
@@ -628,7 +659,17 @@ impl Arm<'_> {
 
     /// A control-plane Machine of Cluster API's and its OpenStackMachine, with bootstrap data.
     async fn create_control_plane_machine(&self, name: &str) {
+        self.create_machine(name, true).await;
+    }
+
+    /// A Machine of Cluster API's and its OpenStackMachine (v1beta1), with bootstrap data; in
+    /// the control plane or not.
+    async fn create_machine(&self, name: &str, control_plane: bool) {
         let (namespace, cluster) = (self.namespace(), self.cluster);
+        let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
+        if control_plane {
+            labels["cluster.x-k8s.io/control-plane"] = json!("");
+        }
         self.create(
             &self.openstack_machines("v1beta1"),
             json!({
@@ -644,9 +685,7 @@ impl Arm<'_> {
             &self.machines(),
             json!({
                 "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                "metadata": {"name": name, "namespace": namespace,
-                             "labels": {"cluster.x-k8s.io/cluster-name": cluster,
-                                        "cluster.x-k8s.io/control-plane": ""}},
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
                 "spec": {"clusterName": cluster, "version": "v1.33.4",
                          "bootstrap": {"dataSecretName": self.bootstrap()},
                          "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
@@ -1117,4 +1156,599 @@ async fn real_capo_rs_holds_the_machines_capo_v0_14_7_releases() {
         "capo-rs deleted {RS_CLUSTER} and its machines in {:.0} s, nothing left",
         deleting.elapsed().as_secs_f64()
     );
+}
+
+/// The takeover's namespace, cluster and project (`capo-rs-takeover`, a census of its own, so
+/// that it runs beside the scenarios above).
+const TAKEOVER_NAMESPACE: &str = "capo-takeover";
+const TAKEOVER_CLUSTER: &str = "capo-built";
+const TAKEOVER_CLOUD: &str = "capo-takeover";
+
+/// CAPO v0.14.7 builds a cluster on the real tier (an API load balancer, a bastion, three
+/// control-plane machines and a worker; its objects stored as v1beta1 in real etcd, Cluster API
+/// v1.12.10 beside it). Then capo-rs replaces it as `docs/migrating-from-capo.md` says: CAPO
+/// stopped and its webhook configurations deleted, capo-rs's CRDs and webhook installed over
+/// CAPO's, capo-rs started. capo-rs writes nothing to the cloud; the members keep their IDs
+/// and the machines their providerIDs; storage is migrated to v1beta2 and every object reads
+/// in both versions. Then a control-plane machine is replaced under the gate, and the cluster
+/// deleted, leaving the project as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_capo_rs_takes_over_a_cluster_capo_v0_14_7_built() {
+    let Some(peers) = capo_peers() else {
+        return;
+    };
+    let Some(real) = real_cloud() else {
+        return;
+    };
+    let mut world = CapoWorld::start_in(
+        &peers,
+        &real,
+        TAKEOVER_CLOUD,
+        TAKEOVER_NAMESPACE,
+        TAKEOVER_CLUSTER,
+    )
+    .await;
+    let control_plane: Vec<String> = (0..3)
+        .map(|i| format!("{TAKEOVER_CLUSTER}-cp-{i}"))
+        .collect();
+    let worker = format!("{TAKEOVER_CLUSTER}-md-0");
+    let (before, lb, released) = {
+        let logs = || world.logs();
+        let mut arm = world.arm(&logs);
+        arm.bastion = true;
+        let before = census(arm.tenant).await;
+        let built = Instant::now();
+        let lb = arm.build(&before).await;
+        arm.bootstrap_secret().await;
+        for machine in &control_plane {
+            arm.create_machine(machine, true).await;
+        }
+        arm.create_machine(&worker, false).await;
+        let everyone: Vec<String> = control_plane.iter().chain([&worker]).cloned().collect();
+        let released = wait_released(&arm, &everyone).await;
+        eprintln!(
+            "FIGURES takeover: CAPO v0.14.7 built {TAKEOVER_CLUSTER} (LB, bastion, 3 control-plane machines, a worker) in {:.0} s",
+            built.elapsed().as_secs_f64()
+        );
+        (before, lb, released)
+    };
+    let members_before = crate::real_provider::member_ids(&world.tenant, &lb).await;
+    assert_eq!(
+        members_before.len(),
+        3,
+        "CAPO's three API members: {members_before:?}"
+    );
+    let cloud_before = census(&world.tenant).await;
+
+    // The takeover, as the guide says: CAPO stopped, its webhooks gone, capo-rs installed over
+    // its CRDs and started (Cluster API stays as it is).
+    let started = Instant::now();
+    drop(world.capo.take());
+    delete_capo_webhooks(&world.kube).await;
+    world.kube.install_ours().await;
+    // Cluster API restarted: capo-rs's CRDs name the v1beta2 contract, so Cluster API now
+    // reads v1beta2 while its watches stay on v1beta1, and a machine whose providerID came
+    // just after a read waited for its sync period, 10 minutes (this scenario's third run).
+    drop(world.capi.take());
+    world.capi = Some(CapiManager::start(&world.kube, &peers.capi_release()).await);
+    let config = ManagerConfig {
+        scope: WatchScope {
+            namespace: Some(world.kube.namespace.clone()),
+            ..WatchScope::default()
+        },
+        ..ManagerConfig::default()
+    };
+    let (registry, shutdown, manager) = spawn_manager(&world.kube.manager_client, config.clone());
+    let running = shutdown.clone().drop_guard();
+    wait_stored(&world.kube, "v1beta2").await;
+    let migrated_in = started.elapsed();
+    let logs = || world.logs();
+    let arm = Arm {
+        provider: "capo-rs",
+        native: "v1beta2",
+        ..world.arm(&logs)
+    };
+    wait_capo_rs_ready(&arm).await;
+    let settled_in = started.elapsed();
+    let requests = crate::real_provider::openstack_request_counts(&registry);
+    let writes: BTreeMap<&String, &u64> = requests
+        .iter()
+        .filter(|(request, _)| !crate::real_provider::is_read(request))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "capo-rs wrote to the cloud taking over: {writes:?}"
+    );
+    assert_eq!(
+        crate::real_provider::member_ids(&world.tenant, &lb).await,
+        members_before,
+        "the members keep their IDs"
+    );
+    assert_eq!(
+        census(&world.tenant).await,
+        cloud_before,
+        "the cloud as CAPO left it"
+    );
+    for (machine, provider_id) in &released {
+        let now = arm.machines().get(machine).await.expect("the Machine");
+        assert_eq!(
+            now.data["spec"]["providerID"].as_str(),
+            Some(provider_id.as_str()),
+            "{machine}: its providerID unchanged"
+        );
+        for version in ["v1beta1", "v1beta2"] {
+            arm.openstack_machines(version)
+                .get(machine)
+                .await
+                .unwrap_or_else(|e| panic!("{machine} read as {version}: {e}"));
+        }
+    }
+    eprintln!(
+        "FIGURES takeover of CAPO v0.14.7's cluster (real OpenStack, real API server): storage migrated in {:.1} s, settled in {:.1} s; OpenStack requests {}, of which writes 0",
+        migrated_in.as_secs_f64(),
+        settled_in.as_secs_f64(),
+        requests.values().sum::<u64>(),
+    );
+
+    // Under capo-rs: a control-plane machine replaced, the new one released only once its
+    // member is ACTIVE; then the old one deleted, and the cluster.
+    let fresh = format!("{TAKEOVER_CLUSTER}-cp-3");
+    arm.create_machine(&fresh, true).await;
+    let mut watch = Watch::new();
+    until(
+        "the new control-plane machine released",
+        Duration::from_secs(600),
+        &logs,
+        async || {
+            arm.look(&lb, &fresh, &mut watch).await;
+            match watch.released.first() {
+                Some(_) => Ok(()),
+                None => Err("not released".to_owned()),
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        watch.released[0].member, "ACTIVE",
+        "released only once its member is ACTIVE"
+    );
+    let old = &control_plane[0];
+    arm.machines()
+        .delete(old, &DeleteParams::default())
+        .await
+        .expect("the old Machine's deletion");
+    until(
+        "the old machine gone",
+        Duration::from_secs(420),
+        &logs,
+        async || match arm.machines().get_opt(old).await {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => Err("still there".to_owned()),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .await;
+    let members: Vec<(String, String)> = arm.pool_members(&lb).await.expect("the members");
+    assert_eq!(
+        members.len(),
+        3,
+        "three members after the rollout: {members:?}"
+    );
+    assert!(
+        members.iter().all(|(_, status)| status == "ACTIVE")
+            && !members
+                .iter()
+                .any(|(name, _)| name.ends_with(&format!("-{old}"))),
+        "{members:?}"
+    );
+
+    // The way back to CAPO v0.14.7, as the guide's "Rolling back" says.
+    let rolling_back = Instant::now();
+    store_as(&world.kube, "v1beta1").await;
+    stop_manager(shutdown, manager).await;
+    drop(running);
+    let (_registry, shutdown, manager) = spawn_manager(&world.kube.manager_client, config);
+    wait_stored(&world.kube, "v1beta1").await;
+    stop_manager(shutdown, manager).await;
+    // Only now: while capo-rs runs it puts its hook back (the scenario's fourth run removed it
+    // first, and CAPO's deletion of the cluster then waited on it for ever).
+    remove_capo_rs_hooks(&arm).await;
+    delete_capo_rs_webhook(&world.kube).await;
+    // Cluster API stopped while the CRDs change: a manager left running keeps watching the
+    // version they stop serving, reads every OpenStack object as gone, and deleting the
+    // cluster then left all of them behind (found by this scenario's first run).
+    drop(world.capi.take());
+    replace_crds(&world.kube, &capo_crds(&peers)).await;
+    world.capi = Some(CapiManager::start(&world.kube, &peers.capi_release()).await);
+    let stored_back_in = rolling_back.elapsed();
+    let census_back = census(&world.tenant).await;
+    let members_back = crate::real_provider::member_ids(&world.tenant, &lb).await;
+    let auth_url = real
+        .credentials(TAKEOVER_CLOUD)
+        .resolve()
+        .expect("the tier's clouds.yaml")
+        .auth_url;
+    let reach = cloud_ports(&world.tenant, &auth_url).await;
+    world.capo = Some(CapoManager::start(&world.kube, &peers, &reach).await);
+    let logs = || world.logs();
+    let arm = Arm {
+        provider: "CAPO v0.14.7, back",
+        ..world.arm(&logs)
+    };
+    wait_written_by_capo(&arm, rolling_back).await;
+    let census_after = census(&world.tenant).await;
+    let made = new_objects(&census_back, &census_after);
+    let gone = new_objects(&census_after, &census_back);
+    let events = capo_events(&arm, rolling_back).await;
+    eprintln!(
+        "FIGURES rollback to CAPO v0.14.7: storage back to v1beta1 and CAPO's CRDs in {:.1} s, CAPO reconciled every object in {:.1} s; cloud objects CAPO made {made:?}, removed {gone:?}; members re-created: {}; CAPO's events:\n{}",
+        stored_back_in.as_secs_f64(),
+        rolling_back.elapsed().as_secs_f64(),
+        crate::real_provider::member_ids(&world.tenant, &lb).await != members_back,
+        events.join("\n")
+    );
+    assert!(
+        made.is_empty() && gone.is_empty(),
+        "CAPO changed the cloud's objects back: made {made:#?}, removed {gone:#?}"
+    );
+    assert_eq!(
+        crate::real_provider::member_ids(&world.tenant, &lb).await,
+        members_back,
+        "CAPO keeps the members"
+    );
+
+    // And CAPO deletes the cluster.
+    arm.delete_cluster().await;
+    let mut left = new_objects(&before, &census(&world.tenant).await);
+    let lost = world.remove_lost_api_floating_ips(&mut left).await;
+    assert!(left.is_empty(), "left in the cloud: {left:#?}");
+    if !lost.is_empty() {
+        eprintln!("CAPO v0.14.7 deleted {TAKEOVER_CLUSTER}, {lost}");
+    }
+}
+
+/// Graceful: returns once the manager's reconciles in flight have finished.
+async fn stop_manager(
+    shutdown: tokio_util::sync::CancellationToken,
+    manager: tokio::task::JoinHandle<Result<(), capo_provider::manager::ManagerError>>,
+) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), manager)
+        .await
+        .expect("capo-rs stops within 60 s")
+        .expect("the manager's task")
+        .expect("the manager");
+}
+
+/// capo-rs's pre-terminate hook off every Machine: CAPO does not know it, and a Machine
+/// holding it would wait for ever when deleted (the guide's first rollback step).
+async fn remove_capo_rs_hooks(arm: &Arm<'_>) {
+    let hook = capo_api::capi::labels::LB_MEMBER_HOOK;
+    let unhooked = json!({"metadata": {"annotations": {hook: null}}});
+    for machine in arm
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("machines")
+        .items
+    {
+        let name = kube::ResourceExt::name_any(&machine);
+        arm.machines()
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&unhooked),
+            )
+            .await
+            .expect("the hook removed");
+    }
+}
+
+/// Marks `version` the storage version of each convertible kind's CRD (both still served).
+async fn store_as(kube: &KubeWorld, version: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
+    for kind in capo_api::conversion::CONVERTIBLE_KINDS {
+        let name = format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP);
+        let mut crd = crds.get(&name).await.expect("the CRD");
+        for served in &mut crd.spec.versions {
+            served.storage = served.name == version;
+        }
+        crds.replace(&name, &PostParams::default(), &crd)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {version} as the storage version: {e}"));
+    }
+}
+
+/// `objects` (CRDs) in place of what is installed, as `kubectl replace` does.
+async fn replace_crds(kube: &KubeWorld, objects: &[Value]) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
+    for object in objects {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let mut crd: CustomResourceDefinition =
+            serde_json::from_value(object.clone()).expect("a CRD");
+        let Some(installed) = crds.get_opt(name).await.expect("the CRD") else {
+            continue;
+        };
+        crd.metadata.resource_version = installed.metadata.resource_version;
+        crds.replace(name, &PostParams::default(), &crd)
+            .await
+            .unwrap_or_else(|e| panic!("{name} replaced by CAPO's: {e}"));
+    }
+}
+
+/// capo-rs's ValidatingWebhookConfiguration, which fails closed once capo-rs is gone.
+async fn delete_capo_rs_webhook(kube: &KubeWorld) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(kube.client.clone());
+    for hook in validating
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+    {
+        let name = kube::ResourceExt::name_any(&hook);
+        if name.starts_with("capo-rs-") {
+            validating
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete");
+        }
+    }
+}
+
+/// Until CAPO's manager has written the status of the OpenStackCluster and of every
+/// OpenStackMachine since `since` (a managed-fields entry of its own on the status).
+async fn wait_written_by_capo(arm: &Arm<'_>, since: Instant) {
+    let clusters = openstack_clusters(arm.kube);
+    let machines = arm.openstack_machines("v1beta1");
+    let after = wall_clock_before(since.elapsed());
+    until(
+        "CAPO's status on every object",
+        Duration::from_secs(420),
+        arm.logs,
+        async || {
+            let mut objects = clusters
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            objects.extend(
+                machines
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items,
+            );
+            let waiting: Vec<String> = objects
+                .iter()
+                .filter(|o| !written_by_capo_since(o, &after))
+                .map(|o| {
+                    let managers: Vec<String> = o
+                        .metadata
+                        .managed_fields
+                        .iter()
+                        .flatten()
+                        .map(|m| {
+                            format!(
+                                "{:?}/{:?}@{:?}",
+                                m.manager,
+                                m.subresource,
+                                m.time.as_ref().map(|t| t.0)
+                            )
+                        })
+                        .collect();
+                    format!("{} {managers:?}", kube::ResourceExt::name_any(o))
+                })
+                .collect();
+            if waiting.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("waiting: {waiting:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// The wall-clock time `ago` before now, in RFC 3339 (managed fields' times have seconds).
+fn wall_clock_before(ago: Duration) -> k8s_openapi::jiff::Timestamp {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    now.checked_sub(k8s_openapi::jiff::SignedDuration::try_from(ago).unwrap_or_default())
+        .unwrap_or(now)
+}
+
+fn written_by_capo_since(object: &DynamicObject, after: &k8s_openapi::jiff::Timestamp) -> bool {
+    object.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager
+            .as_deref()
+            .is_some_and(|name| name.starts_with("capo-manager"))
+            && m.time
+                .as_ref()
+                .is_some_and(|t| t.0.as_second() + 1 >= after.as_second())
+    })
+}
+
+/// The events about OpenStack kinds last seen since `since`, as `reporter reason: message
+/// (object)`.
+async fn capo_events(arm: &Arm<'_>, since: Instant) -> Vec<String> {
+    let after = wall_clock_before(since.elapsed());
+    let events: Api<k8s_openapi::api::core::v1::Event> = arm.kube.api();
+    events
+        .list(&Default::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| {
+            e.involved_object
+                .kind
+                .as_deref()
+                .is_some_and(|k| k.starts_with("OpenStack"))
+        })
+        .filter(|e| {
+            let seen =
+                (e.last_timestamp.as_ref().map(|t| t.0)).or(e.event_time.as_ref().map(|t| t.0));
+            seen.is_some_and(|t| t.as_second() + 1 >= after.as_second())
+        })
+        .map(|e| {
+            format!(
+                "{} {}: {} ({} {})",
+                e.reporting_component
+                    .as_deref()
+                    .or(e.source.as_ref().and_then(|s| s.component.as_deref()))
+                    .unwrap_or("?"),
+                e.reason.as_deref().unwrap_or_default(),
+                e.message
+                    .as_deref()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(160)
+                    .collect::<String>(),
+                e.involved_object.kind.as_deref().unwrap_or_default(),
+                e.involved_object.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Until every Machine of `names` has its providerID; their providerIDs.
+async fn wait_released(arm: &Arm<'_>, names: &[String]) -> BTreeMap<String, String> {
+    until(
+        "every machine released",
+        Duration::from_secs(900),
+        arm.logs,
+        async || {
+            let mut released = BTreeMap::new();
+            for name in names {
+                let machine = arm.machines().get(name).await.map_err(|e| e.to_string())?;
+                match machine.data["spec"]["providerID"].as_str() {
+                    Some(id) => released.insert(name.clone(), id.to_owned()),
+                    None => return Err(format!("{name} not released; {released:?}")),
+                };
+            }
+            Ok(released)
+        },
+    )
+    .await
+}
+
+/// CAPO's webhook configurations (named with its `capo-` prefix), which fail closed once its
+/// manager is gone: the guide's step 2.
+async fn delete_capo_webhooks(kube: &KubeWorld) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(kube.client.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(kube.client.clone());
+    let capos = |name: &str| name.starts_with("capo-") && !name.starts_with("capo-rs-");
+    for hook in validating
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+    {
+        let name = kube::ResourceExt::name_any(&hook);
+        if capos(&name) {
+            validating
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete");
+        }
+    }
+    for hook in mutating
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+    {
+        let name = kube::ResourceExt::name_any(&hook);
+        if capos(&name) {
+            mutating
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete");
+        }
+    }
+}
+
+/// Until each convertible kind's CRD stores `version` alone.
+async fn wait_stored(kube: &KubeWorld, version: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
+    for kind in capo_api::conversion::CONVERTIBLE_KINDS {
+        let name = format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP);
+        let stored = |crd: Option<&CustomResourceDefinition>| {
+            crd.and_then(|c| c.status.as_ref())
+                .and_then(|s| s.stored_versions.as_ref())
+                .is_some_and(|v| v == &[version.to_owned()])
+        };
+        let migrated = kube::runtime::wait::await_condition(crds.clone(), &name, stored);
+        tokio::time::timeout(Duration::from_secs(180), migrated)
+            .await
+            .unwrap_or_else(|_| panic!("{name}: storage not migrated to {version} within 180 s"))
+            .expect("the CRD watch");
+    }
+}
+
+/// Until the OpenStackCluster and every OpenStackMachine carry a Ready condition capo-rs
+/// wrote (a reason, and the generation it saw: CAPO's had neither).
+async fn wait_capo_rs_ready(arm: &Arm<'_>) {
+    let ours = |object: &Value| {
+        object["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "Ready"
+                    && c["reason"]
+                        .as_str()
+                        .is_some_and(|r| !r.is_empty() && r != capo_api::conversion::NO_REASON)
+                    && c["observedGeneration"].is_u64()
+            })
+    };
+    let clusters = api(
+        arm.kube,
+        "infrastructure.cluster.x-k8s.io",
+        "v1beta2",
+        "OpenStackCluster",
+        "openstackclusters",
+    );
+    until(
+        "capo-rs's Ready everywhere",
+        Duration::from_secs(300),
+        arm.logs,
+        async || {
+            let mut objects = clusters
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            objects.extend(
+                arm.openstack_machines("v1beta2")
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items,
+            );
+            let waiting: Vec<String> = objects
+                .iter()
+                .map(|o| serde_json::to_value(o).unwrap_or_default())
+                .filter(|o| !ours(o))
+                .map(|o| {
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect();
+            if waiting.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("waiting: {waiting:?}"))
+            }
+        },
+    )
+    .await;
 }

@@ -300,22 +300,7 @@ impl E2e {
 
     /// OpenStack requests the manager made, by `request` label, since it started.
     pub(crate) fn request_counts(&self) -> BTreeMap<String, u64> {
-        let mut counts = BTreeMap::new();
-        for family in self.registry.gather() {
-            if family.name() != "capo_openstack_api_requests_total" {
-                continue;
-            }
-            for metric in family.get_metric() {
-                let request = metric
-                    .get_label()
-                    .iter()
-                    .find(|l| l.name() == "request")
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default();
-                *counts.entry(request).or_default() += metric.get_counter().get_value() as u64;
-            }
-        }
-        counts
+        openstack_request_counts(&self.registry)
     }
 
     /// OpenStack requests the manager made, by service, since it started.
@@ -337,9 +322,30 @@ impl E2e {
     }
 }
 
+/// A manager's OpenStack requests so far, by `request` label
+/// (`capo_openstack_api_requests_total` in its `registry`).
+pub(crate) fn openstack_request_counts(registry: &Registry) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for family in registry.gather() {
+        if family.name() != "capo_openstack_api_requests_total" {
+            continue;
+        }
+        for metric in family.get_metric() {
+            let request = metric
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "request")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            *counts.entry(request).or_default() += metric.get_counter().get_value() as u64;
+        }
+    }
+    counts
+}
+
 /// A `<resource>_<verb>` that changes nothing in the tenant: a read, or Keystone issuing
 /// the manager's token.
-fn is_read(request: &str) -> bool {
+pub(crate) fn is_read(request: &str) -> bool {
     request.ends_with("_get") || request.ends_with("_list") || request == "token_create"
 }
 
@@ -1765,7 +1771,7 @@ async fn assert_capo_names(e2e: &E2e, capi: &str, cluster: &OpenStackCluster) {
 }
 
 /// Every API member's (address, id), from the status tree.
-async fn member_ids(tenant: &CloudClient, lb: &str) -> BTreeMap<String, String> {
+pub(crate) async fn member_ids(tenant: &CloudClient, lb: &str) -> BTreeMap<String, String> {
     let tree = tenant.octavia().status_tree(lb).await.expect("status tree");
     let mut members = BTreeMap::new();
     for pool in tree.listeners.iter().flat_map(|l| l.pools.iter()) {

@@ -9,7 +9,7 @@ Run by up.sh with the stack's venv, in two phases:
              for ports, servers or volumes in project `capo-rs-quota`, room in `capo-rs-peers`
              (CAPO v0.14.7's clusters) and `capo-rs-peers-rs` (capo-rs's, beside them); then the
              clouds.yaml the tests read (clouds `capo`, `capo-appcred`, `capo-quota`,
-             `capo-peers`, `capo-peers-rs`, `capo-admin`).
+             `capo-peers`, `capo-peers-rs`, `capo-takeover`, `capo-admin`).
 
 Settings come from the environment up.sh exports (CAPO_OS_*); nothing is printed that holds a
 secret.
@@ -39,6 +39,7 @@ QUOTA_PROJECT = "capo-rs-quota"
 # scenarios take no census of `capo`, so they run beside the tests that do.
 PEERS_PROJECT = "capo-rs-peers"
 PEERS_RS_PROJECT = "capo-rs-peers-rs"
+TAKEOVER_PROJECT = "capo-rs-takeover"
 SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
@@ -180,6 +181,7 @@ def identity():
     for name, description in [
         (PEERS_PROJECT, "CAPO v0.14.7's clusters"),
         (PEERS_RS_PROJECT, "capo-rs's clusters beside CAPO v0.14.7's"),
+        (TAKEOVER_PROJECT, "a cluster CAPO v0.14.7 builds and capo-rs takes over"),
     ]:
         peers_project = ensure_project(conn, name, description)
         for role in TENANT_ROLES:
@@ -320,6 +322,7 @@ def write_clouds_yaml(appcred_id):
         + password_cloud("capo-quota", TENANT, TENANT_PASS, QUOTA_PROJECT)
         + password_cloud("capo-peers", TENANT, TENANT_PASS, PEERS_PROJECT)
         + password_cloud("capo-peers-rs", TENANT, TENANT_PASS, PEERS_RS_PROJECT)
+        + password_cloud("capo-takeover", TENANT, TENANT_PASS, TAKEOVER_PROJECT)
         + password_cloud("capo-admin", "admin", ENV["CAPO_OS_ADMIN_PASS"], "admin")
     )
     tmp = CLOUDS_YAML + ".tmp"
@@ -339,6 +342,7 @@ def resources():
     ensure_room(conn, TENANT)
     ensure_room(conn, PEERS_PROJECT)
     ensure_room(conn, PEERS_RS_PROJECT)
+    ensure_room(conn, TAKEOVER_PROJECT)
     user = tenant()
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.
