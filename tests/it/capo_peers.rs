@@ -1448,8 +1448,7 @@ async fn remove_capo_rs_hooks(arm: &Arm<'_>) {
 async fn store_as(kube: &KubeWorld, version: &str) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    for kind in capo_api::conversion::CONVERTIBLE_KINDS {
-        let name = format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP);
+    for name in convertible_crds() {
         let mut crd = crds.get(&name).await.expect("the CRD");
         for served in &mut crd.spec.versions {
             served.storage = served.name == version;
@@ -1482,72 +1481,26 @@ async fn replace_crds(kube: &KubeWorld, objects: &[Value]) {
 async fn delete_capo_rs_webhook(kube: &KubeWorld) {
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(kube.client.clone());
-    for hook in validating
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-    {
-        let name = kube::ResourceExt::name_any(&hook);
-        if name.starts_with("capo-rs-") {
-            validating
-                .delete(&name, &DeleteParams::default())
-                .await
-                .expect("delete");
-        }
-    }
+    delete_named(&validating, |name| name.starts_with("capo-rs-")).await;
 }
 
 /// Until CAPO's manager has written the status of the OpenStackCluster and of every
 /// OpenStackMachine since `since` (a managed-fields entry of its own on the status).
 async fn wait_written_by_capo(arm: &Arm<'_>, since: Instant) {
-    let clusters = openstack_clusters(arm.kube);
-    let machines = arm.openstack_machines("v1beta1");
     let after = wall_clock_before(since.elapsed());
-    until(
+    let managers = |o: &DynamicObject| {
+        let managers: Vec<String> = (o.metadata.managed_fields.iter().flatten())
+            .map(|m| format!("{:?}@{:?}", m.manager, m.time.as_ref().map(|t| t.0)))
+            .collect();
+        format!("{} {managers:?}", kube::ResourceExt::name_any(o))
+    };
+    let written = |o: &DynamicObject| written_by_capo_since(o, &after);
+    until_every_object(
+        arm,
+        "v1beta1",
         "CAPO's status on every object",
-        Duration::from_secs(420),
-        arm.logs,
-        async || {
-            let mut objects = clusters
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?
-                .items;
-            objects.extend(
-                machines
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items,
-            );
-            let waiting: Vec<String> = objects
-                .iter()
-                .filter(|o| !written_by_capo_since(o, &after))
-                .map(|o| {
-                    let managers: Vec<String> = o
-                        .metadata
-                        .managed_fields
-                        .iter()
-                        .flatten()
-                        .map(|m| {
-                            format!(
-                                "{:?}/{:?}@{:?}",
-                                m.manager,
-                                m.subresource,
-                                m.time.as_ref().map(|t| t.0)
-                            )
-                        })
-                        .collect();
-                    format!("{} {managers:?}", kube::ResourceExt::name_any(o))
-                })
-                .collect();
-            if waiting.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("waiting: {waiting:?}"))
-            }
-        },
+        written,
+        managers,
     )
     .await;
 }
@@ -1643,42 +1596,39 @@ async fn delete_capo_webhooks(kube: &KubeWorld) {
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(kube.client.clone());
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(kube.client.clone());
     let capos = |name: &str| name.starts_with("capo-") && !name.starts_with("capo-rs-");
-    for hook in validating
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-    {
-        let name = kube::ResourceExt::name_any(&hook);
-        if capos(&name) {
-            validating
-                .delete(&name, &DeleteParams::default())
-                .await
-                .expect("delete");
-        }
-    }
-    for hook in mutating
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-    {
-        let name = kube::ResourceExt::name_any(&hook);
-        if capos(&name) {
-            mutating
-                .delete(&name, &DeleteParams::default())
+    delete_named(&validating, capos).await;
+    delete_named(&mutating, capos).await;
+}
+
+/// Deletes every object of `api` whose name `chosen` picks.
+async fn delete_named<K>(api: &Api<K>, chosen: impl Fn(&str) -> bool)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for object in api.list(&Default::default()).await.expect("list").items {
+        let name = kube::ResourceExt::name_any(&object);
+        if chosen(&name) {
+            api.delete(&name, &DeleteParams::default())
                 .await
                 .expect("delete");
         }
     }
 }
 
+/// The CRDs of the kinds served in two versions (OpenStackCluster, OpenStackMachine and their
+/// templates).
+fn convertible_crds() -> Vec<String> {
+    capo_api::conversion::CONVERTIBLE_KINDS
+        .iter()
+        .map(|kind| format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP))
+        .collect()
+}
+
 /// Until each convertible kind's CRD stores `version` alone.
 async fn wait_stored(kube: &KubeWorld, version: &str) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
-    for kind in capo_api::conversion::CONVERTIBLE_KINDS {
-        let name = format!("{}s.{}", kind.to_lowercase(), capo_api::GROUP);
+    for name in convertible_crds() {
         let stored = |crd: Option<&CustomResourceDefinition>| {
             crd.and_then(|c| c.status.as_ref())
                 .and_then(|s| s.stored_versions.as_ref())
@@ -1695,8 +1645,8 @@ async fn wait_stored(kube: &KubeWorld, version: &str) {
 /// Until the OpenStackCluster and every OpenStackMachine carry a Ready condition capo-rs
 /// wrote (a reason, and the generation it saw: CAPO's had neither).
 async fn wait_capo_rs_ready(arm: &Arm<'_>) {
-    let ours = |object: &Value| {
-        object["status"]["conditions"]
+    let ours = |object: &DynamicObject| {
+        object.data["status"]["conditions"]
             .as_array()
             .into_iter()
             .flatten()
@@ -1708,47 +1658,42 @@ async fn wait_capo_rs_ready(arm: &Arm<'_>) {
                     && c["observedGeneration"].is_u64()
             })
     };
+    let name = |o: &DynamicObject| kube::ResourceExt::name_any(o);
+    until_every_object(arm, "v1beta2", "capo-rs's Ready everywhere", ours, name).await;
+}
+
+/// Until the OpenStackCluster and every OpenStackMachine, read as `version`, are `done`;
+/// those that are not, as `describe` says them, in the failure.
+async fn until_every_object(
+    arm: &Arm<'_>,
+    version: &str,
+    what: &str,
+    done: impl Fn(&DynamicObject) -> bool,
+    describe: impl Fn(&DynamicObject) -> String,
+) {
     let clusters = api(
         arm.kube,
         "infrastructure.cluster.x-k8s.io",
-        "v1beta2",
+        version,
         "OpenStackCluster",
         "openstackclusters",
     );
-    until(
-        "capo-rs's Ready everywhere",
-        Duration::from_secs(300),
-        arm.logs,
-        async || {
-            let mut objects = clusters
-                .list(&Default::default())
-                .await
+    let machines = arm.openstack_machines(version);
+    until(what, Duration::from_secs(420), arm.logs, async || {
+        let mut objects = (clusters.list(&Default::default()).await)
+            .map_err(|e| e.to_string())?
+            .items;
+        objects.extend(
+            (machines.list(&Default::default()).await)
                 .map_err(|e| e.to_string())?
-                .items;
-            objects.extend(
-                arm.openstack_machines("v1beta2")
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .items,
-            );
-            let waiting: Vec<String> = objects
-                .iter()
-                .map(|o| serde_json::to_value(o).unwrap_or_default())
-                .filter(|o| !ours(o))
-                .map(|o| {
-                    o["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned()
-                })
-                .collect();
-            if waiting.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("waiting: {waiting:?}"))
-            }
-        },
-    )
+                .items,
+        );
+        let waiting: Vec<String> = objects.iter().filter(|o| !done(o)).map(&describe).collect();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("waiting: {waiting:?}"))
+        }
+    })
     .await;
 }

@@ -464,14 +464,7 @@ async fn clusterctl_installs_capo_rs_generates_every_flavor_and_moves_a_cluster_
         Some(provider_id.as_str()),
         "the same server"
     );
-    wait_object(
-        &target.machines,
-        "m1",
-        "found its Node again",
-        |m| m["status"]["nodeRef"]["name"] == "m1",
-        &target.manager,
-    )
-    .await;
+    wait_node_ref(&target, "found its Node again").await;
     assert_eq!(
         cloud_writes(&target.world.cloud),
         writes_before,
@@ -560,17 +553,22 @@ async fn workload_node(source: &Driven, provider_id: &str) {
         .unwrap();
 }
 
+/// Until Cluster API has set the machine `m1`'s nodeRef (its Node in the workload cluster).
+async fn wait_node_ref(driven: &Driven, what: &str) {
+    wait_object(
+        &driven.machines,
+        "m1",
+        what,
+        |m| m["status"]["nodeRef"]["name"] == "m1",
+        &driven.manager,
+    )
+    .await;
+}
+
 /// Until `clusterctl move` would start: the machine has its nodeRef and the Cluster's
 /// control plane reads initialized.
 async fn wait_movable(source: &Driven) {
-    wait_object(
-        &source.machines,
-        "m1",
-        "found its Node",
-        |m| m["status"]["nodeRef"]["name"] == "m1",
-        &source.manager,
-    )
-    .await;
+    wait_node_ref(source, "found its Node").await;
     wait_object(
         &source.clusters,
         "c1",
