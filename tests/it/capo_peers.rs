@@ -1168,10 +1168,11 @@ const TAKEOVER_CLOUD: &str = "capo-takeover";
 /// control-plane machines and a worker; its objects stored as v1beta1 in real etcd, Cluster API
 /// v1.12.10 beside it). Then capo-rs replaces it as `docs/migrating-from-capo.md` says: CAPO
 /// stopped and its webhook configurations deleted, capo-rs's CRDs and webhook installed over
-/// CAPO's, capo-rs started. capo-rs writes nothing to the cloud; the members keep their IDs
-/// and the machines their providerIDs; storage is migrated to v1beta2 and every object reads
-/// in both versions. Then a control-plane machine is replaced under the gate, and the cluster
-/// deleted, leaving the project as it was.
+/// CAPO's, Cluster API restarted, capo-rs started. capo-rs writes nothing to the cloud; the
+/// members keep their IDs and the machines their providerIDs; storage is migrated to v1beta2
+/// and every object reads in both versions. Then a control-plane machine is replaced under the
+/// gate. Then the guide's way back to CAPO, step by step: CAPO writes its status again and
+/// changes no cloud object, and deletes the cluster, leaving the project as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_capo_rs_takes_over_a_cluster_capo_v0_14_7_built() {
     let Some(peers) = capo_peers() else {
@@ -1421,7 +1422,7 @@ async fn stop_manager(
 }
 
 /// capo-rs's pre-terminate hook off every Machine: CAPO does not know it, and a Machine
-/// holding it would wait for ever when deleted (the guide's first rollback step).
+/// holding it would wait for ever when deleted (the guide's rollback, step 4).
 async fn remove_capo_rs_hooks(arm: &Arm<'_>) {
     let hook = capo_api::capi::labels::LB_MEMBER_HOOK;
     let unhooked = json!({"metadata": {"annotations": {hook: null}}});
@@ -1485,7 +1486,7 @@ async fn delete_capo_rs_webhook(kube: &KubeWorld) {
 }
 
 /// Until CAPO's manager has written the status of the OpenStackCluster and of every
-/// OpenStackMachine since `since` (a managed-fields entry of its own on the status).
+/// OpenStackMachine since `since` (a managed-fields entry of CAPO's manager that recent).
 async fn wait_written_by_capo(arm: &Arm<'_>, since: Instant) {
     let after = wall_clock_before(since.elapsed());
     let managers = |o: &DynamicObject| {

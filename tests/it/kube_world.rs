@@ -510,6 +510,16 @@ async fn replace_service_references(
     name: &str,
     object: &Value,
 ) {
+    // Only an object that calls its webhooks by URL can replace a Service reference: the rest
+    // need no look at what is installed.
+    let by_url = object
+        .pointer("/spec/conversion/webhook/clientConfig/url")
+        .is_some()
+        || (object["webhooks"].as_array().into_iter().flatten())
+            .any(|hook| hook.pointer("/clientConfig/url").is_some());
+    if !by_url {
+        return;
+    }
     let Ok(Some(installed)) = api.get_opt(name).await else {
         return;
     };
