@@ -81,6 +81,7 @@ impl CapiPeers {
 
 /// A Cluster API release's core manager, and the directory of its kustomize configuration
 /// (`crd/bases`, `webhook/manifests.yaml`) in Go's module cache.
+#[derive(Clone)]
 pub(crate) struct CapiRelease {
     pub(crate) manager: PathBuf,
     pub(crate) config: PathBuf,

@@ -172,12 +172,17 @@ impl CapoManager {
         self.peer.log_tail()
     }
 
+    /// The manager's process id.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.peer.pid()
+    }
+
     fn log_lines_with(&self, needles: &[&str]) -> Vec<String> {
         self.peer.log_lines_with(needles)
     }
 }
 
-fn api(
+pub(crate) fn api(
     kube: &KubeWorld,
     group: &str,
     version: &str,
@@ -190,7 +195,7 @@ fn api(
 }
 
 /// OpenStackClusters as CAPO 0.14 serves them (v1beta1).
-fn openstack_clusters(kube: &KubeWorld) -> Api<DynamicObject> {
+pub(crate) fn openstack_clusters(kube: &KubeWorld) -> Api<DynamicObject> {
     api(
         kube,
         "infrastructure.cluster.x-k8s.io",
@@ -514,10 +519,6 @@ impl Arm<'_> {
         format!("{}-error", self.cluster)
     }
 
-    fn bootstrap(&self) -> String {
-        format!("{}-bootstrap", self.cluster)
-    }
-
     fn clusters(&self) -> Api<DynamicObject> {
         api(
             self.kube,
@@ -560,33 +561,15 @@ impl Arm<'_> {
     async fn create_cluster(&self) -> Value {
         let infra = openstack_clusters(self.kube);
         let (namespace, cluster) = (self.namespace(), self.cluster);
-        let mut object = json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "OpenStackCluster",
-                "metadata": {"name": cluster, "namespace": namespace},
-                "spec": {
-                    "identityRef": {"name": "cloud-config", "cloudName": self.cloud},
-                    "externalNetwork": {"id": self.external_network},
-                    "managedSubnets": [{"cidr": "10.6.0.0/24", "dnsNameservers": ["192.0.2.53"]}],
-                    "managedSecurityGroups": {"allowAllInClusterTraffic": true},
-                    "apiServerLoadBalancer": {"enabled": true},
-                },
-        });
+        let network = json!({"id": self.external_network});
+        let mut object = openstack_cluster_object(namespace, cluster, self.cloud, network);
         if self.bastion {
             object["spec"]["bastion"] = json!({"enabled": true, "spec": {
                 "flavor": FLAVOR, "image": {"filter": {"name": IMAGE}}, "sshKeyName": KEY_PAIR}});
         }
         self.create(&infra, object).await;
-        self.create(
-            &self.clusters(),
-            json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                "metadata": {"name": cluster, "namespace": namespace},
-                "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
-                         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                               "kind": "OpenStackCluster", "name": cluster}},
-            }),
-        )
-        .await;
+        self.create(&self.clusters(), cluster_object(namespace, cluster))
+            .await;
         until(
             "OpenStackCluster ready",
             Duration::from_secs(420),
@@ -665,34 +648,10 @@ impl Arm<'_> {
     /// A Machine of Cluster API's and its OpenStackMachine (v1beta1), with bootstrap data; in
     /// the control plane or not.
     async fn create_machine(&self, name: &str, control_plane: bool) {
-        let (namespace, cluster) = (self.namespace(), self.cluster);
-        let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
-        if control_plane {
-            labels["cluster.x-k8s.io/control-plane"] = json!("");
-        }
-        self.create(
-            &self.openstack_machines("v1beta1"),
-            json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "OpenStackMachine",
-                "metadata": {"name": name, "namespace": namespace,
-                             "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
-                "spec": {"flavor": FLAVOR, "image": {"filter": {"name": IMAGE}},
-                         "sshKeyName": KEY_PAIR},
-            }),
-        )
-        .await;
-        self.create(
-            &self.machines(),
-            json!({
-                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
-                "spec": {"clusterName": cluster, "version": "v1.33.4",
-                         "bootstrap": {"dataSecretName": self.bootstrap()},
-                         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                               "kind": "OpenStackMachine", "name": name}},
-            }),
-        )
-        .await;
+        let (osm, machine) =
+            machine_objects(self.namespace(), self.cluster, name, control_plane, true);
+        self.create(&self.openstack_machines("v1beta1"), osm).await;
+        self.create(&self.machines(), machine).await;
     }
 
     /// The API pool's members, as `(name, provisioning status)`; an error while the cloud
@@ -839,18 +798,7 @@ impl Arm<'_> {
     }
 
     async fn bootstrap_secret(&self) {
-        let bootstrap: Secret = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": self.bootstrap(), "namespace": self.namespace(),
-                         "labels": {"cluster.x-k8s.io/cluster-name": self.cluster}},
-            "data": {"value": base64("#cloud-config\n"), "format": base64("cloud-config")},
-        }))
-        .unwrap();
-        self.kube
-            .api::<Secret>()
-            .create(&PostParams::default(), &bootstrap)
-            .await
-            .expect("the bootstrap Secret");
+        bootstrap_secret(self.kube, self.cluster).await;
     }
 
     /// One look at `machine`: its release, and its conditions' changes.
@@ -912,6 +860,88 @@ impl Arm<'_> {
         )
         .await;
     }
+}
+
+/// An OpenStackCluster in CAPO 0.14's v1beta1 API: a network, a router, security groups and an
+/// API load balancer, on the external network `network` (`{"id": ..}` or `{"filter": ..}`),
+/// with the credentials of `cloud` in the Secret `cloud-config`.
+pub(crate) fn openstack_cluster_object(
+    namespace: &str,
+    cluster: &str,
+    cloud: &str,
+    network: Value,
+) -> Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "OpenStackCluster",
+        "metadata": {"name": cluster, "namespace": namespace},
+        "spec": {
+            "identityRef": {"name": "cloud-config", "cloudName": cloud},
+            "externalNetwork": network,
+            "managedSubnets": [{"cidr": "10.6.0.0/24", "dnsNameservers": ["192.0.2.53"]}],
+            "managedSecurityGroups": {"allowAllInClusterTraffic": true},
+            "apiServerLoadBalancer": {"enabled": true},
+        },
+    })
+}
+
+/// Cluster API's Cluster over the OpenStackCluster of the same name.
+pub(crate) fn cluster_object(namespace: &str, cluster: &str) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": cluster, "namespace": namespace},
+        "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                       "kind": "OpenStackCluster", "name": cluster}},
+    })
+}
+
+/// An OpenStackMachine (v1beta1) and Cluster API's Machine over it, in the control plane or
+/// not, with the bootstrap data of [`bootstrap_secret`]; with the tier's key pair or none.
+pub(crate) fn machine_objects(
+    namespace: &str,
+    cluster: &str,
+    name: &str,
+    control_plane: bool,
+    key_pair: bool,
+) -> (Value, Value) {
+    let mut labels = json!({"cluster.x-k8s.io/cluster-name": cluster});
+    if control_plane {
+        labels["cluster.x-k8s.io/control-plane"] = json!("");
+    }
+    let mut spec = json!({"flavor": FLAVOR, "image": {"filter": {"name": IMAGE}}});
+    if key_pair {
+        spec["sshKeyName"] = json!(KEY_PAIR);
+    }
+    let osm = json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "OpenStackMachine",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "spec": spec,
+    });
+    let machine = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"clusterName": cluster, "version": "v1.33.4",
+                 "bootstrap": {"dataSecretName": format!("{cluster}-bootstrap")},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                       "kind": "OpenStackMachine", "name": name}},
+    });
+    (osm, machine)
+}
+
+/// The Secret `<cluster>-bootstrap` of bootstrap data [`machine_objects`] name.
+pub(crate) async fn bootstrap_secret(kube: &KubeWorld, cluster: &str) {
+    let bootstrap: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{cluster}-bootstrap"), "namespace": kube.namespace,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster}},
+        "data": {"value": base64("#cloud-config\n"), "format": base64("cloud-config")},
+    }))
+    .unwrap();
+    kube.api::<Secret>()
+        .create(&PostParams::default(), &bootstrap)
+        .await
+        .expect("the bootstrap Secret");
 }
 
 /// When a provider released a machine (Cluster API's Machine got its providerID), and its

@@ -25,6 +25,9 @@ pub(crate) struct PeerRun {
 /// A running peer; SIGTERM on drop (the peer, its relays and its namespace go).
 pub(crate) struct IsolatedPeer {
     name: &'static str,
+    /// The network namespace it runs in, and its binary's file name there.
+    netns: String,
+    binary: String,
     script: std::process::Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -36,13 +39,14 @@ impl IsolatedPeer {
         let tag = run.serve.unwrap_or_else(free_port);
         let log = dir.path().join(format!("{}.log", run.netns));
         let output = std::fs::File::create(&log).unwrap();
+        let netns = format!("{}-{}-{tag}", run.netns, std::process::id());
         let mut command = std::process::Command::new("bash");
         command
             .arg(concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/tests/capi/isolated.sh"
             ))
-            .arg(format!("{}-{}-{tag}", run.netns, std::process::id()));
+            .arg(&netns);
         for port in &run.reach {
             command.args(["--reach", &port.to_string()]);
         }
@@ -58,12 +62,32 @@ impl IsolatedPeer {
             .stderr(output)
             .spawn()
             .unwrap();
+        let binary = (run.binary.file_name())
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
         IsolatedPeer {
             name: run.name,
+            netns,
+            binary,
             script,
             log,
             _dir: dir,
         }
+    }
+
+    /// The peer's own process id (not its relays'), once it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        let listed = std::process::Command::new("ip")
+            .args(["netns", "pids", &self.netns])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&listed.stdout)
+            .split_whitespace()
+            .filter_map(|pid| pid.parse::<u32>().ok())
+            .find(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe"))
+                    .is_ok_and(|exe| exe.file_name().is_some_and(|n| n == self.binary.as_str()))
+            })
     }
 
     /// An error naming the peer and its log's end, once the peer has ended.

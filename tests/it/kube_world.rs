@@ -210,7 +210,16 @@ impl KubeWorld {
     /// or admission of ours until the scenario installs them ([`KubeWorld::install`]).
     /// The world's namespace is named `namespace`.
     pub(crate) async fn own_real(crds: &[Value], namespace: &str) -> Self {
-        let tier = OwnTier::start().await;
+        Self::own_real_with(crds, namespace, &[]).await
+    }
+
+    /// [`KubeWorld::own_real`], its tier started with `env` too (`CAPO_KUBE_AUDIT=1`).
+    pub(crate) async fn own_real_with(
+        crds: &[Value],
+        namespace: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let tier = OwnTier::start(env).await;
         let client = client_from(&tier.kubeconfigs.admin).await;
         let manager_client = client_from(&tier.kubeconfigs.manager).await;
         apply_crds(&client, crds).await;
@@ -330,7 +339,7 @@ struct OwnTier {
 }
 
 impl OwnTier {
-    async fn start() -> Self {
+    async fn start(extra: &[(&str, &str)]) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let run = std::env::temp_dir().join(format!(
             "capo-kube-own-{}-{}",
@@ -350,6 +359,11 @@ impl OwnTier {
         {
             env.push((name.to_owned(), port.to_string()));
         }
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         let tier = OwnTier {
             run: run.clone(),
             env,
@@ -430,9 +444,15 @@ pub(crate) fn shared_webhook() -> &'static SharedWebhook {
 }
 
 /// `object` (a CRD or a webhook configuration) pointing at the shared webhook by URL.
-fn through_shared_webhook(mut object: Value) -> Value {
+fn through_shared_webhook(object: Value) -> Value {
     let webhook = shared_webhook();
-    let client_config = |path: &str| json!({"url": format!("{}{path}", webhook.base), "caBundle": webhook.ca_bundle});
+    through_webhook(object, &webhook.base, &webhook.ca_bundle)
+}
+
+/// `object` (a CRD converting through a webhook, or a ValidatingWebhookConfiguration) calling
+/// the webhook at `base` (`https://127.0.0.1:PORT`) by URL, trusting `ca_bundle`.
+pub(crate) fn through_webhook(mut object: Value, base: &str, ca_bundle: &str) -> Value {
+    let client_config = |path: &str| json!({"url": format!("{base}{path}"), "caBundle": ca_bundle});
     if object["kind"] == "CustomResourceDefinition" {
         if object["spec"]["conversion"]["strategy"] == "Webhook" {
             let path = object["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"]
@@ -454,7 +474,7 @@ fn through_shared_webhook(mut object: Value) -> Value {
 }
 
 /// Our ValidatingWebhookConfiguration as `deploy/` has it (through its Service).
-fn admission_as_shipped() -> Vec<Value> {
+pub(crate) fn admission_as_shipped() -> Vec<Value> {
     capo_provider::manager::manifests::objects(capo_provider::manager::manifests::Flavor::Kustomize)
         .into_iter()
         .filter(|o| o["kind"] == "ValidatingWebhookConfiguration")

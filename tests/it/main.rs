@@ -43,3 +43,4 @@ mod sim_kubectl;
 mod sim_openstack;
 mod takeover;
 mod topologies;
+mod vs_capo;

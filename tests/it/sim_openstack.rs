@@ -2652,3 +2652,108 @@ async fn lb_rows_follow_a_smaller_page_size_to_the_end() {
         "both wanted LBs were on the first page"
     );
 }
+
+/// What gophercloud (CAPO v0.14.7's client) reads before anything else, answered as the real
+/// tier's services answer it (checked against it on 2026-11-28): each service's versions
+/// (Neutron's and Octavia's 200, Glance's 300 Multiple Choices, Nova's v2.1 document with its
+/// microversion), the token validated again with `GET /v3/auth/tokens`, Neutron's extension
+/// list; and Neutron's rule that a floating IP update without a `port_id` disassociates it
+/// (CAPO 0.14 disassociates with `{"floatingip": {}}`; Neutron's `_check_and_get_fip_assoc`).
+#[tokio::test]
+async fn what_gophercloud_reads_first_is_answered_as_the_real_tier_answers_it() {
+    let sim = start(false, quick()).await;
+    let raw = Raw::new(&sim).await;
+    let (status, network) = raw.get("/network/").await;
+    assert_eq!(
+        (status, &network["versions"][0]["id"]),
+        (200, &json!("v2.0"))
+    );
+    assert_eq!(raw.get("/image/").await.0, 300);
+    let (status, compute) = raw.get("/compute/v2.1/").await;
+    assert_eq!(status, 200);
+    assert_eq!(compute["version"]["min_version"], "2.1");
+    assert!(
+        compute["version"]["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("2."))
+    );
+    let (status, lb) = raw.get("/load-balancer/").await;
+    assert_eq!((status, lb["versions"].is_array()), (200, true));
+
+    let validate = |token: &str| {
+        raw.http
+            .get(format!("{}/auth/tokens", sim.auth_url()))
+            .header("x-auth-token", token)
+            .header("x-subject-token", token)
+            .send()
+    };
+    let validated = validate(&raw.token).await.unwrap();
+    assert_eq!(validated.status(), 200);
+    assert_eq!(validated.headers()["x-subject-token"], raw.token.as_str());
+    let body: Value = validated.json().await.unwrap();
+    assert_eq!(body["token"]["project"]["name"], "demo");
+    assert!(body["token"]["catalog"].is_array());
+    assert_eq!(validate("gAAAAAforged").await.unwrap().status(), 404);
+
+    let (status, extensions) = raw.get("/network/v2.0/extensions").await;
+    assert_eq!(status, 200);
+    let aliases: Vec<&str> = (extensions["extensions"].as_array().unwrap().iter())
+        .filter_map(|e| e["alias"].as_str())
+        .collect();
+    assert!(aliases.contains(&"trunk"), "{aliases:?}");
+
+    let fip = associated_floating_ip(&raw).await;
+    let path = format!("/network/v2.0/floatingips/{fip}");
+    let put = |body: Value| raw.call(reqwest::Method::PUT, &path, Some(body));
+    let (status, refused) = put(json!({"floatingip": {"fixed_ip_address": "10.9.0.5"}})).await;
+    assert_eq!(status, 400, "{refused}");
+    let (status, updated) = put(json!({"floatingip": {}})).await;
+    assert_eq!(status, 200);
+    let updated = &updated["floatingip"];
+    assert_eq!(
+        (&updated["port_id"], &updated["fixed_ip_address"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(updated["status"], "DOWN");
+}
+
+/// A floating IP on `public`, associated with a port behind a router: its id.
+async fn associated_floating_ip(raw: &Raw) -> String {
+    let id = |(status, body): (u16, Value), key: &str| -> String {
+        assert!(status < 300, "{key}: {status} {body}");
+        body[key]["id"].as_str().unwrap().to_owned()
+    };
+    let (_, public) = raw.get("/network/v2.0/networks?name=public").await;
+    let public = public["networks"][0]["id"].as_str().unwrap().to_owned();
+    let network = id(
+        raw.post("/network/v2.0/networks", json!({"network": {"name": "n"}}))
+            .await,
+        "network",
+    );
+    let subnet = json!({"subnet": {"network_id": network, "cidr": "10.9.0.0/24", "ip_version": 4}});
+    let subnet = id(raw.post("/network/v2.0/subnets", subnet).await, "subnet");
+    let router = json!({"router": {"name": "r", "external_gateway_info": {"network_id": public}}});
+    let router = id(raw.post("/network/v2.0/routers", router).await, "router");
+    let interface = format!("/network/v2.0/routers/{router}/add_router_interface");
+    let (status, _) = raw
+        .call(
+            reqwest::Method::PUT,
+            &interface,
+            Some(json!({"subnet_id": subnet})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let port = id(
+        raw.post(
+            "/network/v2.0/ports",
+            json!({"port": {"network_id": network}}),
+        )
+        .await,
+        "port",
+    );
+    let fip = json!({"floatingip": {"floating_network_id": public, "port_id": port}});
+    id(
+        raw.post("/network/v2.0/floatingips", fip).await,
+        "floatingip",
+    )
+}

@@ -16,6 +16,10 @@
 #   CAPO_REAL_KUBE_SA_KUBECONFIG=<capo-rs's ServiceAccount kubeconfig>
 #   CAPO_REAL_KUBE_BIN=<directory of kubectl and the peers>
 # (also in $RUN/env). Stop with down.sh; faults with fault.sh.
+#
+# CAPO_KUBE_AUDIT=1 also logs every write to an infrastructure.cluster.x-k8s.io object (who, with
+# which client, what) to $RUN/audit.log, one JSON event per line: how the side-by-side bench
+# counts each provider's writes.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -107,7 +111,22 @@ start etcd --name capo-kube --data-dir "$RUN/etcd" \
     --quota-backend-bytes 4294967296 --log-level warn
 wait_for etcd "http://127.0.0.1:$ETCD_PORT/health"
 
-start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+audit=()
+if [ "${CAPO_KUBE_AUDIT:-0}" = 1 ]; then
+    cat > "$RUN/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  resources: [{group: "infrastructure.cluster.x-k8s.io"}]
+- level: None
+POLICY
+    audit=(--audit-policy-file "$RUN/audit-policy.yaml" --audit-log-path "$RUN/audit.log"
+        --audit-log-format json)
+fi
+start kube-apiserver "${audit[@]}" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" --authorization-mode Node,RBAC \

@@ -81,6 +81,7 @@ pub fn handle(
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
+    base: &str,
 ) -> Reply {
     let not_found = |id: &str| {
         Reply::json(
@@ -89,6 +90,16 @@ pub fn handle(
         )
     };
     match (method.as_str(), rest) {
+        // Glance answers its versions with 300 Multiple Choices (the real tier's: v2.18
+        // current, and the older ones supported).
+        ("GET", []) => Reply::json(
+            300,
+            json!({"versions": [
+            {"id": "v2.18", "status": "CURRENT",
+             "links": [{"rel": "self", "href": format!("{base}/image/v2/")}]},
+            {"id": "v2.17", "status": "SUPPORTED",
+             "links": [{"rel": "self", "href": format!("{base}/image/v2/")}]}]}),
+        ),
         ("GET", ["v2", "images"]) => {
             let param = |name: &'static str| {
                 query

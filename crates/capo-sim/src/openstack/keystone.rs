@@ -17,9 +17,18 @@ pub struct Cx<'a> {
 
 #[derive(Debug, Default)]
 pub struct Keystone {
-    /// Token -> when it expires (on the simulator's clock).
-    tokens: HashMap<String, Instant>,
+    tokens: HashMap<String, Issued>,
     pub issued: u64,
+}
+
+/// A token as issued: what a validation shows again.
+#[derive(Debug)]
+struct Issued {
+    /// When it expires, on the simulator's clock.
+    expires: Instant,
+    methods: Vec<String>,
+    issued_at: chrono::DateTime<chrono::Utc>,
+    expires_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The service prefixes the catalog advertises; every service lives on the one port.
@@ -45,7 +54,7 @@ impl Keystone {
     pub fn valid(&self, token: Option<&str>) -> bool {
         token
             .and_then(|t| self.tokens.get(t))
-            .is_some_and(|expires| *expires > Instant::now())
+            .is_some_and(|issued| issued.expires > Instant::now())
     }
 
     /// Forgets every token (a test can force re-authentication).
@@ -54,18 +63,21 @@ impl Keystone {
     }
 }
 
-/// `/identity/...` requests. `base` is `http://host:port`.
+/// `/identity/...` requests, made with `token` (X-Auth-Token). `base` is `http://host:port`.
 pub fn handle(
     world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     body: &[u8],
+    token: Option<&str>,
     base: &str,
 ) -> Reply {
     match (method.as_str(), rest) {
         ("GET", [] | ["v3"]) => Reply::ok(version_document(base)),
         ("POST", ["v3", "auth", "tokens"]) => issue(world, body, base),
-        ("GET" | "HEAD", ["v3", "auth", "tokens"]) => Reply::empty(200),
+        ("GET", ["v3", "auth", "tokens"]) => validate(world, token, base),
+        ("HEAD", ["v3", "auth", "tokens"]) if world.keystone.valid(token) => Reply::empty(200),
+        ("HEAD", ["v3", "auth", "tokens"]) => token_not_found(),
         _ => Reply::json(
             404,
             json!({"error": {"code": 404, "title": "Not Found",
@@ -116,19 +128,47 @@ fn issue(world: &mut Cx<'_>, body: &[u8], base: &str) -> Reply {
     }
     let token = format!("gAAAAA{}", world.env.hex_id());
     let lifetime = world.env.settings.token_lifetime;
-    world
-        .keystone
-        .tokens
-        .insert(token.clone(), Instant::now() + lifetime);
-    world.keystone.issued += 1;
     let now = world.env.wall_now();
-    let expires = now + chrono::TimeDelta::from_std(lifetime).unwrap_or_default();
+    let issued = Issued {
+        expires: Instant::now() + lifetime,
+        methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+        issued_at: now,
+        expires_at: now + chrono::TimeDelta::from_std(lifetime).unwrap_or_default(),
+    };
+    let body = token_body(world.env, &issued, base);
+    world.keystone.tokens.insert(token.clone(), issued);
+    world.keystone.issued += 1;
+    Reply::json(201, body).header("x-subject-token", token)
+}
+
+/// `GET /v3/auth/tokens`: the token shown again, as Keystone validates one. The subject is
+/// the caller's own token (gophercloud validates its own: X-Subject-Token = X-Auth-Token).
+fn validate(world: &mut Cx<'_>, token: Option<&str>, base: &str) -> Reply {
+    match token.filter(|_| world.keystone.valid(token)) {
+        Some(token) => {
+            let issued = &world.keystone.tokens[token];
+            Reply::ok(token_body(world.env, issued, base)).header("x-subject-token", token)
+        }
+        None => token_not_found(),
+    }
+}
+
+fn token_not_found() -> Reply {
+    Reply::json(
+        404,
+        json!({"error": {"code": 404, "title": "Not Found",
+                         "message": "Failed to validate token"}}),
+    )
+}
+
+fn token_body(env: &Env, issued: &Issued, base: &str) -> Value {
     let stamp = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
-    let settings = &world.env.settings;
+    let settings = &env.settings;
+    let methods = &issued.methods;
     let mut body = json!({"token": {
         "methods": methods,
-        "expires_at": stamp(expires),
-        "issued_at": stamp(now),
+        "expires_at": stamp(issued.expires_at),
+        "issued_at": stamp(issued.issued_at),
         "audit_ids": ["simulated"],
         "user": {"id": format!("{}-id", settings.username), "name": settings.username,
                  "domain": {"id": "default", "name": "Default"}, "password_expires_at": null},
@@ -138,11 +178,11 @@ fn issue(world: &mut Cx<'_>, body: &[u8], base: &str) -> Reply {
         "is_domain": false,
         "catalog": catalog(base, &settings.region),
     }});
-    if methods.contains(&"application_credential") {
+    if methods.iter().any(|m| m == "application_credential") {
         body["token"]["application_credential"] = json!({
             "id": settings.app_credential_id, "name": "capo-rs", "restricted": true});
     }
-    Reply::json(201, body).header("x-subject-token", token)
+    body
 }
 
 fn catalog(base: &str, region: &str) -> Value {

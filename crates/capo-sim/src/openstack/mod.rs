@@ -31,7 +31,7 @@ pub use faults::{
     ServerErrorFault, Timings,
 };
 pub use octavia::ApiServer;
-pub use world::RequestLog;
+pub use world::{RequestLog, WatchedLoadBalancer};
 
 /// One member as the simulator holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,6 +207,16 @@ impl OpenStackSim {
     /// Forgets the request log (as `DELETE /_sim/requests` does).
     pub fn reset_request_log(&self) {
         self.shared.world().requests.reset();
+    }
+
+    /// Watches for requests that read each of `balancers` (by id, by name, or in a listing
+    /// of every one); [`OpenStackSim::unread_load_balancers`] says which none has read since.
+    pub fn watch_load_balancers(&self, balancers: Vec<WatchedLoadBalancer>) {
+        self.shared.world().requests.watch_load_balancers(balancers);
+    }
+
+    pub fn unread_load_balancers(&self) -> Vec<String> {
+        self.shared.world().requests.unread()
     }
 
     /// Real time the simulator spent serving requests so far.

@@ -154,14 +154,22 @@ pub fn seed_tenant_network(world: &mut Cx<'_>) {
     );
 }
 
-/// `/network/v2.0/...` requests.
+/// `/network/v2.0/...` requests, and `/network/` (the versions, which gophercloud reads to
+/// find v2.0 when the catalog's URL names none, as DevStack's does). `base` is
+/// `http://host:port`.
 pub fn handle(
     world: &mut Cx<'_>,
     method: &Method,
     rest: &[&str],
     query: &[(String, String)],
     body: &[u8],
+    base: &str,
 ) -> Reply {
+    if rest.is_empty() && method == Method::GET {
+        return Reply::ok(json!({"versions": [{
+            "id": "v2.0", "status": "CURRENT",
+            "links": [{"href": format!("{base}/network/v2.0/"), "rel": "self"}]}]}));
+    }
     let Some(body) = json_body(body) else {
         return Reply::neutron(400, "BadRequest", "Body contains invalid JSON.");
     };
@@ -171,6 +179,12 @@ pub fn handle(
     };
     if let ["extensions", alias] = rest {
         return extension(world, alias);
+    }
+    if rest == ["extensions"] {
+        let extensions: Vec<Value> = (world.env.settings.neutron_extensions.iter())
+            .map(|alias| extension_body(alias))
+            .collect();
+        return Reply::ok(json!({ "extensions": extensions }));
     }
     let Some((path, key, kind)) = rest.first().and_then(|p| collection(p)) else {
         return Reply::neutron(404, "HTTPNotFound", "The resource could not be found.");
@@ -276,6 +290,11 @@ fn create_rules(world: &mut Cx<'_>, rules: &Value) -> Reply {
 
 /// One extension, as `GET /v2.0/extensions/{alias}` shows it. Recorded on the real tier: 200
 /// with the extension, else webob's 404 page (HTML, not a JSON fault).
+fn extension_body(alias: &str) -> Value {
+    json!({"name": alias, "alias": alias, "description": format!("The {alias} extension."),
+           "updated": "2016-01-01T10:00:00-00:00", "links": []})
+}
+
 fn extension(world: &Cx<'_>, alias: &str) -> Reply {
     if world
         .env
@@ -284,10 +303,7 @@ fn extension(world: &Cx<'_>, alias: &str) -> Reply {
         .iter()
         .any(|e| e == alias)
     {
-        return Reply::ok(json!({"extension": {
-            "name": alias, "alias": alias, "description": format!("The {alias} extension."),
-            "updated": "2016-01-01T10:00:00-00:00", "links": [],
-        }}));
+        return Reply::ok(json!({ "extension": extension_body(alias) }));
     }
     Reply::html(
         404,
@@ -1355,7 +1371,19 @@ fn update(
             "Port Security must be enabled in order to have allowed address pairs on a port.",
         );
     }
-    // A floating IP's (fixed IP, router) once it points at `port_id`, or (null, null).
+    // A floating IP's (fixed IP, router) once it points at `port_id`, or (null, null). As
+    // Neutron (`_check_and_get_fip_assoc` in l3_db.py): an update without a port_id
+    // disassociates, whatever else it changes (CAPO 0.14 disassociates with `{}`).
+    if path == "floatingips" && !changes.contains_key("port_id") {
+        if changes.contains_key("fixed_ip_address") {
+            return Reply::neutron(
+                400,
+                "BadRequest",
+                "Bad floatingip request: fixed_ip_address cannot be specified without a port_id.",
+            );
+        }
+        changes.insert("port_id".into(), Value::Null);
+    }
     let association = match (path, changes.get("port_id")) {
         ("floatingips", Some(Value::String(port))) => {
             let Some(port_object) = world.neutron.find("ports", port) else {

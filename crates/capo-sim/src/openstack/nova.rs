@@ -131,6 +131,7 @@ pub fn handle(
     rest: &[&str],
     query: &[(String, String)],
     body: &[u8],
+    base: &str,
 ) -> Reply {
     let Some(body) = json_body(body) else {
         return Reply::nova(400, "Malformed request body");
@@ -140,6 +141,14 @@ pub fn handle(
         _ => return Reply::nova(404, "The resource could not be found."),
     };
     match (method.as_str(), rest) {
+        // The version gophercloud checks microversions against, as the real tier's Nova
+        // answers it (its microversion; the simulator answers every one alike).
+        ("GET", []) => Reply::ok(json!({"version": {
+            "id": "v2.1", "status": "CURRENT", "version": "2.104", "min_version": "2.1",
+            "updated": "2013-07-23T11:33:21Z",
+            "links": [{"rel": "self", "href": format!("{base}/compute/v2.1/")}],
+            "media-types": [{"base": "application/json",
+                             "type": "application/vnd.openstack.compute+json;version=2.1"}]}})),
         ("POST", ["servers"]) => create_server(world, &body),
         ("GET", ["servers"]) => list_servers(world, query, false),
         ("GET", ["servers", "detail"]) => list_servers(world, query, true),

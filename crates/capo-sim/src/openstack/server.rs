@@ -94,15 +94,19 @@ pub async fn handle_request(
         Some(reply) => reply,
         None => serve(
             &mut world,
-            service,
-            method,
-            rest,
-            &query,
-            body,
+            Call {
+                service,
+                method,
+                rest,
+                query: &query,
+                body,
+                token,
+            },
             &shared.base,
         ),
     };
     let at = world.seconds_since_start();
+    world.requests.note_read(path, &query);
     world.requests.record(LoggedRequest {
         at,
         service: service.to_owned(),
@@ -125,23 +129,36 @@ fn service(prefix: &str) -> Option<&'static str> {
         .find(|kind| *kind == prefix)
 }
 
-fn serve(
-    world: &mut World,
-    service: &str,
-    method: &Method,
-    rest: &[&str],
-    query: &[(String, String)],
-    body: &[u8],
-    base: &str,
-) -> Reply {
+/// One request to a service, past the faults.
+struct Call<'a> {
+    service: &'a str,
+    method: &'a Method,
+    rest: &'a [&'a str],
+    query: &'a [(String, String)],
+    body: &'a [u8],
+    /// X-Auth-Token.
+    token: Option<&'a str>,
+}
+
+fn serve(world: &mut World, call: Call<'_>, base: &str) -> Reply {
+    let Call {
+        service,
+        method,
+        rest,
+        query,
+        body,
+        token,
+    } = call;
     match service {
-        "identity" => world.with_keystone(|cx| keystone::handle(cx, method, rest, body, base)),
+        "identity" => {
+            world.with_keystone(|cx| keystone::handle(cx, method, rest, body, token, base))
+        }
         "load-balancer" => {
             world.with_octavia(|cx| octavia::handle(cx, method, rest, query, body, base))
         }
-        "network" => world.with_neutron(|cx| neutron::handle(cx, method, rest, query, body)),
-        "compute" => world.with_nova(|cx| nova::handle(cx, method, rest, query, body)),
-        "image" => world.with_glance(|cx| glance::handle(cx, method, rest, query)),
+        "network" => world.with_neutron(|cx| neutron::handle(cx, method, rest, query, body, base)),
+        "compute" => world.with_nova(|cx| nova::handle(cx, method, rest, query, body, base)),
+        "image" => world.with_glance(|cx| glance::handle(cx, method, rest, query, base)),
         "block-storage" => world.with_cinder(|cx| cinder::handle(cx, method, rest, query, body)),
         _ => Reply::json(404, json!({"error": "unknown service"})),
     }

@@ -39,6 +39,17 @@ pub struct RequestLog {
     /// Per service: the current second and how many requests arrived in it.
     #[serde(skip)]
     current: BTreeMap<String, (u64, u32)>,
+    /// Load balancers watched for ([`RequestLog::watch_load_balancers`]), by id and name:
+    /// whether a request has read each since.
+    #[serde(skip)]
+    watched: Vec<(WatchedLoadBalancer, bool)>,
+}
+
+/// A load balancer a benchmark waits to see read.
+#[derive(Clone, Debug)]
+pub struct WatchedLoadBalancer {
+    pub id: String,
+    pub name: String,
 }
 
 const RECENT: usize = 200;
@@ -77,6 +88,36 @@ impl RequestLog {
             self.recent.pop_front();
         }
         self.recent.push_back(request);
+    }
+
+    /// Starts watching for requests that read each of `balancers`, forgetting what was
+    /// watched before.
+    pub fn watch_load_balancers(&mut self, balancers: Vec<WatchedLoadBalancer>) {
+        self.watched = balancers.into_iter().map(|lb| (lb, false)).collect();
+    }
+
+    /// Notes which watched load balancers a request reads: its id in the path, a listing
+    /// filtered by its name, or a listing of every load balancer (unfiltered by name or id).
+    pub fn note_read(&mut self, path: &str, query: &[(String, String)]) {
+        if self.watched.is_empty() {
+            return;
+        }
+        let listing = path.trim_end_matches('/').ends_with("/lbaas/loadbalancers");
+        let filter = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+        let every = listing && filter("name").is_none() && filter("id").is_none();
+        for (lb, seen) in self.watched.iter_mut().filter(|(_, seen)| !*seen) {
+            *seen = every
+                || path.contains(lb.id.as_str())
+                || (listing && filter("name") == Some(&lb.name));
+        }
+    }
+
+    /// The ids of the watched load balancers no request has read yet.
+    pub fn unread(&self) -> Vec<String> {
+        (self.watched.iter())
+            .filter(|(_, seen)| !*seen)
+            .map(|(lb, _)| lb.id.clone())
+            .collect()
     }
 
     pub fn reset(&mut self) {
@@ -309,5 +350,40 @@ impl Neighbours for Neighbourhood<'_> {
 
     fn delete_volume_for_server(&mut self, env: &mut Env, volume: &str, server: &str) {
         cinder::delete_for_server(&mut self.cinder(env), volume, server);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RequestLog, WatchedLoadBalancer};
+
+    fn watched(id: &str, name: &str) -> WatchedLoadBalancer {
+        WatchedLoadBalancer {
+            id: id.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_load_balancer_is_read_by_its_id_its_name_or_a_listing_of_every_one() {
+        let mut log = RequestLog::default();
+        log.watch_load_balancers(vec![watched("id-1", "one"), watched("id-2", "two")]);
+        log.note_read("/load-balancer/v2/lbaas/loadbalancers/id-1/status", &[]);
+        assert_eq!(log.unread(), ["id-2"]);
+        // A listing filtered by another name, or of pools, reads nothing of it.
+        let named = |name: &str| vec![("name".to_owned(), name.to_owned())];
+        log.note_read("/load-balancer/v2/lbaas/loadbalancers", &named("twos"));
+        log.note_read("/load-balancer/v2/lbaas/pools", &[]);
+        assert_eq!(log.unread(), ["id-2"]);
+        log.note_read("/load-balancer/v2/lbaas/loadbalancers", &named("two"));
+        assert!(log.unread().is_empty());
+
+        log.watch_load_balancers(vec![watched("id-1", "one"), watched("id-2", "two")]);
+        let page = vec![("limit".to_owned(), "1000".to_owned())];
+        log.note_read("/load-balancer/v2/lbaas/loadbalancers", &page);
+        assert!(log.unread().is_empty());
+        log.watch_load_balancers(vec![watched("id-1", "one")]);
+        log.reset();
+        assert!(log.unread().is_empty());
     }
 }
