@@ -683,7 +683,7 @@ fn print_table(capo: &Figures, rs: &Figures, clusters: u32) {
         "s",
     );
     row(
-        format!("OpenStack requests from a restart to every load balancer read"),
+        "OpenStack requests from a restart to every load balancer read".to_owned(),
         capo.restart.0 as f64,
         rs.restart.0 as f64,
         "",
