@@ -194,6 +194,16 @@ pub(crate) fn api(
     Api::namespaced_with(kube.client.clone(), &kube.namespace, &resource)
 }
 
+/// Cluster API's Clusters (v1beta2).
+pub(crate) fn capi_clusters(kube: &KubeWorld) -> Api<DynamicObject> {
+    api(kube, "cluster.x-k8s.io", "v1beta2", "Cluster", "clusters")
+}
+
+/// Cluster API's Machines (v1beta2).
+pub(crate) fn capi_machines(kube: &KubeWorld) -> Api<DynamicObject> {
+    api(kube, "cluster.x-k8s.io", "v1beta2", "Machine", "machines")
+}
+
 /// OpenStackClusters as CAPO 0.14 serves them (v1beta1).
 pub(crate) fn openstack_clusters(kube: &KubeWorld) -> Api<DynamicObject> {
     api(
@@ -520,23 +530,11 @@ impl Arm<'_> {
     }
 
     fn clusters(&self) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "cluster.x-k8s.io",
-            "v1beta2",
-            "Cluster",
-            "clusters",
-        )
+        capi_clusters(self.kube)
     }
 
     fn machines(&self) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "cluster.x-k8s.io",
-            "v1beta2",
-            "Machine",
-            "machines",
-        )
+        capi_machines(self.kube)
     }
 
     fn openstack_machines(&self, version: &str) -> Api<DynamicObject> {

@@ -31,8 +31,8 @@ use serde_json::{Value, json};
 
 use crate::capi_peers::{CapiManager, CapiRelease, capi_peers};
 use crate::capo_peers::{
-    CapoManager, CapoPeers, api, bootstrap_secret, capo_peers, cluster_object, machine_objects,
-    openstack_cluster_object, openstack_clusters,
+    CapoManager, CapoPeers, api, bootstrap_secret, capi_clusters, capi_machines, capo_peers,
+    cluster_object, machine_objects, openstack_cluster_object, openstack_clusters,
 };
 use crate::go_peer::free_port;
 use crate::kube_world::{KubeWorld, admission_as_shipped, apply_crds, through_webhook};
@@ -482,23 +482,11 @@ impl Story<'_> {
     }
 
     fn clusters(&self) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "cluster.x-k8s.io",
-            "v1beta2",
-            "Cluster",
-            "clusters",
-        )
+        capi_clusters(self.kube)
     }
 
     fn machines(&self) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "cluster.x-k8s.io",
-            "v1beta2",
-            "Machine",
-            "machines",
-        )
+        capi_machines(self.kube)
     }
 
     fn openstack_machines(&self) -> Api<DynamicObject> {
