@@ -204,6 +204,26 @@ pub(crate) fn capi_machines(kube: &KubeWorld) -> Api<DynamicObject> {
     api(kube, "cluster.x-k8s.io", "v1beta2", "Machine", "machines")
 }
 
+/// OpenStackMachines in `version`.
+pub(crate) fn openstack_machines(kube: &KubeWorld, version: &str) -> Api<DynamicObject> {
+    let group = "infrastructure.cluster.x-k8s.io";
+    api(
+        kube,
+        group,
+        version,
+        "OpenStackMachine",
+        "openstackmachines",
+    )
+}
+
+/// Creates `object` through `api`; a refusal fails the test with the object's name.
+pub(crate) async fn create(api: &Api<DynamicObject>, object: Value) {
+    let object: DynamicObject = serde_json::from_value(object).unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating {:?}: {e}", object.metadata.name));
+}
+
 /// OpenStackClusters as CAPO 0.14 serves them (v1beta1).
 pub(crate) fn openstack_clusters(kube: &KubeWorld) -> Api<DynamicObject> {
     api(
@@ -538,20 +558,11 @@ impl Arm<'_> {
     }
 
     fn openstack_machines(&self, version: &str) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "infrastructure.cluster.x-k8s.io",
-            version,
-            "OpenStackMachine",
-            "openstackmachines",
-        )
+        openstack_machines(self.kube, version)
     }
 
     async fn create(&self, api: &Api<DynamicObject>, object: Value) {
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        api.create(&PostParams::default(), &object)
-            .await
-            .unwrap_or_else(|e| panic!("creating {:?}: {e}", object.metadata.name));
+        create(api, object).await;
     }
 
     /// A Cluster and its OpenStackCluster (CAPO 0.14's v1beta1 API): a network, a router,

@@ -31,8 +31,9 @@ use serde_json::{Value, json};
 
 use crate::capi_peers::{CapiManager, CapiRelease, capi_peers};
 use crate::capo_peers::{
-    CapoManager, CapoPeers, api, bootstrap_secret, capi_clusters, capi_machines, capo_peers,
-    cluster_object, machine_objects, openstack_cluster_object, openstack_clusters,
+    CapoManager, CapoPeers, bootstrap_secret, capi_clusters, capi_machines, capo_peers,
+    cluster_object, create, machine_objects, openstack_cluster_object, openstack_clusters,
+    openstack_machines,
 };
 use crate::go_peer::free_port;
 use crate::kube_world::{KubeWorld, admission_as_shipped, apply_crds, through_webhook};
@@ -490,21 +491,8 @@ impl Story<'_> {
     }
 
     fn openstack_machines(&self) -> Api<DynamicObject> {
-        api(
-            self.kube,
-            "infrastructure.cluster.x-k8s.io",
-            "v1beta1",
-            "OpenStackMachine",
-            "openstackmachines",
-        )
+        openstack_machines(self.kube, "v1beta1")
     }
-}
-
-async fn create(api: &Api<DynamicObject>, object: Value) {
-    let object: DynamicObject = serde_json::from_value(object).unwrap();
-    api.create(&PostParams::default(), &object)
-        .await
-        .unwrap_or_else(|e| panic!("creating {:?}: {e}", object.metadata.name));
 }
 
 /// Polls `probe` every [`POLL`], within [`LIMIT`].

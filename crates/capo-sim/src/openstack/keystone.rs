@@ -144,9 +144,11 @@ fn issue(world: &mut Cx<'_>, body: &[u8], base: &str) -> Reply {
 /// `GET /v3/auth/tokens`: the token shown again, as Keystone validates one. The subject is
 /// the caller's own token (gophercloud validates its own: X-Subject-Token = X-Auth-Token).
 fn validate(world: &mut Cx<'_>, token: Option<&str>, base: &str) -> Reply {
-    match token.filter(|_| world.keystone.valid(token)) {
-        Some(token) => {
-            let issued = &world.keystone.tokens[token];
+    let issued = token
+        .filter(|_| world.keystone.valid(token))
+        .and_then(|token| Some((token, world.keystone.tokens.get(token)?)));
+    match issued {
+        Some((token, issued)) => {
             Reply::ok(token_body(world.env, issued, base)).header("x-subject-token", token)
         }
         None => token_not_found(),
