@@ -21,7 +21,7 @@ use capo_bench::Strategy;
 use capo_provider::controllers::gate;
 use capo_provider::manager::{ManagerConfig, SharedObserver, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutReport, RolloutStep};
-use capo_sim::openstack::{Delay, Effect, ObjectKind, Rule};
+use capo_sim::openstack::{Delay, Effect, MemberTruth, ObjectKind, Rule};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -123,10 +123,7 @@ fn watch(
             };
             let members = cloud.member_truth();
             let api_pool: Vec<_> = members.iter().filter(|m| m.port == 6443).collect();
-            let active = api_pool
-                .iter()
-                .filter(|m| m.provisioning_status == "ACTIVE")
-                .count();
+            let active = active_members(&members);
             // A machine that looked joining with its providerID set, and whose member was
             // not ACTIVE: released early only if it is still joining when read again after
             // the cloud. A slow list can show a machine as it was before it began to leave,
@@ -166,6 +163,14 @@ fn watch(
         }
     });
     (seen, task)
+}
+
+/// The API pool's ACTIVE members.
+fn active_members(members: &[MemberTruth]) -> usize {
+    members
+        .iter()
+        .filter(|m| m.port == 6443 && m.provisioning_status == "ACTIVE")
+        .count()
 }
 
 /// A control-plane machine whose member is wanted in the pool.
@@ -306,10 +311,35 @@ impl Figures {
     }
 }
 
+/// How the members a rollout adds behave.
+#[derive(Clone, Copy)]
+enum NewMembers {
+    /// Each takes its time to be ACTIVE ([`ROLLOUT_MEMBER_SECONDS`]).
+    Slow,
+    /// Each stays PENDING_CREATE until the rollout is over: what a provider trusting the LB
+    /// does with them cannot depend on how fast the rollout went.
+    StuckUntilTheEnd,
+}
+
+impl NewMembers {
+    fn rule(self, machine: &str, round: usize) -> Rule {
+        match self {
+            NewMembers::Slow => slow_member(machine, round),
+            NewMembers::StuckUntilTheEnd => Rule {
+                kind: ObjectKind::Member,
+                name: format!("*-{machine}"),
+                effect: Effect::Stuck,
+                times: None,
+            },
+        }
+    }
+}
+
 /// Brings up 3 control-plane machines and a worker, rolls the control plane, and returns
-/// what the watcher saw.
+/// what the watcher saw (its last sample taken as the rollout ended).
 async fn rollout_of_three(
     strategy: Strategy,
+    new_members: NewMembers,
 ) -> (World, CapiActor, Figures, Seen, BTreeMap<String, usize>) {
     let started = Instant::now();
     let (world, actor, baseline) =
@@ -328,7 +358,7 @@ async fn rollout_of_three(
     let report = actor
         .rollout(&plane, |step| {
             if let RolloutStep::Created { name } = step {
-                cloud.add_rule(slow_member(&name, round));
+                cloud.add_rule(new_members.rule(&name, round));
                 round += 1;
             }
         })
@@ -336,7 +366,13 @@ async fn rollout_of_three(
     let requests = requests(&world) - before;
     stop.cancel();
     watcher.await.unwrap();
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let mut seen = std::mem::take(&mut *seen.lock().unwrap());
+    // One last sample as the rollout ended, before any held member is let go.
+    let active_at_end = active_members(&world.cloud.member_truth());
+    seen.min_active = seen.min_active.map(|min| min.min(active_at_end));
+    if let NewMembers::StuckUntilTheEnd = new_members {
+        world.cloud.clear_rules();
+    }
     let report = report.unwrap_or_else(|e| panic!("the {} rollout: {e}", strategy.as_str()));
     let figures = Figures {
         wall: started.elapsed(),
@@ -350,7 +386,8 @@ async fn rollout_of_three(
 
 #[tokio::test]
 async fn a_gated_rollout_never_empties_the_api_pool_and_deleting_the_cluster_leaves_nothing() {
-    let (mut world, actor, figures, seen, baseline) = rollout_of_three(Strategy::StatusTree).await;
+    let (mut world, actor, figures, seen, baseline) =
+        rollout_of_three(Strategy::StatusTree, NewMembers::Slow).await;
     figures.print(Strategy::StatusTree);
     assert_eq!(figures.rollout.replaced.len(), 3, "every machine replaced");
     assert!(seen.samples > 10, "the watcher sampled throughout");
@@ -411,7 +448,8 @@ async fn a_gated_rollout_never_empties_the_api_pool_and_deleting_the_cluster_lea
 
 #[tokio::test]
 async fn trusting_the_lb_instead_empties_the_api_pool_during_the_same_rollout() {
-    let (mut world, actor, figures, seen, _) = rollout_of_three(Strategy::LbOnly).await;
+    let (mut world, actor, figures, seen, _) =
+        rollout_of_three(Strategy::LbOnly, NewMembers::StuckUntilTheEnd).await;
     figures.print(Strategy::LbOnly);
     assert_eq!(figures.rollout.replaced.len(), 3);
     assert_eq!(
