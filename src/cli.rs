@@ -33,6 +33,34 @@ pub struct Cli {
     /// Default: $RUST_LOG, else info (error for the demo).
     #[arg(long, global = true)]
     pub log_level: Option<String>,
+    /// Log verbosity as CAPO's `-v`/`--v` (klog): 0-3 info, 4 debug, 5 and more trace, for
+    /// capo-rs's own logs. Takes the place of --log-level.
+    #[arg(
+        short = 'v',
+        long = "v",
+        global = true,
+        value_name = "N",
+        conflicts_with = "log_level"
+    )]
+    pub verbosity: Option<u8>,
+}
+
+impl Cli {
+    /// The log filter asked for: `--log-level`, else `-v`'s level, else `$RUST_LOG`.
+    pub fn asked_log_level(&self) -> Option<String> {
+        let from_verbosity = self.verbosity.map(|v| {
+            match v {
+                0..=3 => "info",
+                4 => "debug",
+                _ => "trace",
+            }
+            .to_owned()
+        });
+        self.log_level
+            .clone()
+            .or(from_verbosity)
+            .or_else(|| std::env::var("RUST_LOG").ok())
+    }
 }
 
 /// How log lines are written.
@@ -180,6 +208,24 @@ pub struct RunArgs {
     /// OpenStackMachines reconciled at once.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub openstackmachine_concurrency: u16,
+    /// OpenStackMachineTemplates reconciled at once (with the AutoScaleFromZero gate).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
+    pub openstackmachinetemplate_concurrency: u16,
+    /// CAPO's feature gates, `Name=bool` pairs: PriorityQueue (accepted; no effect on
+    /// capo-rs's queue), AutoScaleFromZero (runs the OpenStackMachineTemplate controller for
+    /// the cluster autoscaler). An unknown gate stops the start.
+    #[arg(long, default_value = "PriorityQueue=true,AutoScaleFromZero=false",
+          value_parser = capo_provider::manager::features::parse_feature_gates)]
+    pub feature_gates: capo_provider::manager::features::FeatureGates,
+    /// OpenStack sessions (one token each) kept, one per credential; the one used longest
+    /// ago goes past it. 0 keeps none: every reconcile authenticates anew.
+    #[arg(long, default_value_t = 10)]
+    pub scope_cache_max_size: usize,
+    /// A start-up CRD migration phase not to run, repeated for more: StorageVersionMigration
+    /// or CleanupManagedFields.
+    #[arg(long, value_name = "PHASE",
+          value_parser = capo_provider::manager::features::parse_migration_phase)]
+    pub skip_crd_migration_phases: Vec<capo_provider::manager::features::MigrationPhase>,
     /// Times a control-plane machine's load balancer member in ERROR is deleted and created
     /// again before the machine reports MemberError for a person to look.
     #[arg(long, default_value_t = 3)]
@@ -343,6 +389,9 @@ impl RunArgs {
             server_concurrency: self.openstackserver_concurrency,
             cluster_concurrency: self.openstackcluster_concurrency,
             machine_concurrency: self.openstackmachine_concurrency,
+            template_concurrency: self.openstackmachinetemplate_concurrency,
+            features: self.feature_gates,
+            skip_migration: self.skip_crd_migration_phases.clone(),
             controllers: capo_provider::controllers::ControllerConfig {
                 sync_period: self.sync_period,
                 instance: self.instance.clone(),
@@ -365,7 +414,10 @@ impl RunArgs {
                 ),
                 ..defaults.engine.clone()
             },
-            cloud: shared_budget(self.openstack.options()?, self.openstack_budget_share),
+            cloud: CloudOptions {
+                session_cache_max: self.scope_cache_max_size,
+                ..shared_budget(self.openstack.options()?, self.openstack_budget_share)
+            },
             budget_share: self.openstack_budget_share.or(Some(1.0)),
             crd_wait: Some(self.crd_wait),
             ..defaults
@@ -452,7 +504,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let client = manager::connect(args.kubeconfig.as_deref(), &options).await?;
     let mut config = args.manager_config()?;
     config.leader_election = args.leader_election(&identity, client.default_namespace())?;
-    let health = Arc::new(Health::new(&manager::CONTROLLERS));
+    let health = Arc::new(Health::new(&config.controllers()));
     let admin_stop = CancellationToken::new();
     let plain = if args.insecure_metrics {
         manager::admin::PlainMetrics::Served
@@ -699,5 +751,63 @@ mod tests {
         assert_eq!(tiny.rate_limit.qps.get(), 1, "never below one request");
         let refused = parse(&["--openstack-budget-share", "1.5"]).expect_err("over the whole");
         assert!(refused.to_string().contains("(0, 1]"), "{refused}");
+    }
+
+    #[test]
+    fn capos_flags_take_capos_values_and_act() {
+        use capo_provider::controllers::machine_template;
+        use capo_provider::manager::features::MigrationPhase;
+        let defaults = run_args(&[]).manager_config().expect("a config");
+        assert!(!defaults.features.auto_scale_from_zero);
+        assert!(
+            !defaults
+                .controllers()
+                .contains(&machine_template::CONTROLLER),
+            "no template controller without AutoScaleFromZero, as CAPO"
+        );
+        assert_eq!(defaults.cloud.session_cache_max, 10);
+        let capo = run_args(&[
+            "--feature-gates=PriorityQueue=false,AutoScaleFromZero=true",
+            "--openstackmachinetemplate-concurrency=3",
+            "--scope-cache-max-size=0",
+            "--skip-crd-migration-phases=StorageVersionMigration",
+            "--skip-crd-migration-phases=CleanupManagedFields",
+        ])
+        .manager_config()
+        .expect("a config");
+        assert!(capo.features.auto_scale_from_zero && !capo.features.priority_queue);
+        assert!(capo.controllers().contains(&machine_template::CONTROLLER));
+        assert_eq!(capo.template_concurrency, 3);
+        assert_eq!(capo.cloud.session_cache_max, 0);
+        assert_eq!(capo.skip_migration, MigrationPhase::ALL);
+        let unknown = parse(&["--feature-gates=MachinePool=true"]).expect_err("not CAPO's");
+        assert!(
+            unknown
+                .to_string()
+                .contains("unrecognized feature gate: MachinePool"),
+            "{unknown}"
+        );
+        assert!(parse(&["--skip-crd-migration-phases=All"]).is_err());
+    }
+
+    #[test]
+    fn klogs_verbosity_is_a_level() {
+        let level = |argv: &[&str]| {
+            let argv = std::iter::once("capo-rs").chain(argv.iter().copied());
+            Cli::try_parse_from(argv).map(|cli| cli.asked_log_level())
+        };
+        assert_eq!(
+            level(&["-v=2", "crds"]).ok().flatten().as_deref(),
+            Some("info")
+        );
+        assert_eq!(
+            level(&["crds", "--v", "4"]).ok().flatten().as_deref(),
+            Some("debug")
+        );
+        assert_eq!(
+            level(&["crds", "-v", "6"]).ok().flatten().as_deref(),
+            Some("trace")
+        );
+        assert!(level(&["crds", "-v=2", "--log-level=info"]).is_err());
     }
 }

@@ -16,10 +16,7 @@ fn main() -> ExitCode {
     // (and the SDK authentication) at info and below, so they stay at warnings unless a
     // directive names them (capo_provider::manager::log_filter). The demo shows its own view: only errors.
     let default_level = if cli.is_demo() { "error" } else { "info" };
-    let asked = cli
-        .log_level
-        .clone()
-        .or_else(|| std::env::var("RUST_LOG").ok());
+    let asked = cli.asked_log_level();
     let filter = tracing_subscriber::EnvFilter::try_new(
         capo_provider::manager::log_filter::directives(asked.as_deref(), default_level),
     );

@@ -307,3 +307,223 @@ fn the_readmes_figures_are_the_figures_pages() {
         "README figures not on docs/figures.md (change both together): {missing:?}"
     );
 }
+
+/// The pages a user installs, migrates and monitors from: every command of their `sh` blocks
+/// is run by a test, which takes it from the page ([`book_command`], [`book_block`]), or says
+/// on the page that no test runs it (`# not run by a test: why`, on its line or as its block's
+/// first line).
+const COMMAND_PAGES: [&str; 3] = ["installation.md", "migrating-from-capo.md", "metrics.md"];
+
+const NOT_RUN: &str = "# not run by a test";
+
+/// One `sh` block: its commands (continued lines joined, here-document bodies left out), each
+/// with whether it is marked as not run.
+#[derive(Debug)]
+struct ShBlock {
+    /// What a test runs: the block without the lines marked as not run.
+    runnable: String,
+    commands: Vec<(String, bool)>,
+}
+
+/// The `sh` blocks of a page, fences indented or not.
+fn sh_blocks(markdown: &str) -> Vec<ShBlock> {
+    let mut blocks = Vec::new();
+    let mut open: Option<Vec<&str>> = None;
+    for line in markdown.lines() {
+        let fence = line.trim_start();
+        match open.as_mut() {
+            None if fence == "```sh" => open = Some(Vec::new()),
+            None => {}
+            Some(_) if fence == "```" => {
+                let lines = open.take().unwrap_or_default();
+                let indent = line.len() - fence.len();
+                let text: Vec<&str> = lines
+                    .iter()
+                    .map(|l| l.get(indent..).unwrap_or(l.trim_start()))
+                    .collect();
+                let runnable: Vec<&str> = text
+                    .iter()
+                    .filter(|l| !l.contains(&format!(" {NOT_RUN}")))
+                    .copied()
+                    .collect();
+                blocks.push(ShBlock {
+                    commands: block_commands(&text),
+                    runnable: runnable.join("\n") + "\n",
+                });
+            }
+            Some(lines) => lines.push(line),
+        }
+    }
+    blocks
+}
+
+/// A block's commands: `\`-continued lines joined with a space, here-document bodies and
+/// comment lines left out, a trailing comment dropped unless it marks the line as not run.
+fn block_commands(lines: &[&str]) -> Vec<(String, bool)> {
+    let here_document = Regex::new(r#"<<-?\s*['"]?(\w+)['"]?"#).unwrap();
+    let whole_block_not_run = lines.first().is_some_and(|l| l.starts_with(NOT_RUN));
+    let mut commands = Vec::new();
+    let mut pending = String::new();
+    let mut terminator: Option<String> = None;
+    for line in lines {
+        if let Some(end) = &terminator {
+            if line.trim() == end {
+                terminator = None;
+            }
+            continue;
+        }
+        let trimmed = line.trim();
+        if pending.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        if let Some(continued) = trimmed.strip_suffix('\\') {
+            pending.push_str(continued.trim_end());
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(trimmed);
+        let line = std::mem::take(&mut pending);
+        if let Some(c) = here_document.captures(&line) {
+            terminator = Some(c[1].to_owned());
+        }
+        let (command, marked) = match line.split_once(" # ") {
+            Some((command, comment)) => (command, comment.starts_with(&NOT_RUN[2..])),
+            None => (line.as_str(), false),
+        };
+        commands.push((command.trim_end().to_owned(), marked || whole_block_not_run));
+    }
+    commands
+}
+
+/// `command`, which a `sh` block of `docs/<page>` gives, split into its words: what a test
+/// runs is what the book says (the test may add flags naming its own cluster and files).
+pub(crate) fn book_command(page: &str, command: &str) -> Vec<String> {
+    let blocks = sh_blocks(&read(&docs().join(page)));
+    assert!(
+        blocks
+            .iter()
+            .flat_map(|b| &b.commands)
+            .any(|(c, _)| c == command),
+        "docs/{page} has no `{command}` in a sh block"
+    );
+    command.split_whitespace().map(str::to_owned).collect()
+}
+
+/// The whole `sh` block of `docs/<page>` that holds `command`, for a test to run as a user
+/// pastes it (less the lines the page marks as not run by a test).
+pub(crate) fn book_block(page: &str, command: &str) -> String {
+    sh_blocks(&read(&docs().join(page)))
+        .into_iter()
+        .find(|b| b.commands.iter().any(|(c, _)| c == command))
+        .unwrap_or_else(|| panic!("docs/{page} has no sh block with `{command}`"))
+        .runnable
+}
+
+/// What the tests take from the book: `(page, command, whole block)` of every
+/// `book_command("page", "command")` and `book_block(...)` call in `tests/it`.
+fn commands_the_tests_run() -> Vec<(String, String, bool)> {
+    let call = Regex::new(r#"book_(command|block)\(\s*"([^"]+)",\s*"((?:[^"\\]|\\.)*)"\s*,?\s*\)"#)
+        .unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(repo().join("tests/it")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs")
+            || path.file_name().is_some_and(|n| n == "book.rs")
+        {
+            continue;
+        }
+        let source = read(&path);
+        for c in call.captures_iter(&source) {
+            let command = c[3].replace("\\\"", "\"").replace("\\\\", "\\");
+            found.push((c[2].to_owned(), command, &c[1] == "block"));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_install_migration_and_monitoring_command_is_run_by_a_test_or_says_it_is_not() {
+    let run = commands_the_tests_run();
+    assert!(
+        run.len() >= 4,
+        "the tests take commands from the book: {run:?}"
+    );
+    let mut unmarked = Vec::new();
+    for page in COMMAND_PAGES {
+        for block in sh_blocks(&read(&docs().join(page))) {
+            let whole_block_run = run.iter().any(|(p, command, whole)| {
+                p == page && *whole && block.commands.iter().any(|(c, _)| c == command)
+            });
+            for (command, marked) in &block.commands {
+                let run_alone = run
+                    .iter()
+                    .any(|(p, c, whole)| p == page && !whole && c == command);
+                if !(whole_block_run || run_alone || *marked) {
+                    unmarked.push(format!("{page}: {command}"));
+                }
+            }
+        }
+    }
+    assert!(
+        unmarked.is_empty(),
+        "commands no test runs and the page does not mark `{NOT_RUN}`:\n{}",
+        unmarked.join("\n")
+    );
+}
+
+#[test]
+fn a_sh_block_reads_as_its_commands() {
+    let page = "Text\n\n   ```sh\n   # set up\n   mkdir -p a \\\n     b\n   cat > a/f <<'YAML'\n   x: 1\n   YAML\n   kubectl get x   # not run by a test: no kubelet\n   clusterctl init   # a comment\n   ```\n\n```sh\n# not run by a test: needs a cloud\nopenstack server list\n```\n";
+    let blocks = sh_blocks(page);
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(
+        blocks[0].commands,
+        vec![
+            ("mkdir -p a b".to_owned(), false),
+            ("cat > a/f <<'YAML'".to_owned(), false),
+            ("kubectl get x".to_owned(), true),
+            ("clusterctl init".to_owned(), false),
+        ]
+    );
+    assert_eq!(
+        blocks[0].runnable,
+        "# set up\nmkdir -p a \\\n  b\ncat > a/f <<'YAML'\nx: 1\nYAML\nclusterctl init   # a comment\n"
+    );
+    assert_eq!(
+        blocks[1].commands,
+        vec![("openstack server list".to_owned(), true)]
+    );
+}
+
+/// Runs `block` (from [`book_block`] or [`book_command`]) with bash as a user pastes it: in
+/// `dir`, with `env` (PATH, KUBECONFIG, HOME as the test sets them), `-e` and `pipefail` on.
+/// Its standard output, or a panic with what it said.
+pub(crate) async fn paste(block: &str, dir: &Path, env: &[(&str, String)]) -> String {
+    let output = tokio::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .await
+        .expect("bash runs");
+    assert!(
+        output.status.success(),
+        "the book's block failed ({}):\n{block}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The `yaml` block of `docs/<page>` that holds `containing`, as the page gives it.
+pub(crate) fn book_yaml(page: &str, containing: &str) -> String {
+    let markdown = read(&docs().join(page));
+    let mut blocks = markdown.split("```yaml\n").skip(1);
+    blocks
+        .find_map(|rest| {
+            let block = rest.split("```").next()?;
+            block.contains(containing).then(|| block.to_owned())
+        })
+        .unwrap_or_else(|| panic!("docs/{page} has no yaml block with `{containing}`"))
+}

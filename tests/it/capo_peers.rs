@@ -12,7 +12,7 @@
 //! capo-rs's needs Cluster API's peers (`CAPO_REQUIRE_CAPI`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use capo_provider::cloud::{CloudClient, Service};
@@ -70,6 +70,11 @@ pub(crate) fn capo_peers() -> Option<CapoPeers> {
 }
 
 impl CapoPeers {
+    /// CAPO v0.14.7's module in Go's cache.
+    pub(crate) fn capo_src(&self) -> &Path {
+        &self.capo_src
+    }
+
     /// Cluster API v1.12.10, as CAPO 0.14 pairs with it.
     pub(crate) fn capi_release(&self) -> CapiRelease {
         CapiRelease {

@@ -249,6 +249,30 @@ async fn idle_sessions_are_dropped_after_their_ttl() {
     assert_eq!(token_requests(&server).await, 2);
 }
 
+/// `--scope-cache-max-size`, as CAPO's: a session (one token) per credential, at most N kept;
+/// past N the one used longest ago goes and authenticates again when next used; 0 keeps none.
+#[tokio::test]
+async fn the_session_cache_keeps_at_most_its_size_and_none_at_zero() {
+    for (max, tokens) in [(10, 2), (1, 3), (0, 4)] {
+        let server = MockServer::start().await;
+        mount_keystone(&server, TOKEN_A, chrono::TimeDelta::hours(1)).await;
+        let mut opts = options();
+        opts.session_cache_max = max;
+        let (clouds, _) = clouds(opts);
+        let one = credentials(&server);
+        let mut other = credentials(&server);
+        other.region = Some("OtherRegion".into());
+        for credential in [&one, &other, &one, &one] {
+            clouds.connect(credential).await.unwrap();
+        }
+        assert_eq!(
+            token_requests(&server).await,
+            tokens,
+            "four connections of two credentials, {max} sessions kept"
+        );
+    }
+}
+
 #[tokio::test]
 async fn region_and_interface_choose_the_endpoint() {
     let server = MockServer::start().await;

@@ -26,7 +26,11 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
+use crate::book::{book_block, book_command, book_yaml, paste};
 use crate::capi_peers::{CapiManager, CapiPeers, Driven, capi_peers, create, wait_object};
+use crate::capo_peers::{
+    CapoManager, CapoPeers, capo_crds, capo_peers, openstack_cluster_object, openstack_clusters,
+};
 use crate::cluster_controller::{settled, wait_cluster_within};
 use crate::go_peer::{api_port, yaml_files};
 use crate::kube_world::{KubeWorld, apply_crds, dynamic_api, real_kube};
@@ -46,6 +50,11 @@ struct LocalRepository {
 
 impl LocalRepository {
     fn write(peers: &CapiPeers) -> Self {
+        Self::write_with(peers, None)
+    }
+
+    /// With CAPO v0.14.7 too, as provider `openstack`, when `capo` is given.
+    fn write_with(peers: &CapiPeers, capo: Option<&CapoPeers>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let core = dir.path().join("cluster-api/v1.14.2");
         let ours = dir.path().join(format!("infrastructure-capo-rs/{VERSION}"));
@@ -64,12 +73,31 @@ impl LocalRepository {
         for file in deploy_clusterctl_files() {
             std::fs::copy(&file, ours.join(file.file_name().unwrap())).unwrap();
         }
-        let config = json!({"providers": [
-            {"name": "cluster-api", "type": "CoreProvider",
-             "url": core.join("core-components.yaml")},
-            {"name": "capo-rs", "type": "InfrastructureProvider",
-             "url": ours.join("infrastructure-components.yaml")},
-        ]});
+        let mut providers = vec![
+            json!({"name": "cluster-api", "type": "CoreProvider",
+                   "url": core.join("core-components.yaml")}),
+            json!({"name": "capo-rs", "type": "InfrastructureProvider",
+                   "url": ours.join("infrastructure-components.yaml")}),
+        ];
+        if let Some(capo) = capo {
+            let theirs = dir.path().join("infrastructure-openstack/v0.14.7");
+            std::fs::create_dir_all(&theirs).unwrap();
+            std::fs::write(
+                theirs.join("infrastructure-components.yaml"),
+                capo_components(capo),
+            )
+            .unwrap();
+            std::fs::copy(
+                capo.capo_src().join("metadata.yaml"),
+                theirs.join("metadata.yaml"),
+            )
+            .unwrap();
+            providers.push(
+                json!({"name": "openstack", "type": "InfrastructureProvider",
+                                  "url": theirs.join("infrastructure-components.yaml")}),
+            );
+        }
+        let config = json!({ "providers": providers });
         std::fs::write(dir.path().join("clusterctl.yaml"), config.to_string()).unwrap();
         LocalRepository {
             dir,
@@ -158,46 +186,126 @@ fn admin_kubeconfig(kube: &KubeWorld) -> String {
     run.join("admin.kubeconfig").display().to_string()
 }
 
-/// Cluster API's core components as its release's `core-components.yaml` carries the parts
-/// clusterctl installs and checks: the namespace, the CRDs converting through the webhook
-/// Service with cert-manager's injection asked for, and the webhook configurations calling
-/// that Service. Documents as JSON (YAML's subset), `---` between them.
-fn core_components(src: &Path) -> String {
-    let config = src.join("core/config");
-    let service = json!({"name": "capi-webhook-service", "namespace": "capi-system"});
-    let mut objects = vec![json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "capi-system"},
-    })];
-    for mut crd in yaml_files(&config.join("crd/bases")) {
+/// How a provider's release names what its components file holds (its kustomize
+/// configuration under `config/` in Go's module cache).
+struct Release<'a> {
+    config: &'a Path,
+    namespace: &'a str,
+    /// kustomize's `namePrefix`.
+    prefix: &'a str,
+    /// The manager's image, as the release names it (clusterctl refuses a name that is not
+    /// canonical, such as the source's `controller:latest`).
+    image: &'a str,
+}
+
+impl Release<'_> {
+    /// The release's webhook Service, at `path`.
+    fn service(&self, path: Value) -> Value {
+        json!({"name": format!("{}webhook-service", self.prefix),
+               "namespace": self.namespace, "path": path})
+    }
+
+    /// `crd` converting through the webhook Service, cert-manager's injection asked for.
+    fn converting(&self, mut crd: Value) -> Value {
         crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] =
-            json!("capi-system/capi-serving-cert");
-        let mut by_service = service.clone();
-        by_service["path"] = json!("/convert");
+            json!(format!("{}/{}serving-cert", self.namespace, self.prefix));
         crd["spec"]["conversion"] = json!({
             "strategy": "Webhook",
             "webhook": {"conversionReviewVersions": ["v1"],
-                        "clientConfig": {"service": by_service}},
+                        "clientConfig": {"service": self.service(json!("/convert"))}},
         });
-        objects.push(crd);
+        crd
     }
-    let text = std::fs::read_to_string(config.join("webhook/manifests.yaml")).unwrap();
-    let hooks = serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text).expect("webhooks");
-    for mut hooks in hooks.into_iter().filter(Value::is_object) {
-        let name = hooks["metadata"]["name"].as_str().unwrap_or_default();
-        hooks["metadata"]["name"] = json!(format!("capi-{name}"));
-        for hook in hooks["webhooks"].as_array_mut().into_iter().flatten() {
-            let path = hook["clientConfig"]["service"]["path"].clone();
-            let mut by_service = service.clone();
-            by_service["path"] = path;
-            hook["clientConfig"] = json!({"service": by_service});
+
+    /// The manager's Deployment (`manager/manager.yaml`), named as the release names it. No
+    /// pod of it runs here (the tier has no kubelet); `kubectl scale` and `rollout restart`
+    /// act on it as on a running one.
+    fn manager(&self) -> Value {
+        let mut manager = yaml_files(&self.config.join("manager"))
+            .into_iter()
+            .find(|object| object["kind"] == "Deployment")
+            .expect("the manager's Deployment");
+        manager["metadata"]["name"] = json!(format!("{}controller-manager", self.prefix));
+        manager["metadata"]["namespace"] = json!(self.namespace);
+        manager["spec"]["template"]["spec"]["serviceAccountName"] =
+            json!(format!("{}manager", self.prefix));
+        manager["spec"]["template"]["spec"]["containers"][0]["image"] = json!(self.image);
+        manager
+    }
+
+    /// The components file: the namespace, `objects`, and the webhook configurations calling
+    /// the Service. Documents as JSON (YAML's subset), `---` between them.
+    fn components(&self, objects: Vec<Value>) -> String {
+        let mut all = vec![json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace},
+        })];
+        all.extend(objects);
+        let text = std::fs::read_to_string(self.config.join("webhook/manifests.yaml")).unwrap();
+        let hooks = serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text).expect("webhooks");
+        for mut hooks in hooks.into_iter().filter(Value::is_object) {
+            let name = hooks["metadata"]["name"].as_str().unwrap_or_default();
+            hooks["metadata"]["name"] = json!(format!("{}{name}", self.prefix));
+            for hook in hooks["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = hook["clientConfig"]["service"]["path"].clone();
+                hook["clientConfig"] = json!({"service": self.service(path)});
+            }
+            all.push(hooks);
         }
-        objects.push(hooks);
+        all.iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n---\n")
     }
-    objects
-        .iter()
-        .map(Value::to_string)
-        .collect::<Vec<_>>()
-        .join("\n---\n")
+}
+
+/// Cluster API's core components as its release's `core-components.yaml` carries the parts
+/// clusterctl installs and checks: the namespace, the CRDs converting through the webhook
+/// Service, the manager's Deployment, and the webhook configurations calling that Service.
+fn core_components(src: &Path) -> String {
+    let release = Release {
+        config: &src.join("core/config"),
+        namespace: "capi-system",
+        prefix: "capi-",
+        image: "registry.k8s.io/cluster-api/cluster-api-controller:v1.14.2",
+    };
+    let crds = yaml_files(&release.config.join("crd/bases"));
+    let mut objects: Vec<Value> = crds
+        .into_iter()
+        .map(|crd| release.converting(crd))
+        .collect();
+    objects.push(release.manager());
+    release.components(objects)
+}
+
+/// CAPO v0.14.7's `infrastructure-components.yaml`, as its release composes `config/default`:
+/// its CRDs (the four of kustomize's conversion patches converting through its webhook
+/// Service), its manager's Deployment (`${EXP_...:=false}` variables and all), and its
+/// validating webhook configuration.
+fn capo_components(capo: &CapoPeers) -> String {
+    let release = Release {
+        config: &capo.capo_src().join("config"),
+        namespace: "capo-system",
+        prefix: "capo-",
+        image: "registry.k8s.io/capi-openstack/capi-openstack-controller:v0.14.7",
+    };
+    let converted = [
+        "openstackclusters.infrastructure.cluster.x-k8s.io",
+        "openstackclustertemplates.infrastructure.cluster.x-k8s.io",
+        "openstackmachines.infrastructure.cluster.x-k8s.io",
+        "openstackmachinetemplates.infrastructure.cluster.x-k8s.io",
+    ];
+    let mut objects: Vec<Value> = capo_crds(capo)
+        .into_iter()
+        .map(|mut crd| {
+            let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+            if converted.contains(&name) {
+                crd = release.converting(crd);
+            }
+            crd
+        })
+        .collect();
+    objects.push(release.manager());
+    release.components(objects)
 }
 
 /// What the test sets for every variable a flavor asks for: a new variable in a template
@@ -602,4 +710,420 @@ fn listed_variables_reads_clusterctls_answer() {
         ["CLUSTER_NAME", "OPENSTACK_CLOUD"]
     );
     assert!(listed_variables("").is_empty());
+}
+
+/// clusterctl's inventory: each Provider record's namespace, name and version, sorted.
+async fn inventory(kube: &KubeWorld) -> Vec<(String, String, String)> {
+    let gvk = GroupVersionKind::gvk("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider");
+    let providers: Api<DynamicObject> =
+        Api::all_with(kube.client.clone(), &ApiResource::from_gvk(&gvk));
+    let mut listed: Vec<(String, String, String)> = providers
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default(),
+                p.data["version"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    listed.sort();
+    listed
+}
+
+fn owned(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    rows.iter()
+        .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+        .collect()
+}
+
+/// A clusterctl command of the book, run with the repository's configuration on `kube`.
+async fn run_on(repo: &LocalRepository, kube: &KubeWorld, words: Vec<String>) -> String {
+    assert_eq!(
+        words.first().map(String::as_str),
+        Some("clusterctl"),
+        "{words:?}"
+    );
+    let kubeconfig = admin_kubeconfig(kube);
+    let mut args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+    args.extend(["--kubeconfig", &kubeconfig]);
+    repo.run(&args, &BTreeMap::new()).await
+}
+
+/// The PATH a pasted block runs with: clusterctl and the tier's kubectl first.
+fn pasting_path(peers: &CapiPeers) -> String {
+    format!(
+        "{}:{}:{}",
+        peers.clusterctl().parent().unwrap().display(),
+        kubectl_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// A CAPO v0.14.7 install that clusterctl made (on Cluster API v1.14.2: the guide has the core
+/// on the v1beta2 contract first), moved to capo-rs as `docs/migrating-from-capo.md` says, by
+/// clusterctl, each command taken from the page and run as typed: CAPO scaled to zero, its
+/// webhook configuration deleted, `clusterctl delete` (its Deployment and Provider record
+/// gone, its CRDs and objects kept), `clusterctl init` of capo-rs over those CRDs, Cluster
+/// API restarted, the certificate read, and storedVersions read until capo-rs has migrated
+/// storage. clusterctl's inventory then names capo-rs and not CAPO, so `clusterctl upgrade`
+/// cannot bring CAPO back, and the object CAPO admitted reads in both versions.
+#[tokio::test]
+async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo_rs_alone() {
+    crate::rollout::init_test_log();
+    let (Some(peers), Some(capo)) = (capi_peers(), capo_peers()) else {
+        return;
+    };
+    if real_kube().is_none() {
+        return;
+    }
+    let repo = LocalRepository::write_with(&peers, Some(&capo));
+    let kube = KubeWorld::own_real(&[], "capo-migrated").await;
+    let kubeconfig = admin_kubeconfig(&kube);
+    repo.run(
+        &[
+            "init",
+            "--kubeconfig",
+            &kubeconfig,
+            "--core",
+            "cluster-api:v1.14.2",
+            "--bootstrap",
+            "-",
+            "--control-plane",
+            "-",
+            "--infrastructure",
+            "openstack:v0.14.7",
+        ],
+        &BTreeMap::new(),
+    )
+    .await;
+    assert_eq!(
+        inventory(&kube).await,
+        owned(&[
+            ("capi-system", "cluster-api", "v1.14.2"),
+            ("capo-system", "infrastructure-openstack", "v0.14.7"),
+        ])
+    );
+    // CAPO's manager serves the webhooks clusterctl configured (by URL here, where a Service
+    // would route to its pod), and admits an OpenStackCluster, stored as v1beta1.
+    let manager = CapoManager::start(&kube, &capo, &[]).await;
+    let cluster = openstack_cluster_object(
+        &kube.namespace,
+        "c1",
+        "openstack",
+        json!({"filter": {"name": "public"}}),
+    );
+    create(&openstack_clusters(&kube), cluster).await;
+    drop(manager);
+
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let env = [
+        ("KUBECONFIG", kubeconfig.clone()),
+        ("PATH", pasting_path(&peers)),
+    ];
+    // Step 2: CAPO stopped, its fail-closed webhook configuration deleted, then clusterctl
+    // forgets it.
+    let scale = book_block(
+        "migrating-from-capo.md",
+        "kubectl -n capo-system scale deployment capo-controller-manager --replicas=0",
+    );
+    paste(&scale, checkout, &env).await;
+    let listed = paste(
+        &book_block(
+            "migrating-from-capo.md",
+            "kubectl delete validatingwebhookconfiguration capo-validating-webhook-configuration",
+        ),
+        checkout,
+        &env,
+    )
+    .await;
+    assert!(
+        listed.contains("capo-validating-webhook-configuration"),
+        "{listed}"
+    );
+    run_on(
+        &repo,
+        &kube,
+        book_command(
+            "migrating-from-capo.md",
+            "clusterctl delete --infrastructure openstack",
+        ),
+    )
+    .await;
+    assert_eq!(
+        inventory(&kube).await,
+        owned(&[("capi-system", "cluster-api", "v1.14.2")]),
+        "clusterctl forgot CAPO"
+    );
+    let hooks: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
+        Api::all(kube.client.clone());
+    assert!(
+        hooks
+            .get_opt("capo-validating-webhook-configuration")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(kube.client.clone(), "capo-system");
+    assert!(
+        deployments
+            .get_opt("capo-controller-manager")
+            .await
+            .unwrap()
+            .is_none(),
+        "CAPO's Deployment went"
+    );
+    assert!(
+        openstack_clusters(&kube)
+            .get_opt("c1")
+            .await
+            .unwrap()
+            .is_some(),
+        "the CRDs and the object CAPO admitted stay"
+    );
+
+    // Step 3: capo-rs installed over CAPO's CRDs, with the command both pages give; the CA
+    // injector's part done by the test; 3b: Cluster API restarted.
+    cert_manager_check_done(&kube).await;
+    let words = book_command(
+        "migrating-from-capo.md",
+        "clusterctl init --infrastructure capo-rs",
+    );
+    assert_eq!(
+        words,
+        book_command(
+            "installation.md",
+            "clusterctl init --infrastructure capo-rs"
+        )
+    );
+    run_on(&repo, &kube, words).await;
+    kube.install_ours().await;
+    let restart = book_block(
+        "migrating-from-capo.md",
+        "kubectl -n capi-system rollout restart deployment capi-controller-manager",
+    );
+    paste(&restart, checkout, &env).await;
+    let capi: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(kube.client.clone(), "capi-system");
+    let restarted = capi.get("capi-controller-manager").await.unwrap();
+    assert!(
+        restarted
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .is_some_and(|a| a.contains_key("kubectl.kubernetes.io/restartedAt")),
+        "Cluster API's Deployment restarted"
+    );
+    assert_eq!(
+        inventory(&kube).await,
+        owned(&[
+            ("capi-system", "cluster-api", "v1.14.2"),
+            ("capo-rs-system", "infrastructure-capo-rs", VERSION),
+        ]),
+        "clusterctl's inventory names capo-rs, and not CAPO"
+    );
+    assert_inventory(&kube).await;
+    the_crds_keep_capos_contract_label_beside_ours(&kube).await;
+
+    // Step 4: the certificate (cert-manager would issue it); steps 5-6: capo-rs migrates
+    // storage, which storedVersions shows.
+    let certificate = book_block(
+        "migrating-from-capo.md",
+        "kubectl -n capo-rs-system get certificate capo-rs-serving-cert",
+    );
+    paste(&certificate, checkout, &env).await;
+    let mut world = World::prepare_on(kube, Scenario::default()).await;
+    world.start_manager(capo_provider::manager::WatchScope::default());
+    let stored = book_block(
+        "migrating-from-capo.md",
+        "for kind in openstackclusters openstackclustertemplates openstackmachines openstackmachinetemplates; do",
+    );
+    crate::server_controller::eventually(
+        "storedVersions [\"v1beta2\"] for the four kinds",
+        || async {
+            let printed = paste(&stored, checkout, &env).await;
+            (printed.lines().filter(|l| *l == r#"["v1beta2"]"#).count() == 4).then_some(())
+        },
+    )
+    .await;
+    for (version, enabled) in [
+        ("v1beta1", "/spec/apiServerLoadBalancer/enabled"),
+        ("v1beta2", "/spec/apiServer/managedLoadBalancer/enabled"),
+    ] {
+        let api = crate::capo_peers::api(
+            &world.kube,
+            "infrastructure.cluster.x-k8s.io",
+            version,
+            "OpenStackCluster",
+            "openstackclusters",
+        );
+        let read = api.get("c1").await.unwrap();
+        assert_eq!(
+            read.data.pointer(enabled),
+            Some(&json!(true)),
+            "c1 read as {version}: {:#}",
+            read.data
+        );
+    }
+    let plan = run_on(
+        &repo,
+        &world.kube,
+        book_command("migrating-from-capo.md", "clusterctl upgrade plan"),
+    )
+    .await;
+    assert!(
+        plan.contains("capo-rs") && !plan.contains("openstack"),
+        "clusterctl upgrade plan sees capo-rs alone:\n{plan}"
+    );
+    world.stop_manager().await;
+}
+
+/// clusterctl merges labels: CAPO's contract label stays on the CRDs beside ours (the guide
+/// says so, and why Cluster API reads ours).
+async fn the_crds_keep_capos_contract_label_beside_ours(kube: &KubeWorld) {
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(kube.client.clone());
+    let labels = crds
+        .get("openstackclusters.infrastructure.cluster.x-k8s.io")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            labels.get("cluster.x-k8s.io/v1beta1").map(String::as_str),
+            labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str)
+        ),
+        (Some("v1beta1"), Some("v1beta2")),
+    );
+}
+
+/// `docs/installation.md`'s clusterctl steps, pasted as a user pastes them (bash, in the
+/// checkout, a home directory of their own), on a management cluster where Cluster API
+/// v1.14.2 is installed: the local repository, the configuration, `clusterctl init
+/// --infrastructure capo-rs` with the variables set. clusterctl's inventory names capo-rs, and
+/// its Deployment runs the image and the setting the page exported.
+///
+/// Without the internet, the home's clusterctl.yaml exists before the block runs: it names a
+/// local repository for Cluster API (a user's clusterctl reads GitHub's releases), and the
+/// page's capo-rs entry is merged into it, as the page says to do with an existing file.
+#[tokio::test]
+async fn the_installation_pages_clusterctl_steps_install_capo_rs_as_pasted() {
+    crate::rollout::init_test_log();
+    let Some(peers) = capi_peers() else {
+        return;
+    };
+    if real_kube().is_none() {
+        return;
+    }
+    let repo = LocalRepository::write(&peers);
+    let kube = KubeWorld::own_real(&[], "pasted").await;
+    let kubeconfig = admin_kubeconfig(&kube);
+    let core_only = [
+        "init",
+        "--kubeconfig",
+        &kubeconfig,
+        "--core",
+        "cluster-api:v1.14.2",
+        "--bootstrap",
+        "-",
+        "--control-plane",
+        "-",
+    ];
+    repo.run(&core_only, &BTreeMap::new()).await;
+    cert_manager_check_done(&kube).await;
+
+    // The user's clusterctl.yaml exists: without the internet, it names a local repository
+    // for Cluster API's core provider (clusterctl asks GitHub for its releases otherwise). So
+    // the page's entry is merged into its providers list by hand, as the page says.
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join(".config/cluster-api");
+    std::fs::create_dir_all(&config).unwrap();
+    let core = repo
+        .dir
+        .path()
+        .join("cluster-api/v1.14.2/core-components.yaml");
+    let entry = book_yaml("installation.md", "- name: capo-rs");
+    let entry = entry[entry.find("- name:").expect("the entry")..]
+        .replace("/home/you", &home.path().display().to_string());
+    std::fs::write(
+        config.join("clusterctl.yaml"),
+        format!(
+            "providers:\n- name: cluster-api\n  type: CoreProvider\n  url: {}\n{entry}",
+            core.display()
+        ),
+    )
+    .unwrap();
+    let block = book_block(
+        "installation.md",
+        "clusterctl init --infrastructure capo-rs",
+    );
+    let env = [
+        ("HOME", home.path().display().to_string()),
+        // Where clusterctl looks when it is unset, as on a user's machine.
+        (
+            "XDG_CONFIG_HOME",
+            home.path().join(".config").display().to_string(),
+        ),
+        ("CLUSTERCTL_DISABLE_VERSIONCHECK", "true".to_owned()),
+        ("KUBECONFIG", kubeconfig.clone()),
+        ("PATH", pasting_path(&peers)),
+    ];
+    paste(&block, Path::new(env!("CARGO_MANIFEST_DIR")), &env).await;
+    assert_eq!(
+        inventory(&kube).await,
+        owned(&[
+            ("capi-system", "cluster-api", "v1.14.2"),
+            ("capo-rs-system", "infrastructure-capo-rs", VERSION),
+        ])
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(kube.client.clone(), "capo-rs-system");
+    let manager = deployments.get("capo-rs-controller-manager").await.unwrap();
+    let container = manager
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .expect("the manager's container");
+    assert_eq!(
+        container.image.as_deref(),
+        Some("registry.example.com/capo-rs:0.1.0"),
+        "CAPO_RS_IMAGE as the page exported it"
+    );
+    assert!(
+        container
+            .args
+            .unwrap_or_default()
+            .contains(&"--member-stuck-after=300".to_owned()),
+        "CAPO_RS_MEMBER_STUCK_AFTER as the page exported it"
+    );
+}
+
+/// Until the namespace clusterctl's cert-manager check made (and deleted) is gone: the next
+/// `clusterctl init` creates its test objects there again, which a namespace still
+/// terminating refuses, and clusterctl then takes cert-manager for absent and downloads it.
+async fn cert_manager_check_done(kube: &KubeWorld) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(kube.client.clone());
+    crate::server_controller::eventually("cert-manager-test gone", || async {
+        namespaces
+            .get_opt("cert-manager-test")
+            .await
+            .ok()
+            .and_then(|found| found.is_none().then_some(()))
+    })
+    .await;
+}
+
+/// The directory of the real tier's kubectl.
+fn kubectl_dir() -> PathBuf {
+    std::env::var_os("CAPO_REAL_KUBE_BIN")
+        .map(PathBuf::from)
+        .expect("CAPO_REAL_KUBE_BIN (tests/kube/up.sh prints it)")
 }

@@ -570,3 +570,110 @@ async fn sim_kube_rules_ratchet_on_what_an_update_leaves_unchanged() {
     let world = KubeWorld::sim(&[osc_crd(false)]).await;
     rules_ratchet_on_what_an_update_leaves_unchanged(world).await;
 }
+
+/// The book's three kustomize overlays, pasted as a user pastes them (bash, `kubectl` the
+/// tier's, on an API server of their own, so the webhook configuration `deploy/` ships is
+/// applied for real): `docs/installation.md`'s overlay naming the user's image, its namespaced
+/// install, and `docs/metrics.md`'s ServiceMonitor (the Prometheus Operator's CRD installed by
+/// `tests/kube/up.sh`). Each runs beside a checkout, as the pages say: a directory holding
+/// `deploy` and `capo-rs` (this repository) links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_the_books_overlays_install_capo_rs_as_pasted() {
+    if real_kube().is_none() {
+        return;
+    }
+    let kube = KubeWorld::own_real(&[], "overlays").await;
+    let admin = kube
+        .own_tier_dir()
+        .expect("a tier of its own")
+        .join("admin.kubeconfig");
+    let beside = tempfile::tempdir().unwrap();
+    let repository = env!("CARGO_MANIFEST_DIR");
+    std::os::unix::fs::symlink(format!("{repository}/deploy"), beside.path().join("deploy"))
+        .unwrap();
+    std::os::unix::fs::symlink(repository, beside.path().join("capo-rs")).unwrap();
+    let kubectl = std::env::var("CAPO_REAL_KUBE_BIN").expect("CAPO_REAL_KUBE_BIN");
+    let path = format!("{kubectl}:{}", std::env::var("PATH").unwrap_or_default());
+    let blocks = [
+        (
+            "installation.md",
+            crate::book::book_block(
+                "installation.md",
+                "kubectl apply --server-side -k capo-rs-overlay/",
+            ),
+        ),
+        (
+            "installation.md",
+            crate::book::book_block(
+                "installation.md",
+                "mkdir capo-rs-namespaced && cd capo-rs-namespaced",
+            ),
+        ),
+        (
+            "metrics.md",
+            crate::book::book_block(
+                "metrics.md",
+                "mkdir capo-rs-monitored && cd capo-rs-monitored",
+            ),
+        ),
+        (
+            "metrics.md",
+            crate::book::book_block(
+                "metrics.md",
+                "kubectl create clusterrolebinding prometheus-reads-capo-rs --clusterrole=capo-rs-metrics-reader --serviceaccount=monitoring:prometheus-k8s",
+            ),
+        ),
+    ];
+    for (page, block) in blocks {
+        let env = [
+            ("KUBECONFIG", admin.display().to_string()),
+            ("PATH", path.clone()),
+        ];
+        crate::book::paste(&block, beside.path(), &env).await;
+        the_manager_runs_the_users_image(&kube, page).await;
+    }
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(kube.client.clone());
+    for crd in capo_api::crds::all() {
+        let name = crd.metadata.name.unwrap_or_default();
+        assert!(crds.get_opt(&name).await.unwrap().is_some(), "{name}");
+    }
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> =
+        Api::namespaced(kube.client.clone(), "default");
+    assert!(
+        roles.get_opt("capo-rs-manager").await.unwrap().is_some(),
+        "the namespaced install's Role in the watched namespace"
+    );
+    let monitors = crate::kube_world::dynamic_api(
+        &kube.client,
+        &json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                "metadata": {"name": "capo-rs-controller-manager", "namespace": "capo-rs-system"}}),
+    );
+    assert!(
+        monitors
+            .get_opt("capo-rs-controller-manager")
+            .await
+            .unwrap()
+            .is_some(),
+        "the ServiceMonitor"
+    );
+}
+
+async fn the_manager_runs_the_users_image(kube: &KubeWorld, page: &str) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(kube.client.clone(), "capo-rs-system");
+    let image = deployments
+        .get("capo-rs-controller-manager")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.image);
+    assert_eq!(
+        image.as_deref(),
+        Some("registry.example.com/capo-rs:0.1.0"),
+        "after {page}'s block, the manager runs the image the overlay names"
+    );
+}

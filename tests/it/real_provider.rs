@@ -24,7 +24,7 @@ use capo_provider::cloud::octavia::ProvisioningStatus;
 use capo_provider::cloud::{CloudClient, CloudOptions, Clouds, Service};
 use capo_provider::controllers::gate;
 use capo_provider::controllers::machine::ADDRESS_PAIRS_ANNOTATION;
-use capo_provider::manager::{ManagerError, WatchScope};
+use capo_provider::manager::{ManagerConfig, ManagerError, WatchScope};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane, RolloutStep};
 use capo_sim::openstack::{OpenStackSim, OpenStackSimConfig, Outage, Scenario, ServerErrorFault};
 use k8s_openapi::api::core::v1::Secret;
@@ -224,7 +224,13 @@ impl E2e {
     /// The manager, as capo-rs's ServiceAccount, watching this world's namespace on a shared
     /// real server.
     fn start_manager(&mut self) {
+        self.start_manager_with(|_| {});
+    }
+
+    /// [`E2e::start_manager`], its configuration changed by `change`.
+    fn start_manager_with(&mut self, change: impl FnOnce(&mut ManagerConfig)) {
         let mut config = manager_config(WatchScope::default());
+        change(&mut config);
         if self.kube.is_real() {
             config.scope.namespace = Some(self.kube.namespace.clone());
         }
@@ -591,24 +597,37 @@ fn watch_gate(
                 .values()
                 .filter(|s| **s == ProvisioningStatus::Active)
                 .count();
+            // A machine that looked joining with its providerID set, and whose member was not
+            // ACTIVE: released early only if it is still joining when read again after the
+            // cloud. A list read before a machine began to leave, while the cloud read after
+            // shows its member going, is no early release (a loaded machine showed one).
+            let suspects: Vec<String> = list
+                .items
+                .iter()
+                .filter(|machine| {
+                    crate::rollout::joining(machine)
+                        && machine.spec.provider_id.is_some()
+                        && gate::member_address(machine, &[]).is_some_and(|address| {
+                            members.get(address) != Some(&ProvisioningStatus::Active)
+                        })
+                })
+                .map(kube::ResourceExt::name_any)
+                .collect();
+            let mut confirmed = Vec::new();
+            for name in suspects {
+                if let Ok(Some(now)) = machines.get_opt(&name).await
+                    && crate::rollout::joining(&now)
+                {
+                    confirmed.push(name);
+                }
+            }
             let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
             seen.samples += 1;
             if active > 0 || seen.min_active.is_some() {
                 seen.min_active = Some(seen.min_active.map_or(active, |min| min.min(active)));
             }
-            for machine in &list.items {
-                let joining = capi::is_control_plane(kube::ResourceExt::labels(machine))
-                    && !gate::is_leaving(machine);
-                let Some(address) = gate::member_address(machine, &[]) else {
-                    continue;
-                };
-                let member_active = members.get(address) == Some(&ProvisioningStatus::Active);
-                let name = kube::ResourceExt::name_any(machine);
-                if joining
-                    && machine.spec.provider_id.is_some()
-                    && !member_active
-                    && !seen.released_early.contains(&name)
-                {
+            for name in confirmed {
+                if !seen.released_early.contains(&name) {
                     seen.released_early.push(name);
                 }
             }
@@ -1459,10 +1478,37 @@ async fn address_pairs_follow_the_machine(e2e: &mut E2e) {
     assert_nothing_left(e2e, &before).await;
 }
 
-/// Scale from zero: a machine template's status says what a machine of it would be (its
-/// flavor's cpu, memory, disks; its image's OS), from the cloud, for the autoscaler, in two
-/// reads; a resync reads nothing more.
+/// Whether the manager has started `controller` (its concurrency gauge is set as it starts).
+fn started(e2e: &E2e, controller: &str) -> bool {
+    e2e.registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == "controller_runtime_max_concurrent_reconciles")
+        .flat_map(|family| family.get_metric())
+        .any(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "controller" && l.value() == controller)
+        })
+}
+
+/// Scale from zero: with CAPO's AutoScaleFromZero gate (off by default, as CAPO's: the
+/// template controller does not even start), a machine template's status says what a machine
+/// of it would be (its flavor's cpu, memory, disks; its image's OS), from the cloud, for the
+/// autoscaler, in two reads; a resync reads nothing more.
 async fn template_describes_its_machines(e2e: &mut E2e) {
+    use capo_provider::controllers::{machine, machine_template};
+    crate::server_controller::eventually("the manager's controllers started", || async {
+        started(e2e, machine::CONTROLLER).then_some(())
+    })
+    .await;
+    assert!(
+        !started(e2e, machine_template::CONTROLLER),
+        "{}: without the gate, no template controller",
+        e2e.label
+    );
+    e2e.stop_manager(true).await;
+    e2e.start_manager_with(|config| config.features.auto_scale_from_zero = true);
     let name = unique_cluster_name("tmpl");
     let templates: Api<OpenStackMachineTemplate> = e2e.kube.api();
     let template: OpenStackMachineTemplate = serde_json::from_value(json!({

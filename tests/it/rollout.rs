@@ -174,7 +174,7 @@ fn active_members(members: &[MemberTruth]) -> usize {
 }
 
 /// A control-plane machine whose member is wanted in the pool.
-fn joining(machine: &OpenStackMachine) -> bool {
+pub(crate) fn joining(machine: &OpenStackMachine) -> bool {
     capi::is_control_plane(kube::ResourceExt::labels(machine)) && !gate::is_leaving(machine)
 }
 

@@ -150,6 +150,14 @@ cert_manager=$(cd "$HERE/crds" && GOTOOLCHAIN=local GOFLAGS= go mod download -js
 [[ -d $cert_manager/deploy/crds ]] || die "cert-manager's CRDs are not in Go's module cache ($cert_manager)"
 "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \
     -f "$cert_manager/deploy/crds/" >/dev/null
+# --- the Prometheus Operator's ServiceMonitor CRD (same go.mod), so that the book's overlay
+# with deploy/servicemonitor applies as on a cluster that runs the operator.
+operator=$(cd "$HERE/crds" && GOTOOLCHAIN=local GOFLAGS= go mod download -json \
+    github.com/prometheus-operator/prometheus-operator | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+service_monitor=$operator/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml
+[[ -f $service_monitor ]] || die "the Prometheus Operator's CRDs are not in Go's module cache ($operator)"
+"${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \
+    -f "$service_monitor" >/dev/null
 
 # --- capo-rs's ServiceAccount and RBAC as deploy/ ships them, and a kubeconfig with its token.
 "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager capo-kube-tier \

@@ -36,6 +36,9 @@ pub struct CloudOptions {
     /// The CA bundle (PEM) trusted for a cloud whose Secret has no `cacert` (`--ca-certs`,
     /// as CAPO's flag of that name).
     pub default_cacert: Option<String>,
+    /// Sessions kept at most (`--scope-cache-max-size`, as CAPO's): past it the one used
+    /// longest ago is dropped; 0 keeps none, so every connection authenticates anew.
+    pub session_cache_max: usize,
 }
 
 impl Default for CloudOptions {
@@ -46,6 +49,7 @@ impl Default for CloudOptions {
             token_renew_margin: Duration::from_secs(300),
             session_idle_ttl: Duration::from_secs(3600),
             default_cacert: None,
+            session_cache_max: 10,
         }
     }
 }
@@ -101,15 +105,7 @@ impl Clouds {
     /// reuse its token, which is renewed in the background before it expires.
     pub async fn connect(&self, credentials: &CloudCredentials) -> Result<CloudClient, CloudError> {
         let resolved = credentials.resolve()?;
-        let cell = {
-            let now = tokio::time::Instant::now();
-            let ttl = self.options.session_idle_ttl;
-            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            sessions.retain(|_, slot| slot.last_used.is_none_or(|used| now - used < ttl));
-            let slot = sessions.entry(resolved.identity.clone()).or_default();
-            slot.last_used = Some(now);
-            slot.cell.clone()
-        };
+        let cell = self.session_cell(&resolved.identity);
         self.forget_unused();
         let session = cell
             .get_or_try_init(|| {
@@ -119,6 +115,34 @@ impl Clouds {
             .await?
             .clone();
         Ok(self.client(session))
+    }
+
+    /// The cell holding the session of `identity`: kept (within the idle TTL and the cache's
+    /// size), or a new one, which is not kept when the cache holds none.
+    fn session_cell(&self, identity: &str) -> Arc<OnceCell<Arc<SdkSession>>> {
+        let now = tokio::time::Instant::now();
+        let ttl = self.options.session_idle_ttl;
+        let max = self.options.session_cache_max;
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.retain(|_, slot| slot.last_used.is_none_or(|used| now - used < ttl));
+        if max == 0 {
+            return Arc::default();
+        }
+        let slot = sessions.entry(identity.to_owned()).or_default();
+        slot.last_used = Some(now);
+        let cell = slot.cell.clone();
+        while sessions.len() > max {
+            let oldest = sessions
+                .iter()
+                .filter(|(kept, _)| kept.as_str() != identity)
+                .min_by_key(|(_, slot)| slot.last_used)
+                .map(|(kept, _)| kept.clone());
+            match oldest {
+                Some(oldest) => sessions.remove(&oldest),
+                None => break,
+            };
+        }
+        cell
     }
 
     /// A client over any session (tests, the no-auth test stack).

@@ -261,6 +261,21 @@ const TUNABLES: &[Tunable] = &[
         default: "10",
     },
     Tunable {
+        flag: "openstackmachinetemplate-concurrency",
+        variable: "CAPO_RS_OPENSTACKMACHINETEMPLATE_CONCURRENCY",
+        default: "10",
+    },
+    Tunable {
+        flag: "feature-gates",
+        variable: "CAPO_RS_FEATURE_GATES",
+        default: "PriorityQueue=true,AutoScaleFromZero=false",
+    },
+    Tunable {
+        flag: "scope-cache-max-size",
+        variable: "CAPO_RS_SCOPE_CACHE_MAX_SIZE",
+        default: "10",
+    },
+    Tunable {
         flag: "openstack-qps",
         variable: "CAPO_RS_OPENSTACK_QPS",
         default: "10",

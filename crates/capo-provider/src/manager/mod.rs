@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod controllers;
 pub mod crds;
+pub mod features;
 pub mod health;
 mod https;
 pub mod kube_client;
@@ -53,6 +54,12 @@ pub struct ManagerConfig {
     pub cluster_concurrency: u16,
     /// Reconciles of OpenStackMachines at once (CAPO's default is 10).
     pub machine_concurrency: u16,
+    /// Reconciles of OpenStackMachineTemplates at once (CAPO's default is 10).
+    pub template_concurrency: u16,
+    /// CAPO's feature gates: the template controller runs only with `AutoScaleFromZero`.
+    pub features: features::FeatureGates,
+    /// Start-up migration phases not to run (`--skip-crd-migration-phases`).
+    pub skip_migration: Vec<features::MigrationPhase>,
     /// Tunables shared by every controller: resync and poll periods, backoff, member repairs,
     /// drain period.
     pub controllers: ControllerConfig,
@@ -93,6 +100,9 @@ impl Default for ManagerConfig {
             server_concurrency: 10,
             cluster_concurrency: 10,
             machine_concurrency: 10,
+            template_concurrency: 10,
+            features: features::FeatureGates::default(),
+            skip_migration: Vec::new(),
             controllers: ControllerConfig::default(),
             engine: EngineConfig::default(),
             cloud: CloudOptions::default(),
@@ -219,8 +229,19 @@ pub const CONTROLLERS: [&str; 5] = [
     crate::controllers::floating_ip_pool::CONTROLLER,
 ];
 
-/// Templates reconciled at once: each is two reads per generation, so two are plenty.
-const TEMPLATE_CONCURRENCY: u16 = 2;
+impl ManagerConfig {
+    /// The controllers this configuration runs, which [`Health`] waits for: every one of
+    /// [`CONTROLLERS`], the template controller only with `AutoScaleFromZero`, as CAPO.
+    pub fn controllers(&self) -> Vec<&'static str> {
+        CONTROLLERS
+            .into_iter()
+            .filter(|name| {
+                *name != crate::controllers::machine_template::CONTROLLER
+                    || self.features.auto_scale_from_zero
+            })
+            .collect()
+    }
+}
 
 /// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `500ms`, `15m`,
 /// `1h`.
@@ -265,7 +286,7 @@ pub async fn run(
     registry: &Registry,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
-    let health = Arc::new(Health::new(&CONTROLLERS));
+    let health = Arc::new(Health::new(&config.controllers()));
     run_with_health(client, config, registry, health, shutdown).await
 }
 
@@ -302,13 +323,20 @@ pub async fn run_with_health(
     }
     health.set_phase(Phase::Leading);
     // The leader alone migrates storage; the controllers start beside it.
-    let migration = tokio::spawn(migration::migrate_until_done(
-        client.clone(),
-        our_crds(),
-        migration::MigrationMetrics::register(registry)?,
-        shutdown.child_token(),
-    ));
-    let _migration_ends_with_us = AbortOnDrop(migration);
+    let migrate = !config
+        .skip_migration
+        .contains(&features::MigrationPhase::StorageVersionMigration);
+    let migration = migrate.then(|| {
+        migration::MigrationMetrics::register(registry).map(|metrics| {
+            AbortOnDrop(tokio::spawn(migration::migrate_until_done(
+                client.clone(),
+                our_crds(),
+                metrics,
+                shutdown.child_token(),
+            )))
+        })
+    });
+    let _migration_ends_with_us = migration.transpose()?;
     let controllers = run_controllers(client, &config, registry, &health, shutdown.clone());
     let Some(leadership) = leadership else {
         return controllers.await;
@@ -400,15 +428,23 @@ async fn run_controllers(
         health.clone(),
         shutdown.clone(),
     ));
-    let templates = watch(crate::controllers::machine_template::CONTROLLER).over(
-        controllers::run_machine_templates(
-            ctx.clone(),
-            &watches,
-            TEMPLATE_CONCURRENCY,
-            health.clone(),
-            shutdown.clone(),
-        ),
-    );
+    // Only with AutoScaleFromZero, as CAPO: not even built (and subscribed) otherwise.
+    let templates = config.features.auto_scale_from_zero.then(|| {
+        watch(crate::controllers::machine_template::CONTROLLER).over(
+            controllers::run_machine_templates(
+                ctx.clone(),
+                &watches,
+                config.template_concurrency,
+                health.clone(),
+                shutdown.clone(),
+            ),
+        )
+    });
+    let templates = async {
+        if let Some(templates) = templates {
+            templates.await;
+        }
+    };
     let pools = watch(crate::controllers::floating_ip_pool::CONTROLLER).over(
         controllers::run_pools(ctx.clone(), &config.scope, health.clone(), shutdown.clone()),
     );
