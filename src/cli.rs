@@ -34,19 +34,14 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub log_level: Option<String>,
     /// Log verbosity as CAPO's `-v`/`--v` (klog): 0-3 info, 4 debug, 5 and more trace, for
-    /// capo-rs's own logs. Takes the place of --log-level.
-    #[arg(
-        short = 'v',
-        long = "v",
-        global = true,
-        value_name = "N",
-        conflicts_with = "log_level"
-    )]
+    /// capo-rs's own logs. Takes the place of --log-level when both are given (the shipped
+    /// manifests pass --log-level).
+    #[arg(short = 'v', long = "v", global = true, value_name = "N")]
     pub verbosity: Option<u8>,
 }
 
 impl Cli {
-    /// The log filter asked for: `--log-level`, else `-v`'s level, else `$RUST_LOG`.
+    /// The log filter asked for: `-v`'s level, else `--log-level`, else `$RUST_LOG`.
     pub fn asked_log_level(&self) -> Option<String> {
         let from_verbosity = self.verbosity.map(|v| {
             match v {
@@ -56,9 +51,8 @@ impl Cli {
             }
             .to_owned()
         });
-        self.log_level
-            .clone()
-            .or(from_verbosity)
+        from_verbosity
+            .or_else(|| self.log_level.clone())
             .or_else(|| std::env::var("RUST_LOG").ok())
     }
 }
@@ -212,15 +206,15 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..))]
     pub openstackmachinetemplate_concurrency: u16,
     /// CAPO's feature gates, `Name=bool` pairs: PriorityQueue (accepted; no effect on
-    /// capo-rs's queue), AutoScaleFromZero (runs the OpenStackMachineTemplate controller for
-    /// the cluster autoscaler). An unknown gate stops the start.
+    /// capo-rs's queue), AutoScaleFromZero (machine templates' capacity for the cluster
+    /// autoscaler), AllAlpha, AllBeta. An unknown gate stops the start.
     #[arg(long, default_value = "PriorityQueue=true,AutoScaleFromZero=false",
           value_parser = capo_provider::manager::features::parse_feature_gates)]
     pub feature_gates: capo_provider::manager::features::FeatureGates,
     /// OpenStack sessions (one token each) kept, one per credential; the one used longest
-    /// ago goes past it. 0 keeps none: every reconcile authenticates anew.
-    #[arg(long, default_value_t = 10)]
-    pub scope_cache_max_size: usize,
+    /// ago goes past it. 0 (or less, as CAPO) keeps none: every reconcile authenticates anew.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    pub scope_cache_max_size: i64,
     /// A start-up CRD migration phase not to run, repeated for more: StorageVersionMigration
     /// or CleanupManagedFields.
     #[arg(long, value_name = "PHASE",
@@ -415,7 +409,7 @@ impl RunArgs {
                 ..defaults.engine.clone()
             },
             cloud: CloudOptions {
-                session_cache_max: self.scope_cache_max_size,
+                session_cache_max: usize::try_from(self.scope_cache_max_size).unwrap_or(0),
                 ..shared_budget(self.openstack.options()?, self.openstack_budget_share)
             },
             budget_share: self.openstack_budget_share.or(Some(1.0)),
@@ -504,7 +498,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let client = manager::connect(args.kubeconfig.as_deref(), &options).await?;
     let mut config = args.manager_config()?;
     config.leader_election = args.leader_election(&identity, client.default_namespace())?;
-    let health = Arc::new(Health::new(&config.controllers()));
+    let health = Arc::new(Health::new(&manager::CONTROLLERS));
     let admin_stop = CancellationToken::new();
     let plain = if args.insecure_metrics {
         manager::admin::PlainMetrics::Served
@@ -755,28 +749,20 @@ mod tests {
 
     #[test]
     fn capos_flags_take_capos_values_and_act() {
-        use capo_provider::controllers::machine_template;
         use capo_provider::manager::features::MigrationPhase;
         let defaults = run_args(&[]).manager_config().expect("a config");
-        assert!(!defaults.features.auto_scale_from_zero);
-        assert!(
-            !defaults
-                .controllers()
-                .contains(&machine_template::CONTROLLER),
-            "no template controller without AutoScaleFromZero, as CAPO"
-        );
+        assert!(!defaults.features.auto_scale_from_zero, "off, as CAPO's");
         assert_eq!(defaults.cloud.session_cache_max, 10);
         let capo = run_args(&[
             "--feature-gates=PriorityQueue=false,AutoScaleFromZero=true",
             "--openstackmachinetemplate-concurrency=3",
-            "--scope-cache-max-size=0",
+            "--scope-cache-max-size=-1",
             "--skip-crd-migration-phases=StorageVersionMigration",
             "--skip-crd-migration-phases=CleanupManagedFields",
         ])
         .manager_config()
         .expect("a config");
         assert!(capo.features.auto_scale_from_zero && !capo.features.priority_queue);
-        assert!(capo.controllers().contains(&machine_template::CONTROLLER));
         assert_eq!(capo.template_concurrency, 3);
         assert_eq!(capo.cloud.session_cache_max, 0);
         assert_eq!(capo.skip_migration, MigrationPhase::ALL);
@@ -808,6 +794,13 @@ mod tests {
             level(&["crds", "-v", "6"]).ok().flatten().as_deref(),
             Some("trace")
         );
-        assert!(level(&["crds", "-v=2", "--log-level=info"]).is_err());
+        assert_eq!(
+            level(&["crds", "--log-level=info", "--v=4"])
+                .ok()
+                .flatten()
+                .as_deref(),
+            Some("debug"),
+            "-v added to the shipped manifests, which pass --log-level"
+        );
     }
 }

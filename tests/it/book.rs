@@ -343,7 +343,7 @@ fn sh_blocks(markdown: &str) -> Vec<ShBlock> {
                     .collect();
                 let runnable: Vec<&str> = text
                     .iter()
-                    .filter(|l| !l.contains(&format!(" {NOT_RUN}")))
+                    .filter(|l| !marked_not_run(l))
                     .copied()
                     .collect();
                 blocks.push(ShBlock {
@@ -355,6 +355,12 @@ fn sh_blocks(markdown: &str) -> Vec<ShBlock> {
         }
     }
     blocks
+}
+
+/// Whether a line's trailing comment (after its first ` # `) says no test runs it.
+fn marked_not_run(line: &str) -> bool {
+    line.split_once(" # ")
+        .is_some_and(|(_, comment)| comment.starts_with(&NOT_RUN[2..]))
 }
 
 /// A block's commands: `\`-continued lines joined with a space, here-document bodies and
@@ -386,10 +392,8 @@ fn block_commands(lines: &[&str]) -> Vec<(String, bool)> {
         if let Some(c) = here_document.captures(&line) {
             terminator = Some(c[1].to_owned());
         }
-        let (command, marked) = match line.split_once(" # ") {
-            Some((command, comment)) => (command, comment.starts_with(&NOT_RUN[2..])),
-            None => (line.as_str(), false),
-        };
+        let marked = marked_not_run(&line);
+        let command = line.split_once(" # ").map_or(line.as_str(), |(c, _)| c);
         commands.push((command.trim_end().to_owned(), marked || whole_block_not_run));
     }
     commands
@@ -412,11 +416,16 @@ pub(crate) fn book_command(page: &str, command: &str) -> Vec<String> {
 /// The whole `sh` block of `docs/<page>` that holds `command`, for a test to run as a user
 /// pastes it (less the lines the page marks as not run by a test).
 pub(crate) fn book_block(page: &str, command: &str) -> String {
-    sh_blocks(&read(&docs().join(page)))
+    let mut holding: Vec<ShBlock> = sh_blocks(&read(&docs().join(page)))
         .into_iter()
-        .find(|b| b.commands.iter().any(|(c, _)| c == command))
-        .unwrap_or_else(|| panic!("docs/{page} has no sh block with `{command}`"))
-        .runnable
+        .filter(|b| b.commands.iter().any(|(c, _)| c == command))
+        .collect();
+    assert_eq!(
+        holding.len(),
+        1,
+        "docs/{page}: one sh block holds `{command}`, for the check to know which is run"
+    );
+    holding.remove(0).runnable
 }
 
 /// What the tests take from the book: `(page, command, whole block)` of every
@@ -450,7 +459,14 @@ fn every_install_migration_and_monitoring_command_is_run_by_a_test_or_says_it_is
     );
     let mut unmarked = Vec::new();
     for page in COMMAND_PAGES {
-        for block in sh_blocks(&read(&docs().join(page))) {
+        let markdown = read(&docs().join(page));
+        for other in ["```bash", "```shell", "```console"] {
+            assert!(
+                !markdown.contains(other),
+                "docs/{page}: commands go in ```sh blocks, which the check reads ({other})"
+            );
+        }
+        for block in sh_blocks(&markdown) {
             let whole_block_run = run.iter().any(|(p, command, whole)| {
                 p == page && *whole && block.commands.iter().any(|(c, _)| c == command)
             });
@@ -499,12 +515,15 @@ fn a_sh_block_reads_as_its_commands() {
 /// `dir`, with `env` (PATH, KUBECONFIG, HOME as the test sets them), `-e` and `pipefail` on.
 /// Its standard output, or a panic with what it said.
 pub(crate) async fn paste(block: &str, dir: &Path, env: &[(&str, String)]) -> String {
-    let output = tokio::process::Command::new("bash")
+    let run = tokio::process::Command::new("bash")
         .args(["-euo", "pipefail", "-c", block])
         .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(300), run)
         .await
+        .unwrap_or_else(|_| panic!("the book's block ran over 5 minutes:\n{block}"))
         .expect("bash runs");
     assert!(
         output.status.success(),

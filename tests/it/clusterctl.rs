@@ -132,29 +132,35 @@ impl LocalRepository {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// `clusterctl init` of the core provider and capo-rs (no kubeadm providers: their
-    /// managers are not run here) on `kube`'s server; then capo-rs's CRDs and webhook are
-    /// pointed at the test's webhook server, as the CA injector would leave them.
-    async fn init(&self, kube: &KubeWorld) {
+    /// `clusterctl init` of the core provider and `infrastructure` (none: the core alone; no
+    /// kubeadm providers: their managers are not run here) on `kube`'s server.
+    async fn init_providers(&self, kube: &KubeWorld, infrastructure: Option<&str>) {
         let kubeconfig = admin_kubeconfig(kube);
+        let mut args: Vec<&str> = vec![
+            "init",
+            "--kubeconfig",
+            &kubeconfig,
+            "--core",
+            "cluster-api:v1.14.2",
+            "--bootstrap",
+            "-",
+            "--control-plane",
+            "-",
+        ];
+        args.extend(
+            infrastructure
+                .map(|i| ["--infrastructure", i])
+                .into_iter()
+                .flatten(),
+        );
+        self.run(&args, &BTreeMap::new()).await;
+    }
+
+    /// `clusterctl init` of the core provider and capo-rs; then capo-rs's CRDs and webhook
+    /// are pointed at the test's webhook server, as the CA injector would leave them.
+    async fn init(&self, kube: &KubeWorld) {
         let infrastructure = format!("capo-rs:{VERSION}");
-        self.run(
-            &[
-                "init",
-                "--kubeconfig",
-                &kubeconfig,
-                "--core",
-                "cluster-api:v1.14.2",
-                "--bootstrap",
-                "-",
-                "--control-plane",
-                "-",
-                "--infrastructure",
-                &infrastructure,
-            ],
-            &BTreeMap::new(),
-        )
-        .await;
+        self.init_providers(kube, Some(&infrastructure)).await;
         kube.install_ours().await;
     }
 }
@@ -784,23 +790,7 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
     let repo = LocalRepository::write_with(&peers, Some(&capo));
     let kube = KubeWorld::own_real(&[], "capo-migrated").await;
     let kubeconfig = admin_kubeconfig(&kube);
-    repo.run(
-        &[
-            "init",
-            "--kubeconfig",
-            &kubeconfig,
-            "--core",
-            "cluster-api:v1.14.2",
-            "--bootstrap",
-            "-",
-            "--control-plane",
-            "-",
-            "--infrastructure",
-            "openstack:v0.14.7",
-        ],
-        &BTreeMap::new(),
-    )
-    .await;
+    repo.init_providers(&kube, Some("openstack:v0.14.7")).await;
     assert_eq!(
         inventory(&kube).await,
         owned(&[
@@ -832,6 +822,19 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
         "kubectl -n capo-system scale deployment capo-controller-manager --replicas=0",
     );
     paste(&scale, checkout, &env).await;
+    let hooks: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
+        Api::all(kube.client.clone());
+    let theirs = hooks
+        .get("capo-validating-webhook-configuration")
+        .await
+        .unwrap();
+    assert_eq!(
+        kube::ResourceExt::labels(&theirs)
+            .get("cluster.x-k8s.io/provider")
+            .map(String::as_str),
+        Some("infrastructure-openstack"),
+        "CAPO's webhook configuration is clusterctl's to delete with the provider"
+    );
     let listed = paste(
         &book_block(
             "migrating-from-capo.md",
@@ -859,8 +862,6 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
         owned(&[("capi-system", "cluster-api", "v1.14.2")]),
         "clusterctl forgot CAPO"
     );
-    let hooks: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
-        Api::all(kube.client.clone());
     assert!(
         hooks
             .get_opt("capo-validating-webhook-configuration")
@@ -902,6 +903,7 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
         )
     );
     run_on(&repo, &kube, words).await;
+    the_crds_are_ours_as_clusterctl_left_them(&kube).await;
     kube.install_ours().await;
     let restart = book_block(
         "migrating-from-capo.md",
@@ -983,6 +985,32 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
     world.stop_manager().await;
 }
 
+/// What `clusterctl init` made of CAPO's CRDs, before the test points them at its webhook:
+/// capo-rs's versions, v1beta2 stored and v1beta1 still served.
+async fn the_crds_are_ours_as_clusterctl_left_them(kube: &KubeWorld) {
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(kube.client.clone());
+    let crd = crds
+        .get("openstackclusters.infrastructure.cluster.x-k8s.io")
+        .await
+        .unwrap();
+    let versions: Vec<(String, bool, bool)> = crd
+        .spec
+        .versions
+        .iter()
+        .map(|v| (v.name.clone(), v.served, v.storage))
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            ("v1beta1".to_owned(), true, false),
+            ("v1beta2".to_owned(), true, true)
+        ],
+        "clusterctl replaced CAPO's CRD in place"
+    );
+}
+
 /// clusterctl merges labels: CAPO's contract label stays on the CRDs beside ours (the guide
 /// says so, and why Cluster API reads ours).
 async fn the_crds_keep_capos_contract_label_beside_ours(kube: &KubeWorld) {
@@ -1026,18 +1054,7 @@ async fn the_installation_pages_clusterctl_steps_install_capo_rs_as_pasted() {
     let repo = LocalRepository::write(&peers);
     let kube = KubeWorld::own_real(&[], "pasted").await;
     let kubeconfig = admin_kubeconfig(&kube);
-    let core_only = [
-        "init",
-        "--kubeconfig",
-        &kubeconfig,
-        "--core",
-        "cluster-api:v1.14.2",
-        "--bootstrap",
-        "-",
-        "--control-plane",
-        "-",
-    ];
-    repo.run(&core_only, &BTreeMap::new()).await;
+    repo.init_providers(&kube, None).await;
     cert_manager_check_done(&kube).await;
 
     // The user's clusterctl.yaml exists: without the internet, it names a local repository

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use capo_bench::Strategy;
-use capo_provider::manager::Health;
+use capo_provider::manager::{self, Health};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -53,7 +53,7 @@ pub struct DemoConfig {
 pub async fn run(config: DemoConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let started = Instant::now();
     let registry = Registry::new();
-    let health = Arc::new(Health::new(&world::manager_config(&config).controllers()));
+    let health = Arc::new(Health::new(&manager::CONTROLLERS));
     let metrics = serve::metrics(
         config.metrics_listen,
         registry.clone(),

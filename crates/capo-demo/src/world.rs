@@ -130,7 +130,7 @@ impl DemoWorld {
 
 /// The manager as `capo-rs run` would start it, told the story's pace, watching the demo's
 /// namespace only (on a real cluster, nothing else is touched).
-pub(crate) fn manager_config(config: &DemoConfig) -> ManagerConfig {
+fn manager_config(config: &DemoConfig) -> ManagerConfig {
     let mut manager = ManagerConfig {
         scope: WatchScope {
             namespace: Some(NAMESPACE.to_owned()),

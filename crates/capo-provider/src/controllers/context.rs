@@ -57,6 +57,9 @@ pub struct ControllerConfig {
     /// How long a leaving control-plane member keeps its open connections at weight 0 before
     /// it is deleted; zero deletes it at once.
     pub drain_period: Duration,
+    /// Machine templates get the capacity and node info the cluster autoscaler reads (CAPO's
+    /// `AutoScaleFromZero` gate; the manager sets it from its feature gates).
+    pub scale_from_zero: bool,
 }
 
 impl Default for ControllerConfig {
@@ -72,6 +75,7 @@ impl Default for ControllerConfig {
             api_monitor: crate::controllers::gate::MonitorKind::Tcp,
             // The library's default keeps removals immediate; `capo-rs run` drains for 30 s.
             drain_period: Duration::ZERO,
+            scale_from_zero: false,
         }
     }
 }

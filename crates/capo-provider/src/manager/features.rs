@@ -12,8 +12,8 @@ pub struct FeatureGates {
     /// Accepted for CAPO's manifests; capo-rs's queue has no priorities to switch
     /// (`docs/capo-compatibility.md`).
     pub priority_queue: bool,
-    /// Runs the OpenStackMachineTemplate controller, which writes the capacity and node info
-    /// the cluster autoscaler reads to scale a MachineDeployment from zero.
+    /// Machine templates get the capacity and node info the cluster autoscaler reads to scale
+    /// a MachineDeployment from zero.
     pub auto_scale_from_zero: bool,
 }
 
@@ -31,9 +31,17 @@ pub const PRIORITY_QUEUE: &str = "PriorityQueue";
 /// The scale-from-zero gate's name, as CAPO spells it.
 pub const AUTO_SCALE_FROM_ZERO: &str = "AutoScaleFromZero";
 
-/// Parses `--feature-gates`, over the defaults.
+/// component-base's names for every alpha and every beta gate at once (`AllAlpha`,
+/// `AllBeta`): they set the gates of their stage that the value does not name.
+pub const ALL_ALPHA: &str = "AllAlpha";
+/// See [`ALL_ALPHA`].
+pub const ALL_BETA: &str = "AllBeta";
+
+/// Parses `--feature-gates`, over the defaults. `AutoScaleFromZero` is alpha and
+/// `PriorityQueue` beta, as in CAPO main.
 pub fn parse_feature_gates(text: &str) -> Result<FeatureGates, String> {
-    let mut gates = FeatureGates::default();
+    let (mut priority_queue, mut auto_scale_from_zero) = (None, None);
+    let (mut all_alpha, mut all_beta) = (None, None);
     for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((name, value)) = pair.split_once('=') else {
             return Err(format!("missing bool value for {pair}"));
@@ -41,17 +49,28 @@ pub fn parse_feature_gates(text: &str) -> Result<FeatureGates, String> {
         let (name, value) = (name.trim(), value.trim());
         let enabled = go_bool(value)
             .ok_or_else(|| format!("invalid value of {name}={value}, err: not a boolean"))?;
-        match name {
-            PRIORITY_QUEUE => gates.priority_queue = enabled,
-            AUTO_SCALE_FROM_ZERO => gates.auto_scale_from_zero = enabled,
+        let slot = match name {
+            PRIORITY_QUEUE => &mut priority_queue,
+            AUTO_SCALE_FROM_ZERO => &mut auto_scale_from_zero,
+            ALL_ALPHA => &mut all_alpha,
+            ALL_BETA => &mut all_beta,
             _ => {
                 return Err(format!(
-                    "unrecognized feature gate: {name} (known: {PRIORITY_QUEUE}, {AUTO_SCALE_FROM_ZERO})"
+                    "unrecognized feature gate: {name} (known: {PRIORITY_QUEUE}, {AUTO_SCALE_FROM_ZERO}, {ALL_ALPHA}, {ALL_BETA})"
                 ));
             }
-        }
+        };
+        *slot = Some(enabled);
     }
-    Ok(gates)
+    let defaults = FeatureGates::default();
+    Ok(FeatureGates {
+        priority_queue: priority_queue
+            .or(all_beta)
+            .unwrap_or(defaults.priority_queue),
+        auto_scale_from_zero: auto_scale_from_zero
+            .or(all_alpha)
+            .unwrap_or(defaults.auto_scale_from_zero),
+    })
 }
 
 /// Go's `strconv.ParseBool`.
@@ -136,6 +155,15 @@ mod tests {
             error.contains("unrecognized feature gate: MachinePool"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn all_alpha_and_all_beta_set_the_gates_not_named() {
+        let alpha = parse_feature_gates("AllAlpha=true").unwrap();
+        assert!(alpha.auto_scale_from_zero && alpha.priority_queue);
+        let named = parse_feature_gates("AllAlpha=true,AutoScaleFromZero=false").unwrap();
+        assert!(!named.auto_scale_from_zero);
+        assert!(!parse_feature_gates("AllBeta=false").unwrap().priority_queue);
     }
 
     #[test]

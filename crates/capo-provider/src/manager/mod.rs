@@ -56,7 +56,8 @@ pub struct ManagerConfig {
     pub machine_concurrency: u16,
     /// Reconciles of OpenStackMachineTemplates at once (CAPO's default is 10).
     pub template_concurrency: u16,
-    /// CAPO's feature gates: the template controller runs only with `AutoScaleFromZero`.
+    /// CAPO's feature gates: templates get their scale-from-zero status only with
+    /// `AutoScaleFromZero`.
     pub features: features::FeatureGates,
     /// Start-up migration phases not to run (`--skip-crd-migration-phases`).
     pub skip_migration: Vec<features::MigrationPhase>,
@@ -229,20 +230,6 @@ pub const CONTROLLERS: [&str; 5] = [
     crate::controllers::floating_ip_pool::CONTROLLER,
 ];
 
-impl ManagerConfig {
-    /// The controllers this configuration runs, which [`Health`] waits for: every one of
-    /// [`CONTROLLERS`], the template controller only with `AutoScaleFromZero`, as CAPO.
-    pub fn controllers(&self) -> Vec<&'static str> {
-        CONTROLLERS
-            .into_iter()
-            .filter(|name| {
-                *name != crate::controllers::machine_template::CONTROLLER
-                    || self.features.auto_scale_from_zero
-            })
-            .collect()
-    }
-}
-
 /// A duration as Go writes the simple ones (`--sync-period`): `90`, `90s`, `500ms`, `15m`,
 /// `1h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -286,7 +273,7 @@ pub async fn run(
     registry: &Registry,
     shutdown: CancellationToken,
 ) -> Result<(), ManagerError> {
-    let health = Arc::new(Health::new(&config.controllers()));
+    let health = Arc::new(Health::new(&CONTROLLERS));
     run_with_health(client, config, registry, health, shutdown).await
 }
 
@@ -381,7 +368,10 @@ async fn run_controllers(
         engine.clone(),
         clouds,
         metrics,
-        config.controllers.clone(),
+        ControllerConfig {
+            scale_from_zero: config.features.auto_scale_from_zero,
+            ..config.controllers.clone()
+        },
         watches.caches(),
     );
     tracing::info!(
@@ -428,23 +418,15 @@ async fn run_controllers(
         health.clone(),
         shutdown.clone(),
     ));
-    // Only with AutoScaleFromZero, as CAPO: not even built (and subscribed) otherwise.
-    let templates = config.features.auto_scale_from_zero.then(|| {
-        watch(crate::controllers::machine_template::CONTROLLER).over(
-            controllers::run_machine_templates(
-                ctx.clone(),
-                &watches,
-                config.template_concurrency,
-                health.clone(),
-                shutdown.clone(),
-            ),
-        )
-    });
-    let templates = async {
-        if let Some(templates) = templates {
-            templates.await;
-        }
-    };
+    let templates = watch(crate::controllers::machine_template::CONTROLLER).over(
+        controllers::run_machine_templates(
+            ctx.clone(),
+            &watches,
+            config.template_concurrency,
+            health.clone(),
+            shutdown.clone(),
+        ),
+    );
     let pools = watch(crate::controllers::floating_ip_pool::CONTROLLER).over(
         controllers::run_pools(ctx.clone(), &config.scope, health.clone(), shutdown.clone()),
     );

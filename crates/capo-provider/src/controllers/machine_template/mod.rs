@@ -136,6 +136,12 @@ async fn reconcile_template(
     if capi::is_paused(cluster.as_ref(), template.annotations()) {
         return Ok(Outcome::Paused);
     }
+    if !ctx.config.scale_from_zero {
+        // Without CAPO's AutoScaleFromZero gate, no status: the template is not described
+        // (no cloud read), and its ports' address pairs still reach its machines.
+        propagate_address_pairs(ctx, template, &namespace).await?;
+        return Ok(Outcome::Settled);
+    }
     let Some(identity) = identity(ctx, template, cluster.as_ref(), &namespace) else {
         tracing::debug!("no identityRef yet (the template's or its cluster's)");
         return Ok(Outcome::Poll(ctx.config.poll_max));
