@@ -22,6 +22,7 @@ use capo_api::OpenStackMachine;
 use capo_api::common::Initialization;
 use capo_sim::openstack::{OpenStackSim, Scenario};
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
@@ -592,33 +593,19 @@ async fn clusterctl_installs_capo_rs_generates_every_flavor_and_moves_a_cluster_
 /// Both providers in clusterctl's inventory, and capo-rs's CRDs labelled as clusterctl
 /// labels what it installs (`clusterctl move` finds the kinds to move by that label).
 async fn assert_inventory(kube: &KubeWorld) {
-    let gvk = GroupVersionKind::gvk("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider");
-    let providers: Api<DynamicObject> =
-        Api::all_with(kube.client.clone(), &ApiResource::from_gvk(&gvk));
-    let listed = providers.list(&ListParams::default()).await.unwrap().items;
-    let inventory: Vec<(String, String, String)> = listed
-        .iter()
-        .map(|p| {
-            (
-                p.metadata.namespace.clone().unwrap_or_default(),
-                p.metadata.name.clone().unwrap_or_default(),
-                p.data["version"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
+    let listed = inventory(kube).await;
     for expected in [
         ("capi-system", "cluster-api", "v1.14.2"),
         ("capo-rs-system", "infrastructure-capo-rs", VERSION),
     ] {
         assert!(
-            inventory
+            listed
                 .iter()
                 .any(|(ns, name, v)| (ns.as_str(), name.as_str(), v.as_str()) == expected),
-            "clusterctl's inventory holds {expected:?}: {inventory:?}"
+            "clusterctl's inventory holds {expected:?}: {listed:?}"
         );
     }
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(kube.client.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
     for crd in capo_api::crds::all() {
         let name = crd.metadata.name.unwrap_or_default();
         let labels = crds
@@ -988,9 +975,7 @@ async fn clusterctl_moves_a_capo_install_to_capo_rs_and_its_inventory_names_capo
 /// What `clusterctl init` made of CAPO's CRDs, before the test points them at its webhook:
 /// capo-rs's versions, v1beta2 stored and v1beta1 still served.
 async fn the_crds_are_ours_as_clusterctl_left_them(kube: &KubeWorld) {
-    let crds: Api<
-        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    > = Api::all(kube.client.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
     let crd = crds
         .get("openstackclusters.infrastructure.cluster.x-k8s.io")
         .await
@@ -1014,9 +999,7 @@ async fn the_crds_are_ours_as_clusterctl_left_them(kube: &KubeWorld) {
 /// clusterctl merges labels: CAPO's contract label stays on the CRDs beside ours (the guide
 /// says so, and why Cluster API reads ours).
 async fn the_crds_keep_capos_contract_label_beside_ours(kube: &KubeWorld) {
-    let crds: Api<
-        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-    > = Api::all(kube.client.clone());
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.client.clone());
     let labels = crds
         .get("openstackclusters.infrastructure.cluster.x-k8s.io")
         .await
