@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use capo_provider::cloud::{CloudClient, Service};
 use capo_sim::certs::WebhookCerts;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
@@ -537,6 +537,20 @@ struct Arm<'a> {
     logs: &'a dyn Fn() -> String,
 }
 
+/// CAPO's OpenStackCluster stuck on attaching a floating IP because the VIP's port holds
+/// another (Neutron's `FloatingIPPortAlreadyAssociated`).
+fn leaked_a_floating_ip(status: &Value) -> bool {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("FloatingIPPortAlreadyAssociated"))
+        })
+}
+
 impl Arm<'_> {
     fn namespace(&self) -> &str {
         &self.kube.namespace
@@ -591,6 +605,9 @@ impl Arm<'_> {
             async || {
                 let object = infra.get(cluster).await.map_err(|e| e.to_string())?;
                 let status = serde_json::to_value(&object).unwrap_or_default()["status"].clone();
+                if leaked_a_floating_ip(&status) {
+                    self.repair_floating_ip_leak(&status).await;
+                }
                 let bastion_up = !self.bastion || status["bastion"]["state"] == "ACTIVE";
                 match status["ready"].as_bool() {
                     Some(true) if bastion_up => Ok(status),
@@ -599,6 +616,62 @@ impl Arm<'_> {
             },
         )
         .await
+    }
+
+    /// CAPO v0.14.7 leaks the API floating IP when a pass that attached one loses its status
+    /// write (a slow cloud or API server, as in CI at `0d65464`; CAPO's issues 1159 and 1743):
+    /// the next pass makes another and fails for good to attach it. The test does what those
+    /// issues' operators did, deleting the unrecorded one on the VIP's port, and says so.
+    async fn repair_floating_ip_leak(&self, status: &Value) {
+        let (Some(lb), Some(recorded)) = (
+            status["apiServerLoadBalancer"]["id"].as_str(),
+            status["apiServerLoadBalancer"]["ip"].as_str(),
+        ) else {
+            return;
+        };
+        let Ok(answer) = try_get_json(
+            self.tenant,
+            Service::LoadBalancer,
+            &format!("lbaas/loadbalancers/{lb}"),
+        )
+        .await
+        else {
+            return;
+        };
+        let Some(port) = answer["loadbalancer"]["vip_port_id"].as_str() else {
+            return;
+        };
+        let Ok(on_port) = try_get_json(
+            self.tenant,
+            Service::Network,
+            &format!("floatingips?port_id={port}"),
+        )
+        .await
+        else {
+            return;
+        };
+        let leaked = on_port["floatingips"].as_array().into_iter().flatten();
+        for ip in leaked.filter(|ip| ip["floating_ip_address"] != recorded) {
+            let (Some(id), Some(address)) = (ip["id"].as_str(), ip["floating_ip_address"].as_str())
+            else {
+                continue;
+            };
+            let answer =
+                delete_path(self.tenant, Service::Network, &format!("floatingips/{id}")).await;
+            eprintln!(
+                "{}: CAPO v0.14.7 leaked floating IP {address} on the VIP's port (its status records {recorded}); deleted it for CAPO to attach its own: {answer}",
+                self.cluster
+            );
+            // A change wakes CAPO now rather than after its backoff (minutes by then).
+            let wake =
+                json!({"metadata": {"annotations": {"test.capo-rs/leaked-floating-ip": address}}});
+            let patched = openstack_clusters(self.kube)
+                .patch(self.cluster, &PatchParams::default(), &Patch::Merge(&wake))
+                .await;
+            if let Err(e) = patched {
+                eprintln!("{}: could not wake CAPO: {e}", self.cluster);
+            }
+        }
     }
 
     /// Builds the cluster and checks what the provider made; the API load balancer's id.
@@ -1479,11 +1552,7 @@ async fn remove_capo_rs_hooks(arm: &Arm<'_>) {
     {
         let name = kube::ResourceExt::name_any(&machine);
         arm.machines()
-            .patch(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&unhooked),
-            )
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&unhooked))
             .await
             .expect("the hook removed");
     }
