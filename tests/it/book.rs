@@ -312,7 +312,12 @@ fn the_readmes_figures_are_the_figures_pages() {
 /// is run by a test, which takes it from the page ([`book_command`], [`book_block`]), or says
 /// on the page that no test runs it (`# not run by a test: why`, on its line or as its block's
 /// first line).
-const COMMAND_PAGES: [&str; 3] = ["installation.md", "migrating-from-capo.md", "metrics.md"];
+const COMMAND_PAGES: [&str; 4] = [
+    "installation.md",
+    "migrating-from-capo.md",
+    "metrics.md",
+    "first-cluster.md",
+];
 
 const NOT_RUN: &str = "# not run by a test";
 

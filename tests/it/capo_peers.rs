@@ -287,7 +287,7 @@ const RS_CLUSTER: &str = "rs-made";
 const RS_CLOUD: &str = "capo-peers-rs";
 
 /// The one cloud `name` of the tier's clouds.yaml, as a Secret's clouds.yaml holds it.
-fn only_cloud(full: &str, name: &str) -> String {
+pub(crate) fn only_cloud(full: &str, name: &str) -> String {
     let mut doc: Value = serde_saphyr::from_str(full).expect("clouds.yaml parses");
     if let Some(clouds) = doc.get_mut("clouds").and_then(|c| c.as_object_mut()) {
         clouds.retain(|cloud, _| cloud == name);

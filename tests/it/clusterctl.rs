@@ -188,7 +188,7 @@ fn flavors() -> Vec<String> {
         .collect()
 }
 
-fn admin_kubeconfig(kube: &KubeWorld) -> String {
+pub(crate) fn admin_kubeconfig(kube: &KubeWorld) -> String {
     let run = kube.own_tier_dir().expect("a tier of the world's own");
     run.join("admin.kubeconfig").display().to_string()
 }
@@ -412,7 +412,7 @@ async fn generate_every_flavor(repo: &LocalRepository, kube: &KubeWorld, peers: 
 }
 
 /// The kubeadm bootstrap and control-plane CRDs of Cluster API's module, schemas only.
-fn kubeadm_crds(peers: &CapiPeers) -> Vec<Value> {
+pub(crate) fn kubeadm_crds(peers: &CapiPeers) -> Vec<Value> {
     [
         "bootstrap/kubeadm/config/crd/bases",
         "controlplane/kubeadm/config/crd/bases",
@@ -748,7 +748,7 @@ async fn run_on(repo: &LocalRepository, kube: &KubeWorld, words: Vec<String>) ->
 }
 
 /// The PATH a pasted block runs with: clusterctl and the tier's kubectl first.
-fn pasting_path(peers: &CapiPeers) -> String {
+pub(crate) fn pasting_path(peers: &CapiPeers) -> String {
     format!(
         "{}:{}:{}",
         peers.clusterctl().parent().unwrap().display(),

@@ -20,6 +20,7 @@ mod controllers;
 mod conversion;
 mod crds;
 mod demo;
+mod first_cluster;
 mod floating_ip_pools;
 mod fuzz_pass;
 mod go_peer;

@@ -40,6 +40,8 @@ QUOTA_PROJECT = "capo-rs-quota"
 PEERS_PROJECT = "capo-rs-peers"
 PEERS_RS_PROJECT = "capo-rs-peers-rs"
 TAKEOVER_PROJECT = "capo-rs-takeover"
+# Where docs/first-cluster.md's commands build its cluster (tests/it/first_cluster.rs).
+FIRST_PROJECT = "capo-rs-first"
 SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
@@ -182,6 +184,7 @@ def identity():
         (PEERS_PROJECT, "CAPO v0.14.7's clusters"),
         (PEERS_RS_PROJECT, "capo-rs's clusters beside CAPO v0.14.7's"),
         (TAKEOVER_PROJECT, "a cluster CAPO v0.14.7 builds and capo-rs takes over"),
+        (FIRST_PROJECT, "the first-cluster page's cluster, as pasted"),
     ]:
         peers_project = ensure_project(conn, name, description)
         for role in TENANT_ROLES:
@@ -323,6 +326,7 @@ def write_clouds_yaml(appcred_id):
         + password_cloud("capo-peers", TENANT, TENANT_PASS, PEERS_PROJECT)
         + password_cloud("capo-peers-rs", TENANT, TENANT_PASS, PEERS_RS_PROJECT)
         + password_cloud("capo-takeover", TENANT, TENANT_PASS, TAKEOVER_PROJECT)
+        + password_cloud("capo-first", TENANT, TENANT_PASS, FIRST_PROJECT)
         + password_cloud("capo-admin", "admin", ENV["CAPO_OS_ADMIN_PASS"], "admin")
     )
     tmp = CLOUDS_YAML + ".tmp"
@@ -343,6 +347,7 @@ def resources():
     ensure_room(conn, PEERS_PROJECT)
     ensure_room(conn, PEERS_RS_PROJECT)
     ensure_room(conn, TAKEOVER_PROJECT)
+    ensure_room(conn, FIRST_PROJECT)
     user = tenant()
     # Neutron makes a project's default security group on its first look: make it now, so a
     # census taken before a test counts it.

@@ -40,7 +40,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # neutron 29.0.0 imports pyroute2 without declaring it.
 RELEASE=(keystone==30.0.0 glance==33.0.0 openstack-placement==16.0.0 nova==34.0.0
-    neutron==29.0.0 cinder==29.0.0 octavia==19.0.0 gunicorn python-openstackclient PyMySQL
+    neutron==29.0.0 cinder==29.0.0 octavia==19.0.0 gunicorn python-openstackclient
+    python-octaviaclient PyMySQL
     pyroute2)
 CONSTRAINTS=$HERE/constraints.txt
 DRIVERS=$HERE/drivers
