@@ -308,10 +308,10 @@ fn the_readmes_figures_are_the_figures_pages() {
     );
 }
 
-/// The pages a user installs, migrates and monitors from: every command of their `sh` blocks
-/// is run by a test, which takes it from the page ([`book_command`], [`book_block`]), or says
-/// on the page that no test runs it (`# not run by a test: why`, on its line or as its block's
-/// first line).
+/// The pages a user installs, migrates, monitors and builds a first cluster from: every command
+/// of their `sh` blocks is run by a test, which takes it from the page ([`book_command`],
+/// [`book_block`]), or says on the page that no test runs it (`# not run by a test: why`, on its
+/// line or as its block's first line).
 const COMMAND_PAGES: [&str; 4] = [
     "installation.md",
     "migrating-from-capo.md",
@@ -456,7 +456,7 @@ fn commands_the_tests_run() -> Vec<(String, String, bool)> {
 }
 
 #[test]
-fn every_install_migration_and_monitoring_command_is_run_by_a_test_or_says_it_is_not() {
+fn every_command_of_the_guides_is_run_by_a_test_or_says_it_is_not() {
     let run = commands_the_tests_run();
     assert!(
         run.len() >= 4,
