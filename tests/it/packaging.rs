@@ -1060,37 +1060,36 @@ fn the_books_kustomize_overlay_installs_deploy_with_your_image() {
     let Some(kubectl) = kubectl() else {
         return;
     };
-    for page in ["installation.md"] {
-        let blocks = overlay_blocks(page);
-        assert_eq!(blocks.len(), 1, "{page} has one overlay block");
-        let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(repo().join("deploy"), dir.path().join("deploy")).unwrap();
-        let rendered = dir.path().join("rendered.yaml");
-        // `kubectl apply --server-side -k DIR` becomes a render of DIR; the rest runs as written.
-        let shim = format!(
-            "kubectl() {{ [ \"$1 $2 $3\" = 'apply --server-side -k' ] || exit 9; {} kustomize \"$4\" > {}; }}\n",
-            kubectl.display(),
-            rendered.display()
-        );
-        let run = std::process::Command::new("bash")
-            .args(["-euo", "pipefail", "-c"])
-            .arg(shim + &blocks[0])
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{page}'s overlay block: {}{}",
-            String::from_utf8_lossy(&run.stdout),
-            String::from_utf8_lossy(&run.stderr)
-        );
-        let objects = documents(&std::fs::read_to_string(&rendered).unwrap());
-        assert_eq!(objects.len(), 22, "{page}: every object of deploy/");
-        let deployment = &objects["Deployment/capo-rs-controller-manager"];
-        assert_eq!(
-            deployment["spec"]["template"]["spec"]["containers"][0]["image"],
-            "registry.example.com/capo-rs:0.1.0",
-            "{page}: the overlay names the user's image"
-        );
-    }
+    let page = "installation.md";
+    let blocks = overlay_blocks(page);
+    assert_eq!(blocks.len(), 1, "{page} has one overlay block");
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(repo().join("deploy"), dir.path().join("deploy")).unwrap();
+    let rendered = dir.path().join("rendered.yaml");
+    // `kubectl apply --server-side -k DIR` becomes a render of DIR; the rest runs as written.
+    let shim = format!(
+        "kubectl() {{ [ \"$1 $2 $3\" = 'apply --server-side -k' ] || exit 9; {} kustomize \"$4\" > {}; }}\n",
+        kubectl.display(),
+        rendered.display()
+    );
+    let run = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c"])
+        .arg(shim + &blocks[0])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{page}'s overlay block: {}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let objects = documents(&std::fs::read_to_string(&rendered).unwrap());
+    assert_eq!(objects.len(), 22, "{page}: every object of deploy/");
+    let deployment = &objects["Deployment/capo-rs-controller-manager"];
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example.com/capo-rs:0.1.0",
+        "{page}: the overlay names the user's image"
+    );
 }
