@@ -312,11 +312,15 @@ fn the_readmes_figures_are_the_figures_pages() {
 /// of their `sh` blocks is run by a test, which takes it from the page ([`book_command`],
 /// [`book_block`]), or says on the page that no test runs it (`# not run by a test: why`, on its
 /// line or as its block's first line).
-const COMMAND_PAGES: [&str; 4] = [
+const COMMAND_PAGES: [&str; 8] = [
     "installation.md",
     "migrating-from-capo.md",
     "metrics.md",
     "first-cluster.md",
+    "troubleshooting.md",
+    "alerts.md",
+    "events.md",
+    "conditions.md",
 ];
 
 const NOT_RUN: &str = "# not run by a test";

@@ -261,6 +261,15 @@ impl KubeWorld {
         self.own_tier.as_ref().map(|tier| tier.run.clone())
     }
 
+    /// An admin kubeconfig of the real API server this world is on (none on the simulator).
+    pub(crate) fn admin_kubeconfig(&self) -> Option<std::path::PathBuf> {
+        match self.own_tier_dir() {
+            _ if !self.is_real() => None,
+            Some(run) => Some(run.join("admin.kubeconfig")),
+            None => real_kube().map(|real| real.admin),
+        }
+    }
+
     pub(crate) fn is_real(&self) -> bool {
         matches!(self.server, Server::Real)
     }

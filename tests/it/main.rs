@@ -30,6 +30,7 @@ mod kube_connect;
 mod kube_reviews;
 mod kube_world;
 mod membership;
+mod operating_pages;
 mod packaging;
 mod real_answers;
 mod real_cloud;

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -107,6 +108,12 @@ pub enum MigrationError {
 pub struct Migrated {
     /// The CRD's name (`<plural>.<group>`).
     pub crd: String,
+    /// Its kind.
+    pub kind: String,
+    /// The storage version it was migrated to, as `<group>/<version>`.
+    pub api_version: String,
+    /// OpenStackServers whose owner reference was pointed at that version.
+    pub owners_repointed: usize,
     /// `storedVersions` before.
     pub stored_before: Vec<String>,
     /// Objects written again.
@@ -123,11 +130,99 @@ pub async fn migrate_all(
 ) -> Result<Vec<Migrated>, MigrationError> {
     let mut done = Vec::new();
     for name in crds {
-        if let Some(migrated) = migrate(client, name, metrics).await? {
+        if let Some(mut migrated) = migrate(client, name, metrics).await? {
+            migrated.owners_repointed = repoint_servers_owners(client, &migrated).await?;
             done.push(migrated);
         }
     }
     Ok(done)
+}
+
+/// Points the owner references of OpenStackServers that name `migrated`'s kind at its new
+/// storage version. A rollback to CAPO 0.14 moves storage to `v1beta1` and then installs
+/// CRDs that serve `v1beta1` alone: a server capo-rs made names its machine as `v1beta2`,
+/// which CAPO's watch then cannot map to its machine (controller-runtime's
+/// `enqueueRequestForOwner` needs a served version), so CAPO would look at that machine again
+/// only at its sync period. The storage version is served by any CRD that stores it.
+async fn repoint_servers_owners(
+    client: &kube::Client,
+    migrated: &Migrated,
+) -> Result<usize, MigrationError> {
+    let (group, _) = migrated.api_version.split_once('/').unwrap_or_default();
+    let servers: Api<capo_api::OpenStackServer> = Api::all(client.clone());
+    let crd = "openstackservers.infrastructure.cluster.x-k8s.io";
+    let list = servers
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(|source| MigrationError::List {
+            crd: crd.to_owned(),
+            source,
+        })?;
+    let mut repointed = 0;
+    for server in &list.items {
+        let refs = server
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default();
+        let Some(refs) = owners_at(refs, group, &migrated.kind, &migrated.api_version) else {
+            continue;
+        };
+        let (namespace, name) = (
+            server.metadata.namespace.as_deref().unwrap_or_default(),
+            server.metadata.name.as_deref().unwrap_or_default(),
+        );
+        // The references as read, or nothing: a 409 means the server changed since the list.
+        let patch = json!({"metadata": {
+            "resourceVersion": server.metadata.resource_version,
+            "ownerReferences": refs,
+        }});
+        let api: Api<capo_api::OpenStackServer> = Api::namespaced(client.clone(), namespace);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => repointed += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(source) => {
+                return Err(MigrationError::Rewrite {
+                    crd: crd.to_owned(),
+                    object: format!("{namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    tracing::info!(kind = %migrated.kind, api_version = %migrated.api_version, repointed, "OpenStackServers' owner references point at the storage version");
+    Ok(repointed)
+}
+
+/// `refs` with every reference to `kind` of `group` in another version naming `api_version`
+/// instead; `None` when none does.
+fn owners_at(
+    refs: &[OwnerReference],
+    group: &str,
+    kind: &str,
+    api_version: &str,
+) -> Option<Vec<OwnerReference>> {
+    let stale = |r: &OwnerReference| {
+        r.kind == kind
+            && r.api_version != api_version
+            && r.api_version
+                .split_once('/')
+                .is_some_and(|(g, _)| g == group)
+    };
+    refs.iter().any(stale).then(|| {
+        refs.iter()
+            .map(|r| match stale(r) {
+                true => OwnerReference {
+                    api_version: api_version.to_owned(),
+                    ..r.clone()
+                },
+                false => r.clone(),
+            })
+            .collect()
+    })
 }
 
 /// Migrates one CRD, if its stored versions are more than its storage version.
@@ -176,6 +271,8 @@ pub async fn migrate(
     };
     let mut migrated = rewrite_every_object(client, name, &resource, metrics).await?;
     migrated.stored_before = stored;
+    migrated.kind = resource.kind.clone();
+    migrated.api_version = resource.api_version.clone();
     set_stored_versions(&crds, &crd, &storage).await?;
     metrics.stored_versions.with_label_values(&[name]).set(1);
     tracing::info!(
@@ -301,5 +398,72 @@ pub async fn migrate_until_done(
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(Duration::from_secs(60));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(api_version: &str, kind: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "m".into(),
+            uid: "u".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
+    #[test]
+    fn a_reference_to_the_migrated_kind_in_another_version_names_the_storage_version() {
+        let refs = [
+            owner(
+                "infrastructure.cluster.x-k8s.io/v1beta2",
+                "OpenStackMachine",
+            ),
+            owner("cluster.x-k8s.io/v1beta2", "Machine"),
+        ];
+        let now = owners_at(
+            &refs,
+            GROUP,
+            "OpenStackMachine",
+            "infrastructure.cluster.x-k8s.io/v1beta1",
+        )
+        .expect("repointed");
+        assert_eq!(
+            now[0].api_version,
+            "infrastructure.cluster.x-k8s.io/v1beta1"
+        );
+        assert_eq!((now[0].controller, now[0].uid.as_str()), (Some(true), "u"));
+        assert_eq!(now[1], refs[1], "another kind is left as it is");
+    }
+
+    #[test]
+    fn references_already_at_the_storage_version_or_to_other_kinds_need_no_write() {
+        let at = "infrastructure.cluster.x-k8s.io/v1beta1";
+        assert_eq!(
+            owners_at(
+                &[owner(at, "OpenStackMachine")],
+                GROUP,
+                "OpenStackMachine",
+                at
+            ),
+            None
+        );
+        let other = [owner(
+            "infrastructure.cluster.x-k8s.io/v1beta2",
+            "OpenStackCluster",
+        )];
+        assert_eq!(owners_at(&other, GROUP, "OpenStackMachine", at), None);
+        let another_group = [owner("example.com/v1beta2", "OpenStackMachine")];
+        assert_eq!(
+            owners_at(&another_group, GROUP, "OpenStackMachine", at),
+            None
+        );
+        assert_eq!(owners_at(&[], GROUP, "OpenStackMachine", at), None);
     }
 }
