@@ -1,6 +1,6 @@
 //! What a cloud offers, checked before it is used, as CAPO checks it: the trunk extension
-//! before a trunk, `standard-attr-tag` before tagging (CAPO #3319), Octavia API 2.12 before
-//! a listener's `allowedCIDRs`. A cloud without one gets a clear word, not a failed create.
+//! before a trunk, `standard-attr-tag` before tagging (CAPO #3319), `port-trusted-vif` before a
+//! port's own `trusted` (CAPO #3120), Octavia API 2.12 before a listener's `allowedCIDRs`. A cloud without one gets a clear word, not a failed create.
 //! The simulator refuses each as the real service does (a tag call without the extension is a
 //! 404; an old Octavia refuses the unknown attribute).
 
@@ -9,7 +9,7 @@ use capo_api::{OpenStackCluster, OpenStackServer};
 use serde_json::json;
 
 use crate::cluster_controller::{cluster_spec, create_cluster, provisioned, ready, wait_cluster};
-use crate::server_controller::{World, server_manifest};
+use crate::server_controller::{World, is_ready, server_manifest};
 
 fn message_of<'a>(
     conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
@@ -54,6 +54,45 @@ async fn a_trunk_on_a_cloud_without_the_extension_is_refused_before_any_port() {
     assert_eq!((status.as_str(), reason.as_str()), ("False", "InvalidSpec"));
     assert_eq!(world.cloud.object_counts(), before, "no port, no server");
     assert_eq!(world.requests("network extension_get"), 1);
+}
+
+/// A trusted VF is the port's own `trusted` where Neutron has `port-trusted-vif`, and
+/// `binding:profile`'s elsewhere (where the simulator, as Neutron, refuses the attribute).
+#[tokio::test]
+async fn a_trusted_vf_is_the_ports_own_attribute_where_neutron_has_port_trusted_vif() {
+    for (extensions, attribute, in_profile) in [
+        (
+            &["trunk", "standard-attr-tag", "port-trusted-vif"][..],
+            Some(true),
+            None,
+        ),
+        (&["trunk", "standard-attr-tag"][..], None, Some(true)),
+    ] {
+        let world = World::start().await;
+        world.cloud.set_capabilities(extensions, (2, 27));
+        let mut manifest = server_manifest("trusted");
+        manifest["spec"]["ports"][0]["profile"] = json!({"trustedVF": true});
+        world.create(manifest).await;
+        let ready = world.wait_for("trusted", "Ready", is_ready).await;
+        let port = (ready.status.as_ref())
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.ports.first())
+            .and_then(|p| world.cloud.port(&p.id))
+            .expect("the server's port");
+        assert_eq!(
+            (
+                port["trusted"].as_bool(),
+                port["binding:profile"]["trusted"].as_bool()
+            ),
+            (attribute, in_profile),
+            "with {extensions:?}: {port:#}"
+        );
+        assert_eq!(
+            world.requests("network extension_get"),
+            2,
+            "port-trusted-vif and standard-attr-tag, each asked once"
+        );
+    }
 }
 
 #[tokio::test]
@@ -124,6 +163,8 @@ async fn the_real_cloud_says_what_it_offers() {
     for (alias, offered) in [
         ("trunk", true),
         ("standard-attr-tag", true),
+        // The tier's ML2 loads no `port_trusted` extension driver.
+        ("port-trusted-vif", false),
         ("capo-rs-no-such-extension", false),
     ] {
         assert_eq!(

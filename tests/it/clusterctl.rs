@@ -1104,6 +1104,37 @@ async fn the_installation_pages_clusterctl_steps_install_capo_rs_as_pasted() {
             .contains(&"--member-stuck-after=300".to_owned()),
         "CAPO_RS_MEMBER_STUCK_AFTER as the page exported it"
     );
+
+    // The flavors page next: its templates published beside the components (from the
+    // repository's root, as its paths say), then its `generate` with the page's variables, in
+    // the user's own directory.
+    let publish = book_block(
+        "flavors.md",
+        "cp deploy/clusterctl/cluster-template.yaml deploy/clusterctl/cluster-template-without-lb.yaml ~/capo-rs-repo/infrastructure-capo-rs/v0.1.0/",
+    );
+    paste(&publish, Path::new(env!("CARGO_MANIFEST_DIR")), &env).await;
+    let generate = book_block(
+        "flavors.md",
+        "clusterctl generate cluster capo-rs-first --infrastructure capo-rs --flavor without-lb --kubernetes-version v1.33.4 --worker-machine-count 1 --target-namespace capo-rs-first > capo-rs-first.yaml",
+    );
+    let exported: Vec<(&str, String)> = variables().into_iter().collect();
+    paste(&generate, home.path(), &[&env[..], &exported[..]].concat()).await;
+    let manifest = std::fs::read_to_string(home.path().join("capo-rs-first.yaml"))
+        .expect("the flavors page's generate wrote capo-rs-first.yaml");
+    let objects: Vec<Value> = serde_saphyr::from_str_multiple(&manifest)
+        .unwrap_or_else(|e| panic!("the without-lb flavor renders YAML: {e}\n{manifest}"));
+    let cluster = objects
+        .iter()
+        .find(|o| o["kind"] == "OpenStackCluster")
+        .expect("an OpenStackCluster");
+    assert_eq!(
+        (
+            cluster["metadata"]["namespace"].as_str(),
+            &cluster["spec"]["apiServer"]["managedLoadBalancer"]["enabled"]
+        ),
+        (Some("capo-rs-first"), &json!(false)),
+        "the without-lb flavor, in the page's namespace: {cluster:#}"
+    );
 }
 
 /// Until the namespace clusterctl's cert-manager check made (and deleted) is gone: the next

@@ -46,3 +46,4 @@ mod sim_openstack;
 mod takeover;
 mod topologies;
 mod vs_capo;
+mod walkthrough;

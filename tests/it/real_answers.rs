@@ -771,6 +771,20 @@ async fn machine(c: &CloudClient, r: &Recorder, tag: &str, made: &mut Made) {
         neutron.create_port(&clash),
     )
     .await;
+    // A trusted VF as the port's own attribute, on a Neutron without `port-trusted-vif`
+    // (the tier loads no `port_trusted` driver): refused, so capo-rs asks first.
+    let trusted = PortSpec {
+        name: format!("{tag}-trusted"),
+        network_id: made.network.clone(),
+        trusted: Some(true),
+        ..PortSpec::default()
+    };
+    refused(
+        r,
+        "port_create (trusted without port-trusted-vif)",
+        neutron.create_port(&trusted),
+    )
+    .await;
     let by_name = Filter::by_name(format!("{tag}-port"));
     must(r, "port_list (by name)", neutron.list_ports(&by_name)).await;
     let trunk_name = format!("{tag}-trunk");

@@ -964,9 +964,12 @@ async fn cluster_lifecycle(e2e: &mut E2e) {
 /// The operating pages' reads, pasted against this cluster, once its machines are built: on
 /// the real tiers alone (the `openstack` client and kubectl need a real cloud and API server).
 async fn operating_pages_read(e2e: &E2e, cluster: &str, lb: &str, plane: &ControlPlane) {
-    let (Some(kubeconfig), Ok(clouds_yaml)) = (
+    // The real cloud's, not the simulator's: the second pass runs the simulated cloud on a
+    // real API server, where the tier's clouds.yaml names another cloud than the cluster's.
+    let (Some(kubeconfig), Ok(clouds_yaml), "real") = (
         e2e.kube.admin_kubeconfig(),
         std::env::var("CAPO_REAL_OPENSTACK_CLOUDS"),
+        e2e.label,
     ) else {
         eprintln!(
             "{}: the operating pages' reads need the real tiers; not run",

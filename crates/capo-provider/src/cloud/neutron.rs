@@ -326,9 +326,14 @@ pub struct PortSpec {
     #[serde(skip_serializing_if = "Option::is_none", rename = "binding:host_id")]
     pub host_id: Option<String>,
     /// `binding:profile`: details for the mechanism driver (capo-rs sends
-    /// `capabilities: ["switchdev"]` for OVS hardware offload, `trusted` for a trusted VF).
+    /// `capabilities: ["switchdev"]` for OVS hardware offload, and `trusted` for a trusted VF
+    /// where Neutron lacks `port-trusted-vif`).
     #[serde(skip_serializing_if = "Option::is_none", rename = "binding:profile")]
     pub profile: Option<Value>,
+    /// The port's own `trusted` attribute (Neutron's `port-trusted-vif` extension), which
+    /// takes the place of `binding:profile`'s for a trusted VF; None leaves it unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted: Option<bool>,
     /// The MAC address to give the port; None lets Neutron generate one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,

@@ -18,8 +18,8 @@ use tower::ServiceExt;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's headers, on a new connection or an idle
-/// kept-alive one: a slowloris client, or an idle one, is closed after this.
+/// How long a client may take to send a request's headers: a slowloris client, or one that
+/// sends nothing, is closed after this.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one request may take from its headers to its answer, its body included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,8 +82,8 @@ pub(super) async fn accept_connections(
     let _ = tokio::time::timeout(SHUTDOWN_GRACE * 2, connections.acquire_many(all)).await;
 }
 
-/// One connection: the TLS handshake, then HTTP/1.1 requests until the client leaves, idles
-/// past the header timeout, or the server stops.
+/// One connection: the TLS handshake, then one HTTP/1.1 request, unless the client sends
+/// none within the header timeout or the server stops.
 async fn serve_connection(
     what: &'static str,
     tcp: TcpStream,
@@ -112,10 +112,15 @@ async fn serve_connection(
             })
         }
     });
+    // One request per connection (answered with `connection: close`). hyper's header timeout
+    // also closes a kept-alive connection idle for 10 s, while the API server's Go client keeps
+    // idle connections for 90 s: a POST it wrote on one just as we closed it failed with a
+    // broken pipe, and so did the user's create (CI at 1689af9, on a real kube-apiserver). A
+    // TLS handshake per call is cheap at webhook and scrape rates.
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(true);
+        .keep_alive(false);
     let connection = http.serve_connection(hyper_util::rt::TokioIo::new(tls), service);
     let mut connection = std::pin::pin!(connection);
     let ended = tokio::select! {

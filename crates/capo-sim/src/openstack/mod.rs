@@ -361,6 +361,12 @@ impl OpenStackSim {
         self.shared.world().cinder.find(id_or_name).cloned()
     }
 
+    /// A Neutron port as the simulator holds it (every attribute, as an administrator sees
+    /// it), by id.
+    pub fn port(&self, id: &str) -> Option<serde_json::Value> {
+        self.shared.world().neutron.find("ports", id).cloned()
+    }
+
     /// A Nova server as the API shows it, by id or (oldest first) name.
     pub fn server(&self, id_or_name: &str) -> Option<serde_json::Value> {
         self.shared.world().nova.find(id_or_name).cloned()

@@ -314,8 +314,8 @@ fn extension(world: &Cx<'_>, alias: &str) -> Reply {
 }
 
 /// An object as a project member sees it: a port's binding details other than its VNIC type
-/// are for administrators (Neutron's policy hides them), and no `propagate_uplink_status`
-/// (an extension ML2 loads only with the drivers that support it).
+/// and its `trusted` are for administrators (Neutron's policy hides them), and no
+/// `propagate_uplink_status` (an extension ML2 loads only with the drivers that support it).
 fn shown(world: &Cx<'_>, path: &str, object: &Value) -> Value {
     let mut object = object.clone();
     if path == "floatingips" {
@@ -339,6 +339,7 @@ fn shown(world: &Cx<'_>, path: &str, object: &Value) -> Value {
             "binding:vif_type",
             "binding:vif_details",
             "propagate_uplink_status",
+            "trusted",
         ] {
             fields.remove(hidden);
         }
@@ -397,6 +398,18 @@ fn validate(world: &Cx<'_>, path: &str, object: &Value) -> Result<(), Reply> {
             Ok(())
         }
         "ports" => {
+            // A port's own `trusted` exists with the `port-trusted-vif` extension alone;
+            // Neutron refuses an attribute it does not know (neutron_lib's
+            // `verify_attributes`).
+            let has_trusted_vif =
+                (world.env.settings.neutron_extensions.iter()).any(|e| e == "port-trusted-vif");
+            if object.get("trusted").is_some() && !has_trusted_vif {
+                return Err(Reply::neutron(
+                    400,
+                    "HTTPBadRequest",
+                    "Unrecognized attribute(s) 'trusted'",
+                ));
+            }
             network_exists("network_id")?;
             if world
                 .env

@@ -129,14 +129,31 @@ pub fn owner(namespace: &str, name: &str) -> Owner {
     Owner::new("OpenStackServer", namespace, name)
 }
 
-/// The Neutron request for a resolved port, marked as `owner`'s.
-pub fn port_request(port: &ResolvedPortSpec, owner: &Owner) -> PortSpec {
+/// The Neutron extension that gives a port its own `trusted` attribute.
+pub const PORT_TRUSTED_VIF: &str = "port-trusted-vif";
+
+/// Whether the port asks for a trusted VF.
+pub fn asks_trusted_vf(port: &ResolvedPortSpec) -> bool {
+    port.profile
+        .as_ref()
+        .is_some_and(|p| p.trusted_vf == Some(true))
+}
+
+/// The Neutron request for a resolved port, marked as `owner`'s. A trusted VF is the port's
+/// `trusted` attribute where Neutron has [`PORT_TRUSTED_VIF`] (`trusted_vif_attribute`), and
+/// `binding:profile`'s `trusted` elsewhere, as CAPO does (#3120).
+pub fn port_request(
+    port: &ResolvedPortSpec,
+    owner: &Owner,
+    trusted_vif_attribute: bool,
+) -> PortSpec {
+    let trusted = asks_trusted_vf(port);
     let profile = port.profile.as_ref().and_then(|p| {
         let mut profile = serde_json::Map::new();
         if p.ovs_hw_offload == Some(true) {
             profile.insert("capabilities".into(), json!(["switchdev"]));
         }
-        if p.trusted_vf == Some(true) {
+        if trusted && !trusted_vif_attribute {
             profile.insert("trusted".into(), json!(true));
         }
         (!profile.is_empty()).then_some(Value::Object(profile))
@@ -161,6 +178,7 @@ pub fn port_request(port: &ResolvedPortSpec, owner: &Owner) -> PortSpec {
         allowed_address_pairs: (!pairs.is_empty()).then_some(pairs),
         host_id: port.host_id.clone(),
         profile,
+        trusted: (trusted && trusted_vif_attribute).then_some(true),
         mac_address: port.mac_address.clone(),
         propagate_uplink_status: port.propagate_uplink_status,
         value_specs: port
@@ -710,7 +728,7 @@ mod tests {
             Some("Created by cluster-api-provider-openstack cluster c1")
         );
         let owner = owner("ns", "bastion");
-        let request = port_request(&port, &owner);
+        let request = port_request(&port, &owner, false);
         assert_eq!(
             request.tags,
             ["capo", "mine", owner.tag()],
@@ -740,11 +758,22 @@ mod tests {
             }],
             ..ResolvedPortSpec::default()
         };
-        let body =
-            serde_json::to_value(port_request(&port, &owner("ns", "s"))).expect("serialises");
+        let body = serde_json::to_value(port_request(&port, &owner("ns", "s"), false))
+            .expect("serialises");
         assert_eq!(
             body["binding:profile"],
             json!({"capabilities": ["switchdev"], "trusted": true})
+        );
+        assert!(body.get("trusted").is_none(), "no port-trusted-vif: {body}");
+        let with_extension =
+            serde_json::to_value(port_request(&port, &owner("ns", "s"), true)).expect("serialises");
+        assert_eq!(
+            (
+                &with_extension["binding:profile"],
+                &with_extension["trusted"]
+            ),
+            (&json!({"capabilities": ["switchdev"]}), &json!(true)),
+            "with port-trusted-vif, the port's own attribute"
         );
         assert_eq!(
             body["allowed_address_pairs"],

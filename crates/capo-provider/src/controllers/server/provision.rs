@@ -415,6 +415,7 @@ impl Pass<'_> {
         indices: &[usize],
         status: &mut InstanceStatus,
     ) -> Result<(), ServerError> {
+        let trusted_vif_attribute = self.trusted_vif_attribute(indices).await?;
         for &index in indices {
             let Some(want) = self.resolved.ports.get(index) else {
                 continue;
@@ -422,7 +423,11 @@ impl Pass<'_> {
             let port = self
                 .cloud
                 .neutron()
-                .create_port(&plan::port_request(want, &self.owner))
+                .create_port(&plan::port_request(
+                    want,
+                    &self.owner,
+                    trusted_vif_attribute,
+                ))
                 .await
                 .map_err(ServerError::cloud(format!("{CREATING_PORT} {}", want.name)))?;
             tracing::info!(port = %port.id, name = %want.name, "created port");
@@ -433,6 +438,25 @@ impl Pass<'_> {
                 .await;
         }
         Ok(())
+    }
+
+    /// Whether Neutron takes a trusted VF as the port's own attribute: asked (once per cloud,
+    /// then remembered) only when a port to create asks for one.
+    async fn trusted_vif_attribute(&self, indices: &[usize]) -> Result<bool, ServerError> {
+        let asked = (indices.iter())
+            .filter_map(|&index| self.resolved.ports.get(index))
+            .any(plan::asks_trusted_vf);
+        if !asked {
+            return Ok(false);
+        }
+        self.cloud
+            .neutron()
+            .has_extension(plan::PORT_TRUSTED_VIF)
+            .await
+            .map_err(ServerError::cloud(format!(
+                "asking Neutron for {}",
+                plan::PORT_TRUSTED_VIF
+            )))
     }
 
     async fn create_trunks(&mut self, indices: &[usize]) -> Result<(), ServerError> {
