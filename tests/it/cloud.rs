@@ -1433,3 +1433,128 @@ async fn the_default_ca_bundle_is_trusted_when_the_secret_has_none() {
         "the default applies when the Secret has none"
     );
 }
+
+/// An endpoint that answers each request with `body`, except that on its first connection it
+/// reads the second request and closes without an answer, as a WSGI server closing a kept-alive
+/// connection idle past its timeout does when a request crosses its FIN. It counts the requests
+/// it read.
+struct ClosesItsFirstConnection {
+    url: Url,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ClosesItsFirstConnection {
+    async fn start(body: Value) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        tokio::spawn(async move {
+            let mut connections = 0;
+            while let Ok((stream, _)) = listener.accept().await {
+                connections += 1;
+                let answers = if connections == 1 { 1 } else { usize::MAX };
+                tokio::spawn(Self::serve(
+                    stream,
+                    answers,
+                    body.to_string(),
+                    counted.clone(),
+                ));
+            }
+        });
+        ClosesItsFirstConnection { url, requests }
+    }
+
+    /// Answers `answers` requests, then reads one more and hangs up.
+    async fn serve(
+        stream: tokio::net::TcpStream,
+        answers: usize,
+        body: String,
+        requests: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::io::BufReader::new(stream);
+        for answered in 0.. {
+            let mut length = 0;
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut request_body = vec![0; length];
+            let _ = stream.read_exact(&mut request_body).await;
+            requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if answered == answers {
+                return;
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A client with no retries of its own: what recovers, the transport recovered.
+    fn client(&self) -> CloudClient {
+        let mut opts = options();
+        opts.path.retry.max_attempts = 1;
+        let (clouds, _) = clouds(opts);
+        let session =
+            NoAuthSession::new([(Service::LoadBalancer, self.url.clone())], None).unwrap();
+        clouds.client(Arc::new(session))
+    }
+}
+
+/// The endpoint closes a kept-alive connection as a GET goes out on it (CI at `0db54c6`: a
+/// GET to the real Octavia, whose gunicorn closes connections idle for 2 s, failed with
+/// "error sending request"): the GET is sent again on a new connection and answered, with no
+/// retry of the caller's spent.
+#[tokio::test]
+async fn a_get_on_a_kept_alive_connection_the_endpoint_closes_is_sent_again() {
+    let endpoint = ClosesItsFirstConnection::start(sample("member_active.json")).await;
+    let client = endpoint.client();
+    client.octavia().get_member(POOL, MEMBER).await.unwrap();
+    let member = client.octavia().get_member(POOL, MEMBER).await.unwrap();
+    assert_eq!(member.provisioning_status, ProvisioningStatus::Active);
+    assert_eq!(
+        endpoint.requests(),
+        3,
+        "the GET read twice, once unanswered"
+    );
+}
+
+/// The same close under a POST: the POST is not sent again (the endpoint may have acted on it),
+/// and the failure says why there was no answer.
+#[tokio::test]
+async fn a_post_on_a_kept_alive_connection_the_endpoint_closes_is_not_sent_again() {
+    let endpoint = ClosesItsFirstConnection::start(sample("member_active.json")).await;
+    let client = endpoint.client();
+    client.octavia().get_member(POOL, MEMBER).await.unwrap();
+    let spec = MemberSpec::new("m", "192.0.2.10", 8080);
+    let error = client
+        .octavia()
+        .create_member(POOL, &spec)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, CloudError::Transient(_)), "{error:?}");
+    assert!(
+        error.message().contains("closed before message completed"),
+        "the cause is said: {error}"
+    );
+    assert_eq!(endpoint.requests(), 2, "the POST was sent once");
+}

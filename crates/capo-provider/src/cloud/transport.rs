@@ -74,15 +74,42 @@ impl HttpSettings<'_> {
 }
 
 /// Sends `request`, and reads the answer's body up to [`MAX_ANSWER_BODY`].
+///
+/// A kept-alive connection that the endpoint closes just as a request goes out on it fails that
+/// request with no answer: OpenStack's WSGI servers close idle connections after a few seconds
+/// (gunicorn after 2 s, Apache after 5 s), while the pool keeps them 30 s. As Go's client does,
+/// a request that cannot have changed anything (GET, HEAD) is sent once more, on a new
+/// connection; any other method fails, and its caller decides.
 pub(crate) async fn execute(
     http: &reqwest::Client,
     request: reqwest::Request,
 ) -> Result<Response<Bytes>, SendError> {
-    let response = http
-        .execute(request)
-        .await
-        .map_err(|e| reqwest_send_error(&e))?;
+    let again = is_safe(request.method())
+        .then(|| request.try_clone())
+        .flatten();
+    let response = match http.execute(request).await {
+        Ok(response) => response,
+        Err(error) => match again {
+            Some(again) if unanswered_on_an_open_connection(&error) => {
+                tracing::debug!(error = %described(&error), "no answer on a kept-alive connection: sent again");
+                http.execute(again)
+                    .await
+                    .map_err(|e| reqwest_send_error(&e))?
+            }
+            _ => return Err(reqwest_send_error(&error)),
+        },
+    };
     into_response(response).await
+}
+
+fn is_safe(method: &reqwest::Method) -> bool {
+    *method == reqwest::Method::GET || *method == reqwest::Method::HEAD
+}
+
+/// The request failed after a connection was had and before any answer came: not a timeout,
+/// not a refused connection.
+fn unanswered_on_an_open_connection(error: &reqwest::Error) -> bool {
+    error.is_request() && !error.is_timeout() && !error.is_connect()
 }
 
 /// The answer, its body read up to [`MAX_ANSWER_BODY`].
@@ -112,11 +139,28 @@ async fn into_response(mut response: reqwest::Response) -> Result<Response<Bytes
 }
 
 fn reqwest_send_error(error: &reqwest::Error) -> SendError {
+    let what = described(error);
     if error.is_timeout() {
-        SendError::Timeout(error.to_string())
+        SendError::Timeout(what)
     } else if error.is_connect() {
-        SendError::Connect(error.to_string())
+        SendError::Connect(what)
     } else {
-        SendError::Other(error.to_string())
+        SendError::Other(what)
     }
+}
+
+/// The error and its causes: reqwest's own message ("error sending request for url ...") says
+/// what was asked, its sources why it failed ("connection closed before message completed").
+fn described(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
