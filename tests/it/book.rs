@@ -277,6 +277,23 @@ fn every_alert_has_a_runbook_entry_and_every_clusterctl_variable_is_listed() {
         variables.is_empty(),
         "variables not on docs/installation.md: {variables:?}"
     );
+    // Each flavor's variables (not `$${...}`, which clusterctl passes on as `${...}`).
+    let flavors = std::fs::read_dir(repo().join("deploy/clusterctl"))
+        .expect("deploy/clusterctl")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("cluster-template"));
+    for flavor in flavors {
+        let missing = missing_from_page(
+            &format!("deploy/clusterctl/{flavor}"),
+            r"(?m)(?:^|[^$])\$\{([A-Z][A-Z0-9_]*)",
+            "flavors.md",
+        );
+        assert!(
+            missing.is_empty(),
+            "{flavor}'s variables not on docs/flavors.md: {missing:?}"
+        );
+    }
 }
 
 /// The README's figures are the figures page's: each value in its table's capo-rs and CAPO
@@ -571,4 +588,145 @@ pub(crate) fn book_yaml(page: &str, containing: &str) -> String {
             block.contains(containing).then(|| block.to_owned())
         })
         .unwrap_or_else(|| panic!("docs/{page} has no yaml block with `{containing}`"))
+}
+
+/// A claim of the book (a paragraph, a list item, a table row) that says capo-rs does
+/// something as CAPO does (issue 58: no claim without a test). "capo-rs" itself is not CAPO.
+fn claims_capos_behaviour(claim: &str) -> bool {
+    let sameness = Regex::new(
+        r"(?i)\b(as CAPO|as in CAPO|like CAPO|same as CAPO|CAPO does the same|CAPO does too)\b",
+    )
+    .unwrap();
+    let ours = Regex::new(r"(?i)capo-rs").unwrap();
+    sameness.is_match(&ours.replace_all(&claim.replace('\n', " "), "ours"))
+}
+
+/// A page's claims: its paragraphs, each list item and table row on its own.
+fn claims(prose: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for paragraph in prose.split("\n\n") {
+        let mut current = String::new();
+        for line in paragraph.lines() {
+            let trimmed = line.trim_start();
+            let starts_claim = trimmed.starts_with('|')
+                || trimmed.starts_with("- ")
+                || trimmed.starts_with("* ")
+                || trimmed
+                    .split_once(". ")
+                    .is_some_and(|(n, _)| n.parse::<u32>().is_ok());
+            if starts_claim && !current.is_empty() {
+                out.push(std::mem::take(&mut current));
+            }
+            current.push_str(line);
+            current.push('\n');
+        }
+        if !current.is_empty() {
+            out.push(current);
+        }
+    }
+    out
+}
+
+/// The tests a paragraph names, as `module::test`.
+fn named_tests(paragraph: &str) -> Vec<(String, String)> {
+    let named = Regex::new(r"`([a-z][a-z0-9_]*)::([a-z][a-z0-9_]*)`").unwrap();
+    named
+        .captures_iter(paragraph)
+        .map(|c| (c[1].to_owned(), c[2].to_owned()))
+        .collect()
+}
+
+/// Every Rust file of the tests and the crates, by its module's name (a `mod.rs` by its
+/// directory's).
+fn sources_by_module() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(String, String)>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+                let module = match stem.as_ref() {
+                    "mod" => path
+                        .parent()
+                        .and_then(Path::file_name)
+                        .map_or_else(|| stem.to_string(), |d| d.to_string_lossy().into_owned()),
+                    _ => stem.to_string(),
+                };
+                out.push((module, read(&path)));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for dir in ["tests/it", "crates", "src"] {
+        walk(&repo().join(dir), &mut out);
+    }
+    out
+}
+
+#[test]
+fn every_claim_of_capos_behaviour_names_a_test_that_exists() {
+    let sources = sources_by_module();
+    let exists = |module: &str, name: &str| {
+        let word = Regex::new(&format!(r"\b{name}\b")).unwrap();
+        sources
+            .iter()
+            .any(|(m, text)| m == module && word.is_match(text))
+    };
+    let mut unbacked = Vec::new();
+    let mut unknown = Vec::new();
+    for page in pages() {
+        let file = page
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        for claim in claims(&prose(&read(&page))) {
+            if !claims_capos_behaviour(&claim) {
+                continue;
+            }
+            let tests = named_tests(&claim);
+            if tests.is_empty() {
+                let start: String = claim.trim().chars().take(100).collect();
+                unbacked.push(format!("{file}: {start}"));
+            }
+            for (module, name) in tests {
+                if !exists(&module, &name) {
+                    unknown.push(format!("{file}: {module}::{name}"));
+                }
+            }
+        }
+    }
+    assert!(
+        unbacked.is_empty(),
+        "claims of CAPO's behaviour that name no test ({}):\n{}",
+        unbacked.len(),
+        unbacked.join("\n")
+    );
+    assert!(unknown.is_empty(), "tests named but not found: {unknown:?}");
+}
+
+#[test]
+fn a_claim_of_capos_behaviour_is_seen_and_its_test_read() {
+    let paragraph = "It retries, as CAPO does (test:\n`cloud::retries_stop_at_their_bound`).";
+    assert!(claims_capos_behaviour(paragraph));
+    assert_eq!(
+        named_tests(paragraph),
+        [("cloud".to_owned(), "retries_stop_at_their_bound".to_owned())]
+    );
+    assert!(!claims_capos_behaviour("capo-rs differs from CAPO here."));
+    assert!(!claims_capos_behaviour(
+        "the groups as capo-rs last saw them"
+    ));
+    let page = "Intro, as CAPO.\n\n- one, as CAPO\n  goes on\n- two\n\n| a | b |\n| c | d |\n";
+    assert_eq!(
+        claims(page),
+        [
+            "Intro, as CAPO.\n",
+            "- one, as CAPO\n  goes on\n",
+            "- two\n",
+            "| a | b |\n",
+            "| c | d |\n"
+        ]
+    );
 }

@@ -78,6 +78,7 @@ fn variables(e2e: &E2e, cluster: &str) -> BTreeMap<&'static str, String> {
         ("OPENSTACK_IMAGE_NAME", IMAGE.to_owned()),
         ("OPENSTACK_IMAGE_NAME_UPGRADE_FROM", IMAGE.to_owned()),
         ("OPENSTACK_FLATCAR_IMAGE_NAME", IMAGE.to_owned()),
+        ("FLATCAR_IMAGE_NAME", IMAGE.to_owned()),
         ("OPENSTACK_SSH_KEY_NAME", KEY_PAIR.to_owned()),
         ("OPENSTACK_FAILURE_DOMAIN", "nova".to_owned()),
         ("KUBERNETES_VERSION", "v1.33.4".to_owned()),
@@ -165,6 +166,27 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
         .expect("template deleted");
 }
 
+/// What capo-rs reads of a template: its OpenStackCluster and control-plane
+/// OpenStackMachineTemplate (version and spec), filled in for one fixed cluster name. Two
+/// templates alike in these are alike to capo-rs, whatever their bootstrap objects hold (the
+/// flatcar flavors differ from the default in those alone).
+fn infrastructure(e2e: &E2e, file: &str, text: &str) -> Value {
+    let filled = capo_demo::template::substitute(text, &variables(e2e, "probe"))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let objects = capo_demo::template::objects(&filled).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let read = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && (name.is_empty() || o["metadata"]["name"] == name))
+            .map(|o| json!([o["apiVersion"], o["spec"]]))
+            .unwrap_or_else(|| panic!("{file}: no {kind} {name}"))
+    };
+    json!([
+        read("OpenStackCluster", ""),
+        read("OpenStackMachineTemplate", "probe-control-plane")
+    ])
+}
+
 async fn every_capo_template(e2e: &mut E2e) {
     let before = census(&e2e.tenant).await;
     // CAPO 0.14's template is in v1beta1: it converts through capo-rs's webhook.
@@ -175,8 +197,18 @@ async fn every_capo_template(e2e: &mut E2e) {
         capo_demo::template::CLUSTER_TEMPLATE.to_owned(),
     ));
     templates.extend(our_flavors());
+    let mut tried: Vec<(Value, &str)> = Vec::new();
     for (file, text) in &templates {
+        let read = infrastructure(e2e, file, text);
+        if let Some((_, like)) = tried.iter().find(|(seen, _)| *seen == read) {
+            eprintln!(
+                "{}: {file} gives capo-rs the same OpenStackCluster and control-plane template as {like}, built above",
+                e2e.label
+            );
+            continue;
+        }
         one_template(e2e, file, text).await;
+        tried.push((read, file));
     }
     assert_nothing_left(e2e, &before).await;
 }

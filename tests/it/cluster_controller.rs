@@ -1190,6 +1190,52 @@ async fn an_externally_managed_cluster_is_left_to_its_manager() {
     delete_cluster(&world, "ours").await;
 }
 
+/// An OpenStackCluster that no Cluster API Cluster owns yet (no owner, no cluster-name label)
+/// builds nothing and says why, as CAPO (`controllers/openstackcluster_controller.go`
+/// `Reconcile`, `util.GetOwnerCluster`, v0.14.7); once its Cluster claims it, it is built.
+#[tokio::test]
+async fn a_cluster_no_cluster_api_cluster_owns_builds_nothing_until_one_does() {
+    let world = World::start().await;
+    let before = world.cloud.object_counts();
+    let early: OpenStackCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "OpenStackCluster",
+        "metadata": {"name": "early", "namespace": world.ns()},
+        "spec": cluster_spec(),
+    }))
+    .unwrap();
+    clusters(&world)
+        .create(&PostParams::default(), &early)
+        .await
+        .unwrap();
+    let waiting = wait_cluster(
+        &world,
+        "early",
+        "waiting for its Cluster",
+        has(types::READY, "False", reasons::DEPENDENCY_MISSING),
+    )
+    .await;
+    let (_, _, message) = condition(&waiting, types::READY);
+    assert!(message.contains("no Cluster owns"), "{message}");
+    assert_eq!(world.cloud.object_counts(), before, "nothing built");
+    let capi: Api<capo_api::capi::Cluster> = world.kube.api();
+    let owner: capo_api::capi::Cluster = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": "early", "namespace": world.ns()},
+        "spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                        "kind": "OpenStackCluster", "name": "early"}}
+    }))
+    .unwrap();
+    capi.create(&PostParams::default(), &owner).await.unwrap();
+    // As Cluster API's Cluster controller labels the infrastructure it references.
+    let label = json!({"metadata": {"labels": {"cluster.x-k8s.io/cluster-name": "early"}}});
+    clusters(&world)
+        .patch("early", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    wait_cluster(&world, "early", "built once its Cluster owns it", settled).await;
+    delete_cluster(&world, "early").await;
+}
+
 /// A provider or flavor Octavia does not offer is refused before anything is made (CAPO
 /// would make the load balancer with the defaults), naming what Octavia offers.
 #[tokio::test]

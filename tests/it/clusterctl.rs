@@ -340,6 +340,11 @@ fn variables() -> BTreeMap<&'static str, String> {
         ),
         ("OPENSTACK_NODE_MACHINE_FLAVOR", "m1.medium".to_owned()),
         ("OPENSTACK_SSH_KEY_NAME", "capo-rs".to_owned()),
+        (
+            "OPENSTACK_FLATCAR_IMAGE_NAME",
+            "flatcar-stable-kube-v1.35.0".to_owned(),
+        ),
+        ("FLATCAR_IMAGE_NAME", "flatcar-stable".to_owned()),
     ])
 }
 
@@ -1110,7 +1115,7 @@ async fn the_installation_pages_clusterctl_steps_install_capo_rs_as_pasted() {
     // the user's own directory.
     let publish = book_block(
         "flavors.md",
-        "cp deploy/clusterctl/cluster-template.yaml deploy/clusterctl/cluster-template-without-lb.yaml ~/capo-rs-repo/infrastructure-capo-rs/v0.1.0/",
+        "cp deploy/clusterctl/cluster-template*.yaml ~/capo-rs-repo/infrastructure-capo-rs/v0.1.0/",
     );
     paste(&publish, Path::new(env!("CARGO_MANIFEST_DIR")), &env).await;
     let generate = book_block(

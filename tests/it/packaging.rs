@@ -286,11 +286,19 @@ pub(crate) fn used_by_the_storage_migration() -> BTreeSet<(String, String, Strin
             r.to_owned(),
         )
     })
-    .chain([(
-        "patch".to_owned(),
-        "apiextensions.k8s.io".to_owned(),
-        "customresourcedefinitions/status".to_owned(),
-    )])
+    .chain(
+        [
+            "customresourcedefinitions/status",
+            "customresourcedefinitions",
+        ]
+        .map(|resource| {
+            (
+                "patch".to_owned(),
+                "apiextensions.k8s.io".to_owned(),
+                resource.to_owned(),
+            )
+        }),
+    )
     .collect()
 }
 

@@ -677,3 +677,172 @@ async fn the_manager_runs_the_users_image(kube: &KubeWorld, page: &str) {
         "after {page}'s block, the manager runs the image the overlay names"
     );
 }
+
+/// A CRD of the world's own (its group named after the world's namespace, so that no other
+/// world lists its objects): `v1alpha1` served or not, `v1` stored.
+fn widget_crd(group: &str, v1alpha1_served: bool) -> Value {
+    let version = |name: &str, served: bool, storage: bool| {
+        json!({"name": name, "served": served, "storage": storage,
+               "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                   "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}}})
+    };
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"kind": "Widget", "listKind": "WidgetList", "plural": "widgets", "singular": "widget"},
+                 "versions": [version("v1alpha1", v1alpha1_served, false), version("v1", true, true)]},
+    })
+}
+
+/// The migration's CleanupManagedFields phase, as Cluster API's migrator runs it: once a
+/// version is no longer served, every entry of `managedFields` recorded in it is dropped; an
+/// object left with none gets one owning `metadata.name` alone, in the storage version; an
+/// object with nothing to drop is not written. Once per CRD generation, marked on the CRD.
+async fn managed_fields_of_a_version_no_longer_served_are_dropped(world: KubeWorld) {
+    use capo_provider::manager::migration::{self, MigrationMetrics, OBSERVED_GENERATION};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let group = format!("{}.capo-rs.test", world.namespace);
+    let crd_name = format!("widgets.{group}");
+    world.apply(&[widget_crd(&group, true)]).await;
+    let at = |version: &str| {
+        let resource = kube::discovery::ApiResource {
+            group: group.clone(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: "Widget".into(),
+            plural: "widgets".into(),
+        };
+        Api::<DynamicObject>::namespaced_with(world.client.clone(), &world.namespace, &resource)
+    };
+    let widget = |name: &str, version: &str| -> DynamicObject {
+        serde_json::from_value(
+            json!({"apiVersion": format!("{group}/{version}"), "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"size": 1}}),
+        )
+        .expect("a widget")
+    };
+    let by = |manager: &str| PostParams {
+        field_manager: Some(manager.into()),
+        ..PostParams::default()
+    };
+    // a: written in v1alpha1, then in v1 by another manager; b: in v1alpha1 alone; c: in v1.
+    at("v1alpha1")
+        .create(&by("old-tool"), &widget("a", "v1alpha1"))
+        .await
+        .expect("a");
+    at("v1")
+        .patch(
+            "a",
+            &PatchParams {
+                field_manager: Some("new-tool".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({"spec": {"colour": "red"}})),
+        )
+        .await
+        .expect("a, edited in v1");
+    at("v1alpha1")
+        .create(&by("old-tool"), &widget("b", "v1alpha1"))
+        .await
+        .expect("b");
+    at("v1")
+        .create(&by("new-tool"), &widget("c", "v1"))
+        .await
+        .expect("c");
+    let entries =
+        |object: &DynamicObject| object.metadata.managed_fields.clone().unwrap_or_default();
+    let before_a = entries(&at("v1").get("a").await.expect("a"));
+    let before_c = at("v1").get("c").await.expect("c");
+    let versions: Vec<_> = before_a.iter().map(|e| e.api_version.clone()).collect();
+    assert!(
+        versions.contains(&Some(format!("{group}/v1alpha1")))
+            && versions.contains(&Some(format!("{group}/v1"))),
+        "{}: the server records each write's version: {versions:?}",
+        world.namespace
+    );
+
+    world.apply(&[widget_crd(&group, false)]).await;
+    let registry = prometheus::Registry::new();
+    let metrics = MigrationMetrics::register(&registry).expect("metrics");
+    let cleaned = migration::clean_managed_fields(&world.client, &crd_name, &metrics)
+        .await
+        .expect("cleaned");
+    assert_eq!(cleaned, Some(2), "a and b");
+
+    let a = entries(&at("v1").get("a").await.expect("a"));
+    let kept: Vec<_> = before_a
+        .into_iter()
+        .filter(|e| e.api_version.as_deref() == Some(&format!("{group}/v1")))
+        .collect();
+    assert_eq!(a, kept, "a keeps its v1 entry as it was");
+    let b = entries(&at("v1").get("b").await.expect("b"));
+    assert_eq!(b.len(), 1, "{b:?}");
+    assert_eq!(
+        (
+            b[0].manager.as_deref(),
+            b[0].operation.as_deref(),
+            b[0].api_version.clone()
+        ),
+        (
+            Some("old-tool"),
+            Some("Update"),
+            Some(format!("{group}/v1"))
+        ),
+    );
+    assert_eq!(
+        b[0].fields_v1.as_ref().map(|f| f.0.clone()),
+        Some(json!({"f:metadata": {"f:name": {}}}))
+    );
+    let c = at("v1").get("c").await.expect("c");
+    assert_eq!(
+        c.metadata.resource_version, before_c.metadata.resource_version,
+        "c had nothing to drop: not written"
+    );
+    assert_eq!(
+        crate::server_controller::metric_sum(&registry, "capo_crd_managed_fields_cleaned_total"),
+        2.0
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(world.client.clone());
+    let crd = crds.get(&crd_name).await.expect("the CRD");
+    assert_eq!(
+        crd.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(OBSERVED_GENERATION),
+        crd.metadata.generation.map(|g| g.to_string()).as_ref(),
+        "the generation cleaned is marked"
+    );
+    assert_eq!(
+        migration::clean_managed_fields(&world.client, &crd_name, &metrics)
+            .await
+            .expect("runs"),
+        None,
+        "once per generation"
+    );
+    // b is whole: a server-side apply by its old manager takes it over in v1.
+    at("v1")
+        .patch(
+            "b",
+            &PatchParams::apply("old-tool"),
+            &Patch::Apply(
+                json!({"apiVersion": format!("{group}/v1"), "kind": "Widget",
+                "metadata": {"name": "b"}, "spec": {"size": 2}}),
+            ),
+        )
+        .await
+        .expect("an apply after the cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kube_managed_fields_of_a_version_no_longer_served_are_dropped() {
+    let Some(real) = real_kube() else { return };
+    let world = KubeWorld::real(real, &[]).await;
+    managed_fields_of_a_version_no_longer_served_are_dropped(world).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_kube_managed_fields_of_a_version_no_longer_served_are_dropped() {
+    let world = KubeWorld::sim(&[]).await;
+    managed_fields_of_a_version_no_longer_served_are_dropped(world).await;
+}

@@ -1003,7 +1003,9 @@ async fn operating_pages_read(e2e: &E2e, cluster: &str, lb: &str, plane: &Contro
 }
 
 /// An OpenStackServer with a root volume, an extra volume and a trunk reaches Ready with each
-/// in the cloud, and deletes cleanly.
+/// in the cloud, and deletes cleanly. The extra volume is of a multiattach type (made by
+/// `tests/openstack/setup_cloud.py`, seeded in the simulator): Nova attaches it only to a server
+/// created at microversion 2.60 or later, as CAPO asks for it (`NovaMultiAttachVolume`).
 async fn server_with_volumes(e2e: &mut E2e) {
     let before = census(&e2e.tenant).await;
     let name = unique_cluster_name("vols");
@@ -1019,7 +1021,8 @@ async fn server_with_volumes(e2e: &mut E2e) {
             "trunk": true,
             "rootVolume": {"sizeGiB": 5},
             "additionalBlockDevices": [
-                {"name": "etcd", "sizeGiB": 1, "storage": {"type": "Volume"}}
+                {"name": "etcd", "sizeGiB": 1, "storage": {"type": "Volume",
+                    "volume": {"type": MULTIATTACH_VOLUME_TYPE}}}
             ],
             "tags": ["capo-rs-e2e"],
         }
@@ -1062,6 +1065,12 @@ async fn server_with_volumes(e2e: &mut E2e) {
             "{} is attached to the server",
             volume.name
         );
+        assert_eq!(
+            body["volume"]["multiattach"],
+            volume.name.ends_with("-etcd"),
+            "{}: multiattach as its type says",
+            volume.name
+        );
     }
     let ports = get_json(
         &e2e.tenant,
@@ -1100,6 +1109,9 @@ async fn server_with_volumes(e2e: &mut E2e) {
         spent(&requests, &e2e.requests()),
     );
 }
+
+/// A volume type whose volumes are multiattach, on the real tier and in the simulator.
+const MULTIATTACH_VOLUME_TYPE: &str = "multiattach";
 
 /// The cluster without a bastion: what the fault and restart scenarios build.
 async fn create_plain_cluster(e2e: &E2e, name: &str) {

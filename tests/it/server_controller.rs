@@ -1014,6 +1014,67 @@ async fn a_soft_deleted_server_is_force_deleted_and_nothing_is_left() {
     );
 }
 
+/// Where Nova's policy refuses the force (`os_compute_api:os-deferred-delete:force` kept for
+/// administrators), the SOFT_DELETED server and its attached volume are left to the cloud's
+/// reclaim, as CAPO leaves every SOFT_DELETED server (`DeleteInstance`, v0.14.7), with a
+/// warning that says so; the object goes.
+#[tokio::test]
+async fn a_soft_deleted_server_nova_will_not_force_is_left_to_the_reclaim_with_a_warning() {
+    let world = World::start().await;
+    world.cloud.set_deferred_delete(true);
+    world.cloud.set_force_delete_refused(true);
+    let mut manifest = server_manifest("kept");
+    manifest["spec"]["rootVolume"] = json!({"sizeGiB": 20});
+    world.create(manifest).await;
+    let ready = world.wait_for("kept", "Ready", is_ready).await;
+    let id = ready.status.and_then(|s| s.instance_id).expect("a server");
+    world
+        .servers()
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_gone("kept").await;
+    let server = world.cloud.server(&id).expect("the server stays");
+    assert_eq!(server["status"], "SOFT_DELETED");
+    assert!(
+        world.cloud.volume("kept-root").is_some(),
+        "its volume stays with it"
+    );
+    let warnings = world.warnings("SoftDeletedServerLeft").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(&id) && warnings[0].contains("os-deferred-delete:force"),
+        "the warning names the server and quotes Nova: {warnings:?}"
+    );
+}
+
+/// A security-group filter adds every group it matches to the server's ports, as CAPO's
+/// `GetSecurityGroups` does (`pkg/cloud/services/networking/securitygroups.go`, v0.14.7).
+#[tokio::test]
+async fn a_security_group_filter_adds_every_group_it_matches() {
+    let world = World::start().await;
+    let mut wanted = Vec::new();
+    for name in ["web-a", "web-b"] {
+        let group = world
+            .admin
+            .neutron()
+            .create_security_group(name, "", &["web".to_owned()])
+            .await
+            .unwrap();
+        wanted.push(group.id);
+    }
+    let mut manifest = server_manifest("grouped");
+    manifest["spec"]["securityGroups"] = json!([{"filter": {"tags": ["web"]}}]);
+    world.create(manifest).await;
+    let ready = world.wait_for("grouped", "Ready", is_ready).await;
+    let ports = ready.status.unwrap().resources.unwrap().ports;
+    let port = world.admin.neutron().get_port(&ports[0].id).await.unwrap();
+    let mut on_port = port.security_groups.clone();
+    on_port.sort();
+    wanted.sort();
+    assert_eq!(on_port, wanted, "both groups the filter matches");
+}
+
 #[tokio::test]
 async fn a_server_deleted_out_of_band_is_reported_and_its_object_still_deletes() {
     let world = World::start().await;

@@ -46,6 +46,7 @@ SERVICE_PROJECT = "service"
 APPCRED = "capo-rs-tests"
 KEYPAIR = "capo-rs-test"
 IMAGE = "ubuntu-2404-kube-v1.33.4"
+MULTIATTACH_VOLUME_TYPE = "multiattach"
 # name: (vcpus, ram MiB, disk GiB, ephemeral GiB)
 FLAVORS = {
     "m1.tiny": (1, 512, 1, 0),
@@ -201,6 +202,16 @@ def ensure_flavors(conn):
             )
 
 
+def ensure_multiattach_volume_type(conn):
+    """A public volume type whose volumes more than one server may attach: Cinder sets a
+    volume's `multiattach` from this extra spec (the test driver's pool reports the capability),
+    and Nova then attaches such a volume only to a server created at microversion 2.60."""
+    if conn.block_storage.find_type(MULTIATTACH_VOLUME_TYPE) is None:
+        conn.block_storage.create_type(
+            name=MULTIATTACH_VOLUME_TYPE, extra_specs={"multiattach": "<is> True"}
+        )
+
+
 def ensure_image(conn):
     image = conn.image.find_image(IMAGE)
     if image is not None and image.status == "active":
@@ -339,6 +350,7 @@ def resources():
     conn = admin()
     ensure_flavors(conn)
     ensure_image(conn)
+    ensure_multiattach_volume_type(conn)
     ensure_external_network(conn, EXTERNAL_NETWORK, "public", EXTERNAL_CIDR)
     # A /30: the gateway takes .1, so .2 is the only address to hand out.
     ensure_external_network(conn, TINY_EXTERNAL_NETWORK, "tiny", TINY_EXTERNAL_CIDR)

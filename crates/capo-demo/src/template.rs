@@ -8,8 +8,11 @@ use serde_json::Value;
 pub const CLUSTER_TEMPLATE: &str = include_str!("cluster-template.yaml");
 
 /// `${NAME}` and `${NAME:=default}` replaced from `variables`; a variable with neither a
-/// value nor a default is an error naming it. `$$` is a literal `$`, as in clusterctl, so
-/// `$${NAME}` stays `${NAME}` for the machine to expand (Flatcar's template does this).
+/// value nor a default is an error naming it. `${NAME%PATTERN}` and `${NAME%%PATTERN}` drop
+/// the shortest and the longest end of the value that the glob `PATTERN` matches, as
+/// clusterctl's envsubst does (`${KUBERNETES_VERSION%.*}` is `v1.33`). `$$` is a literal `$`,
+/// as in clusterctl, so `$${NAME}` stays `${NAME}` for the machine to expand (Flatcar's
+/// template does this).
 pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -29,20 +32,54 @@ pub fn substitute(text: &str, variables: &BTreeMap<&str, String>) -> Result<Stri
         let end = inner
             .find('}')
             .ok_or_else(|| format!("unclosed variable at {:?}", &rest[dollar..]))?;
-        let (name, default) = match inner[..end].split_once(":=") {
-            Some((name, default)) => (name, Some(default)),
-            None => (&inner[..end], None),
+        let spec = &inner[..end];
+        let (name, default, trim) = match (spec.split_once(":="), spec.split_once('%')) {
+            (Some((name, default)), _) => (name, Some(default), None),
+            (None, Some((name, pattern))) => (name, None, Some(pattern)),
+            (None, None) => (spec, None, None),
         };
         let value = variables
             .get(name)
             .map(String::as_str)
             .or(default)
             .ok_or_else(|| format!("the template needs ${{{name}}}"))?;
-        out.push_str(value);
+        out.push_str(match trim {
+            Some(pattern) => without_suffix(value, pattern),
+            None => value,
+        });
         rest = &inner[end + 1..];
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// `value` without the shortest end `pattern` matches (`%%pattern`: the longest); all of it
+/// when none does.
+fn without_suffix<'a>(value: &'a str, pattern: &str) -> &'a str {
+    let (pattern, longest) = match pattern.strip_prefix('%') {
+        Some(pattern) => (pattern, true),
+        None => (pattern, false),
+    };
+    let matches =
+        |i: &usize| value.is_char_boundary(*i) && glob(pattern.as_bytes(), &value.as_bytes()[*i..]);
+    let start = match longest {
+        true => (0..=value.len()).find(matches),
+        false => (0..=value.len()).rev().find(matches),
+    };
+    start.map_or(value, |i| &value[..i])
+}
+
+/// Whether `text` matches the shell glob `pattern` (`*` and `?`; anything else literal).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match (pattern.split_first(), text.split_first()) {
+        (None, _) => text.is_empty(),
+        (Some((b'*', rest)), _) => {
+            glob(rest, text) || text.split_first().is_some_and(|(_, t)| glob(pattern, t))
+        }
+        (Some((b'?', rest)), Some((_, t))) => glob(rest, t),
+        (Some((p, rest)), Some((c, t))) if p == c => glob(rest, t),
+        _ => false,
+    }
 }
 
 /// The objects of a multi-document YAML stream (empty documents skipped).
@@ -86,6 +123,15 @@ pub fn cluster_objects(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_suffix_pattern_drops_the_shortest_or_longest_matching_end() {
+        let vars = BTreeMap::from([("V", "v1.33.4".to_owned())]);
+        let filled = substitute("${V%.*} ${V%%.*} ${V%.4} ${V%x*} $${V%.*}", &vars);
+        assert_eq!(filled.as_deref(), Ok("v1.33 v1 v1.33 v1.33.4 ${V%.*}"));
+        assert_eq!(substitute("${V%?}", &vars).as_deref(), Ok("v1.33."));
+        assert!(substitute("${W%.*}", &vars).is_err());
+    }
 
     #[test]
     fn variables_and_defaults_are_filled_in_and_a_missing_one_is_named() {

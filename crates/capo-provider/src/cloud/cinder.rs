@@ -31,6 +31,10 @@ pub struct Volume {
     /// The name of its volume type (the storage backend class); None if Cinder gave none.
     #[serde(default)]
     pub volume_type: Option<String>,
+    /// Whether more than one server may attach it (its type's `multiattach` extra spec): a
+    /// server booted with it must be created at Nova microversion 2.60 or later.
+    #[serde(default)]
+    pub multiattach: bool,
     /// Cinder's `attachments`, one object per server it is attached to, kept undecoded.
     #[serde(default)]
     pub attachments: Vec<serde_json::Value>,

@@ -8,7 +8,23 @@ use super::endpoint::Call;
 use super::octavia::seg;
 use super::{CloudError, Operation, RequestPath, Service};
 
-const MICROVERSION: &str = "2.53";
+const MICROVERSION: Microversion = Microversion {
+    openstack: "compute 2.53",
+    nova: "2.53",
+};
+
+/// The microversion a server is created at when a volume it boots with is multiattach (Queens;
+/// Nova refuses such a volume below it). The answer to a create is the same at both.
+const MULTIATTACH_MICROVERSION: Microversion = Microversion {
+    openstack: "compute 2.60",
+    nova: "2.60",
+};
+
+/// A microversion as each of Nova's two headers names it.
+struct Microversion {
+    openstack: &'static str,
+    nova: &'static str,
+}
 
 /// A Nova server, as `GET /servers/{id}` returns it at microversion 2.53.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -135,6 +151,10 @@ pub struct ServerSpec {
     /// More scheduler hints, sent beside the server object.
     #[serde(skip)]
     pub scheduler_hints: serde_json::Map<String, Value>,
+    /// A volume in `block_devices` is multiattach: Nova refuses it below microversion 2.60,
+    /// so the create asks for 2.60 (CAPO's `NovaMultiAttachVolume`).
+    #[serde(skip)]
+    pub multiattach: bool,
 }
 
 impl std::fmt::Debug for ServerSpec {
@@ -157,6 +177,7 @@ impl std::fmt::Debug for ServerSpec {
             .field("block_devices", &self.block_devices)
             .field("server_group_id", &self.server_group_id)
             .field("scheduler_hints", &self.scheduler_hints)
+            .field("multiattach", &self.multiattach)
             .finish()
     }
 }
@@ -202,8 +223,12 @@ const fn op(name: &'static str) -> Operation {
 }
 
 fn versioned(call: Call) -> Call {
-    call.header("openstack-api-version", "compute 2.53")
-        .header("x-openstack-nova-api-version", MICROVERSION)
+    at_microversion(call, MICROVERSION)
+}
+
+fn at_microversion(call: Call, microversion: Microversion) -> Call {
+    call.header("openstack-api-version", microversion.openstack)
+        .header("x-openstack-nova-api-version", microversion.nova)
 }
 
 /// Typed Nova calls.
@@ -227,7 +252,14 @@ impl<'a> Nova<'a> {
         if !hints.is_empty() {
             body["os:scheduler_hints"] = Value::Object(hints);
         }
-        let call = versioned(Call::post(op("server_create"), "servers", body));
+        let microversion = match spec.multiattach {
+            true => MULTIATTACH_MICROVERSION,
+            false => MICROVERSION,
+        };
+        let call = at_microversion(
+            Call::post(op("server_create"), "servers", body),
+            microversion,
+        );
         self.path.fetch(call.key("server")).await
     }
 

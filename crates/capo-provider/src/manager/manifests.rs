@@ -183,11 +183,13 @@ pub const CLUSTER_SCOPED_RULES: &[Rule] = &[
         resources: &["namespaces"],
         verbs: &["get"],
     },
-    // At start: are our CRDs and Cluster API's installed and Established?
+    // At start: are our CRDs and Cluster API's installed and Established? The migration's
+    // managed-fields cleanup marks the CRD's generation it cleaned (an annotation, as Cluster
+    // API's migrator does).
     Rule {
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions"],
-        verbs: &["get"],
+        verbs: &["get", "patch"],
     },
     // The storage migration's last step (it also lists and patches every object of a kind,
     // across namespaces: the namespaced install cannot migrate, docs/installation.md).

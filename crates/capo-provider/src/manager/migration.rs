@@ -6,30 +6,51 @@
 //! may drop the old version. Safe to repeat: a CRD already migrated is skipped, and an
 //! object that changed or went meanwhile needs nothing more. Nothing but the encoding
 //! changes: the patch carries no field of the object.
+//!
+//! Then, as Cluster API's migrator's CleanupManagedFields phase does, every object's
+//! `managedFields` entries recorded in a version the CRD no longer serves are dropped, once
+//! per CRD generation (marked on the CRD with Cluster API's own annotation).
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference, Time,
+};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::features::MigrationPhase;
+
 /// How many objects one list page holds.
 const PAGE: u32 = 250;
+
+/// The annotation on a CRD naming the generation whose objects' managed fields were last
+/// cleaned. Cluster API's CRD migrator (which CAPO main runs) sets the same one after the same
+/// work, so neither redoes the other's.
+pub const OBSERVED_GENERATION: &str = "crd-migration.cluster.x-k8s.io/observed-generation";
+
+/// How often one object's cleanup is tried again after a conflict (client-go's
+/// `retry.DefaultRetry`, which Cluster API's migrator uses, allows 5 steps).
+const CONFLICT_RETRIES: usize = 5;
 
 /// Progress, for logs and dashboards.
 #[derive(Clone)]
 pub struct MigrationMetrics {
     objects: IntCounterVec,
     stored_versions: IntGaugeVec,
+    fields_cleaned: IntCounterVec,
 }
 
 impl MigrationMetrics {
-    /// Creates `capo_crd_storage_migration_objects_total` and `capo_crd_stored_versions` and
-    /// registers them in `registry`; an error if either is already registered there.
+    /// Creates `capo_crd_storage_migration_objects_total`, `capo_crd_stored_versions` and
+    /// `capo_crd_managed_fields_cleaned_total` and registers them in `registry`; an error if
+    /// any is already registered there.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let objects = IntCounterVec::new(
             Opts::new(
@@ -45,11 +66,20 @@ impl MigrationMetrics {
             ),
             &["crd"],
         )?;
+        let fields_cleaned = IntCounterVec::new(
+            Opts::new(
+                "capo_crd_managed_fields_cleaned_total",
+                "Objects whose managedFields entries of versions their CRD no longer serves were dropped, by CRD.",
+            ),
+            &["crd"],
+        )?;
         registry.register(Box::new(objects.clone()))?;
         registry.register(Box::new(stored_versions.clone()))?;
+        registry.register(Box::new(fields_cleaned.clone()))?;
         Ok(MigrationMetrics {
             objects,
             stored_versions,
+            fields_cleaned,
         })
     }
 }
@@ -90,6 +120,27 @@ pub enum MigrationError {
         /// The API server's or the client's error.
         source: kube::Error,
     },
+    /// An object's managed fields could not be cleaned (an error other than 404 Not Found, or
+    /// a conflict on every try).
+    #[error("cleaning the managed fields of {crd} {object}: {source}")]
+    CleanManagedFields {
+        /// The CRD's name (`<plural>.<group>`).
+        crd: String,
+        /// The object, as `<namespace>/<name>` (an empty namespace when cluster-scoped).
+        object: String,
+        /// The API server's or the client's error.
+        source: kube::Error,
+    },
+    /// The CRD could not be marked with the generation whose managed fields were cleaned.
+    #[error("marking {crd} cleaned at generation {generation}: {source}")]
+    MarkCleaned {
+        /// The CRD's name (`<plural>.<group>`).
+        crd: String,
+        /// The CRD's generation.
+        generation: String,
+        /// The API server's or the client's error.
+        source: kube::Error,
+    },
     /// The CRD's `status.storedVersions` could not be set to the storage version alone (a
     /// conflict when the CRD changed since it was read).
     #[error("setting {crd}'s storedVersions to [{storage}]: {source}")]
@@ -122,17 +173,25 @@ pub struct Migrated {
     pub skipped: usize,
 }
 
-/// Migrates each CRD named (`<plural>.<group>`) that needs it.
+/// Runs `phases` on each CRD named (`<plural>.<group>`) that needs them: its storage first,
+/// then its managed fields, in the order of Cluster API's migrator. The storage migrations
+/// done are returned.
 pub async fn migrate_all(
     client: &kube::Client,
     crds: &[String],
+    phases: &[MigrationPhase],
     metrics: &MigrationMetrics,
 ) -> Result<Vec<Migrated>, MigrationError> {
     let mut done = Vec::new();
     for name in crds {
-        if let Some(mut migrated) = migrate(client, name, metrics).await? {
+        if phases.contains(&MigrationPhase::StorageVersionMigration)
+            && let Some(mut migrated) = migrate(client, name, metrics).await?
+        {
             migrated.owners_repointed = repoint_servers_owners(client, &migrated).await?;
             done.push(migrated);
+        }
+        if phases.contains(&MigrationPhase::CleanupManagedFields) {
+            clean_managed_fields(client, name, metrics).await?;
         }
     }
     Ok(done)
@@ -231,28 +290,13 @@ pub async fn migrate(
     name: &str,
     metrics: &MigrationMetrics,
 ) -> Result<Option<Migrated>, MigrationError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds
-        .get(name)
-        .await
-        .map_err(|source| MigrationError::ReadCrd {
-            crd: name.to_owned(),
-            source,
-        })?;
+    let (crds, crd) = read_crd(client, name).await?;
     let stored: Vec<String> = crd
         .status
         .as_ref()
         .and_then(|s| s.stored_versions.clone())
         .unwrap_or_default();
-    let storage = crd
-        .spec
-        .versions
-        .iter()
-        .find(|v| v.storage)
-        .map(|v| v.name.clone())
-        .ok_or_else(|| MigrationError::NoStorageVersion {
-            crd: name.to_owned(),
-        })?;
+    let storage = storage_version(&crd, name)?;
     metrics
         .stored_versions
         .with_label_values(&[name])
@@ -262,13 +306,7 @@ pub async fn migrate(
     }
     let started = Instant::now();
     tracing::info!(crd = name, stored_versions = ?stored, storage = %storage, "migrating storage");
-    let resource = ApiResource {
-        group: crd.spec.group.clone(),
-        version: storage.clone(),
-        api_version: format!("{}/{storage}", crd.spec.group),
-        kind: crd.spec.names.kind.clone(),
-        plural: crd.spec.names.plural.clone(),
-    };
+    let resource = resource_at(&crd, &storage);
     let mut migrated = rewrite_every_object(client, name, &resource, metrics).await?;
     migrated.stored_before = stored;
     migrated.kind = resource.kind.clone();
@@ -284,6 +322,203 @@ pub async fn migrate(
         "storage migrated"
     );
     Ok(Some(migrated))
+}
+
+/// The CRD named, and the API it was read through.
+async fn read_crd(
+    client: &kube::Client,
+    name: &str,
+) -> Result<(Api<CustomResourceDefinition>, CustomResourceDefinition), MigrationError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds
+        .get(name)
+        .await
+        .map_err(|source| MigrationError::ReadCrd {
+            crd: name.to_owned(),
+            source,
+        })?;
+    Ok((crds, crd))
+}
+
+fn storage_version(crd: &CustomResourceDefinition, name: &str) -> Result<String, MigrationError> {
+    crd.spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .map(|v| v.name.clone())
+        .ok_or_else(|| MigrationError::NoStorageVersion {
+            crd: name.to_owned(),
+        })
+}
+
+/// The CRD's kind in `version`.
+fn resource_at(crd: &CustomResourceDefinition, version: &str) -> ApiResource {
+    ApiResource {
+        group: crd.spec.group.clone(),
+        version: version.to_owned(),
+        api_version: format!("{}/{version}", crd.spec.group),
+        kind: crd.spec.names.kind.clone(),
+        plural: crd.spec.names.plural.clone(),
+    }
+}
+
+/// Cluster API's CleanupManagedFields phase on one CRD: every object's `managedFields` entries
+/// recorded in a version the CRD no longer serves are dropped. The API server keeps such
+/// entries for ever, and a server-side apply to the object then fails converting them
+/// (kubernetes/kubernetes#111937): objects written in v1alpha7 or v1alpha6 under CAPO carry
+/// them once capo-rs's CRDs serve v1beta1 and v1beta2 alone. Once per CRD generation, marked
+/// on the CRD with [`OBSERVED_GENERATION`]; the objects cleaned, or `None` when the CRD's
+/// generation was done already.
+pub async fn clean_managed_fields(
+    client: &kube::Client,
+    name: &str,
+    metrics: &MigrationMetrics,
+) -> Result<Option<usize>, MigrationError> {
+    let (crds, crd) = read_crd(client, name).await?;
+    let generation = crd.metadata.generation.unwrap_or_default().to_string();
+    let observed = crd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OBSERVED_GENERATION));
+    if observed == Some(&generation) {
+        return Ok(None);
+    }
+    let resource = resource_at(&crd, &storage_version(&crd, name)?);
+    let served: BTreeSet<String> = crd
+        .spec
+        .versions
+        .iter()
+        .filter(|v| v.served)
+        .map(|v| format!("{}/{}", crd.spec.group, v.name))
+        .collect();
+    let objects: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut cleaned = 0;
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = objects
+            .list_metadata(&params)
+            .await
+            .map_err(|source| MigrationError::List {
+                crd: name.to_owned(),
+                source,
+            })?;
+        for object in page.items {
+            let at = object_name(&object.metadata);
+            let done = clean_object(client, &resource, &served, object.metadata)
+                .await
+                .map_err(|source| MigrationError::CleanManagedFields {
+                    crd: name.to_owned(),
+                    object: at,
+                    source,
+                })?;
+            if done {
+                cleaned += 1;
+                metrics.fields_cleaned.with_label_values(&[name]).inc();
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    let mark = json!({"metadata": {"annotations": {OBSERVED_GENERATION: generation}}});
+    crds.patch(name, &PatchParams::default(), &Patch::Merge(&mark))
+        .await
+        .map_err(|source| MigrationError::MarkCleaned {
+            crd: name.to_owned(),
+            generation: generation.clone(),
+            source,
+        })?;
+    tracing::info!(crd = name, cleaned, %generation, served = ?served, "managed fields of versions not served dropped");
+    Ok(Some(cleaned))
+}
+
+fn object_name(metadata: &ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        metadata.namespace.as_deref().unwrap_or_default(),
+        metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Drops one object's entries of versions not `served` by a JSON patch that also names the
+/// resourceVersion read, so that a write in between is a conflict, not lost: on a conflict the
+/// object is read again and the cleanup tried again. Whether the object was written.
+async fn clean_object(
+    client: &kube::Client,
+    resource: &ApiResource,
+    served: &BTreeSet<String>,
+    mut metadata: ObjectMeta,
+) -> Result<bool, kube::Error> {
+    let name = metadata.name.clone().unwrap_or_default();
+    let api: Api<DynamicObject> = match metadata.namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let mut tries = 0;
+    loop {
+        let entries = metadata.managed_fields.as_deref().unwrap_or_default();
+        let now = Time(Timestamp::now());
+        let Some(kept) = without_unserved(entries, served, &resource.api_version, &now) else {
+            return Ok(false);
+        };
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "replace", "path": "/metadata/managedFields", "value": kept},
+            {"op": "replace", "path": "/metadata/resourceVersion", "value": metadata.resource_version},
+        ]))
+        .map_err(kube::Error::SerdeError)?;
+        tries += 1;
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+            Err(kube::Error::Api(e)) if e.code == 409 && tries < CONFLICT_RETRIES => {
+                match api.get_metadata_opt(&name).await? {
+                    Some(now) => metadata = now.metadata,
+                    None => return Ok(false),
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// `entries` without those recorded in a version `served` does not hold; `None` when none
+/// is. When none is left, one is put in their place that owns `metadata.name` alone, in
+/// `storage` (the storage version, as `<group>/<version>`), under the first dropped entry's
+/// manager and operation: an object with no entries at all would have the API server invent
+/// one at the next server-side apply, co-owning every field (as Cluster API's migrator seeds).
+pub fn without_unserved(
+    entries: &[ManagedFieldsEntry],
+    served: &BTreeSet<String>,
+    storage: &str,
+    now: &Time,
+) -> Option<Vec<ManagedFieldsEntry>> {
+    let is_served = |e: &&ManagedFieldsEntry| {
+        e.api_version
+            .as_deref()
+            .is_some_and(|version| served.contains(version))
+    };
+    let kept: Vec<ManagedFieldsEntry> = entries.iter().filter(is_served).cloned().collect();
+    if kept.len() == entries.len() {
+        return None;
+    }
+    if !kept.is_empty() {
+        return Some(kept);
+    }
+    let first = entries.first()?;
+    Some(vec![ManagedFieldsEntry {
+        api_version: Some(storage.to_owned()),
+        fields_type: Some("FieldsV1".to_owned()),
+        fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:name": {}}}))),
+        manager: first.manager.clone(),
+        operation: first.operation.clone(),
+        subresource: None,
+        time: Some(now.clone()),
+    }])
 }
 
 async fn rewrite_every_object(
@@ -382,12 +617,13 @@ async fn set_stored_versions(
 pub async fn migrate_until_done(
     client: kube::Client,
     crds: Vec<String>,
+    phases: Vec<MigrationPhase>,
     metrics: MigrationMetrics,
     shutdown: CancellationToken,
 ) {
     let mut pause = Duration::from_secs(1);
     loop {
-        match migrate_all(&client, &crds, &metrics).await {
+        match migrate_all(&client, &crds, &phases, &metrics).await {
             Ok(_) => return,
             Err(error) => {
                 tracing::warn!(%error, retry_in_s = pause.as_secs(), "storage migration failed; will retry")
@@ -417,6 +653,77 @@ mod tests {
     }
 
     const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
+    fn entry(manager: &str, api_version: &str, operation: &str) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            api_version: Some(api_version.into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(json!({"f:spec": {"f:x": {}}}))),
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            subresource: None,
+            time: None,
+        }
+    }
+
+    fn served() -> BTreeSet<String> {
+        ["v1beta1", "v1beta2"]
+            .into_iter()
+            .map(|v| format!("{GROUP}/{v}"))
+            .collect()
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn entries_of_versions_not_served_are_dropped_and_the_rest_kept_as_they_are() {
+        let entries = [
+            entry("capi", &format!("{GROUP}/v1alpha7"), "Update"),
+            entry("capo-rs", &format!("{GROUP}/v1beta2"), "Apply"),
+            entry("kubectl", &format!("{GROUP}/v1beta1"), "Update"),
+        ];
+        let kept = without_unserved(&entries, &served(), &format!("{GROUP}/v1beta2"), &now())
+            .expect("one dropped");
+        assert_eq!(kept, entries[1..].to_vec());
+    }
+
+    #[test]
+    fn entries_all_served_need_no_write() {
+        let entries = [entry("capo-rs", &format!("{GROUP}/v1beta2"), "Apply")];
+        let storage = format!("{GROUP}/v1beta2");
+        assert_eq!(
+            without_unserved(&entries, &served(), &storage, &now()),
+            None
+        );
+        assert_eq!(without_unserved(&[], &served(), &storage, &now()), None);
+    }
+
+    #[test]
+    fn when_every_entry_goes_one_owning_the_name_alone_is_left_in_the_storage_version() {
+        let entries = [
+            entry("capo", &format!("{GROUP}/v1alpha7"), "Update"),
+            entry("kubectl", &format!("{GROUP}/v1alpha6"), "Apply"),
+            ManagedFieldsEntry::default(),
+        ];
+        let storage = format!("{GROUP}/v1beta2");
+        let kept = without_unserved(&entries, &served(), &storage, &now()).expect("dropped");
+        assert_eq!(kept.len(), 1);
+        let seed = &kept[0];
+        assert_eq!(seed.api_version.as_deref(), Some(storage.as_str()));
+        assert_eq!(
+            (seed.manager.as_deref(), seed.operation.as_deref()),
+            (Some("capo"), Some("Update")),
+            "the first dropped entry's manager and operation"
+        );
+        assert_eq!(
+            seed.fields_v1,
+            Some(FieldsV1(json!({"f:metadata": {"f:name": {}}})))
+        );
+        assert_eq!(seed.fields_type.as_deref(), Some("FieldsV1"));
+        assert_eq!(seed.time, Some(now()));
+    }
 
     #[test]
     fn a_reference_to_the_migrated_kind_in_another_version_names_the_storage_version() {

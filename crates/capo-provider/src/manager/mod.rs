@@ -309,15 +309,23 @@ pub async fn run_with_health(
         return Err(refusal);
     }
     health.set_phase(Phase::Leading);
-    // The leader alone migrates storage; the controllers start beside it.
-    let migrate = !config
-        .skip_migration
-        .contains(&features::MigrationPhase::StorageVersionMigration);
-    let migration = migrate.then(|| {
+    // The leader alone migrates; the controllers start beside it. The managed-fields
+    // cleanup lists every namespace, which a namespaced install may not (and a migrated
+    // storage needs no list).
+    let phases: Vec<_> = features::MigrationPhase::ALL
+        .into_iter()
+        .filter(|phase| !config.skip_migration.contains(phase))
+        .filter(|phase| {
+            config.scope.namespace.is_none()
+                || *phase != features::MigrationPhase::CleanupManagedFields
+        })
+        .collect();
+    let migration = (!phases.is_empty()).then(|| {
         migration::MigrationMetrics::register(registry).map(|metrics| {
             AbortOnDrop(tokio::spawn(migration::migrate_until_done(
                 client.clone(),
                 our_crds(),
+                phases,
                 metrics,
                 shutdown.child_token(),
             )))

@@ -228,6 +228,7 @@ impl KubeSim {
                 def,
                 version: version.to_owned(),
                 namespace,
+                asked: None,
             };
             store.create(&target, object.clone(), &store::WriteOptions::default())?;
         }

@@ -557,6 +557,7 @@ async fn resource_request(
         def: def.clone(),
         version: path.version.to_owned(),
         namespace: path.namespace.unwrap_or_default().to_owned(),
+        asked: None,
     };
     let method = request.method.clone();
     // As the API server's handlers do, every verb settles the answer's form before it
@@ -943,6 +944,7 @@ async fn to_storage(
         .await?;
     let stored_as = Target {
         version: def.storage_version.clone(),
+        asked: Some(target.version.clone()),
         ..target.clone()
     };
     Ok((stored_as, converted))

@@ -94,7 +94,9 @@ impl WriteOptions {
                 self.field_manager.clone()
             },
             operation,
-            api_version: target.def.api_version(&target.version),
+            api_version: target
+                .def
+                .api_version(target.asked.as_deref().unwrap_or(&target.version)),
             subresource: status.then(|| "status".to_owned()),
         }
     }
@@ -117,6 +119,10 @@ pub struct Target {
     pub version: String,
     /// Namespace from the URL.
     pub namespace: String,
+    /// The version the request was made in, when the write reaches the store converted to
+    /// another: `managedFields` name the request's version, as the API server's field manager
+    /// works in it.
+    pub asked: Option<String>,
 }
 
 impl Target {
@@ -537,6 +543,7 @@ impl Store {
                 def: namespaces.clone(),
                 version: "v1".into(),
                 namespace: String::new(),
+                asked: None,
             };
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
             if let Err(e) = store.create(&target, body, &WriteOptions::default()) {
@@ -1539,6 +1546,7 @@ impl Store {
             version: def.storage_version.clone(),
             def,
             namespace: key.1.clone(),
+            asked: None,
         };
         let opts = DeleteOptions {
             propagation,
@@ -1625,6 +1633,7 @@ impl Store {
                 def: def.clone(),
                 version: def.storage_version.clone(),
                 namespace: ns,
+                asked: None,
             };
             // The object may already be gone through an earlier cascade.
             let _ = self.delete(&target, &name, &DeleteOptions::default());
@@ -1683,6 +1692,7 @@ impl Store {
                     version: def.storage_version.clone(),
                     def,
                     namespace,
+                    asked: None,
                 };
                 let _ = self.delete(&target, &name, &DeleteOptions::default());
             }

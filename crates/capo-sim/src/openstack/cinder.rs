@@ -36,8 +36,9 @@ const NOT_DELETABLE: &str = "Invalid volume: Volume status must be available or 
     belong to a group, have snapshots, awaiting a transfer, or be disassociated from snapshots \
     after volume transfer.";
 
-/// Types every deployment has (`__DEFAULT__` since Train) plus one a template may name. Fixed
-/// ids, so seeding them draws nothing from a scenario's random sequence.
+/// Types every deployment has (`__DEFAULT__` since Train) plus one a template may name, and a
+/// multiattach one as the real tier makes it (`tests/openstack/setup_cloud.py`). Fixed ids, so
+/// seeding them draws nothing from a scenario's random sequence.
 const TYPES: &[(&str, &str, &str)] = &[
     (
         "5f7b0d32-6a54-4c1e-9b52-3c0b8d1e0a01",
@@ -49,7 +50,15 @@ const TYPES: &[(&str, &str, &str)] = &[
         "ssd",
         "Solid-state backend",
     ),
+    (
+        "5f7b0d32-6a54-4c1e-9b52-3c0b8d1e0a03",
+        MULTIATTACH_TYPE,
+        "Volumes attachable to more than one server",
+    ),
 ];
+
+/// The type whose volumes are multiattach (its extra spec `multiattach: "<is> True"`).
+pub const MULTIATTACH_TYPE: &str = "multiattach";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
@@ -98,8 +107,13 @@ pub fn seed(world: &mut Cx<'_>) {
     world.cinder.types = TYPES
         .iter()
         .map(|(id, name, description)| {
+            let extra_specs = match *name == MULTIATTACH_TYPE {
+                true => json!({"multiattach": "<is> True"}),
+                false => json!({}),
+            };
             json!({"id": id, "name": name, "description": description, "is_public": true,
-                   "os-volume-type-access:is_public": true, "extra_specs": {}, "qos_specs_id": null})
+                   "os-volume-type-access:is_public": true, "extra_specs": extra_specs,
+                   "qos_specs_id": null})
         })
         .collect();
 }
@@ -242,12 +256,18 @@ fn insert(world: &mut Cx<'_>, request: &Value, volume_type: &str, status: &str) 
         .as_str()
         .and_then(|i| world.images.image(i));
     let project = world.env.settings.project_id.clone();
+    // Cinder sets it from the type's extra spec (`cinder/volume/api.py`, `create`).
+    let multiattach = world
+        .cinder
+        .types
+        .iter()
+        .any(|t| t["name"] == volume_type && t["extra_specs"]["multiattach"] == "<is> True");
     let mut body = json!({
         "id": id, "name": request["name"].as_str(), "description": request["description"].as_str(),
         "status": status, "size": size,
         "availability_zone": request["availability_zone"].as_str().unwrap_or("nova"),
         "volume_type": volume_type, "bootable": if image.is_some() { "true" } else { "false" },
-        "encrypted": false, "multiattach": false, "attachments": [],
+        "encrypted": false, "multiattach": multiattach, "attachments": [],
         "metadata": request.get("metadata").filter(|m| m.is_object()).cloned().unwrap_or(json!({})),
         "links": [{"rel": "self", "href": format!("/volume/v3/{project}/volumes/{id}")},
                   {"rel": "bookmark", "href": format!("/volume/{project}/volumes/{id}")}],

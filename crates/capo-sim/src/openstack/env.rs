@@ -178,6 +178,9 @@ pub struct CloudSettings {
     /// SOFT_DELETED (its ports and volumes kept), where it stays until a `forceDelete` (or a
     /// reclaim this simulator never makes); deleting it again leaves it so.
     pub deferred_delete: bool,
+    /// Nova's policy refuses `forceDelete` (`os_compute_api:os-deferred-delete:force`, which an
+    /// operator may restrict to administrators): 403, as Nova answers.
+    pub force_delete_refused: bool,
 }
 
 /// A project's quotas, where the services check them.
@@ -213,6 +216,7 @@ impl Default for CloudSettings {
             octavia_version: (2, 27),
             providers_without_monitors: Vec::new(),
             deferred_delete: false,
+            force_delete_refused: false,
         }
     }
 }

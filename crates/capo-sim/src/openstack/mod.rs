@@ -292,6 +292,11 @@ impl OpenStackSim {
         self.shared.world().env.settings.deferred_delete = deferred;
     }
 
+    /// Nova's policy refuses `forceDelete` from now on, or no longer does.
+    pub fn set_force_delete_refused(&self, refused: bool) {
+        self.shared.world().env.settings.force_delete_refused = refused;
+    }
+
     /// Load balancers and members that exist now.
     pub fn octavia_counts(&self) -> (usize, usize) {
         let world = self.shared.world();
@@ -467,7 +472,7 @@ impl InProcessSession {
             &axum::http::Method::POST,
             "/identity/v3/auth/tokens",
             None,
-            None,
+            &axum::http::HeaderMap::new(),
             &body,
         )
         .await;
@@ -486,12 +491,16 @@ impl InProcessSession {
         body: &[u8],
         token: Option<&str>,
     ) -> env::Reply {
+        let mut headers = parts.headers.clone();
+        if let Some(value) = token.and_then(|t| axum::http::HeaderValue::from_str(t).ok()) {
+            headers.insert("x-auth-token", value);
+        }
         server::handle_request(
             &self.shared,
             &parts.method,
             parts.uri.path(),
             parts.uri.query(),
-            token,
+            &headers,
             body,
         )
         .await

@@ -21,6 +21,35 @@ pub struct Cx<'a> {
     pub others: &'a mut dyn Neighbours,
 }
 
+/// The compute API microversion a request asks for (`OpenStack-API-Version: compute X.Y`, or
+/// the older `X-OpenStack-Nova-API-Version: X.Y`); 2.1 when it asks for none, as Nova.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Microversion(u32, u32);
+
+impl Microversion {
+    /// The highest microversion this simulator answers for (the real tier's Nova's).
+    const LATEST: Microversion = Microversion(2, 104);
+    /// Multiattach volumes in a server's block device mappings.
+    const MULTIATTACH: Microversion = Microversion(2, 60);
+
+    pub fn asked(headers: &axum::http::HeaderMap) -> Microversion {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let text = header("openstack-api-version")
+            .and_then(|v| v.trim().strip_prefix("compute"))
+            .or_else(|| header("x-openstack-nova-api-version"));
+        match text.map(str::trim) {
+            Some("latest") => Self::LATEST,
+            Some(version) => version
+                .split_once('.')
+                .and_then(|(major, minor)| {
+                    Some(Microversion(major.parse().ok()?, minor.parse().ok()?))
+                })
+                .unwrap_or(Microversion(2, 1)),
+            None => Microversion(2, 1),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
     Active,
@@ -132,6 +161,7 @@ pub fn handle(
     query: &[(String, String)],
     body: &[u8],
     base: &str,
+    microversion: Microversion,
 ) -> Reply {
     let Some(body) = json_body(body) else {
         return Reply::nova(400, "Malformed request body");
@@ -149,7 +179,7 @@ pub fn handle(
             "links": [{"rel": "self", "href": format!("{base}/compute/v2.1/")}],
             "media-types": [{"base": "application/json",
                              "type": "application/vnd.openstack.compute+json;version=2.1"}]}})),
-        ("POST", ["servers"]) => create_server(world, &body),
+        ("POST", ["servers"]) => create_server(world, &body, microversion),
         ("GET", ["servers"]) => list_servers(world, query, false),
         ("GET", ["servers", "detail"]) => list_servers(world, query, true),
         ("GET", ["servers", id]) => match world.nova.servers.get(*id) {
@@ -161,6 +191,15 @@ pub fn handle(
         }
         ("DELETE", ["servers", id]) => delete_server(world, id),
         ("PUT", ["servers", id, "tags"]) => replace_tags(world, id, &body),
+        // `nova/api/openstack/compute/deferred_delete.py` checks the policy first.
+        ("POST", ["servers", _, "action"])
+            if body.get("forceDelete").is_some() && world.env.settings.force_delete_refused =>
+        {
+            Reply::nova(
+                403,
+                "Policy doesn't allow os_compute_api:os-deferred-delete:force to be performed.",
+            )
+        }
         // As Nova's force_delete: a delete now, in any state (answered 202).
         ("POST", ["servers", id, "action"]) if body.get("forceDelete").is_some() => {
             match delete_server(world, id) {
@@ -265,7 +304,7 @@ fn replace_tags(world: &mut Cx<'_>, id: &str, body: &Value) -> Reply {
     Reply::ok(json!({"tags": body["tags"]}))
 }
 
-fn create_server(world: &mut Cx<'_>, body: &Value) -> Reply {
+fn create_server(world: &mut Cx<'_>, body: &Value, microversion: Microversion) -> Reply {
     let request = &body["server"];
     let name = request["name"].as_str().unwrap_or_default().to_owned();
     if name.is_empty() {
@@ -313,7 +352,7 @@ fn create_server(world: &mut Cx<'_>, body: &Value) -> Reply {
     {
         return Reply::nova(400, "The requested availability zone is not available");
     }
-    let devices = match block_devices(world, request, image_ref) {
+    let devices = match block_devices(world, request, image_ref, microversion) {
         Ok(devices) => devices,
         Err(reply) => return reply,
     };
@@ -421,7 +460,12 @@ fn links(collection: &str, id: &str) -> Value {
 }
 
 /// Reads and checks `block_device_mapping_v2` as Nova's API does, changing nothing.
-fn block_devices(world: &Cx<'_>, request: &Value, image_ref: &str) -> Result<Vec<Device>, Reply> {
+fn block_devices(
+    world: &Cx<'_>,
+    request: &Value,
+    image_ref: &str,
+    microversion: Microversion,
+) -> Result<Vec<Device>, Reply> {
     let invalid = |message: String| Err(Reply::nova(400, message));
     let mut devices = Vec::new();
     for entry in request["block_device_mapping_v2"]
@@ -481,6 +525,14 @@ fn block_devices(world: &Cx<'_>, request: &Value, image_ref: &str) -> Result<Vec
                 }
                 if boot_index == Some(0) && volume["bootable"] != "true" {
                     return invalid(format!("Block Device {uuid} is not bootable."));
+                }
+                // `nova/compute/utils.py` `check_and_reserve_volume...`: the request must be
+                // made at 2.60 or later to attach a multiattach volume.
+                if volume["multiattach"] == true && microversion < Microversion::MULTIATTACH {
+                    return invalid(
+                        "Multiattach volumes are only supported starting with compute API version 2.60."
+                            .into(),
+                    );
                 }
                 Source::Volume(uuid.to_owned())
             }

@@ -46,8 +46,7 @@ async fn dispatch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let token = headers.get("x-auth-token").and_then(|v| v.to_str().ok());
-    respond(handle_request(&shared, &method, uri.path(), uri.query(), token, &body).await)
+    respond(handle_request(&shared, &method, uri.path(), uri.query(), &headers, &body).await)
 }
 
 /// Serves one request, over HTTP or in-process.
@@ -56,9 +55,10 @@ pub async fn handle_request(
     method: &Method,
     path: &str,
     query: Option<&str>,
-    token: Option<&str>,
+    headers: &HeaderMap,
     body: &[u8],
 ) -> Reply {
+    let token = headers.get("x-auth-token").and_then(|v| v.to_str().ok());
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let query: Vec<(String, String)> = query
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
@@ -101,6 +101,7 @@ pub async fn handle_request(
                 query: &query,
                 body,
                 token,
+                compute_microversion: nova::Microversion::asked(headers),
             },
             &shared.base,
         ),
@@ -138,6 +139,8 @@ struct Call<'a> {
     body: &'a [u8],
     /// X-Auth-Token.
     token: Option<&'a str>,
+    /// The compute microversion the request asks for.
+    compute_microversion: nova::Microversion,
 }
 
 fn serve(world: &mut World, call: Call<'_>, base: &str) -> Reply {
@@ -148,6 +151,7 @@ fn serve(world: &mut World, call: Call<'_>, base: &str) -> Reply {
         query,
         body,
         token,
+        compute_microversion,
     } = call;
     match service {
         "identity" => {
@@ -157,7 +161,9 @@ fn serve(world: &mut World, call: Call<'_>, base: &str) -> Reply {
             world.with_octavia(|cx| octavia::handle(cx, method, rest, query, body, base))
         }
         "network" => world.with_neutron(|cx| neutron::handle(cx, method, rest, query, body, base)),
-        "compute" => world.with_nova(|cx| nova::handle(cx, method, rest, query, body, base)),
+        "compute" => world.with_nova(|cx| {
+            nova::handle(cx, method, rest, query, body, base, compute_microversion)
+        }),
         "image" => world.with_glance(|cx| glance::handle(cx, method, rest, query, base)),
         "block-storage" => world.with_cinder(|cx| cinder::handle(cx, method, rest, query, body)),
         _ => Reply::json(404, json!({"error": "unknown service"})),

@@ -17,3 +17,10 @@ class NoStorageVolumeDriver(fake_driver.FakeLoggingVolumeDriver):
 
     def copy_volume_to_image(self, context, volume, image_service, image_meta):
         pass
+
+    def _update_volume_stats(self):
+        # A pool that may hold multiattach volumes, as LVM's reports it: the scheduler then
+        # places a volume of a type with `multiattach="<is> True"` here.
+        super()._update_volume_stats()
+        for pool in self._stats.get("pools", []):
+            pool["multiattach"] = True

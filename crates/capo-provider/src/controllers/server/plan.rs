@@ -387,6 +387,8 @@ pub fn server_request(
                 Some((hint.name.clone(), json))
             })
             .collect(),
+        // Known once the volumes are made: the caller sets it from them.
+        multiattach: false,
     }
 }
 
@@ -660,6 +662,7 @@ mod tests {
             size: 10,
             availability_zone: None,
             volume_type: None,
+            multiattach: false,
             attachments: Vec::new(),
             created_at: None,
             metadata: Default::default(),

@@ -525,7 +525,7 @@ impl Pass<'_> {
             .collect();
         let image = self.resolved.image_id.clone().unwrap_or_default();
         let devices = plan::block_devices(spec, &image, &volumes);
-        let request = plan::server_request(
+        let mut request = plan::server_request(
             &self.name,
             spec,
             &self.resolved,
@@ -534,6 +534,12 @@ impl Pass<'_> {
             user_data,
             &self.owner,
         );
+        request.multiattach = self
+            .observed
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.multiattach);
         let created = self
             .cloud
             .nova()
