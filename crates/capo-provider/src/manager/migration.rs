@@ -396,13 +396,7 @@ pub async fn clean_managed_fields(
     let mut cleaned = 0;
     let mut params = ListParams::default().limit(PAGE);
     loop {
-        let page = objects
-            .list_metadata(&params)
-            .await
-            .map_err(|source| MigrationError::List {
-                crd: name.to_owned(),
-                source,
-            })?;
+        let page = list_page(&objects, &params, name).await?;
         for object in page.items {
             let at = object_name(&object.metadata);
             let done = clean_object(client, &resource, &served, object.metadata)
@@ -432,6 +426,21 @@ pub async fn clean_managed_fields(
         })?;
     tracing::info!(crd = name, cleaned, %generation, served = ?served, "managed fields of versions not served dropped");
     Ok(Some(cleaned))
+}
+
+/// One page of the CRD's objects, metadata only.
+async fn list_page(
+    objects: &Api<DynamicObject>,
+    params: &ListParams,
+    crd: &str,
+) -> Result<kube::api::ObjectList<kube::core::PartialObjectMeta<DynamicObject>>, MigrationError> {
+    objects
+        .list_metadata(params)
+        .await
+        .map_err(|source| MigrationError::List {
+            crd: crd.to_owned(),
+            source,
+        })
 }
 
 fn object_name(metadata: &ObjectMeta) -> String {
@@ -534,13 +543,7 @@ async fn rewrite_every_object(
     };
     let mut params = ListParams::default().limit(PAGE);
     loop {
-        let page = objects
-            .list_metadata(&params)
-            .await
-            .map_err(|source| MigrationError::List {
-                crd: crd.to_owned(),
-                source,
-            })?;
+        let page = list_page(&objects, &params, crd).await?;
         for object in &page.items {
             let (namespace, name) = (
                 object.metadata.namespace.as_deref(),
