@@ -183,6 +183,9 @@ impl CapiManager {
             "--webhook-port=9443".to_owned(),
             "--leader-elect=false".to_owned(),
             "--v=2".to_owned(),
+            // The topology controllers and the webhooks' checks of a Cluster's topology, as
+            // `CLUSTER_TOPOLOGY=true clusterctl init` turns them on.
+            "--feature-gates=ClusterTopology=true".to_owned(),
             format!("--webhook-cert-dir={}", dir.path().join("certs").display()),
         ];
         let peer = IsolatedPeer::spawn(

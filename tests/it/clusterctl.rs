@@ -38,19 +38,19 @@ use crate::kube_world::{KubeWorld, apply_crds, dynamic_api, real_kube};
 use crate::server_controller::{World, base64};
 
 /// The version capo-rs is published under in the local repository (the workspace's).
-const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
+pub(crate) const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
 const CONTROL_PLANE: &str = "cluster.x-k8s.io/control-plane";
 const MOVE: &str = "clusterctl.cluster.x-k8s.io/move";
 
 /// A clusterctl configuration and local repository: Cluster API v1.14.2's core provider and
 /// capo-rs (`deploy/clusterctl/`: components, metadata and the flavors' templates).
-struct LocalRepository {
+pub(crate) struct LocalRepository {
     dir: tempfile::TempDir,
     clusterctl: PathBuf,
 }
 
 impl LocalRepository {
-    fn write(peers: &CapiPeers) -> Self {
+    pub(crate) fn write(peers: &CapiPeers) -> Self {
         Self::write_with(peers, None)
     }
 
@@ -108,7 +108,7 @@ impl LocalRepository {
 
     /// Runs clusterctl with this configuration (and `env`); its standard output, or a panic
     /// with what it said.
-    async fn run(&self, args: &[&str], env: &BTreeMap<&str, String>) -> String {
+    pub(crate) async fn run(&self, args: &[&str], env: &BTreeMap<&str, String>) -> String {
         let config = self.dir.path().join("clusterctl.yaml");
         let output = tokio::process::Command::new(&self.clusterctl)
             .args(args)
@@ -317,7 +317,7 @@ fn capo_components(capo: &CapoPeers) -> String {
 
 /// What the test sets for every variable a flavor asks for: a new variable in a template
 /// fails the test until it is given a value here (and a line in `docs/flavors.md`).
-fn variables() -> BTreeMap<&'static str, String> {
+pub(crate) fn variables() -> BTreeMap<&'static str, String> {
     let clouds =
         "clouds:\n  openstack:\n    auth:\n      auth_url: https://keystone.example:5000/v3\n";
     BTreeMap::from([
@@ -404,9 +404,13 @@ async fn generate_every_flavor(repo: &LocalRepository, kube: &KubeWorld, peers: 
         let rendered = repo.run(&args, &given).await;
         let objects: Vec<Value> = serde_saphyr::from_str_multiple(&rendered)
             .unwrap_or_else(|e| panic!("flavor {flavor:?} renders YAML: {e}\n{rendered}"));
+        // A topology flavor's OpenStackCluster is made by Cluster API from the class's
+        // template, which clusterctl adds to what it renders.
         assert!(
-            objects.iter().any(|o| o["kind"] == "OpenStackCluster"),
-            "flavor {flavor:?} renders an OpenStackCluster"
+            objects
+                .iter()
+                .any(|o| o["kind"] == "OpenStackCluster" || o["kind"] == "OpenStackClusterTemplate"),
+            "flavor {flavor:?} renders an OpenStackCluster or its ClusterClass's template"
         );
         for object in objects.iter().filter(|o| o.is_object()) {
             dry_run_create(kube, object)
@@ -1115,7 +1119,7 @@ async fn the_installation_pages_clusterctl_steps_install_capo_rs_as_pasted() {
     // the user's own directory.
     let publish = book_block(
         "flavors.md",
-        "cp deploy/clusterctl/cluster-template*.yaml ~/capo-rs-repo/infrastructure-capo-rs/v0.1.0/",
+        "cp deploy/clusterctl/cluster-template*.yaml deploy/clusterctl/clusterclass-*.yaml ~/capo-rs-repo/infrastructure-capo-rs/v0.1.0/",
     );
     paste(&publish, Path::new(env!("CARGO_MANIFEST_DIR")), &env).await;
     let generate = book_block(

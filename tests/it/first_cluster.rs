@@ -35,7 +35,7 @@ const CLUSTER: &str = "capo-rs-first";
 
 /// The kubeadm CRDs with the contract label their release's kustomize configuration adds:
 /// Cluster API reads a referenced kind's contract from it.
-fn kubeadm_crds_as_released(peers: &crate::capi_peers::CapiPeers) -> Vec<Value> {
+pub(crate) fn kubeadm_crds_as_released(peers: &crate::capi_peers::CapiPeers) -> Vec<Value> {
     kubeadm_crds(peers)
         .into_iter()
         .map(|mut crd| {

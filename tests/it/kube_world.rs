@@ -92,6 +92,9 @@ pub(crate) enum Kube {
     PreferReal,
     /// The simulator: the scenario uses a control only it has.
     Sim,
+    /// A real server of the scenario's own, its namespace named so (Cluster API's real CRDs
+    /// and manager run there, apart from the shared server's minimal ones).
+    Own(&'static str),
 }
 
 impl Kube {
@@ -100,6 +103,7 @@ impl Kube {
             Kube::AsTheEnvironmentSays => KubeWorld::start(crds).await,
             Kube::PreferReal => KubeWorld::start_preferring_real(crds).await,
             Kube::Sim => KubeWorld::sim(crds).await,
+            Kube::Own(namespace) => KubeWorld::own_real(crds, namespace).await,
         }
     }
 }
@@ -591,7 +595,11 @@ pub(crate) fn dynamic_api(client: &kube::Client, object: &Value) -> Api<kube::ap
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let kind = object["kind"].as_str().unwrap_or_default();
     let gvk = kube::core::GroupVersionKind::gvk(group, version, kind);
-    let plural = format!("{}s", kind.to_ascii_lowercase());
+    let lower = kind.to_ascii_lowercase();
+    let plural = match lower.ends_with('s') {
+        true => format!("{lower}es"),
+        false => format!("{lower}s"),
+    };
     let resource = kube::core::ApiResource::from_gvk_with_plural(&gvk, &plural);
     match object["metadata"]["namespace"].as_str() {
         Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),

@@ -13,6 +13,7 @@ mod capo_compat;
 mod capo_peers;
 mod capo_templates;
 mod cloud;
+mod cluster_class;
 mod cluster_controller;
 mod clusterctl;
 mod common;

@@ -372,6 +372,13 @@ impl OpenStackSim {
         self.shared.world().neutron.find("ports", id).cloned()
     }
 
+    /// A Neutron network as the simulator holds it, by name (the first of that name).
+    pub fn network(&self, name: &str) -> Option<serde_json::Value> {
+        let world = self.shared.world();
+        let networks = world.neutron.all("networks");
+        networks.iter().find(|n| n["name"] == name).cloned()
+    }
+
     /// A Nova server as the API shows it, by id or (oldest first) name.
     pub fn server(&self, id_or_name: &str) -> Option<serde_json::Value> {
         self.shared.world().nova.find(id_or_name).cloned()
