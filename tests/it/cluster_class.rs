@@ -37,7 +37,9 @@ use crate::clusterctl::{LocalRepository, VERSION, admin_kubeconfig, variables};
 use crate::first_cluster::kubeadm_crds_as_released;
 use crate::kube_world::{Kube, KubeWorld, apply_crds, dynamic_api, real_kube};
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
-use crate::real_provider::{E2e, IMAGE, SECRET, assert_nothing_left, unique_cluster_name};
+use crate::real_provider::{
+    E2e, IMAGE, KEY_PAIR, SECRET, assert_nothing_left, unique_cluster_name,
+};
 use crate::rollout::member_condition;
 use crate::server_controller::{World, base64};
 
@@ -357,6 +359,9 @@ impl<'a> Stage<'a> {
             ),
             ("OPENSTACK_NODE_MACHINE_FLAVOR", "m1.small".to_owned()),
             ("OPENSTACK_FAILURE_DOMAIN", "nova".to_owned()),
+            // The real tier's key pair: Nova refuses a server with a key pair it does not hold
+            // ("Invalid key_name provided."; the simulator does not model key pairs).
+            ("OPENSTACK_SSH_KEY_NAME", KEY_PAIR.to_owned()),
         ]);
         let kubeconfig = admin_kubeconfig(self.kube);
         let infrastructure = format!("capo-rs:{VERSION}");
