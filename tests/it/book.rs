@@ -282,7 +282,11 @@ fn every_alert_has_a_runbook_entry_and_every_clusterctl_variable_is_listed() {
         .expect("deploy/clusterctl")
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("cluster-template") || name.starts_with("clusterclass-"));
+        .filter(|name| {
+            ["cluster-template", "clusterclass-", "image-template"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+        });
     for flavor in flavors {
         let missing = missing_from_page(
             &format!("deploy/clusterctl/{flavor}"),

@@ -75,6 +75,11 @@ impl CapoPeers {
         &self.capo_src
     }
 
+    /// ORC v2.4.0's manager.
+    pub(crate) fn orc_manager(&self) -> PathBuf {
+        self.bin.join("orc-manager")
+    }
+
     /// Cluster API v1.12.10, as CAPO 0.14 pairs with it.
     pub(crate) fn capi_release(&self) -> CapiRelease {
         CapiRelease {
@@ -97,7 +102,7 @@ pub(crate) fn capo_crds(peers: &CapoPeers) -> Vec<Value> {
 }
 
 /// ORC's CRDs: CAPO's manager watches ORC's Images, and does not start without them.
-fn orc_crds(peers: &CapoPeers) -> Vec<Value> {
+pub(crate) fn orc_crds(peers: &CapoPeers) -> Vec<Value> {
     yaml_files(&peers.orc_src.join("config/crd/bases"))
 }
 

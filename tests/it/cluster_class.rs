@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use capo_api::OpenStackMachine;
 use capo_api::conditions::reasons;
+use capo_provider::cloud::Service;
 use capo_sim::openstack::{Effect, ObjectKind, Rule, Scenario};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -33,12 +34,14 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::capi_peers::{CapiManager, Driven, capi_api, capi_peers, until, wait_gone};
+use crate::capo_peers::{CapoPeers, capo_peers, orc_crds};
 use crate::clusterctl::{LocalRepository, VERSION, admin_kubeconfig, variables};
 use crate::first_cluster::kubeadm_crds_as_released;
+use crate::go_peer::{IsolatedPeer, PeerRun, api_port};
 use crate::kube_world::{Kube, KubeWorld, apply_crds, dynamic_api, real_kube};
-use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
+use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, get_json, real_cloud};
 use crate::real_provider::{
-    E2e, IMAGE, KEY_PAIR, SECRET, assert_nothing_left, unique_cluster_name,
+    E2e, IMAGE, KEY_PAIR, SECRET, WAIT, assert_nothing_left, unique_cluster_name,
 };
 use crate::rollout::member_condition;
 use crate::server_controller::{World, base64};
@@ -345,14 +348,13 @@ impl<'a> Stage<'a> {
         }
     }
 
-    /// The `topology` flavor as clusterctl renders it, `cloud` filling the cloud's variables,
-    /// with one control-plane machine and one worker of flavor `m1.small`; then applied, the
-    /// ClusterClass and its templates first.
+    /// The `topology` flavor as clusterctl renders it, `cloud` filling the cloud's variables
+    /// and the image's, with one control-plane machine and one worker of flavor `m1.small`;
+    /// then applied, the ClusterClass and its templates first.
     async fn create(&self, repo: &LocalRepository, cloud: BTreeMap<&'static str, String>) {
         let mut given = variables();
-        given.extend(cloud);
+        given.remove("OPENSTACK_IMAGE_NAME");
         given.extend([
-            ("OPENSTACK_IMAGE_NAME", IMAGE.to_owned()),
             (
                 "OPENSTACK_CONTROL_PLANE_MACHINE_FLAVOR",
                 "m1.small".to_owned(),
@@ -363,6 +365,7 @@ impl<'a> Stage<'a> {
             // ("Invalid key_name provided."; the simulator does not model key pairs).
             ("OPENSTACK_SSH_KEY_NAME", KEY_PAIR.to_owned()),
         ]);
+        given.extend(cloud);
         let kubeconfig = admin_kubeconfig(self.kube);
         let infrastructure = format!("capo-rs:{VERSION}");
         let args = [
@@ -558,6 +561,21 @@ impl<'a> Stage<'a> {
         second
     }
 
+    /// The Glance image of every server of the cluster, as Nova reports it.
+    async fn server_images(&self, e2e: &E2e) -> Vec<String> {
+        let listed = get_json(&e2e.tenant, Service::Compute, "servers/detail").await;
+        let servers = listed["servers"].as_array().cloned().unwrap_or_default();
+        servers
+            .iter()
+            .filter(|s| {
+                s["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&self.cluster))
+            })
+            .filter_map(|s| s["image"]["id"].as_str().map(str::to_owned))
+            .collect()
+    }
+
     /// Deletes the Cluster and waits until it is gone: Cluster API deletes the topology's
     /// objects (the control plane lets go once its machines are gone), capo-rs what it built.
     async fn delete(&self) {
@@ -614,6 +632,7 @@ async fn cluster_apis_topology_controller_builds_scales_and_rolls_a_cluster_clas
                 ("OPENSTACK_CLOUD", "sim".to_owned()),
                 ("OPENSTACK_CLOUD_YAML_B64", base64(&cloud.clouds_yaml())),
                 ("OPENSTACK_EXTERNAL_NETWORK_ID", external),
+                ("OPENSTACK_IMAGE_NAME", IMAGE.to_owned()),
             ]),
         )
         .await;
@@ -684,8 +703,110 @@ async fn cluster_apis_topology_controller_builds_scales_and_rolls_a_cluster_clas
     let _ = kubeadm.await;
 }
 
-/// The same on the real OpenStack tier: built from the class, the control plane rolled to a
-/// new flavor, deleted with nothing left in the cloud.
+/// ORC v2.4.0's manager, reaching the API server and the real tier's Keystone and Glance (and
+/// `also`), in a network namespace of its own.
+fn start_orc(kube: &KubeWorld, peers: &CapoPeers, also: u16) -> IsolatedPeer {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = std::path::PathBuf::from(admin_kubeconfig(kube));
+    let port = |var: &str, default: u16| {
+        std::env::var(var)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(default)
+    };
+    // The tier's ports, as tests/openstack/lib.sh sets them.
+    let keystone = port("CAPO_OPENSTACK_KEYSTONE_PORT", 19500);
+    let glance = port("CAPO_OPENSTACK_GLANCE_PORT", 19292);
+    let run = PeerRun {
+        name: "ORC's manager",
+        netns: "capo-orc",
+        binary: peers.orc_manager(),
+        args: vec![
+            "--leader-elect=false".to_owned(),
+            "--health-probe-bind-address=0".to_owned(),
+            format!("--namespace={}", kube.namespace),
+        ],
+        reach: vec![api_port(&admin), keystone, glance, also],
+        serve: None,
+        kubeconfig: admin,
+    };
+    IsolatedPeer::spawn(run, dir)
+}
+
+/// Serves `bytes` to any GET on 127.0.0.1 (a node image's download URL), until aborted.
+async fn serve_image(bytes: Vec<u8>) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let bytes = std::sync::Arc::new(bytes);
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let bytes = bytes.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    bytes.len()
+                );
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(&bytes).await;
+            });
+        }
+    });
+    (port, task)
+}
+
+/// `deploy/clusterctl/image-template-node.yaml` as `clusterctl generate yaml` renders it,
+/// applied; waits until ORC reports it Available and returns its Glance ID.
+async fn orc_image(
+    repo: &LocalRepository,
+    kube: &KubeWorld,
+    orc: &IsolatedPeer,
+    given: BTreeMap<&'static str, String>,
+    sha256: &str,
+) -> String {
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/clusterctl/image-template-node.yaml"
+    );
+    let rendered = repo
+        .run(&["generate", "yaml", "--from", template], &given)
+        .await;
+    let mut image: Value = serde_saphyr::from_str(&rendered)
+        .unwrap_or_else(|e| panic!("the image template renders YAML: {e}\n{rendered}"));
+    image["metadata"]["namespace"] = json!(kube.namespace);
+    // With a hash ORC downloads the bytes itself and uploads them: Glance's own web-download
+    // fetches only from ports 80 and 443 (its import filtering's default).
+    image["spec"]["resource"]["content"]["download"]["hash"] =
+        json!({"algorithm": "sha256", "value": sha256});
+    let name = image["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let api = dynamic_api(&kube.client, &image);
+    create_or_keep(&api, image).await.unwrap();
+    let (api, name) = (&api, &name);
+    let logs = || format!("ORC's manager:\n{}", orc.log_tail());
+    let every = Duration::from_millis(500);
+    crate::go_peer::until("ORC's image Available", WAIT, every, &logs, async || {
+        let image = api.get(name).await.map_err(|e| e.to_string())?;
+        let available = image.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Available" && c["status"] == "True");
+        match image.data["status"]["id"].as_str() {
+            Some(id) if available => Ok(id.to_owned()),
+            _ => Err(format!("{:#}", image.data["status"])),
+        }
+    })
+    .await
+}
+
+/// The same on the real OpenStack tier, the machines booting an image ORC uploads (the ORC
+/// variant: `image-template-node.yaml` and the class's `imageRef`): built from the class, the
+/// control plane rolled to a new flavor, deleted with nothing left in the cloud.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_cluster_apis_topology_controller_builds_and_rolls_a_cluster_class_cluster_through_capo_rs()
  {
@@ -699,11 +820,24 @@ async fn real_cluster_apis_topology_controller_builds_and_rolls_a_cluster_class_
     let Some(real) = real_cloud() else {
         return;
     };
+    let Some(capo) = capo_peers() else {
+        return;
+    };
     let _alone = REAL.lock().await;
     fault(&["clear"]).await;
     let mut e2e = E2e::real_on(&real, PASSWORD_CLOUD, Kube::Own("cluster-class-real")).await;
-    apply_crds(&e2e.kube.client, &kubeadm_crds_as_released(&peers)).await;
+    let crds = [kubeadm_crds_as_released(&peers), orc_crds(&capo)].concat();
+    apply_crds(&e2e.kube.client, &crds).await;
     let manager = CapiManager::start(&e2e.kube, &peers.release()).await;
+    // A node image of 1 MiB, served to ORC over HTTP on 127.0.0.1.
+    let bytes: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    let sha256 = {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(&bytes);
+        digest.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let (image_port, image_server) = serve_image(bytes).await;
+    let orc = start_orc(&e2e.kube, &capo, image_port);
     let before = census(&e2e.tenant).await;
     let cluster = unique_cluster_name("cc");
     let (cancel, kubeadm) = play_kubeadm(&e2e.kube, &cluster);
@@ -714,7 +848,30 @@ async fn real_cluster_apis_topology_controller_builds_and_rolls_a_cluster_class_
     let clouds_yaml = clouds_yaml
         .get("clouds.yaml")
         .expect("the tier's clouds.yaml");
+    let images = {
+        let image = json!({"apiVersion": "openstack.k-orc.cloud/v1alpha1", "kind": "Image",
+                           "metadata": {"namespace": e2e.kube.namespace}});
+        dynamic_api(&e2e.kube.client, &image)
+    };
     let scenario = async {
+        let image_id = orc_image(
+            &repo,
+            &e2e.kube,
+            &orc,
+            BTreeMap::from([
+                ("ORC_IMAGE_NAME", "node-image".to_owned()),
+                ("NODE_IMAGE_NAME", format!("{cluster}-node")),
+                ("NODE_IMAGE_DISK_FORMAT", "raw".to_owned()),
+                (
+                    "NODE_IMAGE_URL",
+                    format!("http://127.0.0.1:{image_port}/node.img"),
+                ),
+                ("OPENSTACK_CLOUD_CONFIG_SECRET", SECRET.to_owned()),
+                ("OPENSTACK_CLOUD", e2e.cloud_name.to_owned()),
+            ]),
+            &sha256,
+        )
+        .await;
         let first = stage
             .built(
                 &repo,
@@ -728,18 +885,32 @@ async fn real_cluster_apis_topology_controller_builds_and_rolls_a_cluster_class_
                         "OPENSTACK_EXTERNAL_NETWORK_ID",
                         e2e.external_network.clone(),
                     ),
+                    ("OPENSTACK_IMAGE_REF", "node-image".to_owned()),
                 ]),
             )
             .await;
+        let booted = stage.server_images(&e2e).await;
+        assert!(
+            !booted.is_empty() && booted.iter().all(|id| *id == image_id),
+            "every server boots ORC's image {image_id}: {booted:?}"
+        );
         let second = stage.rotate_flavor(&first).await;
         stage.wait_control_plane(1, &second).await;
         stage.delete().await;
+        // ORC deletes the Glance image it made, then lets its Image go.
+        images
+            .delete("node-image", &DeleteParams::default())
+            .await
+            .unwrap();
+        wait_gone(&images, "node-image", &manager).await;
     };
     tokio::time::timeout(Duration::from_secs(900), scenario)
         .await
         .expect("the scenario finished within 15 minutes");
     cancel.cancel();
     let _ = kubeadm.await;
+    image_server.abort();
+    drop(orc);
     assert_nothing_left(&e2e, &before).await;
     e2e.stop_manager(true).await;
 }
