@@ -64,7 +64,8 @@ async fn a_trusted_vf_is_the_ports_own_attribute_where_neutron_has_port_trusted_
         (
             &["trunk", "standard-attr-tag", "port-trusted-vif"][..],
             Some(true),
-            None,
+            // Neutron mirrors the port's own `trusted` into `binding:profile`.
+            Some(true),
         ),
         (&["trunk", "standard-attr-tag"][..], None, Some(true)),
     ] {
@@ -176,4 +177,83 @@ async fn the_real_cloud_says_what_it_offers() {
     let version = tenant.octavia().api_version().await.expect("a version");
     eprintln!("FIGURES real Octavia API version {version:?}");
     assert!(version.is_some_and(|v| v >= (2, 12)), "{version:?}");
+}
+
+/// What one real Neutron made of capo-rs's request for a trusted VF: whether it reported
+/// `port-trusted-vif`, and the port's `trusted` and `binding:profile.trusted` as an
+/// administrator reads them back.
+async fn real_trusted_vf_port(
+    real: &crate::real_cloud::RealCloud,
+    network: &str,
+) -> Result<(bool, Option<bool>, Option<bool>), String> {
+    use capo_provider::cloud::{Owner, Service};
+    use capo_provider::controllers::server::plan;
+    // A client of its own: Neutron's extensions are asked once per cloud and remembered.
+    let (admin, _clouds) = real.client(crate::real_cloud::ADMIN_CLOUD).await;
+    let has_extension = admin
+        .neutron()
+        .has_extension(plan::PORT_TRUSTED_VIF)
+        .await
+        .map_err(|e| format!("Neutron's extensions: {e}"))?;
+    let wanted: capo_api::common::ResolvedPortSpec = serde_json::from_value(json!({
+        "name": "capo-rs-trusted-vf", "networkID": network, "profile": {"trustedVF": true},
+    }))
+    .unwrap();
+    let owner = Owner::new("OpenStackServer", "capabilities", "trusted-vf");
+    let request = plan::port_request(&wanted, &owner, has_extension);
+    let port = (admin.neutron().create_port(&request).await)
+        .map_err(|e| format!("Neutron refused the trusted VF port: {e}"))?;
+    let read =
+        crate::real_cloud::get_json(&admin, Service::Network, &format!("ports/{}", port.id)).await;
+    (admin.neutron().delete_port(&port.id).await).map_err(|e| format!("port deleted: {e}"))?;
+    Ok((
+        has_extension,
+        read["port"]["trusted"].as_bool(),
+        read["port"]["binding:profile"]["trusted"].as_bool(),
+    ))
+}
+
+/// On the real tier's Neutron, without and then with the `port_trusted` ML2 extension driver
+/// (`port-trusted-vif`), as the tier's administrator: capo-rs asks whether it is there; with
+/// it, its request carries the port's own `trusted`, which Neutron accepts and mirrors into
+/// `binding:profile`; without it, the request carries `binding:profile`'s `trusted`, which
+/// Neutron's default policy keeps for the `service` role.
+#[tokio::test]
+async fn real_a_trusted_vf_port_is_accepted_by_neutron_with_and_without_port_trusted_vif() {
+    use crate::real_cloud::{REAL, fault, real_cloud};
+    let Some(real) = real_cloud() else {
+        return;
+    };
+    let _alone = REAL.lock().await;
+    let (admin, _clouds) = real.client(crate::real_cloud::ADMIN_CLOUD).await;
+    let networks = admin
+        .neutron()
+        .list_networks(&capo_provider::cloud::neutron::Filter::by_name(
+            crate::real_provider::TENANT_NETWORK,
+        ))
+        .await
+        .expect("networks");
+    let network = networks.first().expect("the tenant's network").id.clone();
+    let without = real_trusted_vf_port(&real, &network).await;
+    fault(&["ml2-extension", "port_trusted", "on"]).await;
+    let with = real_trusted_vf_port(&real, &network).await;
+    fault(&["ml2-extension", "port_trusted", "off"]).await;
+    // The driver goes before any assertion: the tier's other tests run without it.
+    // Without the extension Neutron's default policy (new defaults) keeps `binding:profile`
+    // for the `service` role, Nova's: even an administrator is refused, and capo-rs passes
+    // Neutron's word on. That is why the port's own `trusted` is used where it exists.
+    let refused = without
+        .as_ref()
+        .err()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(
+        refused.contains("create_port:binding:profile) is disallowed by policy"),
+        "without port-trusted-vif: {without:?}"
+    );
+    assert_eq!(
+        with,
+        Ok((true, Some(true), Some(true))),
+        "with port-trusted-vif"
+    );
 }

@@ -834,7 +834,10 @@ async fn real_cluster_apis_topology_controller_builds_and_rolls_a_cluster_class_
     let sha256 = {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(&bytes);
-        digest.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        digest
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
     };
     let (image_port, image_server) = serve_image(bytes).await;
     let orc = start_orc(&e2e.kube, &capo, image_port);

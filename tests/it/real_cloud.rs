@@ -20,6 +20,9 @@ pub static REAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The tenant's cloud with a password.
 pub const PASSWORD_CLOUD: &str = "capo";
+/// The tier's administrator (what Neutron's default policy keeps for admins: a port's
+/// `binding:profile` and `trusted`).
+pub const ADMIN_CLOUD: &str = "capo-admin";
 /// The tenant's cloud with an application credential.
 pub const APPCRED_CLOUD: &str = "capo-appcred";
 

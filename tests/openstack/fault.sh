@@ -25,6 +25,9 @@
 #   fault.sh member-error LIKE_PATTERN
 #       Trigger: that ACTIVE write fails (SIGNAL 45000); the flow reverts, the
 #       member goes ERROR and the LB/listener/pool go back to ACTIVE.
+#   fault.sh ml2-extension DRIVER on|off
+#       Add (or remove) an ML2 extension driver, e.g. port_trusted (the
+#       port-trusted-vif extension), and restart neutron-api to load it.
 #   fault.sh clear            drop every fault trigger and pending hold
 #   fault.sh list             show the fault triggers in place
 #   fault.sh worker-stop      SIGSTOP every octavia-worker process: new
@@ -242,6 +245,17 @@ list)
     need_db
     mysql_root -e "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS
         WHERE TRIGGER_SCHEMA = 'octavia' AND TRIGGER_NAME LIKE '${PREFIX//_/\\_}\\_%'\\G"
+    ;;
+ml2-extension)
+    (($# == 2)) || usage
+    [[ $1 =~ ^[a-z_]+$ && $2 =~ ^(on|off)$ ]] || die "usage: ml2-extension DRIVER on|off, got '$*'"
+    conf=$ETC/neutron/ml2_conf.ini
+    drivers=$(sed -n 's/^extension_drivers = //p' "$conf" | tr ',' '\n' | grep -vx "$1" | paste -sd, -)
+    [[ $2 == on ]] && drivers=${drivers:+$drivers,}$1
+    sed -i "s/^extension_drivers = .*/extension_drivers = $drivers/" "$conf"
+    stop_group neutron-api 20
+    start_service neutron-api
+    say "ml2-extension: extension_drivers = $drivers"
     ;;
 stop)
     (($# == 1)) || usage

@@ -1091,6 +1091,15 @@ fn port_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
     ] {
         object.entry(key).or_insert(value);
     }
+    // The port_trusted extension driver writes the port's own `trusted` into its
+    // `binding:profile` too (neutron's `PortTrustedDbMixin`, checked on the real tier).
+    if let Some(trusted) = object.get("trusted").cloned().filter(Value::is_boolean)
+        && let Some(profile) = object
+            .get_mut("binding:profile")
+            .and_then(Value::as_object_mut)
+    {
+        profile.insert("trusted".into(), trusted);
+    }
     fill_pair_macs(object);
 }
 
