@@ -11,6 +11,9 @@ mod openstack_args;
 mod watch_lb;
 
 fn main() -> ExitCode {
+    // First, before any thread: glibc reads its allocator's settings as a process starts, so
+    // this may execute the binary again with them, and then not return.
+    let tuning = capo_provider::manager::allocator::ensure();
     let cli = cli::Cli::parse();
     // The operator's level is capo-rs's own: the SDK, kube's client, hyper and h2 log requests
     // (and the SDK authentication) at info and below, so they stay at warnings unless a
@@ -35,6 +38,12 @@ fn main() -> ExitCode {
     match cli.log_format {
         cli::LogFormat::Text => logs.init(),
         cli::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+    match &tuning {
+        capo_provider::manager::allocator::Tuning::Failed(error) => {
+            tracing::warn!(%error, "could not start again with glibc's allocator settings: running with its defaults (set GLIBC_TUNABLES, docs/installation.md)")
+        }
+        other => tracing::debug!(?other, "glibc's allocator settings"),
     }
     match cli::run(cli) {
         Ok(code) => code,

@@ -93,6 +93,12 @@ fn the_image_ci_assembles_has_the_dockerfiles_allocator_settings() {
         book.contains(&dockerfile),
         "docs/installation.md names the settings"
     );
+    // The binary sets the same itself where the environment does not.
+    assert_eq!(
+        dockerfile,
+        capo_provider::manager::allocator::TUNABLES,
+        "the binary's own allocator settings"
+    );
 }
 
 fn with_defaults(text: &str) -> String {

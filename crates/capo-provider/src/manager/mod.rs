@@ -8,6 +8,7 @@
 //! [`Health`] tells the admin server (`/healthz`, `/readyz`) where the manager is.
 
 pub mod admin;
+pub mod allocator;
 pub mod controllers;
 pub mod crds;
 pub mod features;
