@@ -53,7 +53,7 @@ const CLONED_FROM: &str = "cluster.x-k8s.io/cloned-from-name";
 const KCP_FINALIZER: &str = "kubeadm.controlplane.cluster.x-k8s.io";
 const INFRA_GROUP: &str = "infrastructure.cluster.x-k8s.io";
 
-fn kubeadm_api(client: &Client, namespace: &str, group: &str, kind: &str) -> Api<DynamicObject> {
+fn namespaced_api(client: &Client, namespace: &str, group: &str, kind: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk(group, "v1beta2", kind);
     let plural = format!("{}s", kind.to_ascii_lowercase());
     let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
@@ -80,19 +80,17 @@ impl Kubeadm {
     fn new(kube: &KubeWorld, cluster: &str) -> Self {
         let client = kube.client.clone();
         let ns = kube.namespace.clone();
-        let gvk = GroupVersionKind::gvk(INFRA_GROUP, "v1beta2", "OpenStackMachineTemplate");
-        let templates = ApiResource::from_gvk_with_plural(&gvk, "openstackmachinetemplates");
         Kubeadm {
             cluster: cluster.to_owned(),
-            control_planes: kubeadm_api(
+            control_planes: namespaced_api(
                 &client,
                 &ns,
                 "controlplane.cluster.x-k8s.io",
                 "KubeadmControlPlane",
             ),
-            configs: kubeadm_api(&client, &ns, "bootstrap.cluster.x-k8s.io", "KubeadmConfig"),
+            configs: namespaced_api(&client, &ns, "bootstrap.cluster.x-k8s.io", "KubeadmConfig"),
             machines: capi_api(kube, "Machine", "machines"),
-            templates: Api::namespaced_with(client.clone(), &ns, &templates),
+            templates: namespaced_api(&client, &ns, INFRA_GROUP, "OpenStackMachineTemplate"),
             secrets: Api::namespaced(client.clone(), &ns),
             client,
             namespace: ns,
@@ -456,7 +454,7 @@ impl<'a> Stage<'a> {
     /// The KubeadmControlPlane's machine template, once the topology controller points it
     /// somewhere other than `not`.
     async fn control_plane_template(&self, not: Option<&str>) -> String {
-        let planes = kubeadm_api(
+        let planes = namespaced_api(
             &self.kube.client,
             &self.kube.namespace,
             "controlplane.cluster.x-k8s.io",
@@ -484,10 +482,12 @@ impl<'a> Stage<'a> {
     }
 
     async fn flavor_of(&self, template: &str) -> Value {
-        let gvk = GroupVersionKind::gvk(INFRA_GROUP, "v1beta2", "OpenStackMachineTemplate");
-        let resource = ApiResource::from_gvk_with_plural(&gvk, "openstackmachinetemplates");
-        let templates: Api<DynamicObject> =
-            Api::namespaced_with(self.kube.client.clone(), &self.kube.namespace, &resource);
+        let templates = namespaced_api(
+            &self.kube.client,
+            &self.kube.namespace,
+            INFRA_GROUP,
+            "OpenStackMachineTemplate",
+        );
         let template = templates.get(template).await.unwrap();
         template.data["spec"]["template"]["spec"]["flavor"].clone()
     }
