@@ -35,6 +35,7 @@ use crate::controllers::{
 use crate::manager::Health;
 use crate::manager::shared::{SharedWatch, changed};
 use crate::manager::sweep::due_passes;
+use crate::manager::watch_backoff::{WatchBackoff, WatchBackoffExt};
 
 /// Which objects this manager reconciles.
 #[derive(Clone, Debug, Default)]
@@ -326,7 +327,7 @@ fn secret_changes(
         scope.api::<PartialObjectMeta<Secret>>(ctx.client.clone()),
         listed_in_pages(),
     )
-    .default_backoff()
+    .watch_backoff()
     .inspect_ok(move |event| note_secret(&seen.clouds, event))
     .try_filter_map(move |event| std::future::ready(Ok(changes.wakes(event))))
 }
@@ -343,7 +344,7 @@ fn orc_image_wakeups(
         None => Api::all_with(client.clone(), &resource),
     };
     watcher(api, watcher::Config::default())
-        .default_backoff()
+        .watch_backoff()
         .touched_objects()
         .filter_map(|image| {
             if let Err(error) = &image {
@@ -500,7 +501,7 @@ pub fn run_pools(
         ctx.metrics
             .controller_started(floating_ip_pool::CONTROLLER, 1);
         let queue = Queue::new(&ctx, floating_ip_pool::CONTROLLER);
-        let controller = Controller::new(pools, config);
+        let controller = Controller::new(pools, config).trigger_backoff(WatchBackoff::default());
         let listed = controller.store();
         let due = due_passes(ctx.clone(), floating_ip_pool::CONTROLLER, listed.clone());
         let controller = controller
@@ -537,7 +538,7 @@ where
         + 'static,
 {
     watcher(scope.api::<K>(client.clone()), watcher::Config::default())
-        .default_backoff()
+        .watch_backoff()
         .touched_objects()
         .filter_map(move |object| {
             let picked = match object {
@@ -564,7 +565,7 @@ fn claim_wakeups(
         scope.api::<ipam::IPAddressClaim>(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .watch_backoff()
     .touched_objects()
     .filter_map(|claim| std::future::ready(claim.ok()))
     .flat_map(|claim| futures::stream::iter(owned_by::<server::Watched>(&claim, "OpenStackServer")))

@@ -26,6 +26,7 @@ pub mod shared;
 pub mod sweep;
 pub mod unreachable;
 pub mod wakeups;
+pub mod watch_backoff;
 pub mod webhook;
 
 use std::sync::Arc;

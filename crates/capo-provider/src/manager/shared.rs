@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
 use crate::controllers::packed::StoredMeta;
+use crate::manager::watch_backoff::WatchBackoffExt;
 
 /// How far a subscriber may fall behind before it re-reads the store.
 const BUFFER: usize = 1024;
@@ -53,7 +54,7 @@ where
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let (store, writer) = reflector::store();
         let (sender, _) = broadcast::channel(BUFFER);
-        let events = reflector(writer, watcher(api, config).modify(modify)).default_backoff();
+        let events = reflector(writer, watcher(api, config).modify(modify)).watch_backoff();
         let driver = drive(events, store.clone(), sender.clone());
         (SharedWatch { store, sender }, driver)
     }
