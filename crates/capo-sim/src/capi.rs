@@ -524,7 +524,9 @@ impl CapiActor {
             }
             match tokio::time::timeout_at(deadline, probe()).await {
                 Ok(Ok(Some(value))) => return Ok(value),
-                Ok(Ok(None)) | Err(_) => {}
+                // The API answered: an error from earlier no longer explains the wait.
+                Ok(Ok(None)) => last_error = None,
+                Err(_) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "waiting for {what}");
                     last_error = Some(error.to_string());
