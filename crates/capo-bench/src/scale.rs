@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use capo_api::capi::Cluster;
-use capo_api::{OpenStackCluster, OpenStackMachineSpec};
+use capo_api::{OpenStackCluster, OpenStackMachineSpec, OpenStackServer};
 use capo_sim::capi::{CapiActor, CapiActorConfig, ControlPlane};
 use futures::StreamExt as _;
+use kube::ResourceExt as _;
 use kube::api::{Api, PostParams};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -104,6 +105,13 @@ pub struct ScaleReport {
     pub openstack_windows_over_budget: u64,
     /// From SIGTERM to every cluster reconciled and every gate verdict known again.
     pub restart_to_verdicts_seconds: f64,
+    /// A user's change while the restarted controller works through its first lists: from a
+    /// new OpenStackServer's creation (once the controller is ready) until capo-rs has made
+    /// its server (`status.instanceID`). With `PriorityQueue` on, the default.
+    pub change_during_restart_seconds: f64,
+    /// The same restart and change with `--feature-gates PriorityQueue=false`.
+    pub restart_without_priority_seconds: f64,
+    pub change_during_restart_without_priority_seconds: f64,
 }
 
 /// One child process; killed when dropped.
@@ -994,53 +1002,24 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .text()
         .await?;
     report.reconcile_times = reconcile_times(&samples(&metrics));
-    let restart = Instant::now();
-    sims.carry_over().await?;
-    controller.terminate().await?;
-    let controller = start_controller(
-        &config,
-        &kubeconfig,
+    let restarts = Restarts {
+        config: &config,
+        kubeconfig: &kubeconfig,
         admin,
-        &dir,
-        "controller-restarted",
-        &[],
-    )?;
-    pid.store(u64::from(controller.pid()?), Ordering::Relaxed);
-    let members = f64::from(config.clusters * config.control_plane);
-    loop {
-        let text = http
-            .get(format!("http://127.0.0.1:{admin}/metrics"))
-            .send()
-            .await
-            .ok();
-        let text = match text {
-            Some(response) => response.text().await.unwrap_or_default(),
-            None => String::new(),
-        };
-        let now = samples(&text);
-        let gates_open = sum(&now, "capo_lb_gate_ready", None);
-        let active = sum(&now, "capo_lb_members", Some(("verdict", "Active")));
-        let reconciled = sum(
-            &now,
-            "controller_runtime_reconcile_total",
-            Some(("controller", "openstackcluster")),
-        );
-        if gates_open >= f64::from(config.clusters)
-            && active >= members
-            && reconciled >= f64::from(config.clusters)
-        {
-            break;
-        }
-        anyhow::ensure!(
-            restart.elapsed() < Duration::from_secs(900),
-            "after the restart, verdicts were still unknown after 900 s: {gates_open} gates open, {active} members ACTIVE"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    report.restart_to_verdicts_seconds = restart.elapsed().as_secs_f64();
+        dir: &dir,
+        sims,
+        http: &http,
+        client: &client,
+        pid: &pid,
+    };
+    let (controller, restarted) = restarts
+        .restart(controller, "controller-restarted", &[])
+        .await?;
+    report.restart_to_verdicts_seconds = restarted.to_verdicts;
+    report.change_during_restart_seconds = restarted.change;
     say(&format!(
-        "restart to every verdict known: {:.1} s",
-        report.restart_to_verdicts_seconds
+        "restart to every verdict known: {:.1} s; a change made meanwhile reconciled in {:.1} s",
+        restarted.to_verdicts, restarted.change
     ));
     let after_restart = sims.requests().await?;
     let (kube_rate, openstack_rate) = rates(&rolled_requests, &after_restart);
@@ -1098,10 +1077,155 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .unwrap_or(0);
     report.openstack_budget_per_second = u64::from(config.openstack_qps + config.openstack_burst);
     report.openstack_windows_over_budget = windows_over_the_budget(&per_service, &config);
+    // Last, so the figures above are of the default: the same restart without the low lane.
+    let without = [
+        "--feature-gates".to_owned(),
+        "PriorityQueue=false".to_owned(),
+    ];
+    let (controller, restarted) = restarts
+        .restart(controller, "controller-without-priority", &without)
+        .await?;
+    report.restart_without_priority_seconds = restarted.to_verdicts;
+    report.change_during_restart_without_priority_seconds = restarted.change;
+    say(&format!(
+        "with PriorityQueue=false: restart {:.1} s; the change reconciled in {:.1} s",
+        restarted.to_verdicts, restarted.change
+    ));
     actor.stop().await;
     controller.terminate().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(report)
+}
+
+/// What a restart of the controller is measured with.
+struct Restarts<'a> {
+    config: &'a ScaleConfig,
+    kubeconfig: &'a Path,
+    admin: u16,
+    dir: &'a Path,
+    sims: &'a Sims,
+    http: &'a reqwest::Client,
+    client: &'a kube::Client,
+    pid: &'a AtomicU64,
+}
+
+/// One restart's figures.
+struct Restarted {
+    to_verdicts: f64,
+    change: f64,
+}
+
+impl Restarts<'_> {
+    /// Stops `controller`, starts another with `extra` arguments, and times it to every
+    /// verdict known and a change made as soon as it is ready (see
+    /// [`ScaleReport::change_during_restart_seconds`]).
+    async fn restart(
+        &self,
+        controller: Process,
+        name: &'static str,
+        extra: &[String],
+    ) -> anyhow::Result<(Process, Restarted)> {
+        let restart = Instant::now();
+        self.sims.carry_over().await?;
+        controller.terminate().await?;
+        let controller = start_controller(
+            self.config,
+            self.kubeconfig,
+            self.admin,
+            self.dir,
+            name,
+            extra,
+        )?;
+        self.pid
+            .store(u64::from(controller.pid()?), Ordering::Relaxed);
+        let (verdicts, change) =
+            tokio::join!(self.every_verdict_known(), self.change_reconciled(name));
+        verdicts?;
+        let restarted = Restarted {
+            to_verdicts: restart.elapsed().as_secs_f64(),
+            change: change?,
+        };
+        Ok((controller, restarted))
+    }
+
+    async fn every_verdict_known(&self) -> anyhow::Result<()> {
+        let (config, http, admin) = (self.config, self.http, self.admin);
+        let restart = Instant::now();
+        let members = f64::from(config.clusters * config.control_plane);
+        loop {
+            let text = http
+                .get(format!("http://127.0.0.1:{admin}/metrics"))
+                .send()
+                .await
+                .ok();
+            let text = match text {
+                Some(response) => response.text().await.unwrap_or_default(),
+                None => String::new(),
+            };
+            let now = samples(&text);
+            let gates_open = sum(&now, "capo_lb_gate_ready", None);
+            let active = sum(&now, "capo_lb_members", Some(("verdict", "Active")));
+            let reconciled = sum(
+                &now,
+                "controller_runtime_reconcile_total",
+                Some(("controller", "openstackcluster")),
+            );
+            if gates_open >= f64::from(config.clusters)
+                && active >= members
+                && reconciled >= f64::from(config.clusters)
+            {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                restart.elapsed() < Duration::from_secs(900),
+                "after the restart, verdicts were still unknown after 900 s: {gates_open} gates open, {active} members ACTIVE"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Once the controller is ready (its first lists done, all of it queued), a new
+    /// OpenStackServer on the first cluster's network: seconds until capo-rs made its server.
+    async fn change_reconciled(&self, name: &str) -> anyhow::Result<f64> {
+        wait_ready(self.http, self.admin).await?;
+        let clusters: Api<OpenStackCluster> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let first = clusters.get(&cluster_name(0)).await?;
+        let network = first
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.id)
+            .context("the first cluster has no network")?;
+        let servers: Api<OpenStackServer> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let probe: OpenStackServer = serde_json::from_value(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "OpenStackServer",
+            "metadata": {"name": format!("probe-{name}"), "namespace": NAMESPACE},
+            "spec": {
+                "flavor": "m1.small",
+                "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
+                "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+                "ports": [{"network": {"id": network}}],
+            }
+        }))?;
+        servers.create(&PostParams::default(), &probe).await?;
+        let created = Instant::now();
+        loop {
+            let made = servers
+                .get(&probe.name_any())
+                .await?
+                .status
+                .and_then(|s| s.instance_id)
+                .is_some_and(|id| !id.is_empty());
+            if made {
+                return Ok(created.elapsed().as_secs_f64());
+            }
+            anyhow::ensure!(
+                created.elapsed() < Duration::from_secs(900),
+                "the server made during the restart was not made within 900 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 impl ScaleReport {
@@ -1165,6 +1289,19 @@ impl ScaleReport {
         println!(
             "{:<44} {:>10.1} s {:>12}",
             "restart to every verdict known", self.restart_to_verdicts_seconds, "<= 120 s"
+        );
+        println!(
+            "{:<44} {:>10.1} s {:>12}",
+            "a change during the restart reconciled in",
+            self.change_during_restart_seconds,
+            format!(
+                "{:.1} s off",
+                self.change_during_restart_without_priority_seconds
+            )
+        );
+        println!(
+            "{:<44} {:>10.1} s",
+            "restart with PriorityQueue=false", self.restart_without_priority_seconds
         );
         println!(
             "\n{:<20} {:>12} {:>12} {:>12}",

@@ -60,6 +60,9 @@ pub struct ControllerConfig {
     /// Machine templates get the capacity and node info the cluster autoscaler reads (CAPO's
     /// `AutoScaleFromZero` gate; the manager sets it from its feature gates).
     pub scale_from_zero: bool,
+    /// Objects of a first list and periodic passes wait behind changes (CAPO's
+    /// `PriorityQueue` gate; the manager sets it from its feature gates).
+    pub priority_queue: bool,
 }
 
 impl Default for ControllerConfig {
@@ -76,6 +79,7 @@ impl Default for ControllerConfig {
             // The library's default keeps removals immediate; `capo-rs run` drains for 30 s.
             drain_period: Duration::ZERO,
             scale_from_zero: false,
+            priority_queue: true,
         }
     }
 }

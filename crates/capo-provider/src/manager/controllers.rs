@@ -33,7 +33,8 @@ use crate::controllers::{
     Caches, ClientCache, Context, cluster, floating_ip_pool, machine, machine_template, server,
 };
 use crate::manager::Health;
-use crate::manager::shared::{SharedWatch, changed};
+use crate::manager::priority::Lanes;
+use crate::manager::shared::{Origin, SharedWatch, changed};
 use crate::manager::sweep::due_passes;
 use crate::manager::watch_backoff::{WatchBackoff, WatchBackoffExt};
 
@@ -138,12 +139,15 @@ impl Queue {
     }
 
     /// Own objects' changes, noted.
-    fn own<K: Resource, S>(&self, stream: S) -> impl futures::Stream<Item = Arc<K>> + use<K, S>
+    fn own<K: Resource, S>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = (Arc<K>, Origin)> + use<K, S>
     where
-        S: futures::Stream<Item = Arc<K>>,
+        S: futures::Stream<Item = (Arc<K>, Origin)>,
     {
         let queue = self.clone();
-        stream.inspect(move |object| queue.note_object(object.as_ref()))
+        stream.inspect(move |(object, _)| queue.note_object(object.as_ref()))
     }
 
     /// Wake-ups, noted.
@@ -295,7 +299,9 @@ impl Watches {
     }
 
     /// Clusters, when they appear or their `spec.paused` changes.
-    fn paused_clusters(&self) -> impl futures::Stream<Item = Arc<Cluster>> + Send + use<> {
+    fn paused_clusters(
+        &self,
+    ) -> impl futures::Stream<Item = (Arc<Cluster>, Origin)> + Send + use<> {
         changed(
             self.clusters.subscribe(),
             self.clusters.store(),
@@ -455,7 +461,8 @@ pub fn run_servers(
             .controller_started(server::CONTROLLER, usize::from(concurrency));
         let queue = Queue::new(&ctx, server::CONTROLLER);
         let queue_name = server::CONTROLLER;
-        let controller = Controller::for_shared_stream(queue.own(servers), reader)
+        let (lanes, low) = Lanes::new(ctx.config.priority_queue, usize::from(concurrency));
+        let controller = Controller::for_shared_stream(lanes.own(queue.own(servers)), reader)
             .watches_stream(
                 secrets,
                 queue.mapping(move |secret: PartialObjectMeta<Secret>| {
@@ -467,14 +474,15 @@ pub fn run_servers(
                     })
                 }),
             )
-            .watches_shared_stream(clusters, queue.mapping(labelled_for_cluster(by_cluster)))
+            .reconcile_on(lanes.related(clusters, queue.mapping(labelled_for_cluster(by_cluster))))
             .reconcile_on(queue.wakeups(images))
             .reconcile_on(queue.wakeups(claims))
-            .reconcile_on(queue.wakeups(due))
+            .reconcile_on(lanes.low(queue.wakeups(due)))
+            .reconcile_on(low)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(server::reconcile, server::error_policy, ctx)
-            .for_each(log_errors(queue));
+            .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
             controller: queue_name,
@@ -514,7 +522,9 @@ pub fn run_pools(
                 floating_ip_pool::error_policy,
                 ctx,
             )
-            .for_each(log_errors(queue));
+            // Its own objects come from kube-runtime's watch, which says nothing of lists:
+            // one lane. (A handful of pools per cluster, not thousands.)
+            .for_each(log_errors(queue, Lanes::new(false, 1).0));
         let synced = Synced {
             health,
             controller: floating_ip_pool::CONTROLLER,
@@ -626,7 +636,8 @@ pub fn run_clusters(
             .controller_started(cluster::CONTROLLER, usize::from(concurrency));
         let queue = Queue::new(&ctx, cluster::CONTROLLER);
         let queue_name = cluster::CONTROLLER;
-        let controller = Controller::for_shared_stream(queue.own(clusters), reader)
+        let (lanes, low) = Lanes::new(ctx.config.priority_queue, usize::from(concurrency));
+        let controller = Controller::for_shared_stream(lanes.own(queue.own(clusters)), reader)
             .watches_stream(
                 secrets,
                 queue.mapping(move |secret: PartialObjectMeta<Secret>| {
@@ -639,11 +650,11 @@ pub fn run_clusters(
                     })
                 }),
             )
-            .watches_shared_stream(
+            .reconcile_on(lanes.related(
                 capi_clusters,
                 queue.mapping(labelled_for_cluster(by_cluster)),
-            )
-            .watches_shared_stream(
+            ))
+            .reconcile_on(lanes.related(
                 machines,
                 queue.mapping(move |machine: Arc<machine::Watched>| {
                     let name = capi::cluster_name(machine.labels()).map(str::to_owned);
@@ -651,20 +662,21 @@ pub fn run_clusters(
                         name.is_some() && capi::cluster_name(object.labels()) == name.as_deref()
                     })
                 }),
-            )
-            .watches_shared_stream(
+            ))
+            .reconcile_on(lanes.related(
                 bastions,
                 queue.mapping(|server: Arc<server::Watched>| {
                     owned_by::<Watched>(server.as_ref(), "OpenStackCluster")
                 }),
-            )
+            ))
             .reconcile_on(queue.wakeups(wakeups.changed))
-            .reconcile_on(queue.wakeups(due))
+            .reconcile_on(lanes.low(queue.wakeups(due)))
+            .reconcile_on(low)
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(cluster::reconcile, cluster::error_policy, ctx)
-            .for_each(log_errors(queue));
+            .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
             controller: queue_name,
@@ -730,12 +742,13 @@ pub fn run_machines(
             .controller_started(machine::CONTROLLER, usize::from(concurrency));
         let queue = Queue::new(&ctx, machine::CONTROLLER);
         let queue_name = machine::CONTROLLER;
-        let controller = Controller::for_shared_stream(queue.own(machines), reader)
-            .watches_shared_stream(
+        let (lanes, low) = Lanes::new(ctx.config.priority_queue, usize::from(concurrency));
+        let controller = Controller::for_shared_stream(lanes.own(queue.own(machines)), reader)
+            .reconcile_on(lanes.related(
                 capi_clusters,
                 queue.mapping(labelled_for_cluster(by_cluster)),
-            )
-            .watches_shared_stream(
+            ))
+            .reconcile_on(lanes.related(
                 capi_machines,
                 queue.mapping(|owner: Arc<Packed<capi::Machine>>| {
                     let infrastructure = owner
@@ -749,14 +762,14 @@ pub fn run_machines(
                         object
                     })
                 }),
-            )
-            .watches_shared_stream(
+            ))
+            .reconcile_on(lanes.related(
                 servers,
                 queue.mapping(|server: Arc<server::Watched>| {
                     owned_by::<Watched>(server.as_ref(), "OpenStackMachine")
                 }),
-            )
-            .watches_shared_stream(
+            ))
+            .reconcile_on(lanes.related(
                 infra,
                 queue.mapping(move |osc: Arc<cluster::Watched>| {
                     let name = capi::cluster_name(osc.labels())
@@ -766,14 +779,15 @@ pub fn run_machines(
                         capi::cluster_name(object.labels()) == Some(name.as_str())
                     })
                 }),
-            )
+            ))
             .reconcile_on(queue.wakeups(wakeups.changed))
-            .reconcile_on(queue.wakeups(due))
+            .reconcile_on(lanes.low(queue.wakeups(due)))
+            .reconcile_on(low)
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(machine::reconcile, machine::error_policy, ctx)
-            .for_each(log_errors(queue));
+            .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
             controller: queue_name,
@@ -812,8 +826,9 @@ pub fn run_machine_templates(
             .controller_started(machine_template::CONTROLLER, usize::from(concurrency));
         let queue = Queue::new(&ctx, machine_template::CONTROLLER);
         let queue_name = machine_template::CONTROLLER;
-        let controller = Controller::for_shared_stream(queue.own(templates), reader)
-            .watches_shared_stream(
+        let (lanes, low) = Lanes::new(ctx.config.priority_queue, usize::from(concurrency));
+        let controller = Controller::for_shared_stream(lanes.own(queue.own(templates)), reader)
+            .reconcile_on(lanes.related(
                 infra,
                 queue.mapping(move |osc: Arc<cluster::Watched>| {
                     let name = capi::cluster_name(osc.labels())
@@ -823,8 +838,9 @@ pub fn run_machine_templates(
                         capi::cluster_name(object.labels()) == Some(name.as_str())
                     })
                 }),
-            )
-            .reconcile_on(queue.wakeups(due))
+            ))
+            .reconcile_on(lanes.low(queue.wakeups(due)))
+            .reconcile_on(low)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
@@ -832,7 +848,7 @@ pub fn run_machine_templates(
                 machine_template::error_policy,
                 ctx,
             )
-            .for_each(log_errors(queue));
+            .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
             controller: queue_name,
@@ -987,11 +1003,28 @@ fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
     credentials || user_data
 }
 
-/// What a controller's stream hands back, its errors logged.
-fn log_errors<T, E: std::error::Error, Q: std::error::Error>(
+/// One reconcile's end, as a controller's stream hands it back.
+type Ended<K, T, E, Q> = Result<(ObjectRef<K>, T), controller::Error<E, Q>>;
+
+/// What a controller's stream hands back: each ended reconcile gives back its low-lane
+/// permit, and errors are logged.
+fn log_errors<K, T, E: std::error::Error, Q: std::error::Error>(
     queue: Queue,
-) -> impl FnMut(Result<T, controller::Error<E, Q>>) -> std::future::Ready<()> {
+    lanes: Lanes<K>,
+) -> impl FnMut(Ended<K, T, E, Q>) -> std::future::Ready<()>
+where
+    K: reflector::Lookup + Clone + Send + Sync + 'static,
+    K::DynamicType: Clone + Default + Eq + std::hash::Hash + Send + Sync,
+{
     move |result| {
+        match &result {
+            Ok((object, _)) => lanes.finished(object.namespace.as_deref(), &object.name),
+            Err(
+                controller::Error::ReconcilerFailed(_, object)
+                | controller::Error::ObjectNotFound(object),
+            ) => lanes.finished(object.namespace.as_deref(), &object.name),
+            Err(_) => {}
+        }
         if let Err(error) = result {
             log_controller_error(&queue, &error);
         }

@@ -21,6 +21,7 @@ pub mod manifests;
 pub mod metrics_auth;
 pub mod metrics_server;
 pub mod migration;
+pub mod priority;
 pub mod shards;
 pub mod shared;
 pub mod sweep;
@@ -380,6 +381,7 @@ async fn run_controllers(
         metrics,
         ControllerConfig {
             scale_from_zero: config.features.auto_scale_from_zero,
+            priority_queue: config.features.priority_queue,
             ..config.controllers.clone()
         },
         watches.caches(),

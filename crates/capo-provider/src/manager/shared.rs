@@ -12,6 +12,10 @@
 //! reconciled (found on a real kube-apiserver). A subscriber that falls `BUFFER` objects
 //! behind re-reads the whole store instead (so nothing is missed but a deletion, which the
 //! objects' own requeues cover).
+//!
+//! Each object broadcast says where it came from ([`Origin`]): the watch's first list, a
+//! later relist, or a watch event. The first list's objects are not news, which is what
+//! `PriorityQueue` ([`crate::manager::priority`]) needs to reconcile them after changes.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -38,7 +42,19 @@ where
     K: Resource<DynamicType = ()> + 'static,
 {
     store: Store<K>,
-    sender: broadcast::Sender<Arc<K>>,
+    sender: broadcast::Sender<(Arc<K>, Origin)>,
+}
+
+/// Where a broadcast object came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The watch's first list: every object there is, none of it news.
+    FirstList,
+    /// A later list (after a 410 or an outage), or a re-read of the store by a subscriber
+    /// that fell behind: what changed meanwhile is news, and `changed` passes only that.
+    Relist,
+    /// An event of the watch: a change.
+    Watch,
 }
 
 impl<K> SharedWatch<K>
@@ -64,14 +80,15 @@ where
         self.store.clone()
     }
 
-    /// Every object the watch sees from now on, applied or deleted, as the store holds it.
-    pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static + use<K> {
+    /// Every object the watch sees from now on, applied or deleted, as the store holds it,
+    /// with where it came from.
+    pub fn subscribe(&self) -> impl Stream<Item = (Arc<K>, Origin)> + Send + 'static + use<K> {
         let store = self.store.clone();
         futures::stream::unfold(self.sender.subscribe(), move |mut receiver| {
             let store = store.clone();
             async move {
                 match receiver.recv().await {
-                    Ok(object) => Some((vec![object], receiver)),
+                    Ok(seen) => Some((vec![seen], receiver)),
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::debug!(
                             kind = %K::kind(&()),
@@ -80,7 +97,8 @@ where
                         );
                         // Nothing missed is lost: the store holds the latest of each.
                         let _ = store.wait_until_ready().await;
-                        Some((store.state(), receiver))
+                        let state = store.state().into_iter().map(|o| (o, Origin::Relist));
+                        Some((state.collect(), receiver))
                     }
                     Err(broadcast::error::RecvError::Closed) => None,
                 }
@@ -92,13 +110,14 @@ where
 
 /// Broadcasts what the watch sees once the store holds it: each applied or deleted object as
 /// it comes, and a (re)list's objects when the list is complete and the store swapped in.
-async fn drive<K, S>(events: S, store: Store<K>, sender: broadcast::Sender<Arc<K>>)
+async fn drive<K, S>(events: S, store: Store<K>, sender: broadcast::Sender<(Arc<K>, Origin)>)
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let kind = K::kind(&());
     futures::pin_mut!(events);
+    let mut listed = Origin::FirstList;
     while let Some(event) = events.next().await {
         // No subscriber (yet) is fine: sends that fail are dropped.
         match event {
@@ -107,13 +126,14 @@ where
                 let shared = store
                     .get(&ObjectRef::from_obj(&object))
                     .unwrap_or_else(|| Arc::new(object));
-                let _ = sender.send(shared);
+                let _ = sender.send((shared, Origin::Watch));
             }
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
                 for object in store.state() {
-                    let _ = sender.send(object);
+                    let _ = sender.send((object, listed));
                 }
+                listed = Origin::Relist;
             }
             Err(error) => tracing::warn!(%kind, %error, "watch trouble; retrying"),
         }
@@ -123,15 +143,15 @@ where
 /// Only the objects whose `value` differs from when this stream last passed them, and the
 /// deleted ones. `None` from `value` always passes.
 pub fn changed<K>(
-    objects: impl Stream<Item = Arc<K>> + Send + 'static,
+    objects: impl Stream<Item = (Arc<K>, Origin)> + Send + 'static,
     store: Store<K>,
     value: impl Fn(&K) -> Option<u64> + Send + 'static,
-) -> impl Stream<Item = Arc<K>> + Send + 'static
+) -> impl Stream<Item = (Arc<K>, Origin)> + Send + 'static
 where
     K: Resource<DynamicType = ()> + StoredMeta + Clone + Send + Sync + 'static,
 {
     let mut seen: HashMap<u64, u64> = HashMap::new();
-    objects.filter(move |object| {
+    objects.filter(move |(object, _)| {
         let identity = object.stored_identity();
         let stored = store.get(&ObjectRef::from_obj(object.as_ref())).is_some();
         let pass = if !stored {
@@ -201,12 +221,45 @@ mod tests {
             Some(0),
             "nothing woken early"
         );
-        let woken = receiver
+        let (woken, _) = receiver
             .recv()
             .await
             .expect("the relisted object is broadcast");
         assert_eq!(woken.name_any(), "created-while-away");
         assert!(store.get(&ObjectRef::from_obj(woken.as_ref())).is_some());
+    }
+
+    /// The first list is not news; a relist and a watch event are.
+    #[tokio::test]
+    async fn each_object_says_whether_it_came_from_the_first_list_a_relist_or_a_change() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let (sender, mut receiver) = broadcast::channel(BUFFER);
+        let listed = |name: &str| {
+            [
+                Event::Init,
+                Event::InitApply(config_map(name, "1")),
+                Event::InitDone,
+            ]
+        };
+        let script = listed("a")
+            .into_iter()
+            .chain([Event::Apply(config_map("b", "1"))])
+            .chain(listed("a"));
+        let events = futures::stream::iter(script).map(|event| {
+            writer.apply_watcher_event(&event);
+            Ok(event)
+        });
+        drive(events, store, sender).await;
+        let mut origins = Vec::new();
+        while let Ok((object, origin)) = receiver.try_recv() {
+            origins.push((object.name_any(), origin));
+        }
+        let expected = [
+            ("a", Origin::FirstList),
+            ("b", Origin::Watch),
+            ("a", Origin::Relist),
+        ];
+        assert_eq!(origins, expected.map(|(n, o)| (n.to_owned(), o)));
     }
 
     #[tokio::test]
@@ -216,15 +269,16 @@ mod tests {
         writer.apply_watcher_event(&Event::Apply(a.clone()));
         let a_again = Arc::new(a.clone());
         let a_changed = Arc::new(config_map("a", "2"));
-        let objects = futures::stream::iter(vec![Arc::new(a.clone()), a_again, a_changed.clone()]);
+        let objects = futures::stream::iter(
+            [Arc::new(a.clone()), a_again, a_changed.clone()].map(|o| (o, Origin::Watch)),
+        );
         // The store holds the object while it lives.
         writer.apply_watcher_event(&Event::Apply(config_map("a", "2")));
-        let passed: Vec<Arc<ConfigMap>> =
-            changed(objects, store.clone(), data_hash).collect().await;
+        let passed: Vec<_> = changed(objects, store.clone(), data_hash).collect().await;
         assert_eq!(passed.len(), 2, "the same content twice passes once");
         writer.apply_watcher_event(&Event::Delete(config_map("a", "2")));
-        let deleted = futures::stream::iter(vec![a_changed]);
-        let passed: Vec<Arc<ConfigMap>> = changed(deleted, store, data_hash).collect().await;
+        let deleted = futures::stream::iter(vec![(a_changed, Origin::Watch)]);
+        let passed: Vec<_> = changed(deleted, store, data_hash).collect().await;
         assert_eq!(passed.len(), 1, "a deletion always passes");
     }
 
@@ -241,13 +295,14 @@ mod tests {
         for i in 0..(BUFFER + 10) {
             let map = config_map(&format!("m{i}"), "x");
             writer.apply_watcher_event(&Event::InitApply(map.clone()));
-            let _ = sender.send(Arc::new(map));
+            let _ = sender.send((Arc::new(map), Origin::FirstList));
         }
         writer.apply_watcher_event(&Event::InitDone);
         drop(sender);
         drop(shared);
-        let seen: Vec<Arc<ConfigMap>> = subscriber.collect().await;
-        let names: std::collections::BTreeSet<String> = seen.iter().map(|m| m.name_any()).collect();
+        let seen: Vec<_> = subscriber.collect().await;
+        let names: std::collections::BTreeSet<String> =
+            seen.iter().map(|(m, _)| m.name_any()).collect();
         assert_eq!(names.len(), BUFFER + 10, "every object, from the store");
     }
 }
