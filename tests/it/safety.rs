@@ -136,6 +136,9 @@ async fn measure_a_small_fleet(
     assert_eq!(report.clusters_rolled, 1);
     assert!(report.peak_rss_bytes >= report.steady_rss_bytes && report.steady_rss_bytes > 0);
     assert_eq!(report.openstack_windows_over_budget, 0);
+    // A server created during each restart (gate on, then off) was made.
+    assert!(report.change_during_restart_seconds > 0.0);
+    assert!(report.change_during_restart_without_priority_seconds > 0.0);
     // qps 20 + burst 40, and a second of qps for arrival jitter.
     assert!(report.openstack_peak_per_second <= 80);
     assert!(report.restart_to_verdicts_seconds > 0.0);

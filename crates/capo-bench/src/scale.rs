@@ -717,7 +717,12 @@ pub(crate) struct Stage {
 
 impl Stage {
     pub(crate) async fn start(config: &ScaleConfig) -> anyhow::Result<Stage> {
-        let dir = std::env::temp_dir().join(format!("capo-rs-scale-{}", std::process::id()));
+        // One directory per stage: two benches in one process (the tests) must not share
+        // the simulator's clouds.yaml, nor remove each other's.
+        static STAGES: AtomicU64 = AtomicU64::new(0);
+        let stage = STAGES.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("capo-rs-scale-{}-{stage}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let clouds = dir.join("clouds.yaml");
         if let Some(tier) = &config.kube_tier {
@@ -1204,6 +1209,7 @@ impl Restarts<'_> {
                 "flavor": "m1.small",
                 "image": {"filter": {"name": "ubuntu-2404-kube-v1.33.4"}},
                 "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+                "sshKeyName": "capo",
                 "ports": [{"network": {"id": network}}],
             }
         }))?;
