@@ -84,11 +84,20 @@ where
     /// with where it came from.
     pub fn subscribe(&self) -> impl Stream<Item = (Arc<K>, Origin)> + Send + 'static + use<K> {
         let store = self.store.clone();
-        futures::stream::unfold(self.sender.subscribe(), move |mut receiver| {
+        // Until something other than the first list arrives, a subscriber that falls behind
+        // fell behind during the first list (controllers read nothing until every watch has
+        // listed, so at scale they always do): its re-read of the store is the first list.
+        let state = (self.sender.subscribe(), Origin::FirstList);
+        futures::stream::unfold(state, move |(mut receiver, mut behind)| {
             let store = store.clone();
             async move {
                 match receiver.recv().await {
-                    Ok(seen) => Some((vec![seen], receiver)),
+                    Ok(seen) => {
+                        if seen.1 != Origin::FirstList {
+                            behind = Origin::Relist;
+                        }
+                        Some((vec![seen], (receiver, behind)))
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::debug!(
                             kind = %K::kind(&()),
@@ -97,8 +106,8 @@ where
                         );
                         // Nothing missed is lost: the store holds the latest of each.
                         let _ = store.wait_until_ready().await;
-                        let state = store.state().into_iter().map(|o| (o, Origin::Relist));
-                        Some((state.collect(), receiver))
+                        let state = store.state().into_iter().map(|o| (o, behind));
+                        Some((state.collect(), (receiver, behind)))
                     }
                     Err(broadcast::error::RecvError::Closed) => None,
                 }
@@ -304,5 +313,33 @@ mod tests {
         let names: std::collections::BTreeSet<String> =
             seen.iter().map(|(m, _)| m.name_any()).collect();
         assert_eq!(names.len(), BUFFER + 10, "every object, from the store");
+        assert!(
+            seen.iter().all(|(_, origin)| *origin == Origin::FirstList),
+            "behind during the first list, the re-read is the first list"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_behind_after_a_change_reads_the_store_as_a_relist() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let (sender, _) = broadcast::channel(BUFFER);
+        let shared = SharedWatch {
+            store: store.clone(),
+            sender: sender.clone(),
+        };
+        let mut subscriber = Box::pin(shared.subscribe());
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitDone);
+        let _ = sender.send((Arc::new(config_map("first", "x")), Origin::Watch));
+        assert_eq!(subscriber.next().await.map(|(_, o)| o), Some(Origin::Watch));
+        for i in 0..(BUFFER + 10) {
+            let map = config_map(&format!("m{i}"), "x");
+            writer.apply_watcher_event(&Event::Apply(map.clone()));
+            let _ = sender.send((Arc::new(map), Origin::Watch));
+        }
+        drop(sender);
+        drop(shared);
+        let (_, origin) = subscriber.next().await.expect("the store, re-read");
+        assert_eq!(origin, Origin::Relist);
     }
 }
