@@ -17,7 +17,7 @@
 //!
 //! A watch that the server answers with 410 Gone (its resource version compacted away,
 //! typical right after the server restarts) must list again: that is the server working,
-//! not failing, so the relist happens at once, at most once per [`FREE_RELIST_EVERY`] so a
+//! not failing, so the relist happens at once, at most once per `FREE_RELIST_EVERY` (30 s) so a
 //! server that keeps answering 410 is still backed off.
 
 use std::time::Duration;
@@ -34,7 +34,7 @@ const CAP: Duration = Duration::from_secs(8);
 /// How often a 410 Gone may skip the backoff.
 const FREE_RELIST_EVERY: Duration = Duration::from_secs(30);
 
-/// Exponential backoff from [`FIRST`] doubling to [`CAP`], each wait lengthened by up to half
+/// Exponential backoff from `FIRST` (0.5 s) doubling to `CAP` (8 s), each wait lengthened by up to half
 /// again at random so that the manager's watches do not retry in step. Reset by the stream on
 /// any event that is not an error.
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ fn is_expired(error: &watcher::Error) -> bool {
 }
 
 /// Which errors go to the backoff: all but a 410 Gone when no other 410 skipped it in the last
-/// [`FREE_RELIST_EVERY`].
+/// `FREE_RELIST_EVERY` (30 s).
 #[derive(Debug, Default)]
 struct FreeRelist {
     last: Option<Instant>,
