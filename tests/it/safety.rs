@@ -96,7 +96,10 @@ async fn real_kube_bench_scale_measures_a_small_fleet_on_a_real_api_server() {
     }
     let world = crate::kube_world::KubeWorld::own_real(&[], "bench").await;
     let report = measure_a_small_fleet(world.own_tier_dir()).await;
-    for phase in ["bring-up", "steady", "rollouts", "restart"] {
+    // Not steady: a settled fleet asks the API server nothing in two seconds (a watch of a
+    // kind that is not installed used to ask every second; it now backs off to 8-12 s).
+    assert!(report.kube_requests_per_second.contains_key("steady"));
+    for phase in ["bring-up", "rollouts", "restart"] {
         assert!(
             report.kube_requests_per_second[phase] > 0.0,
             "{phase}: {:?}",
