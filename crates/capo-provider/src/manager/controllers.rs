@@ -475,13 +475,13 @@ pub fn run_servers(
                 }),
             )
             .reconcile_on(lanes.related(clusters, queue.mapping(labelled_for_cluster(by_cluster))))
-            .reconcile_on(queue.wakeups(images))
-            .reconcile_on(queue.wakeups(claims))
+            .reconcile_on(lanes.news(queue.wakeups(images)))
+            .reconcile_on(lanes.news(queue.wakeups(claims)))
             .reconcile_on(lanes.low(queue.wakeups(due)))
             .reconcile_on(low)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(server::reconcile, server::error_policy, ctx)
+            .run(lanes.starting(server::reconcile), server::error_policy, ctx)
             .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
@@ -669,13 +669,17 @@ pub fn run_clusters(
                     owned_by::<Watched>(server.as_ref(), "OpenStackCluster")
                 }),
             ))
-            .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_on(lanes.news(queue.wakeups(wakeups.changed)))
             .reconcile_on(lanes.low(queue.wakeups(due)))
             .reconcile_on(low)
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(cluster::reconcile, cluster::error_policy, ctx)
+            .run(
+                lanes.starting(cluster::reconcile),
+                cluster::error_policy,
+                ctx,
+            )
             .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
@@ -780,13 +784,17 @@ pub fn run_machines(
                     })
                 }),
             ))
-            .reconcile_on(queue.wakeups(wakeups.changed))
+            .reconcile_on(lanes.news(queue.wakeups(wakeups.changed)))
             .reconcile_on(lanes.low(queue.wakeups(due)))
             .reconcile_on(low)
             .reconcile_all_on(wakeups.resync)
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(machine::reconcile, machine::error_policy, ctx)
+            .run(
+                lanes.starting(machine::reconcile),
+                machine::error_policy,
+                ctx,
+            )
             .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
@@ -844,7 +852,7 @@ pub fn run_machine_templates(
             .with_config(controller::Config::default().concurrency(concurrency))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(
-                machine_template::reconcile,
+                lanes.starting(machine_template::reconcile),
                 machine_template::error_policy,
                 ctx,
             )
@@ -1019,10 +1027,12 @@ where
     move |result| {
         match &result {
             Ok((object, _)) => lanes.finished(object.namespace.as_deref(), &object.name),
-            Err(
-                controller::Error::ReconcilerFailed(_, object)
-                | controller::Error::ObjectNotFound(object),
-            ) => lanes.finished(object.namespace.as_deref(), &object.name),
+            Err(controller::Error::ReconcilerFailed(_, object)) => {
+                lanes.finished(object.namespace.as_deref(), &object.name);
+            }
+            Err(controller::Error::ObjectNotFound(object)) => {
+                lanes.not_found(object.namespace.as_deref(), &object.name);
+            }
             Err(_) => {}
         }
         if let Err(error) = result {

@@ -11,8 +11,12 @@
 //! passes over settled objects, go to a low lane ([`Lanes`]) that lets at most `limit` of them
 //! into the scheduler at a time (a permit each, given back when their reconcile ends; a permit
 //! held past [`PERMIT_BOUND`] is taken back, so a lost result cannot stop the lane). Changes
-//! go straight in. A change then waits for at most one round of reconciles, not for the list.
-//! With the gate off, everything goes straight in, as before.
+//! go straight in, and while a change waits for its reconcile to start the low lane lets
+//! nothing in: once kube-runtime's runner is busy, what waits for a free slot is served in no
+//! particular order (a hash set), so a low object admitted beside a change would win half the
+//! time, and a change could lose to every object of the list in turn. A change then waits for
+//! at most the low objects already admitted, not for the list. With the gate off, everything
+//! goes straight in, as before.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -22,12 +26,13 @@ use std::time::Duration;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{Lookup, ObjectRef};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::manager::shared::Origin;
 
-/// How long an admitted object may hold its permit before the lane takes it back.
+/// How long an admitted object may hold its permit, and a change may wait for its reconcile
+/// to start, before the low lane stops waiting for it.
 pub const PERMIT_BOUND: Duration = Duration::from_secs(30);
 
 /// One controller's two lanes. Cheap to clone: every trigger stream takes a handle.
@@ -47,10 +52,14 @@ impl<K: Lookup> Clone for Lanes<K> {
 }
 
 /// The objects let through the low lane whose reconcile has not ended, with their permits,
-/// by namespace and name (a failed reconcile names its object without its kind).
+/// and the changes sent straight in whose reconcile has not started, by namespace and name
+/// (a failed reconcile names its object without its kind).
 struct Admitted<K> {
     permits: Arc<Semaphore>,
     held: Mutex<HashMap<Key, (OwnedSemaphorePermit, Instant)>>,
+    /// Since when each change has waited.
+    news: Mutex<HashMap<Key, Instant>>,
+    news_started: Notify,
     kind: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -74,6 +83,8 @@ where
         let admitted = Arc::new(Admitted {
             permits: Arc::new(Semaphore::new(limit.max(1))),
             held: Mutex::new(HashMap::new()),
+            news: Mutex::new(HashMap::new()),
+            news_started: Notify::new(),
             kind: std::marker::PhantomData,
         });
         let (sender, receiver) = unbounded();
@@ -125,6 +136,30 @@ where
         })
     }
 
+    /// Objects that are always news (the engine's wake-ups): they pass, and the low lane
+    /// waits for their reconciles to start.
+    pub fn news(
+        &self,
+        objects: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static {
+        let lanes = self.clone();
+        objects.inspect(move |object| {
+            lanes.to_low_lane(Origin::Watch, || vec![object.clone()]);
+        })
+    }
+
+    /// `reconcile`, telling the lanes when each reconcile starts.
+    pub fn starting<C, F, R>(&self, reconcile: R) -> impl FnMut(Arc<K>, C) -> F + use<C, F, R, K>
+    where
+        R: Fn(Arc<K>, C) -> F,
+    {
+        let lanes = self.clone();
+        move |object, ctx| {
+            lanes.started(&key_of(&ObjectRef::from_obj(object.as_ref())));
+            reconcile(object, ctx)
+        }
+    }
+
     /// A reconcile of the object ended: its permit, if it holds one, is given back.
     pub fn finished(&self, namespace: Option<&str>, name: &str) {
         self.admitted
@@ -132,12 +167,32 @@ where
             .remove(&(namespace.map(str::to_owned), name.to_owned()));
     }
 
+    /// The object will not be reconciled (it is gone from the store): no change of it waits.
+    pub fn not_found(&self, namespace: Option<&str>, name: &str) {
+        self.started(&(namespace.map(str::to_owned), name.to_owned()));
+        self.finished(namespace, name);
+    }
+
+    fn started(&self, key: &Key) {
+        if self.low.is_some() && self.admitted.news().remove(key).is_some() {
+            self.admitted.news_started.notify_waiters();
+        }
+    }
+
     /// Sends `objects()` to the low lane when the gate is on and `origin` is not news; true
-    /// when they should pass straight on instead.
+    /// when they should pass straight on instead (noted as news when the gate is on).
     fn to_low_lane(&self, origin: Origin, objects: impl FnOnce() -> Vec<ObjectRef<K>>) -> bool {
-        let Some(low) = self.low.as_ref().filter(|_| origin == Origin::FirstList) else {
+        let Some(low) = self.low.as_ref() else {
             return true;
         };
+        if origin != Origin::FirstList {
+            let now = Instant::now();
+            let mut news = self.admitted.news();
+            for object in objects() {
+                news.entry(key_of(&object)).or_insert(now);
+            }
+            return true;
+        }
         for object in objects() {
             // Closed only when the low lane's stream is gone with its controller.
             let _ = low.unbounded_send(object);
@@ -171,8 +226,36 @@ impl<K> Admitted<K> {
         }
     }
 
+    /// A permit once no change waits for its reconcile to start (changes that waited past
+    /// [`PERMIT_BOUND`] are no longer waited for: their start may have gone unseen).
+    async fn admission(&self) -> Option<OwnedSemaphorePermit> {
+        let permit = self.permit().await?;
+        loop {
+            let started = self.news_started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            let now = Instant::now();
+            let waiting = {
+                let mut news = self.news();
+                news.retain(|_, since| now.duration_since(*since) < PERMIT_BOUND);
+                !news.is_empty()
+            };
+            if !waiting {
+                return Some(permit);
+            }
+            tokio::select! {
+                () = started => {}
+                () = tokio::time::sleep(PERMIT_BOUND / 4) => {}
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, (OwnedSemaphorePermit, Instant)>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn news(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Instant>> {
+        self.news.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -203,7 +286,7 @@ where
                         Some(_) => {}
                         None => closed = true,
                     },
-                    permit = admitted.permit(), if !waiting.order.is_empty() => {
+                    permit = admitted.admission(), if !waiting.order.is_empty() => {
                         let (Some(permit), Some(object)) = (permit, waiting.pop()) else {
                             return None;
                         };
@@ -285,6 +368,15 @@ mod tests {
             .collect()
             .await;
         assert_eq!(passed, ["d", "e"], "changes go straight on");
+        assert!(
+            ready_now(&mut low).is_empty(),
+            "nothing is admitted while a change waits to start"
+        );
+        let mut reconcile = lanes.starting(|_: Arc<ConfigMap>, (): ()| ());
+        reconcile(map("d"), ());
+        assert!(ready_now(&mut low).is_empty(), "e has not started");
+        reconcile(map("e"), ());
+        tokio::task::yield_now().await;
         assert_eq!(ready_now(&mut low), ["a", "b"], "two permits, two admitted");
         lanes.finished(Some("ns"), "a");
         assert_eq!(
@@ -292,6 +384,46 @@ mod tests {
             ["c"],
             "a finished reconcile lets the next in"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_that_never_starts_holds_the_low_lane_only_until_the_bound() {
+        let (lanes, low) = Lanes::<ConfigMap>::new(true, 1);
+        let mut low = Box::pin(low);
+        let _: Vec<_> = lanes
+            .low(futures::stream::iter([named("a")]))
+            .collect()
+            .await;
+        let _: Vec<_> = lanes
+            .news(futures::stream::iter([named("woken")]))
+            .collect()
+            .await;
+        assert!(ready_now(&mut low).is_empty());
+        tokio::time::sleep(PERMIT_BOUND / 2).await;
+        assert!(ready_now(&mut low).is_empty(), "still within the bound");
+        tokio::time::sleep(PERMIT_BOUND).await;
+        assert_eq!(
+            ready_now(&mut low),
+            ["a"],
+            "the lost start is no longer waited for"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_to_an_object_gone_from_the_store_does_not_hold_the_low_lane() {
+        let (lanes, low) = Lanes::<ConfigMap>::new(true, 1);
+        let mut low = Box::pin(low);
+        let _: Vec<_> = lanes
+            .own(futures::stream::iter([
+                (map("a"), Origin::FirstList),
+                (map("gone"), Origin::Watch),
+            ]))
+            .collect()
+            .await;
+        assert!(ready_now(&mut low).is_empty());
+        lanes.not_found(Some("ns"), "gone");
+        tokio::task::yield_now().await;
+        assert_eq!(ready_now(&mut low), ["a"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -350,6 +482,9 @@ mod tests {
             .collect()
             .await;
         assert_eq!(passed, ["of-y"]);
+        assert!(ready_now(&mut low).is_empty(), "of-y has not started");
+        lanes.starting(|_: Arc<ConfigMap>, (): ()| ())(map("of-y"), ());
+        tokio::task::yield_now().await;
         assert_eq!(ready_now(&mut low), ["of-x"]);
     }
 
