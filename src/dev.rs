@@ -234,6 +234,10 @@ pub enum BenchCommand {
         /// token. Give the bench a tier of its own; its objects stay.
         #[arg(long)]
         kube_tier: Option<PathBuf>,
+        /// Restarts per `PriorityQueue` setting at the end, alternating on and off (the
+        /// figure "a change during the restart", with the gate on and off).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10))]
+        priority_restarts: u32,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -444,6 +448,7 @@ pub fn bench(
             shards,
             controller,
             kube_tier,
+            priority_restarts,
             json,
         } => {
             let binary = std::env::current_exe()?;
@@ -459,6 +464,7 @@ pub fn bench(
                 concurrency,
                 steady: Duration::from_secs(steady),
                 kube_tier,
+                priority_restarts,
             };
             let say = |line: &str| eprintln!("scale: {line}");
             if shards > 1 {

@@ -130,6 +130,7 @@ async fn measure_a_small_fleet(
         concurrency: 4,
         steady: std::time::Duration::from_secs(2),
         kube_tier,
+        priority_restarts: 1,
     };
     let report = capo_bench::scale::run(config, &|line| eprintln!("scale: {line}"))
         .await
@@ -142,6 +143,16 @@ async fn measure_a_small_fleet(
     // A server created during each restart (gate on, then off) was made.
     assert!(report.change_during_restart_seconds > 0.0);
     assert!(report.change_during_restart_without_priority_seconds > 0.0);
+    let gates: Vec<bool> = report
+        .priority_restarts
+        .iter()
+        .map(|r| r.priority_queue)
+        .collect();
+    assert_eq!(
+        gates,
+        [true, false],
+        "the default restart, then one with the gate off"
+    );
     // qps 20 + burst 40, and a second of qps for arrival jitter.
     assert!(report.openstack_peak_per_second <= 80);
     assert!(report.restart_to_verdicts_seconds > 0.0);

@@ -55,6 +55,9 @@ pub struct ScaleConfig {
     /// A real Kubernetes tier's run directory (`tests/kube/up.sh`) in place of the simulated
     /// API server.
     pub kube_tier: Option<PathBuf>,
+    /// Restarts per `PriorityQueue` setting, alternating on and off from the default restart
+    /// (on), so neither setting always comes first.
+    pub priority_restarts: u32,
 }
 
 /// Quantiles of one controller's reconcile time.
@@ -109,24 +112,51 @@ pub struct ScaleReport {
     /// new OpenStackServer's creation (once the controller is ready) until capo-rs has made
     /// its server (`status.instanceID`). With `PriorityQueue` on, the default.
     pub change_during_restart_seconds: f64,
-    /// The same restart and change with `--feature-gates PriorityQueue=false`.
+    /// The same restart and change with `--feature-gates PriorityQueue=false`: the median of
+    /// those restarts.
     pub restart_without_priority_seconds: f64,
     pub change_during_restart_without_priority_seconds: f64,
+    /// Every restart, in order: on, off, on, off...
+    pub priority_restarts: Vec<PriorityRestart>,
+}
+
+/// One restart for the `PriorityQueue` comparison.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PriorityRestart {
+    pub priority_queue: bool,
+    pub restart_seconds: f64,
+    pub change_seconds: f64,
+}
+
+impl ScaleReport {
+    /// The median restart and change with the gate `on`, over [`Self::priority_restarts`].
+    pub fn priority_medians(&self, on: bool) -> (f64, f64) {
+        let of = |figure: fn(&PriorityRestart) -> f64| {
+            let mut values: Vec<f64> = self
+                .priority_restarts
+                .iter()
+                .filter(|r| r.priority_queue == on)
+                .map(figure)
+                .collect();
+            values.sort_by(f64::total_cmp);
+            match values.len() {
+                0 => f64::NAN,
+                n if n % 2 == 1 => values[n / 2],
+                n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+            }
+        };
+        (of(|r| r.restart_seconds), of(|r| r.change_seconds))
+    }
 }
 
 /// One child process; killed when dropped.
 pub(crate) struct Process {
     child: Child,
-    name: &'static str,
+    name: String,
 }
 
 impl Process {
-    fn spawn(
-        binary: &Path,
-        name: &'static str,
-        args: &[String],
-        dir: &Path,
-    ) -> anyhow::Result<Self> {
+    fn spawn(binary: &Path, name: &str, args: &[String], dir: &Path) -> anyhow::Result<Self> {
         let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
         let child = Command::new(binary)
             .args(args)
@@ -136,7 +166,10 @@ impl Process {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        Ok(Process { child, name })
+        Ok(Process {
+            child,
+            name: name.to_owned(),
+        })
     }
 
     pub(crate) fn pid(&self) -> anyhow::Result<u32> {
@@ -224,7 +257,7 @@ pub(crate) fn start_controller(
     kubeconfig: &Path,
     admin: u16,
     dir: &Path,
-    name: &'static str,
+    name: &str,
     extra: &[String],
 ) -> anyhow::Result<Process> {
     let concurrency = config.concurrency.to_string();
@@ -1082,20 +1115,41 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         .unwrap_or(0);
     report.openstack_budget_per_second = u64::from(config.openstack_qps + config.openstack_burst);
     report.openstack_windows_over_budget = windows_over_the_budget(&per_service, &config);
-    // Last, so the figures above are of the default: the same restart without the low lane.
-    let without = [
-        "--feature-gates".to_owned(),
-        "PriorityQueue=false".to_owned(),
-    ];
-    let (controller, restarted) = restarts
-        .restart(controller, "controller-without-priority", &without)
-        .await?;
-    report.restart_without_priority_seconds = restarted.to_verdicts;
-    report.change_during_restart_without_priority_seconds = restarted.change;
-    say(&format!(
-        "with PriorityQueue=false: restart {:.1} s; the change reconciled in {:.1} s",
-        restarted.to_verdicts, restarted.change
-    ));
+    // Last, so the figures above are of the default: the same restart with the gate off and
+    // on in turn.
+    report.priority_restarts.push(PriorityRestart {
+        priority_queue: true,
+        restart_seconds: restarted.to_verdicts,
+        change_seconds: restarted.change,
+    });
+    let mut controller = controller;
+    for turn in 1..config.priority_restarts.max(1) * 2 {
+        let on = turn % 2 == 0;
+        let gates = if on {
+            Vec::new()
+        } else {
+            vec![
+                "--feature-gates".to_owned(),
+                "PriorityQueue=false".to_owned(),
+            ]
+        };
+        let name = format!("controller-restart-{turn}");
+        let (next, restarted) = restarts.restart(controller, &name, &gates).await?;
+        controller = next;
+        say(&format!(
+            "PriorityQueue={on}: restart {:.1} s; the change reconciled in {:.1} s",
+            restarted.to_verdicts, restarted.change
+        ));
+        report.priority_restarts.push(PriorityRestart {
+            priority_queue: on,
+            restart_seconds: restarted.to_verdicts,
+            change_seconds: restarted.change,
+        });
+    }
+    (
+        report.restart_without_priority_seconds,
+        report.change_during_restart_without_priority_seconds,
+    ) = report.priority_medians(false);
     actor.stop().await;
     controller.terminate().await?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -1127,7 +1181,7 @@ impl Restarts<'_> {
     async fn restart(
         &self,
         controller: Process,
-        name: &'static str,
+        name: &str,
         extra: &[String],
     ) -> anyhow::Result<(Process, Restarted)> {
         let restart = Instant::now();
@@ -1309,6 +1363,20 @@ impl ScaleReport {
             "{:<44} {:>10.1} s",
             "restart with PriorityQueue=false", self.restart_without_priority_seconds
         );
+        for on in [true, false] {
+            let (restart, change) = self.priority_medians(on);
+            let samples: Vec<String> = self
+                .priority_restarts
+                .iter()
+                .filter(|r| r.priority_queue == on)
+                .map(|r| format!("{:.1}/{:.1}", r.restart_seconds, r.change_seconds))
+                .collect();
+            println!(
+                "  {:<42} {restart:>6.1} s / {change:.1} s (restart/change: {})",
+                format!("PriorityQueue={on}, medians"),
+                samples.join(", ")
+            );
+        }
         println!(
             "\n{:<20} {:>12} {:>12} {:>12}",
             "reconciles", "count", "p50 ms", "p99 ms"
@@ -1350,6 +1418,28 @@ impl ScaleReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn priority_medians_are_taken_per_gate_setting() {
+        let restart = |priority_queue, restart_seconds, change_seconds| PriorityRestart {
+            priority_queue,
+            restart_seconds,
+            change_seconds,
+        };
+        let report = ScaleReport {
+            priority_restarts: vec![
+                restart(true, 3.0, 0.3),
+                restart(false, 10.0, 8.0),
+                restart(true, 5.0, 0.5),
+                restart(false, 12.0, 6.0),
+                restart(true, 4.0, 0.1),
+            ],
+            ..ScaleReport::default()
+        };
+        assert_eq!(report.priority_medians(true), (4.0, 0.3));
+        assert_eq!(report.priority_medians(false), (11.0, 7.0));
+        assert!(ScaleReport::default().priority_medians(true).0.is_nan());
+    }
 
     #[test]
     fn quantiles_interpolate_inside_their_bucket() {
