@@ -1011,21 +1011,31 @@ async fn a_monitor_change_is_applied_in_place() {
 /// A provider that implements no health monitors (Octavia answers 501) gets its pools without
 /// one, as CAPO does: a `SkippedCreateMonitor` warning, and the gate opens on the member's
 /// provisioning status alone, where it would otherwise fail on every pass and never open.
+/// Named as the provider (`c2`), whose one-request create carries the monitors, the 501
+/// refuses that request whole, and the load balancer is made part by part instead.
 #[tokio::test]
 async fn a_provider_without_health_monitors_serves_without_one_and_the_gate_still_opens() {
     let mut world = World::start().await;
     world.cloud.set_providers_without_monitors(&["amphora"]);
+    let mut named = cluster_spec();
+    named["apiServer"]["managedLoadBalancer"]["provider"] = json!("amphora");
     create_cluster(&world, "c1", cluster_spec()).await;
-    let cluster = wait_cluster(&world, "c1", "provisioned", settled).await;
-    let lb = cluster
-        .status
-        .as_ref()
-        .and_then(|s| s.api_server_managed_load_balancer.as_ref())
-        .expect("its load balancer");
-    assert!(
-        !lb.pools.is_empty() && lb.pools.iter().all(|p| p.monitor_id.is_none()),
-        "pools without a monitor: {lb:?}"
-    );
+    create_cluster(&world, "c2", named).await;
+    let mut cluster = None;
+    for name in ["c2", "c1"] {
+        let provisioned = wait_cluster(&world, name, "provisioned", settled).await;
+        let lb = provisioned
+            .status
+            .as_ref()
+            .and_then(|s| s.api_server_managed_load_balancer.as_ref())
+            .expect("its load balancer");
+        assert!(
+            !lb.pools.is_empty() && lb.pools.iter().all(|p| p.monitor_id.is_none()),
+            "{name}: pools without a monitor: {lb:?}"
+        );
+        cluster = Some(provisioned);
+    }
+    let cluster = cluster.expect("c1");
     let warnings = world.warnings("SkippedCreateMonitor").await;
     assert!(
         warnings

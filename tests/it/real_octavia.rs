@@ -738,6 +738,101 @@ async fn children_are_listed_by_their_load_balancer(backend: &dyn Backend) {
     }
 }
 
+/// The cluster controller makes its LB whole in one request (a fully populated create):
+/// the listener, its pool and the pool's monitor are made with it, PENDING_CREATE, and are
+/// ACTIVE, tagged and linked once it settles. A monitor the provider cannot make refuses the
+/// whole request and leaves nothing behind (the simulator's provider without monitors; the
+/// real tier's amphora makes them all).
+async fn made_whole_in_one_request(backend: &dyn Backend) {
+    let client = backend.client();
+    let octavia = client.octavia();
+    let name = unique("whole");
+    let child = format!("{name}-6443");
+    let tags = vec!["capo-rs-whole".to_owned()];
+    let monitor = HealthMonitorSpec {
+        name: child.clone(),
+        kind: "TCP".into(),
+        delay: 10,
+        timeout: 5,
+        max_retries: 5,
+        max_retries_down: Some(3),
+        ..Default::default()
+    };
+    let listener = ListenerSpec {
+        name: child.clone(),
+        protocol: "TCP".into(),
+        protocol_port: 6443,
+        allowed_cidrs: Some(vec!["10.6.0.0/24".into()]),
+        tags: tags.clone(),
+        default_pool: Some(PoolSpec {
+            name: child.clone(),
+            protocol: "TCP".into(),
+            lb_algorithm: "ROUND_ROBIN".into(),
+            tags: tags.clone(),
+            healthmonitor: Some(monitor),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let lb = octavia
+        .create_load_balancer(&LoadBalancerSpec {
+            name: name.clone(),
+            vip_subnet_id: Some(backend.vip_subnet()),
+            tags: tags.clone(),
+            listeners: vec![listener],
+            ..Default::default()
+        })
+        .await
+        .expect("a load balancer with its listener, pool and monitor");
+    backend.made(&lb.id);
+    assert_eq!(lb.provisioning_status, ProvisioningStatus::PendingCreate);
+    assert_eq!(lb.listeners.len(), 1, "{lb:?}");
+    assert_eq!(lb.pools.len(), 1, "{lb:?}");
+    settle(&client, &lb.id).await;
+    let listeners = octavia
+        .list_listeners(&lb.id, None)
+        .await
+        .expect("listeners");
+    let pools = octavia.list_pools(&lb.id, None).await.expect("pools");
+    let ([listener], [pool]) = (listeners.as_slice(), pools.as_slice()) else {
+        panic!("one listener and one pool: {listeners:?} {pools:?}");
+    };
+    assert_eq!(
+        (
+            listener.name.as_str(),
+            listener.protocol_port,
+            &listener.tags
+        ),
+        (child.as_str(), 6443, &tags)
+    );
+    assert_eq!(
+        listener.allowed_cidrs.as_deref(),
+        Some(&["10.6.0.0/24".to_owned()][..])
+    );
+    assert_eq!(listener.default_pool_id.as_deref(), Some(pool.id.as_str()));
+    assert_eq!((pool.name.as_str(), &pool.tags), (child.as_str(), &tags));
+    for status in [listener.provisioning_status, pool.provisioning_status] {
+        assert_eq!(status, ProvisioningStatus::Active);
+    }
+    let monitor_id = pool.healthmonitor_id.clone().expect("the pool's monitor");
+    let monitor = octavia
+        .get_health_monitor(&monitor_id)
+        .await
+        .expect("the monitor");
+    assert_eq!(
+        (
+            monitor.name.as_str(),
+            monitor.kind.as_str(),
+            monitor.provisioning_status
+        ),
+        (child.as_str(), "TCP", ProvisioningStatus::Active)
+    );
+    octavia
+        .delete_load_balancer(&lb.id, true)
+        .await
+        .expect("cleanup");
+}
+
 /// What the cluster controller reads before making a load balancer with a provider or a
 /// flavor: the providers (named) and the flavors (named, enabled or not).
 async fn providers_and_flavors_are_listed(backend: &dyn Backend) {
@@ -1183,6 +1278,11 @@ both!(
     children_are_listed_by_their_load_balancer,
     real_children_are_listed_by_their_load_balancer,
     sim_children_are_listed_by_their_load_balancer
+);
+both!(
+    made_whole_in_one_request,
+    real_a_load_balancer_is_made_whole_in_one_request,
+    sim_a_load_balancer_is_made_whole_in_one_request
 );
 both!(
     providers_and_flavors_are_listed,

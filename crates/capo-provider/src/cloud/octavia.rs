@@ -173,6 +173,10 @@ pub struct LoadBalancerSpec {
     /// Tags to set on it; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Listeners made with it, in the same request (Octavia's fully populated load balancer:
+    /// each without `loadbalancer_id`, its pool as `default_pool`); left out when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<ListenerSpec>,
 }
 
 /// An Octavia listener: a protocol and port on the load balancer's VIP.
@@ -210,7 +214,8 @@ pub struct Listener {
 pub struct ListenerSpec {
     /// The name to give it.
     pub name: String,
-    /// The load balancer to add it to.
+    /// The load balancer to add it to; empty (left out) inside a load balancer's create.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub loadbalancer_id: String,
     /// The protocol to accept (we use `TCP`).
     pub protocol: String,
@@ -222,6 +227,9 @@ pub struct ListenerSpec {
     /// Tags to set on it; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Its pool, made with it (inside a load balancer's create only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_pool: Option<PoolSpec>,
 }
 
 /// An Octavia pool: the members a listener spreads connections across.
@@ -275,6 +283,9 @@ pub struct PoolSpec {
     /// Tags to set on it; left out when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Its health monitor, made with it (inside a load balancer's create only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthmonitor: Option<HealthMonitorSpec>,
 }
 
 /// An Octavia health monitor: how a pool's members are checked.
@@ -318,7 +329,9 @@ pub struct HealthMonitor {
 pub struct HealthMonitorSpec {
     /// The name to give it.
     pub name: String,
-    /// The pool whose members it checks (only sent on create).
+    /// The pool whose members it checks (only sent on create; empty, and left out, inside a
+    /// pool's create).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub pool_id: String,
     /// Octavia's `type`: the check to make (we use `TCP` or `HTTPS`); cannot change later.
     #[serde(rename = "type")]

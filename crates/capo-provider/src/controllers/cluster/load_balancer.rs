@@ -1,7 +1,9 @@
 //! The API server load balancer: the LB, a listener, pool and health monitor per port, the
-//! allowed CIDRs, and the floating IP of the endpoint. One change per LB per pass: a change
-//! locks the LB (PENDING_UPDATE), and the engine's observation of it unlocking wakes the
-//! cluster for the next one. Nothing here waits.
+//! allowed CIDRs, and the floating IP of the endpoint. A new LB is made whole in one request
+//! (Octavia's fully populated create: its listeners and pools, and their monitors where the
+//! provider makes those). After that, and for an LB adopted half-built, one change per LB per
+//! pass: a change locks the LB (PENDING_UPDATE), and the engine's observation of it unlocking
+//! wakes the cluster for the next one. Nothing here waits.
 
 use capo_api::OpenStackClusterSpec;
 use capo_api::cluster::{
@@ -86,7 +88,14 @@ pub async fn reconcile(
     let vip_network = vip_network(lb_spec, cloud, status).await?;
     let lb = match find(names, cloud, status).await? {
         Some(lb) => lb,
-        None => create(spec, lb_spec, names, cloud, &vip_network).await?,
+        None => {
+            let children = Children {
+                ports: plan::lb_ports(spec, lb_spec),
+                allowed: allowed_cidrs(lb_spec, cloud, status).await?.0,
+                monitor,
+            };
+            create(spec, lb_spec, names, cloud, &vip_network, &children).await?
+        }
     };
     let known = status
         .api_server_managed_load_balancer
@@ -122,36 +131,7 @@ pub async fn reconcile(
         .list_pools(&lb.id, None)
         .await
         .map_err(ClusterError::cloud("listing the load balancer's pools"))?;
-    let mut allowed = plan::allowed_cidrs(
-        lb_spec,
-        &subnet_cidrs(status),
-        &status
-            .router
-            .as_ref()
-            .map(|r| r.ips.clone())
-            .unwrap_or_default(),
-        &bastion_ips(status),
-    );
-    // As CAPO: listeners take allowed CIDRs from Octavia API 2.12 on; before that they are
-    // left open and the endpoint condition says so.
-    let mut old_octavia = None;
-    if allowed.is_some() {
-        let version = cloud
-            .octavia()
-            .api_version()
-            .await
-            .map_err(ClusterError::cloud("reading Octavia's API version"))?;
-        // A version document we cannot read is no reason to open the listeners: the CIDRs
-        // are sent, and an Octavia that cannot take them refuses them.
-        if let Some(version) = version.filter(|v| *v < ALLOWED_CIDRS_SINCE) {
-            tracing::warn!(
-                ?version,
-                "Octavia predates allowed CIDRs: the listeners stay open"
-            );
-            old_octavia = Some(format!("{}.{}", version.0, version.1));
-            allowed = None;
-        }
-    }
+    let (allowed, old_octavia) = allowed_cidrs(lb_spec, cloud, status).await?;
     let mut recorded_pools = Vec::new();
     let mut monitor_skipped = None;
     for port in plan::lb_ports(spec, lb_spec) {
@@ -180,6 +160,47 @@ pub async fn reconcile(
         old_octavia,
         monitor_skipped,
     })
+}
+
+/// The listeners' allowed CIDRs (None: open), and the Octavia version that cannot take them.
+async fn allowed_cidrs(
+    lb_spec: &ManagedLoadBalancer,
+    cloud: &CloudClient,
+    status: &OpenStackClusterStatus,
+) -> Result<(Option<Vec<String>>, Option<String>), ClusterError> {
+    let router_ips = status
+        .router
+        .as_ref()
+        .map(|r| r.ips.clone())
+        .unwrap_or_default();
+    let allowed = plan::allowed_cidrs(
+        lb_spec,
+        &subnet_cidrs(status),
+        &router_ips,
+        &bastion_ips(status),
+    );
+    if allowed.is_none() {
+        return Ok((None, None));
+    }
+    // As CAPO: listeners take allowed CIDRs from Octavia API 2.12 on; before that they are
+    // left open and the endpoint condition says so.
+    let version = cloud
+        .octavia()
+        .api_version()
+        .await
+        .map_err(ClusterError::cloud("reading Octavia's API version"))?;
+    // A version document we cannot read is no reason to open the listeners: the CIDRs are
+    // sent, and an Octavia that cannot take them refuses them.
+    match version.filter(|v| *v < ALLOWED_CIDRS_SINCE) {
+        Some(version) => {
+            tracing::warn!(
+                ?version,
+                "Octavia predates allowed CIDRs: the listeners stay open"
+            );
+            Ok((None, Some(format!("{}.{}", version.0, version.1))))
+        }
+        None => Ok((allowed, None)),
+    }
 }
 
 fn record_pools(status: &mut OpenStackClusterStatus, pools: Vec<LoadBalancerPoolStatus>) {
@@ -242,12 +263,8 @@ async fn ensure_port(
     let tags = lb.tags.clone();
     let Some(listener) = listeners.iter().find(|l| l.name == name) else {
         let listener = ListenerSpec {
-            name: name.clone(),
             loadbalancer_id: lb.id.clone(),
-            protocol: "TCP".into(),
-            protocol_port: port,
-            allowed_cidrs: allowed.clone(),
-            tags,
+            ..listener_spec(&name, port, allowed, tags)
         };
         cloud
             .octavia()
@@ -272,18 +289,9 @@ async fn ensure_port(
         }
     }
     let Some(pool) = pools.iter().find(|p| p.name == name) else {
-        let algorithm = if lb_spec.provider.as_deref() == Some("ovn") {
-            "SOURCE_IP_PORT"
-        } else {
-            "ROUND_ROBIN"
-        };
         let pool = PoolSpec {
-            name: name.clone(),
-            protocol: "TCP".into(),
-            lb_algorithm: algorithm.into(),
             listener_id: Some(listener.id.clone()),
-            loadbalancer_id: None,
-            tags,
+            ..pool_spec(lb_spec, &name, tags)
         };
         cloud
             .octavia()
@@ -361,6 +369,39 @@ async fn ensure_port(
         pool,
         Some(monitor_id),
     )))
+}
+
+/// A port's listener, without its load balancer or pool.
+fn listener_spec(
+    name: &str,
+    port: u16,
+    allowed: &Option<Vec<String>>,
+    tags: Vec<String>,
+) -> ListenerSpec {
+    ListenerSpec {
+        name: name.to_owned(),
+        protocol: "TCP".into(),
+        protocol_port: port,
+        allowed_cidrs: allowed.clone(),
+        tags,
+        ..ListenerSpec::default()
+    }
+}
+
+/// A port's pool, without its listener or monitor.
+fn pool_spec(lb_spec: &ManagedLoadBalancer, name: &str, tags: Vec<String>) -> PoolSpec {
+    let algorithm = if lb_spec.provider.as_deref() == Some("ovn") {
+        "SOURCE_IP_PORT"
+    } else {
+        "ROUND_ROBIN"
+    };
+    PoolSpec {
+        name: name.to_owned(),
+        protocol: "TCP".into(),
+        lb_algorithm: algorithm.into(),
+        tags,
+        ..PoolSpec::default()
+    }
 }
 
 fn pool_status(
@@ -480,12 +521,57 @@ pub async fn find(
     }
 }
 
+/// What a new load balancer is made with, in the same request.
+struct Children {
+    ports: Vec<u16>,
+    allowed: Option<Vec<String>>,
+    monitor: MonitorKind,
+}
+
+/// Providers whose fully populated create makes health monitors too. ovn-octavia-provider's
+/// makes the listeners, pools and members of such a request but passes over their monitors
+/// (`driver.py` `loadbalancer_create`, at `4d92b2c`), and other providers may refuse one:
+/// there, and where the provider is Octavia's default (whatever the cloud made it), the
+/// monitor is made on its own afterwards, as before.
+const MONITORS_IN_ONE_CREATE: &[&str] = &["amphora", "amphorav2", "octavia"];
+
+/// The listener, pool and (where the provider makes it) monitor of each port, for the
+/// load balancer's own create: one request and one wait for all of them.
+fn graph(
+    lb_spec: &ManagedLoadBalancer,
+    names: &Names,
+    tags: &[String],
+    children: &Children,
+) -> Vec<ListenerSpec> {
+    let with_monitor = lb_spec
+        .provider
+        .as_deref()
+        .is_some_and(|p| MONITORS_IN_ONE_CREATE.contains(&p));
+    children
+        .ports
+        .iter()
+        .map(|&port| {
+            let name = names.lb_child(port);
+            let monitor =
+                with_monitor.then(|| wanted_monitor(lb_spec, children.monitor, &name, ""));
+            ListenerSpec {
+                default_pool: Some(PoolSpec {
+                    healthmonitor: monitor,
+                    ..pool_spec(lb_spec, &name, tags.to_vec())
+                }),
+                ..listener_spec(&name, port, &children.allowed, tags.to_vec())
+            }
+        })
+        .collect()
+}
+
 async fn create(
     spec: &OpenStackClusterSpec,
     lb_spec: &ManagedLoadBalancer,
     names: &Names,
     cloud: &CloudClient,
     vip_network: &Option<NetworkStatusWithSubnets>,
+    children: &Children,
 ) -> Result<LoadBalancer, ClusterError> {
     let Some(network) = vip_network else {
         return Err(ClusterError::InvalidSpec(
@@ -516,13 +602,28 @@ async fn create(
         flavor_id,
         availability_zone: lb_spec.availability_zone.clone(),
         tags: plan::owned_tags(spec, names),
+        listeners: Vec::new(),
     };
-    let lb = cloud
-        .octavia()
-        .create_load_balancer(&request)
-        .await
-        .map_err(ClusterError::cloud("creating the load balancer"))?;
-    tracing::info!(lb = %lb.id, "created the API load balancer");
+    let whole = LoadBalancerSpec {
+        listeners: graph(lb_spec, names, &request.tags, children),
+        ..request.clone()
+    };
+    let lb = match cloud.octavia().create_load_balancer(&whole).await {
+        Ok(lb) => lb,
+        // A provider that cannot make some of it refuses the whole request, and nothing is
+        // made (Octavia rolls its records back): the load balancer alone, and the rest pass
+        // by pass, as for one adopted half-built.
+        Err(CloudError::NotImplemented(ctx)) => {
+            tracing::warn!(message = %ctx.message, "the provider cannot make the load balancer in one request: making it part by part");
+            cloud
+                .octavia()
+                .create_load_balancer(&request)
+                .await
+                .map_err(ClusterError::cloud("creating the load balancer"))?
+        }
+        Err(error) => return Err(ClusterError::cloud("creating the load balancer")(error)),
+    };
+    tracing::info!(lb = %lb.id, listeners = whole.listeners.len(), "created the API load balancer");
     Ok(lb)
 }
 
