@@ -1212,34 +1212,10 @@ fn graph_refused(world: &Cx<'_>, provider: &str, listeners: &Value) -> Option<Re
 /// balancer `lb_id`: PENDING_CREATE until it settles, as the ones made one by one.
 fn make_graph(world: &mut Cx<'_>, lb_id: &str, listeners: &Value) {
     for body in listeners.as_array().into_iter().flatten() {
-        let listener_id = world.env.uuid();
-        let now = world.env.timestamp();
         let port = body["protocol_port"]
             .as_u64()
             .and_then(|p| u16::try_from(p).ok());
-        let listener = Listener {
-            meta: world.octavia.meta(listener_id.clone(), body, now),
-            lb: lb_id.to_owned(),
-            protocol: str_field(body, "protocol").unwrap_or_else(|| "TCP".into()),
-            protocol_port: port.unwrap_or_default(),
-            default_pool_id: None,
-            allowed_cidrs: body
-                .get("allowed_cidrs")
-                .filter(|v| v.is_array())
-                .map(string_list),
-            connection_limit: body["connection_limit"].as_i64().unwrap_or(-1),
-        };
-        world
-            .octavia
-            .listeners
-            .insert(listener_id.clone(), listener);
-        world
-            .octavia
-            .children
-            .entry(lb_id.to_owned())
-            .or_default()
-            .0
-            .push(listener_id.clone());
+        let listener_id = insert_listener(world, lb_id, port.unwrap_or_default(), body);
         let pool = &body["default_pool"];
         if pool.is_object() {
             let pool_id = make_graph_pool(world, lb_id, &listener_id, pool);
@@ -1250,25 +1226,58 @@ fn make_graph(world: &mut Cx<'_>, lb_id: &str, listeners: &Value) {
     }
 }
 
-fn make_graph_pool(world: &mut Cx<'_>, lb_id: &str, listener_id: &str, body: &Value) -> String {
-    let pool_id = world.env.uuid();
+/// A new listener of `body`, PENDING_CREATE, under `lb_id`: its id.
+fn insert_listener(world: &mut Cx<'_>, lb_id: &str, port: u16, body: &Value) -> String {
+    let id = world.env.uuid();
+    let now = world.env.timestamp();
+    let listener = Listener {
+        meta: world.octavia.meta(id.clone(), body, now),
+        lb: lb_id.to_owned(),
+        protocol: str_field(body, "protocol").unwrap_or_else(|| "TCP".into()),
+        protocol_port: port,
+        default_pool_id: str_field(body, "default_pool_id"),
+        allowed_cidrs: body
+            .get("allowed_cidrs")
+            .filter(|v| v.is_array())
+            .map(string_list),
+        connection_limit: body["connection_limit"].as_i64().unwrap_or(-1),
+    };
+    world.octavia.listeners.insert(id.clone(), listener);
+    world
+        .octavia
+        .children
+        .entry(lb_id.to_owned())
+        .or_default()
+        .0
+        .push(id.clone());
+    id
+}
+
+/// A new pool of `body`, PENDING_CREATE, under `lb_id` (and `listener`): its id.
+fn insert_pool(world: &mut Cx<'_>, lb_id: &str, listener: Option<String>, body: &Value) -> String {
+    let id = world.env.uuid();
     let now = world.env.timestamp();
     let pool = Pool {
-        meta: world.octavia.meta(pool_id.clone(), body, now),
+        meta: world.octavia.meta(id.clone(), body, now),
         lb: lb_id.to_owned(),
-        listener: Some(listener_id.to_owned()),
+        listener,
         protocol: str_field(body, "protocol").unwrap_or_else(|| "TCP".into()),
         lb_algorithm: str_field(body, "lb_algorithm").unwrap_or_else(|| "ROUND_ROBIN".into()),
         healthmonitor: None,
     };
-    world.octavia.pools.insert(pool_id.clone(), pool);
+    world.octavia.pools.insert(id.clone(), pool);
     world
         .octavia
         .children
         .entry(lb_id.to_owned())
         .or_default()
         .1
-        .push(pool_id.clone());
+        .push(id.clone());
+    id
+}
+
+fn make_graph_pool(world: &mut Cx<'_>, lb_id: &str, listener_id: &str, body: &Value) -> String {
+    let pool_id = insert_pool(world, lb_id, Some(listener_id.to_owned()), body);
     let monitor = &body["healthmonitor"];
     if monitor.is_object() {
         let monitor_id = world.env.uuid();
@@ -1446,29 +1455,7 @@ fn create_listener(world: &mut Cx<'_>, body: &Value) -> Reply {
             format!("Another Listener on this Load Balancer is already using protocol_port {port}"),
         );
     }
-    let id = world.env.uuid();
-    let now = world.env.timestamp();
-    let meta = world.octavia.meta(id.clone(), body, now);
-    let listener = Listener {
-        meta,
-        lb: lb_id.clone(),
-        protocol: str_field(body, "protocol").unwrap_or_else(|| "TCP".into()),
-        protocol_port: port,
-        default_pool_id: str_field(body, "default_pool_id"),
-        allowed_cidrs: body
-            .get("allowed_cidrs")
-            .filter(|v| v.is_array())
-            .map(string_list),
-        connection_limit: body["connection_limit"].as_i64().unwrap_or(-1),
-    };
-    world.octavia.listeners.insert(id.clone(), listener);
-    world
-        .octavia
-        .children
-        .entry(lb_id.clone())
-        .or_default()
-        .0
-        .push(id.clone());
+    let id = insert_listener(world, &lb_id, port, body);
     let delay = world.env.scenario.timings.child_create.clone();
     lock_lb(world, &lb_id, None, delay);
     let rendered = world
@@ -1589,25 +1576,7 @@ fn create_pool(world: &mut Cx<'_>, body: &Value) -> Reply {
     if let Err(reply) = mutable_lb(world, &lb_id) {
         return reply;
     }
-    let id = world.env.uuid();
-    let now = world.env.timestamp();
-    let meta = world.octavia.meta(id.clone(), body, now);
-    let pool = Pool {
-        meta,
-        lb: lb_id.clone(),
-        listener: listener_id.clone(),
-        protocol: str_field(body, "protocol").unwrap_or_else(|| "TCP".into()),
-        lb_algorithm: str_field(body, "lb_algorithm").unwrap_or_else(|| "ROUND_ROBIN".into()),
-        healthmonitor: None,
-    };
-    world.octavia.pools.insert(id.clone(), pool);
-    world
-        .octavia
-        .children
-        .entry(lb_id.clone())
-        .or_default()
-        .1
-        .push(id.clone());
+    let id = insert_pool(world, &lb_id, listener_id.clone(), body);
     if let Some(listener) = listener_id.and_then(|l| world.octavia.listeners.get_mut(&l))
         && listener.default_pool_id.is_none()
     {
