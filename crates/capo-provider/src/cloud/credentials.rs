@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use openstack_sdk::config::{CloudConfig, ConfigFile, get_config_identity_hash};
+use openstack_sdk_core::config::{CloudConfig, ConfigFile, get_config_identity_hash};
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 

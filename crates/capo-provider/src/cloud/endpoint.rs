@@ -5,9 +5,9 @@
 use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderValue, Method};
-use openstack_sdk::api::rest_endpoint_prelude::{BodyError, QueryParams, RestEndpoint};
-use openstack_sdk::api::{Pageable, Pagination, QueryAsync, ignore, paged};
-use openstack_sdk::types::{ApiVersion, ServiceType};
+use openstack_sdk_core::api::rest_endpoint_prelude::{BodyError, QueryParams, RestEndpoint};
+use openstack_sdk_core::api::{Pageable, Pagination, QueryAsync, ignore, paged};
+use openstack_sdk_core::types::{ApiVersion, ServiceType};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 

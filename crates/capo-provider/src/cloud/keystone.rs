@@ -16,10 +16,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use http::{Response, StatusCode};
-use openstack_sdk::config::CloudConfig;
-use openstack_sdk::types::identity::v3::{AuthResponse, Project};
+use openstack_sdk_auth_core::types::{AuthResponse, Project};
 use openstack_sdk_core::auth::authtoken_scope::AuthTokenScope;
 use openstack_sdk_core::catalog::Catalog;
+use openstack_sdk_core::config::CloudConfig;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -191,7 +191,7 @@ fn token_request(config: &CloudConfig) -> Result<Value, String> {
 
 /// The user a password or a named application credential belongs to: an ID, or a name in a
 /// domain.
-fn user_of(auth: &openstack_sdk::config::Auth, what: &str) -> Result<Value, String> {
+fn user_of(auth: &openstack_sdk_core::config::Auth, what: &str) -> Result<Value, String> {
     if let Some(id) = &auth.user_id {
         return Ok(json!({"id": id}));
     }
@@ -449,7 +449,7 @@ fn renewal_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use openstack_sdk::config::ConfigFile;
+    use openstack_sdk_core::config::ConfigFile;
 
     fn config(yaml_auth: &str, auth_type: &str) -> CloudConfig {
         let text = format!(

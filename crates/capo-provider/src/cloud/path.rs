@@ -369,21 +369,21 @@ pub(crate) struct OpClient<'a> {
     pub(crate) op: Operation,
 }
 
-impl openstack_sdk::api::RestClient for OpClient<'_> {
+impl openstack_sdk_core::api::RestClient for OpClient<'_> {
     type Error = CloudError;
 
-    fn get_current_project(&self) -> Option<openstack_sdk::types::identity::v3::Project> {
+    fn get_current_project(&self) -> Option<openstack_sdk_auth_core::types::Project> {
         None
     }
 }
 
 #[async_trait]
-impl openstack_sdk::api::AsyncClient for OpClient<'_> {
+impl openstack_sdk_core::api::AsyncClient for OpClient<'_> {
     async fn rest_async(
         &self,
         request: http::request::Builder,
         body: Vec<u8>,
-    ) -> Result<Response<Bytes>, openstack_sdk::api::ApiError<CloudError>> {
+    ) -> Result<Response<Bytes>, openstack_sdk_core::api::ApiError<CloudError>> {
         let method = request.method_ref().cloned().unwrap_or(Method::GET);
         let uri = request
             .uri_ref()
@@ -401,8 +401,8 @@ impl openstack_sdk::api::AsyncClient for OpClient<'_> {
     async fn rest_read_body_async(
         &self,
         _request: http::request::Builder,
-        _body: openstack_sdk::types::BoxedAsyncRead,
-    ) -> Result<Response<Bytes>, openstack_sdk::api::ApiError<CloudError>> {
+        _body: openstack_sdk_core::types::BoxedAsyncRead,
+    ) -> Result<Response<Bytes>, openstack_sdk_core::api::ApiError<CloudError>> {
         Err(sdk_error(unsupported(self.op)))
     }
 
@@ -411,24 +411,24 @@ impl openstack_sdk::api::AsyncClient for OpClient<'_> {
         _request: http::request::Builder,
         _body: Vec<u8>,
     ) -> Result<
-        (HeaderMap, openstack_sdk::types::BoxedAsyncRead),
-        openstack_sdk::api::ApiError<CloudError>,
+        (HeaderMap, openstack_sdk_core::types::BoxedAsyncRead),
+        openstack_sdk_core::api::ApiError<CloudError>,
     > {
         Err(sdk_error(unsupported(self.op)))
     }
 
     async fn get_service_endpoint(
         &self,
-        _service_type: &openstack_sdk::types::ServiceType,
-        _version: Option<&openstack_sdk::types::ApiVersion>,
+        _service_type: &openstack_sdk_core::types::ServiceType,
+        _version: Option<&openstack_sdk_core::types::ApiVersion>,
     ) -> Result<
         openstack_sdk_core::catalog::ServiceEndpoint,
-        openstack_sdk::api::ApiError<CloudError>,
+        openstack_sdk_core::api::ApiError<CloudError>,
     > {
         let url = self.path.service_url(self.op).await.map_err(sdk_error)?;
         Ok(openstack_sdk_core::catalog::ServiceEndpoint::new(
             url,
-            openstack_sdk::types::ApiVersion::new(2, 0),
+            openstack_sdk_core::types::ApiVersion::new(2, 0),
         ))
     }
 }
@@ -437,18 +437,18 @@ fn unsupported(op: Operation) -> CloudError {
     CloudError::BadRequest(context(op, "streaming bodies are not used".into()))
 }
 
-fn sdk_error(error: CloudError) -> openstack_sdk::api::ApiError<CloudError> {
-    openstack_sdk::api::ApiError::Client { source: error }
+fn sdk_error(error: CloudError) -> openstack_sdk_core::api::ApiError<CloudError> {
+    openstack_sdk_core::api::ApiError::Client { source: error }
 }
 
 /// Turns the SDK's error back into ours: our own errors come back out of `Client`; anything
 /// else the SDK raised after a 2xx is a response we could not read.
 pub(crate) fn from_sdk(
     op: Operation,
-    error: openstack_sdk::api::ApiError<CloudError>,
+    error: openstack_sdk_core::api::ApiError<CloudError>,
 ) -> CloudError {
     match error {
-        openstack_sdk::api::ApiError::Client { source } => source,
+        openstack_sdk_core::api::ApiError::Client { source } => source,
         other => CloudError::Decode(context(op, other.to_string())),
     }
 }
