@@ -1358,6 +1358,76 @@ async fn typed_calls_send_the_filters_bodies_and_headers_capo_uses() {
     assert_eq!(images[0].id, "i1");
 }
 
+/// A network made and tagged comes back with the tags Neutron now holds (its create answer
+/// has none): its cluster records it once, not once untagged and again at the next read.
+/// A tag write that fails hands it back untagged, as Neutron holds it.
+#[tokio::test]
+async fn a_network_made_and_tagged_comes_back_with_its_tags() {
+    use capo_provider::cloud::neutron::NetworkSpec;
+
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/network/v2.0/extensions/standard-attr-tag"))
+        .respond_with(json_response(
+            200,
+            &json!({"extension": {"alias": "standard-attr-tag", "name": "Tag support"}}),
+        ))
+        .mount(&server)
+        .await;
+    for (id, name) in [("n1", "tagged"), ("n2", "refused")] {
+        Mock::given(method("POST"))
+            .and(path("/network/v2.0/networks"))
+            .and(body_partial_json(json!({"network": {"name": name}})))
+            .respond_with(json_response(
+                201,
+                &json!({"network": {"id": id, "name": name, "tags": []}}),
+            ))
+            .mount(&server)
+            .await;
+    }
+    Mock::given(method("PUT"))
+        .and(path("/network/v2.0/networks/n1/tags"))
+        .respond_with(json_response(200, &json!({"tags": ["cluster-c1"]})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(path("/network/v2.0/networks/n2/tags"))
+        .respond_with(json_response(
+            403,
+            &json!({"NeutronError": {"type": "PolicyNotAuthorized", "message": "no", "detail": ""}}),
+        ))
+        .mount(&server)
+        .await;
+    let client = all_services_client(&server);
+    let spec = |name: &str| NetworkSpec {
+        name: name.into(),
+        admin_state_up: true,
+        mtu: None,
+        port_security_enabled: None,
+        description: String::new(),
+        tags: vec!["cluster-c1".into()],
+    };
+    let tagged = client
+        .neutron()
+        .create_network(&spec("tagged"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (tagged.id.as_str(), tagged.tags),
+        ("n1", vec!["cluster-c1".to_owned()])
+    );
+    let refused = client
+        .neutron()
+        .create_network(&spec("refused"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (refused.id.as_str(), refused.tags),
+        ("n2", Vec::<String>::new())
+    );
+}
+
 /// `backend` behind TLS at `https://localhost:<port>`, with a certificate for `localhost`
 /// from a fresh CA (returned, PEM). Each connection is proxied until `stop`.
 async fn tls_front(backend: std::net::SocketAddr, stop: CancellationToken) -> (u16, String) {

@@ -527,9 +527,9 @@ impl<'a> Neutron<'a> {
         let create = op("network_create");
         let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
-        let network: Network = self.create(create, "networks", "network", body).await?;
+        let mut network: Network = self.create(create, "networks", "network", body).await?;
         if tag {
-            self.tag_or_warn("networks", &network.id, &spec.tags).await;
+            network.tags = self.tag_or_warn("networks", &network.id, &spec.tags).await;
         }
         Ok(network)
     }
@@ -554,9 +554,9 @@ impl<'a> Neutron<'a> {
         let create = op("subnet_create");
         let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
-        let subnet: Subnet = self.create(create, "subnets", "subnet", body).await?;
+        let mut subnet: Subnet = self.create(create, "subnets", "subnet", body).await?;
         if tag {
-            self.tag_or_warn("subnets", &subnet.id, &spec.tags).await;
+            subnet.tags = self.tag_or_warn("subnets", &subnet.id, &spec.tags).await;
         }
         Ok(subnet)
     }
@@ -587,9 +587,9 @@ impl<'a> Neutron<'a> {
         let create = op("router_create");
         let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(create, &e))?;
-        let router: Router = self.create(create, "routers", "router", body).await?;
+        let mut router: Router = self.create(create, "routers", "router", body).await?;
         if tag {
-            self.tag_or_warn("routers", &router.id, &spec.tags).await;
+            router.tags = self.tag_or_warn("routers", &router.id, &spec.tags).await;
         }
         Ok(router)
     }
@@ -655,11 +655,11 @@ impl<'a> Neutron<'a> {
     pub async fn create_port(&self, spec: &PortSpec) -> Result<Port, CloudError> {
         let tag = self.can_tag(&spec.tags).await?;
         let body = serde_json::to_value(spec).map_err(|e| encode_error(op("port_create"), &e))?;
-        let port: Port = self
+        let mut port: Port = self
             .create(op("port_create"), "ports", "port", body)
             .await?;
         if tag {
-            self.tag_or_warn("ports", &port.id, &spec.tags).await;
+            port.tags = self.tag_or_warn("ports", &port.id, &spec.tags).await;
         }
         Ok(port)
     }
@@ -712,13 +712,24 @@ impl<'a> Neutron<'a> {
         self.has_extension(TAG_EXTENSION).await
     }
 
-    /// Tags what was just created. If that fails, what was made is kept and handed back
-    /// untagged (a warning says so): the caller records its ID, by which it is found from
-    /// then on. Deleting it instead could fail as well (Neutron gone between the two
-    /// requests), and leave it where no lookup by mark finds it.
-    async fn tag_or_warn(&self, collection: &'static str, id: &str, tags: &[String]) {
-        if let Err(error) = self.set_tags(collection, id, tags).await {
-            tracing::warn!(%collection, %id, %error, "created but not tagged; found by its ID from now on");
+    /// Tags what was just created, and says which tags it now has: `tags`, or none. If the
+    /// tag write fails, what was made is kept and handed back untagged (a warning says so):
+    /// the caller records its ID, by which it is found from then on. Deleting it instead
+    /// could fail as well (Neutron gone between the two requests), and leave it where no
+    /// lookup by mark finds it. The create's own answer has no tags: handed back as it is,
+    /// its status would be written once without them and again at the next read.
+    async fn tag_or_warn(
+        &self,
+        collection: &'static str,
+        id: &str,
+        tags: &[String],
+    ) -> Vec<String> {
+        match self.set_tags(collection, id, tags).await {
+            Ok(()) => tags.to_vec(),
+            Err(error) => {
+                tracing::warn!(%collection, %id, %error, "created but not tagged; found by its ID from now on");
+                Vec::new()
+            }
         }
     }
 
@@ -757,7 +768,7 @@ impl<'a> Neutron<'a> {
     ) -> Result<SecurityGroup, CloudError> {
         let tag = self.can_tag(tags).await?;
         let body = json!({ "name": name, "description": description });
-        let group: SecurityGroup = self
+        let mut group: SecurityGroup = self
             .create(
                 op("security_group_create"),
                 "security-groups",
@@ -766,7 +777,7 @@ impl<'a> Neutron<'a> {
             )
             .await?;
         if tag {
-            self.tag_or_warn("security-groups", &group.id, tags).await;
+            group.tags = self.tag_or_warn("security-groups", &group.id, tags).await;
         }
         Ok(group)
     }
@@ -856,11 +867,12 @@ impl<'a> Neutron<'a> {
         if let Some(address) = address {
             body["floating_ip_address"] = json!(address);
         }
-        let ip: FloatingIp = self
+        let mut ip: FloatingIp = self
             .create(op("floating_ip_create"), "floatingips", "floatingip", body)
             .await?;
         if tag {
             self.set_tags("floatingips", &ip.id, tags).await?;
+            ip.tags = tags.to_vec();
         }
         Ok(ip)
     }
@@ -901,11 +913,12 @@ impl<'a> Neutron<'a> {
     ) -> Result<Trunk, CloudError> {
         let tag = self.can_tag(tags).await?;
         let body = json!({ "name": name, "port_id": port_id, "description": description });
-        let trunk: Trunk = self
+        let mut trunk: Trunk = self
             .create(op("trunk_create"), "trunks", "trunk", body)
             .await?;
         if tag {
             self.set_tags("trunks", &trunk.id, tags).await?;
+            trunk.tags = tags.to_vec();
         }
         Ok(trunk)
     }
