@@ -271,15 +271,6 @@ pub fn is_routine(reason: Reason) -> bool {
     )
 }
 
-/// Whether the engine's verdict speaks of the members the cluster has just asked for: it has
-/// looked at the LB since (the verdict's desired generation is `desired_generation`), and at
-/// all since a restart. Until then, what the cluster recorded stands. A member just asked for
-/// would show without a state, and the gate's new reason follow a moment later at the
-/// engine's look: two writes where one says it all.
-pub fn engine_has_looked(reason: Reason, verdict_generation: u64, desired_generation: u64) -> bool {
-    reason != Reason::NotObserved && verdict_generation >= desired_generation
-}
-
 /// `APIServerLoadBalancerReady` from the engine's verdict.
 pub fn gate_condition(verdict: &LbVerdict, now: Instant) -> Desired<'static> {
     let status = if verdict.is_ready() {
@@ -515,18 +506,6 @@ mod tests {
             ..InstanceStatus::default()
         });
         machine
-    }
-
-    #[test]
-    fn the_cluster_waits_for_the_engines_look_at_what_it_asked_for() {
-        // A restarted engine that has not looked: what was recorded stands.
-        assert!(!engine_has_looked(Reason::NotObserved, 0, 1));
-        // A member just asked for (generation 3); the verdict is still about generation 2.
-        assert!(!engine_has_looked(Reason::Ready, 2, 3));
-        assert!(!engine_has_looked(Reason::MembersPending, 2, 3));
-        // The engine's look at generation 3 brings members and verdict together.
-        assert!(engine_has_looked(Reason::MembersMissing, 3, 3));
-        assert!(engine_has_looked(Reason::Ready, 3, 3));
     }
 
     #[test]

@@ -853,15 +853,14 @@ async fn publish_gate(
         None => gate::recalled(&lb),
         Some(_) => None,
     };
-    let generation = pass.ctx.engine.ensure_recalled(desired, cloud, recalled);
+    pass.ctx.engine.ensure_recalled(desired, cloud, recalled);
     let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
         return Ok(());
     };
+    // After a restart, what was recorded stands until the engine has looked: Unknown and
+    // no members, then the same again a moment later, would be two writes saying nothing.
     let recorded = conditions::find(&status.conditions, types::API_SERVER_LOAD_BALANCER_READY);
-    // After a restart, or a change to the desired members, what was recorded stands until the
-    // engine has looked.
-    let looked = gate::engine_has_looked(snapshot.verdict.reason, snapshot.generation, generation);
-    if recorded.is_some() && !looked {
+    if snapshot.verdict.reason == crate::membership::Reason::NotObserved && recorded.is_some() {
         return Ok(());
     }
     set(status, gate::gate_condition(&snapshot.verdict, now));
