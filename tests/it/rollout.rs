@@ -840,6 +840,8 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
     for (name, _) in &released {
         wait_member_reason(&world, name, reasons::READY).await;
     }
+    let members_since = recorded_members_since(&world).await;
+    assert_eq!(members_since.len(), 3, "{members_since:?}");
     let stop = CancellationToken::new();
     let (seen, watcher) = watch(&world, stop.clone());
     let changes = record_member_conditions(&world, stop.clone());
@@ -847,6 +849,24 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
     world.start_manager_with(config);
     // A fourth machine released means the engine looked at the load balancer again.
     actor.scale_control_plane(&plane(4)).await.unwrap();
+    // The engine knows no earlier time than its first look after the restart; the time the
+    // cluster recorded for a member still in the same state stands. (A member's health may
+    // turn ONLINE meanwhile: that is a new state, with its own time.)
+    let after = recorded_members_since(&world).await;
+    let mut stood = 0;
+    for (member, (since, state)) in &members_since {
+        let Some((since_after, state_after)) = after.get(member) else {
+            panic!("{member} is no longer recorded: {after:?}");
+        };
+        if state_after == state {
+            assert_eq!(since_after, since, "{member}'s since moved: {after:?}");
+            stood += 1;
+        }
+    }
+    assert!(
+        stood > 0,
+        "no member kept its state across the restart: {after:?}"
+    );
     stop.cancel();
     watcher.await.unwrap();
     let changes = changes.await.unwrap();
@@ -864,6 +884,29 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
         );
     }
     world.stop_manager().await;
+}
+
+/// Each member the cluster records, by name: its `since`, and its state (id, provisioning
+/// and operating status).
+async fn recorded_members_since(world: &World) -> BTreeMap<String, (String, String)> {
+    let cluster = crate::cluster_controller::clusters(world)
+        .get("c1")
+        .await
+        .unwrap();
+    cluster
+        .status
+        .and_then(|s| s.api_server_managed_load_balancer)
+        .map(|lb| lb.members)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| {
+            let state = format!(
+                "{:?} {:?} {:?}",
+                m.id, m.provisioning_status, m.operating_status
+            );
+            (m.name, (format!("{:?}", m.since), state))
+        })
+        .collect()
 }
 
 /// One version of an OpenStackMachine: name, resourceVersion, and its member condition's

@@ -375,14 +375,18 @@ pub fn member_statuses(
 const SINCE_DRIFT: k8s_openapi::jiff::SignedDuration =
     k8s_openapi::jiff::SignedDuration::from_secs(2);
 
-/// `fresh` with each member's `since` as `recorded` has it when the member is in the same
-/// state there and the times agree within `SINCE_DRIFT`: a pass that sees nothing new
-/// writes nothing.
+/// `fresh` (made by [`member_statuses`] from `tracks`, in their order) with each member's
+/// `since` as `recorded` has it when the member is in the same state there and either the
+/// times agree within `SINCE_DRIFT` (a pass that sees nothing new writes nothing) or the
+/// engine's time is only when it first saw the member, later than the recorded one: after a
+/// restart the engine knows nothing earlier, and the recorded time is the better one (moved
+/// to the restart, every member of every cluster would be written again, saying less).
 pub fn keep_recorded_since(
     mut fresh: Vec<LoadBalancerMemberStatus>,
+    tracks: &[MemberTrack],
     recorded: &[LoadBalancerMemberStatus],
 ) -> Vec<LoadBalancerMemberStatus> {
-    for member in &mut fresh {
+    for (member, track) in fresh.iter_mut().zip(tracks) {
         let same = recorded.iter().find(|r| {
             r.name == member.name
                 && r.pool == member.pool
@@ -390,8 +394,9 @@ pub fn keep_recorded_since(
                 && r.provisioning_status == member.provisioning_status
                 && r.operating_status == member.operating_status
         });
+        let first_sight = track.first_seen == Some(track.since);
         if let (Some(kept), Some(Time(new))) = (same.and_then(|r| r.since.as_ref()), &member.since)
-            && new.duration_since(kept.0).abs() <= SINCE_DRIFT
+            && (new.duration_since(kept.0).abs() <= SINCE_DRIFT || (first_sight && *new > kept.0))
         {
             member.since = Some(kept.clone());
         }
@@ -731,18 +736,51 @@ mod tests {
         let later = wall + std::time::Duration::from_millis(1_700);
         let next = member_statuses(&tracks, &pools, now, later);
         assert_ne!(next, recorded, "the fresh mapping drifted");
-        assert_eq!(keep_recorded_since(next, &recorded), recorded);
+        assert_eq!(keep_recorded_since(next, &tracks, &recorded), recorded);
         // A member whose state changed takes the fresh time, to the second.
-        let pending = Presence::Seen(ProvisioningStatus::PendingUpdate);
-        let changed = member_statuses(&[seen("cp-1", Some("m-1"), pending)], &pools, now, later);
-        let kept = keep_recorded_since(changed.clone(), &recorded);
+        let pending = [seen(
+            "cp-1",
+            Some("m-1"),
+            Presence::Seen(ProvisioningStatus::PendingUpdate),
+        )];
+        let changed = member_statuses(&pending, &pools, now, later);
+        let kept = keep_recorded_since(changed.clone(), &pending, &recorded);
         assert_eq!(kept, changed);
         let since = kept[0].since.as_ref().map(|t| t.0);
         assert_eq!(since.map(|t| t.subsec_nanosecond()), Some(0));
-        // So does one whose times disagree by more than the drift.
+        // So does one back in the same state after a change the status missed: the engine
+        // saw it before (first seen earlier), so its later time is news.
+        let mut back = seen("cp-1", Some("m-1"), active);
+        back.first_seen = back.since.checked_sub(std::time::Duration::from_secs(30));
         let much_later = wall + std::time::Duration::from_secs(5);
-        let far = member_statuses(&tracks, &pools, now, much_later);
-        assert_eq!(keep_recorded_since(far.clone(), &recorded), far);
+        let far = member_statuses(std::slice::from_ref(&back), &pools, now, much_later);
+        assert_eq!(keep_recorded_since(far.clone(), &[back], &recorded), far);
+    }
+
+    #[test]
+    fn a_restarted_engine_leaves_the_recorded_time_of_a_member_in_the_same_state() {
+        let pools = BTreeMap::from([(6443, "pool-1".to_owned())]);
+        let active = Presence::Seen(ProvisioningStatus::Active);
+        let tracks = vec![seen("cp-1", Some("m-1"), active)];
+        let now = Instant::now();
+        let wall = Timestamp::from_second(1_800_000_000).expect("a time");
+        let recorded = member_statuses(&tracks, &pools, now, wall);
+        // Restarted ten minutes later, the engine first sees the member as it was recorded:
+        // it knows no earlier time than its own first look.
+        let restarted = wall + std::time::Duration::from_secs(600);
+        let fresh = member_statuses(&tracks, &pools, now, restarted);
+        assert_eq!(keep_recorded_since(fresh, &tracks, &recorded), recorded);
+        // In another state it takes the fresh time.
+        let offline = {
+            let mut track = seen("cp-1", Some("m-1"), active);
+            track.operating = Some(OperatingStatus::Offline);
+            vec![track]
+        };
+        let fresh = member_statuses(&offline, &pools, now, restarted);
+        assert_eq!(
+            keep_recorded_since(fresh.clone(), &offline, &recorded),
+            fresh
+        );
     }
 
     #[test]

@@ -872,7 +872,7 @@ async fn publish_gate(
     );
     if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
         let members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
-        recorded.members = gate::keep_recorded_since(members, &recorded.members);
+        recorded.members = gate::keep_recorded_since(members, &snapshot.members, &recorded.members);
         recorded.members_as_of = snapshot.members_as_of.clone();
     }
     Ok(())
