@@ -257,14 +257,14 @@ impl Context {
         lock(&self.wakes).remove(key)
     }
 
-    /// Whether `version` of `key` is the latest a reconcile read or wrote: a cached copy at
-    /// it holds our own last write.
-    pub fn knows_version(&self, key: &str, version: Option<&str>) -> bool {
-        version.is_some_and(|v| {
-            lock(&self.versions)
-                .get(key)
-                .is_some_and(|known| known == v)
-        })
+    /// Whether a cached copy of `key` at `version` holds this process's own last write: it
+    /// is the version a reconcile last read or wrote, or this process has neither read nor
+    /// written `key`. A copy of the second kind came from a watch that began after this
+    /// process took over: its lists are quorum reads (kube-runtime's default), made once
+    /// the leader Lease is held, so they hold every write of a replica that led before.
+    /// Without this a restart read every OpenStackCluster again, one GET each.
+    pub fn cache_holds_own_writes(&self, key: &str, version: Option<&str>) -> bool {
+        holds_own_writes(lock(&self.versions).get(key).map(String::as_str), version)
     }
 
     /// A reconcile read or wrote `key` at `version`.
@@ -410,6 +410,15 @@ fn digest<S: Serialize>(value: Option<&S>) -> u64 {
     hasher.finish()
 }
 
+/// See [`Context::cache_holds_own_writes`]: `known` is the version this process last read or
+/// wrote, `cached` the cached copy's.
+fn holds_own_writes(known: Option<&str>, cached: Option<&str>) -> bool {
+    match known {
+        None => true,
+        Some(known) => cached == Some(known),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +435,19 @@ mod tests {
             config.poll_after(Duration::from_secs(3600)),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn a_cached_copy_is_trusted_unless_it_may_lag_our_own_write() {
+        // Never read nor written here: the copy came from a list made after we took over.
+        assert!(holds_own_writes(None, Some("7")));
+        assert!(holds_own_writes(None, None));
+        // Written here at 8: a copy at 7 lags that write; the copy at 8 holds it.
+        assert!(!holds_own_writes(Some("8"), Some("7")));
+        assert!(!holds_own_writes(Some("8"), None));
+        assert!(holds_own_writes(Some("8"), Some("8")));
+        // Another version: resource versions are opaque, so it may not hold ours.
+        assert!(!holds_own_writes(Some("8"), Some("9")));
     }
 
     #[test]

@@ -279,7 +279,7 @@ async fn reconcile_cluster(
     // write that stale status back over the good one, so unless the cached copy is the one
     // this process last read or wrote, it starts from the object as the API server holds it.
     let fresh;
-    let cluster = if ctx.knows_version(key, cluster.resource_version().as_deref()) {
+    let cluster = if ctx.cache_holds_own_writes(key, cluster.resource_version().as_deref()) {
         cluster
     } else {
         let Some(read) = api
