@@ -410,9 +410,32 @@ impl Drop for OwnTier {
 
 /// `n` ports nothing listens on now (held together, so distinct).
 fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
-        .collect();
+    // Below Linux's ephemeral range (32768 and up): a port picked there is free again once
+    // released, and an outgoing connection of any test could take it before up.sh binds it
+    // (kube-controller-manager, bound last, once lost its port that way). Each call starts
+    // where the last one stopped, so two tiers of this process never share a port. The
+    // shared tiers' own ports (tests/kube/lib.sh and .ci/run's second tier; the OpenStack
+    // tier's are below 20000) stay theirs while a fault scenario has them stopped.
+    static CURSOR: AtomicU64 = AtomicU64::new(0);
+    const FIRST: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    const SHARED_TIERS: [u16; 8] = [20257, 21257, 22379, 22380, 23379, 23380, 26443, 27443];
+    let offset = u64::from(std::process::id()) * 211 % SPAN;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..SPAN {
+        if held.len() == n {
+            break;
+        }
+        let step = CURSOR.fetch_add(1, Ordering::Relaxed);
+        let port = u16::try_from(FIRST + (offset + step) % SPAN).expect("a port below 32768");
+        if SHARED_TIERS.contains(&port) {
+            continue;
+        }
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    assert_eq!(held.len(), n, "{n} free ports below the ephemeral range");
     held.iter()
         .map(|l| l.local_addr().expect("an address").port())
         .collect()

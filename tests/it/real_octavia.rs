@@ -343,7 +343,9 @@ async fn api_load_balancer(backend: &dyn Backend, name: &str) -> (String, String
 }
 
 /// Creates a member (no `subnet_id`: the no-op network driver cannot delete those), waiting
-/// out a locked LB as a requeueing reconciler would.
+/// out a locked LB as a requeueing reconciler would. The real Octavia now and then answers a
+/// create with a 500 ("Something unknown went wrong") under CI's load: the member is then
+/// looked up by name (the create may have gone through) and created again, twice at most.
 async fn create_member(
     client: &CloudClient,
     lb: &str,
@@ -351,9 +353,26 @@ async fn create_member(
     name: &str,
     address: &str,
 ) -> String {
-    capo_sim::support::create_member(client, lb, pool, name, address)
-        .await
-        .unwrap_or_else(|error| panic!("create member {name}: {error}"))
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match capo_sim::support::create_member(client, lb, pool, name, address).await {
+            Ok(id) => return id,
+            Err(CloudError::Transient(error)) if attempts < 3 => {
+                eprintln!("create member {name}: {error}; looking for it, then again");
+                settle(client, lb).await;
+                let made = client
+                    .octavia()
+                    .list_members(pool)
+                    .await
+                    .unwrap_or_default();
+                if let Some(member) = made.into_iter().find(|m| m.name == name) {
+                    return member.id;
+                }
+            }
+            Err(error) => panic!("create member {name}: {error}"),
+        }
+    }
 }
 
 /// A new API load balancer under the engine's watch, for one scenario.
