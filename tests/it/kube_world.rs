@@ -283,6 +283,15 @@ impl KubeWorld {
         matches!(self.hold, Hold::Alone(_))
     }
 
+    /// Every request the simulated API server answered, in order; `None` on the real server,
+    /// which keeps no such log.
+    pub(crate) fn sim_requests(&self) -> Option<Vec<capo_sim::kube::server::RequestRecord>> {
+        match &self.server {
+            Server::Sim(sim) => Some(sim.requests()),
+            Server::Real => None,
+        }
+    }
+
     /// The simulator: only for scenarios that run on it alone.
     #[track_caller]
     pub(crate) fn simulator(&self) -> &KubeSim {

@@ -298,10 +298,7 @@ impl E2e {
     /// Every request the simulated API server answered, in order; `None` on the real server,
     /// which keeps no such log.
     pub(crate) fn kube_requests(&self) -> Option<Vec<capo_sim::kube::server::RequestRecord>> {
-        match &self.kube.server {
-            Server::Sim(sim) => Some(sim.requests()),
-            Server::Real => None,
-        }
+        self.kube.sim_requests()
     }
 
     /// OpenStack requests the manager made, by `request` label, since it started.

@@ -846,13 +846,13 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
     let (seen, watcher) = watch(&world, stop.clone());
     let changes = record_member_conditions(&world, stop.clone());
     world.stop_manager().await;
-    let logged_before = sim_requests(&world).map(|log| log.len());
+    let logged_before = world.kube.sim_requests().map(|log| log.len());
     world.start_manager_with(config);
     // A fourth machine released means the engine looked at the load balancer again.
     actor.scale_control_plane(&plane(4)).await.unwrap();
     // The new process trusts the copy its first list brought: no cluster is read again (the
     // simulator alone keeps a request log; nothing else here reads the cluster by name).
-    if let (Some(log), Some(before)) = (sim_requests(&world), logged_before) {
+    if let (Some(log), Some(before)) = (world.kube.sim_requests(), logged_before) {
         let reads: Vec<_> = log[before..]
             .iter()
             .filter(|r| r.verb == "get" && r.resource == "openstackclusters")
@@ -897,14 +897,6 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
         );
     }
     world.stop_manager().await;
-}
-
-/// Every request the simulated API server answered; `None` on the real one.
-fn sim_requests(world: &World) -> Option<Vec<capo_sim::kube::server::RequestRecord>> {
-    match &world.kube.server {
-        crate::kube_world::Server::Sim(sim) => Some(sim.requests()),
-        crate::kube_world::Server::Real => None,
-    }
 }
 
 /// Each member the cluster records, by name: its `since`, and its state (id, provisioning

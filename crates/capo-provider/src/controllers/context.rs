@@ -262,7 +262,6 @@ impl Context {
     /// written `key`. A copy of the second kind came from a watch that began after this
     /// process took over: its lists are quorum reads (kube-runtime's default), made once
     /// the leader Lease is held, so they hold every write of a replica that led before.
-    /// Without this a restart read every OpenStackCluster again, one GET each.
     pub fn cache_holds_own_writes(&self, key: &str, version: Option<&str>) -> bool {
         holds_own_writes(lock(&self.versions).get(key).map(String::as_str), version)
     }

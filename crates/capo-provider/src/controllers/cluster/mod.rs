@@ -276,8 +276,9 @@ async fn reconcile_cluster(
     }
     // The cache may not hold our own last status write yet (the watch lags behind it, most
     // often right after we changed the spec). A pass that skips the steps done before would
-    // write that stale status back over the good one, so unless the cached copy is the one
-    // this process last read or wrote, it starts from the object as the API server holds it.
+    // write that stale status back over the good one, so unless the cached copy holds this
+    // process's own last write (`Context::cache_holds_own_writes`), it starts from the
+    // object as the API server holds it.
     let fresh;
     let cluster = if ctx.cache_holds_own_writes(key, cluster.resource_version().as_deref()) {
         cluster
