@@ -556,6 +556,23 @@ fn leaked_a_floating_ip(status: &Value) -> bool {
         })
 }
 
+/// A status that is not ready, in one line, its conditions first: CI keeps a few hundred
+/// characters of a failure's message, and the reason is in the conditions.
+fn status_in_a_line(status: &Value) -> String {
+    let conditions: Vec<String> = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["status"] != "True")
+        .map(|c| format!("{}={} {}: {}", c["type"], c["status"], c["reason"], c["message"]))
+        .collect();
+    let mut rest = status.clone();
+    if let Some(rest) = rest.as_object_mut() {
+        rest.remove("conditions");
+    }
+    format!("not True: [{}]; {rest}", conditions.join("; "))
+}
+
 impl Arm<'_> {
     fn namespace(&self) -> &str {
         &self.kube.namespace
@@ -616,7 +633,7 @@ impl Arm<'_> {
                 let bastion_up = !self.bastion || status["bastion"]["state"] == "ACTIVE";
                 match status["ready"].as_bool() {
                     Some(true) if bastion_up => Ok(status),
-                    _ => Err(format!("{status:#}")),
+                    _ => Err(status_in_a_line(&status)),
                 }
             },
         )
