@@ -564,7 +564,12 @@ fn status_in_a_line(status: &Value) -> String {
         .into_iter()
         .flatten()
         .filter(|c| c["status"] != "True")
-        .map(|c| format!("{}={} {}: {}", c["type"], c["status"], c["reason"], c["message"]))
+        .map(|c| {
+            format!(
+                "{}={} {}: {}",
+                c["type"], c["status"], c["reason"], c["message"]
+            )
+        })
         .collect();
     let mut rest = status.clone();
     if let Some(rest) = rest.as_object_mut() {
