@@ -95,6 +95,8 @@ pub struct ScaleReport {
     pub openstack_requests_per_cluster_created: f64,
     /// OpenStack requests by operation, over the whole run.
     pub openstack_requests_by_operation: BTreeMap<String, u64>,
+    /// OpenStack requests by operation from the first restart until every verdict was known.
+    pub openstack_requests_in_restart: BTreeMap<String, u64>,
     /// The controller's Kubernetes requests by verb and resource, over the whole run.
     pub kube_requests_by_resource: BTreeMap<String, u64>,
     /// The most OpenStack requests to one service in any one second, and what the budget
@@ -470,6 +472,32 @@ pub(crate) fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, B
         .collect()
 }
 
+/// When each part of "every verdict known" was first seen after a restart, in seconds from
+/// the old controller's stop: what binds the restart.
+#[derive(Clone, Copy, Debug, Default)]
+struct Milestones {
+    /// `/readyz` answered: leading, its caches listed.
+    ready: Option<f64>,
+    /// Every OpenStackCluster reconciled at least once.
+    reconciled: Option<f64>,
+    gates_open: Option<f64>,
+    members_active: Option<f64>,
+}
+
+impl std::fmt::Display for Milestones {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = |mark: Option<f64>| mark.map_or("-".to_owned(), |s| format!("{s:.1} s"));
+        write!(
+            f,
+            "ready {}, every cluster reconciled {}, every gate open {}, every member ACTIVE {}",
+            at(self.ready),
+            at(self.reconciled),
+            at(self.gates_open),
+            at(self.members_active)
+        )
+    }
+}
+
 /// Both simulators' request counts at one moment.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Requests {
@@ -569,6 +597,34 @@ impl Sims {
         }
         Ok(())
     }
+}
+
+impl Sims {
+    /// The simulated cloud's requests so far, by operation.
+    async fn by_operation(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let log = self
+            .get(format!("{}/_sim/requests", self.openstack_url))
+            .await?;
+        Ok(by_operation(&log))
+    }
+}
+
+fn by_operation(log: &Value) -> BTreeMap<String, u64> {
+    serde_json::from_value(log["by_operation"].clone()).unwrap_or_default()
+}
+
+/// What each count gained from `before` to `after` (those that did not are left out).
+fn growth(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(key, n)| {
+            (
+                key.clone(),
+                n.saturating_sub(before.get(key).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 fn rates(from: &Requests, to: &Requests) -> (f64, f64) {
@@ -1050,14 +1106,16 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         client: &client,
         pid: &pid,
     };
+    let before_restart = sims.by_operation().await?;
     let (controller, restarted) = restarts
         .restart(controller, "controller-restarted", &[])
         .await?;
+    report.openstack_requests_in_restart = growth(&before_restart, &sims.by_operation().await?);
     report.restart_to_verdicts_seconds = restarted.to_verdicts;
     report.change_during_restart_seconds = restarted.change;
     say(&format!(
-        "restart to every verdict known: {:.1} s; a change made meanwhile reconciled in {:.1} s",
-        restarted.to_verdicts, restarted.change
+        "restart to every verdict known: {:.1} s; a change made meanwhile reconciled in {:.1} s ({})",
+        restarted.to_verdicts, restarted.change, restarted.milestones
     ));
     let after_restart = sims.requests().await?;
     let (kube_rate, openstack_rate) = rates(&rolled_requests, &after_restart);
@@ -1074,8 +1132,7 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
     let log = sims
         .get(format!("{}/_sim/requests", sims.openstack_url))
         .await?;
-    report.openstack_requests_by_operation =
-        serde_json::from_value(log["by_operation"].clone()).unwrap_or_default();
+    report.openstack_requests_by_operation = by_operation(&log);
     report.kube_requests_by_resource = match &sims.kube_url {
         Some(url) => {
             let kube_log = sims.get(format!("{url}/_sim/requests")).await?;
@@ -1137,8 +1194,8 @@ pub async fn run(config: ScaleConfig, say: &(dyn Fn(&str) + Sync)) -> anyhow::Re
         let (next, restarted) = restarts.restart(controller, &name, &gates).await?;
         controller = next;
         say(&format!(
-            "PriorityQueue={on}: restart {:.1} s; the change reconciled in {:.1} s",
-            restarted.to_verdicts, restarted.change
+            "PriorityQueue={on}: restart {:.1} s; the change reconciled in {:.1} s ({})",
+            restarted.to_verdicts, restarted.change, restarted.milestones
         ));
         report.priority_restarts.push(PriorityRestart {
             priority_queue: on,
@@ -1170,6 +1227,8 @@ struct Restarts<'a> {
 
 /// One restart's figures.
 struct Restarted {
+    /// What the restart waited on.
+    milestones: Milestones,
     to_verdicts: f64,
     change: f64,
 }
@@ -1197,21 +1256,31 @@ impl Restarts<'_> {
         )?;
         self.pid
             .store(u64::from(controller.pid()?), Ordering::Relaxed);
-        let (verdicts, change) =
-            tokio::join!(self.every_verdict_known(), self.change_reconciled(name));
-        verdicts?;
+        let (verdicts, change) = tokio::join!(
+            self.every_verdict_known(restart),
+            self.change_reconciled(name)
+        );
+        let milestones = verdicts?;
         let restarted = Restarted {
+            milestones,
             to_verdicts: restart.elapsed().as_secs_f64(),
             change: change?,
         };
         Ok((controller, restarted))
     }
 
-    async fn every_verdict_known(&self) -> anyhow::Result<()> {
+    /// Waits until every verdict is known again after the restart that began at `restart`;
+    /// when each part of that was first seen.
+    async fn every_verdict_known(&self, restart: Instant) -> anyhow::Result<Milestones> {
         let (config, http, admin) = (self.config, self.http, self.admin);
-        let restart = Instant::now();
         let members = f64::from(config.clusters * config.control_plane);
+        let mut seen = Milestones::default();
         loop {
+            let ready = http
+                .get(format!("http://127.0.0.1:{admin}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
             let text = http
                 .get(format!("http://127.0.0.1:{admin}/metrics"))
                 .send()
@@ -1229,11 +1298,22 @@ impl Restarts<'_> {
                 "controller_runtime_reconcile_total",
                 Some(("controller", "openstackcluster")),
             );
-            if gates_open >= f64::from(config.clusters)
-                && active >= members
-                && reconciled >= f64::from(config.clusters)
+            let clusters = f64::from(config.clusters);
+            let at = restart.elapsed().as_secs_f64();
+            let first = |mark: &mut Option<f64>, reached: bool| {
+                if reached && mark.is_none() {
+                    *mark = Some(at);
+                }
+            };
+            first(&mut seen.ready, ready);
+            first(&mut seen.reconciled, reconciled >= clusters);
+            first(&mut seen.gates_open, gates_open >= clusters);
+            first(&mut seen.members_active, active >= members);
+            if seen.reconciled.is_some()
+                && seen.gates_open.is_some()
+                && seen.members_active.is_some()
             {
-                return Ok(());
+                return Ok(seen);
             }
             anyhow::ensure!(
                 restart.elapsed() < Duration::from_secs(900),
@@ -1412,12 +1492,31 @@ impl ScaleReport {
         for (operation, count) in operations.iter().take(15) {
             println!("  {operation:<48} {count:>10}");
         }
+        println!("\nOpenStack requests by operation, in the first restart:");
+        let mut operations: Vec<_> = self.openstack_requests_in_restart.iter().collect();
+        operations.sort_by(|a, b| b.1.cmp(a.1));
+        for (operation, count) in operations {
+            println!("  {operation:<48} {count:>10}");
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_phase_counts_only_what_grew_in_it() {
+        let counts = |pairs: &[(&str, u64)]| {
+            pairs
+                .iter()
+                .map(|(k, n)| (k.to_string(), *n))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let before = counts(&[("a", 5), ("b", 2)]);
+        let after = counts(&[("a", 9), ("b", 2), ("c", 1)]);
+        assert_eq!(growth(&before, &after), counts(&[("a", 4), ("c", 1)]));
+    }
 
     #[test]
     fn priority_medians_are_taken_per_gate_setting() {
