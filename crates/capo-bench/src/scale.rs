@@ -478,7 +478,7 @@ pub(crate) fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, B
 struct Milestones {
     /// `/readyz` answered: leading, its caches listed.
     ready: Option<f64>,
-    /// Every OpenStackCluster reconciled at least once.
+    /// As many OpenStackCluster reconciles as clusters (the count, not each cluster's own).
     reconciled: Option<f64>,
     gates_open: Option<f64>,
     members_active: Option<f64>,
@@ -489,7 +489,7 @@ impl std::fmt::Display for Milestones {
         let at = |mark: Option<f64>| mark.map_or("-".to_owned(), |s| format!("{s:.1} s"));
         write!(
             f,
-            "ready {}, every cluster reconciled {}, every gate open {}, every member ACTIVE {}",
+            "ready {}, as many cluster passes as clusters {}, every gate open {}, every member ACTIVE {}",
             at(self.ready),
             at(self.reconciled),
             at(self.gates_open),
@@ -587,6 +587,14 @@ impl Sims {
             .collect())
     }
 
+    /// The simulated cloud's requests so far, by operation.
+    async fn by_operation(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let log = self
+            .get(format!("{}/_sim/requests", self.openstack_url))
+            .await?;
+        Ok(by_operation(&log))
+    }
+
     /// Before a controller stops: what it counted carries over to its successor's count.
     pub(crate) async fn carry_over(&self) -> anyhow::Result<()> {
         if self.kube_url.is_none() {
@@ -596,16 +604,6 @@ impl Sims {
             }
         }
         Ok(())
-    }
-}
-
-impl Sims {
-    /// The simulated cloud's requests so far, by operation.
-    async fn by_operation(&self) -> anyhow::Result<BTreeMap<String, u64>> {
-        let log = self
-            .get(format!("{}/_sim/requests", self.openstack_url))
-            .await?;
-        Ok(by_operation(&log))
     }
 }
 
