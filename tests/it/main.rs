@@ -47,4 +47,5 @@ mod sim_openstack;
 mod takeover;
 mod topologies;
 mod vs_capo;
+mod waits;
 mod walkthrough;

@@ -41,6 +41,7 @@ use crate::real_cloud::{
     get_json, new_objects, real_cloud,
 };
 use crate::server_controller::{base64, manager_config, metric_sum, spawn_manager, timings};
+use crate::waits::waited;
 
 pub(crate) const SECRET: &str = "cloud-config";
 pub(crate) const FLAVOR: &str = "m1.small";
@@ -405,7 +406,8 @@ where
     K::DynamicType: Default,
 {
     let condition = move |object: Option<&K>| object.is_some_and(&done);
-    match tokio::time::timeout(within, await_condition(api.clone(), name, condition)).await {
+    let waiting = tokio::time::timeout(within, await_condition(api.clone(), name, condition));
+    match waited(format!("{name} {what}"), waiting).await {
         Ok(Ok(Some(object))) => object,
         other => {
             let now = api.get_opt(name).await.ok().flatten();
@@ -420,7 +422,7 @@ where
     K::DynamicType: Default,
 {
     let gone = await_condition(api.clone(), name, |object: Option<&K>| object.is_none());
-    match tokio::time::timeout(within, gone).await {
+    match waited(format!("{name} gone"), tokio::time::timeout(within, gone)).await {
         Ok(Ok(_)) => {}
         other => {
             let now = api.get_opt(name).await.ok().flatten();
@@ -703,8 +705,10 @@ async fn delete_cluster_as(e2e: &E2e, actor: Option<&CapiActor>, name: &str, inf
         .expect("Cluster delete");
     if let Some(actor) = actor {
         let all: Api<Machine> = e2e.kube.api();
+        // Its own machines only: other clusters may be built beside it.
+        let own = ListParams::default().labels(&format!("{}={name}", capi::labels::CLUSTER_NAME));
         let names: Vec<String> = all
-            .list(&ListParams::default())
+            .list(&own)
             .await
             .expect("machines")
             .items
@@ -715,7 +719,9 @@ async fn delete_cluster_as(e2e: &E2e, actor: Option<&CapiActor>, name: &str, inf
             actor.delete_machine(machine).await.expect("machine delete");
         }
         for machine in &names {
-            actor.wait_gone(machine).await.expect("machine gone");
+            waited(format!("{machine} gone"), actor.wait_gone(machine))
+                .await
+                .expect("machine gone");
         }
     }
     e2e.clusters()
@@ -2196,10 +2202,14 @@ macro_rules! on_real {
         let _alone = REAL.lock().await;
         fault(&["clear"]).await;
         let mut e2e = E2e::real_on(&real, $cloud, $kube).await;
-        let outcome =
-            tokio::time::timeout(std::time::Duration::from_secs(900), $scenario(&mut e2e)).await;
+        let waits = $crate::waits::Waits::default();
+        // On the heap: a scenario's future is large in a debug build, for a test thread's stack.
+        let scenario = waits.record(Box::pin($scenario(&mut e2e)));
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(900), scenario).await;
         e2e.stop_manager(true).await;
-        outcome.expect("the scenario finished within 15 minutes");
+        if outcome.is_err() {
+            panic!("the scenario did not finish within 15 minutes; {waits}");
+        }
     }};
 }
 
@@ -2213,10 +2223,14 @@ macro_rules! on_sim {
     };
     ($scenario:ident, $appcred:expr, $kube:expr) => {{
         let mut e2e = E2e::simulated_on($appcred, $kube).await;
-        let outcome =
-            tokio::time::timeout(std::time::Duration::from_secs(600), $scenario(&mut e2e)).await;
+        let waits = $crate::waits::Waits::default();
+        // On the heap: a scenario's future is large in a debug build, for a test thread's stack.
+        let scenario = waits.record(Box::pin($scenario(&mut e2e)));
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(600), scenario).await;
         e2e.stop_manager(true).await;
-        outcome.expect("the scenario finished within 10 minutes");
+        if outcome.is_err() {
+            panic!("the scenario did not finish within 10 minutes; {waits}");
+        }
     }};
 }
 
