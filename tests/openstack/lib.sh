@@ -225,6 +225,10 @@ wait_until() {
 }
 
 # start_wsgi NAME: gunicorn serving the service's WSGI wrapper on its port.
+# Idle connections are kept for 5 minutes, not gunicorn's 2 s: a client reusing a pooled
+# connection just as the server closes it gets "connection reset by peer", and OpenStack's own
+# clients do not send again. Octavia's worker met it asking Neutron in the middle of a load
+# balancer's create, which then went to ERROR (CI at f385d4c, seven clusters at once).
 start_wsgi() {
     local name=$1 module="capo_wsgi_${1//-/_}"
     svc_pid "$name" >/dev/null && return 0
@@ -233,7 +237,7 @@ start_wsgi() {
     start_bg "$name" "$VENV/bin/gunicorn" \
         --bind "127.0.0.1:${WSGI_PORT[$name]}" \
         --workers 1 --worker-class gthread --threads "${WSGI_THREADS:-8}" \
-        --timeout 120 --graceful-timeout 5 \
+        --timeout 120 --graceful-timeout 5 --keep-alive "${WSGI_KEEPALIVE:-300}" \
         --pythonpath "$RUN/wsgi" --chdir "$RUN" \
         --error-logfile "$LOGS/$name.gunicorn.log" --no-control-socket \
         --name "$module" "$module:application"
