@@ -899,6 +899,102 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
     world.stop_manager().await;
 }
 
+/// A graceful stop writes the `membersAsOf` stamps passes held back (alone, a new stamp waits
+/// 60 s to go out with other news): the next process trusts the load balancers' recorded
+/// members from one list, and reads no status tree. (Two clusters: a list is read only when
+/// it covers two load balancers or more.)
+#[tokio::test]
+async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_reads_no_tree() {
+    let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
+    // Lists come often, so one vouches for the settled members soon.
+    config.engine.schedule.sweep_settled = Duration::from_secs(1);
+    config.engine.schedule.vouch_after = Duration::from_secs(2);
+    let (mut world, actor, _) = cluster_with_actor_configured(config.clone()).await;
+    create_cluster(&world, "c2", cluster_spec()).await;
+    wait_cluster(&world, "c2", "provisioned", |c| provisioned(c) && ready(c)).await;
+    actor.scale_control_plane(&plane(2)).await.unwrap();
+    for machine in machines(&world).list(&ListParams::default()).await.unwrap() {
+        wait_member_reason(
+            &world,
+            &kube::ResourceExt::name_any(&machine),
+            reasons::READY,
+        )
+        .await;
+    }
+    let registry = world.registry.clone();
+    eventually("both clusters' membersAsOf held back", || {
+        let held = gauge(&registry, "capo_lb_members_as_of_held");
+        async move { (held >= 2.0).then_some(()) }
+    })
+    .await;
+    let held_back = recorded_members_as_of(&world).await;
+    let clusters = crate::cluster_controller::clusters(&world);
+    let read_before = clusters.get("c1").await.unwrap();
+    actor.stop().await;
+    world.stop_manager().await;
+    let written = recorded_members_as_of(&world).await;
+    for (name, stamp) in &written {
+        assert!(
+            stamp.is_some() && held_back.get(name) != Some(stamp),
+            "{name}: recorded {held_back:?} before the stop, {written:?} after"
+        );
+    }
+
+    let cloud = world.cloud.clone();
+    let trees = || cloud.request_count("load-balancer loadbalancer_status_get");
+    let lists = || cloud.request_count("load-balancer loadbalancer_list");
+    let (trees_before, lists_before) = (trees(), lists());
+    world.start_manager_with(config);
+    // Two lists after the start: a load balancer not trusted would have had its first tree.
+    eventually("two load balancer lists after the restart", || {
+        let listed = lists() >= lists_before + 2;
+        async move { listed.then_some(()) }
+    })
+    .await;
+    assert_eq!(trees() - trees_before, 0, "status trees after the restart");
+    world.stop_manager().await;
+    // What makes the writes safe, checked on the API server: a patch naming a version the
+    // object has left is refused (a stamp never lands on members it did not vouch for).
+    let stale = json!({
+        "metadata": {"resourceVersion": kube::ResourceExt::resource_version(&read_before)},
+        "status": {"apiServerManagedLoadBalancer": {"membersAsOf": "2026-01-01T00:00:00"}},
+    });
+    let refused = clusters
+        .patch_status("c1", &PatchParams::default(), &Patch::Merge(&stale))
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 409),
+        "{refused:?}"
+    );
+}
+
+/// Each cluster's recorded `membersAsOf`, by name.
+async fn recorded_members_as_of(world: &World) -> BTreeMap<String, Option<String>> {
+    let clusters = crate::cluster_controller::clusters(world);
+    let listed = clusters.list(&ListParams::default()).await.unwrap();
+    listed
+        .items
+        .into_iter()
+        .map(|cluster| {
+            let stamp = cluster
+                .status
+                .and_then(|s| s.api_server_managed_load_balancer)
+                .and_then(|lb| lb.members_as_of);
+            (cluster.metadata.name.unwrap_or_default(), stamp)
+        })
+        .collect()
+}
+
+fn gauge(registry: &prometheus::Registry, name: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|family| family.name() == name)
+        .flat_map(|family| family.get_metric())
+        .map(|m| m.get_gauge().get_value())
+        .sum()
+}
+
 /// Each member the cluster records, by name: its `since`, and its state (id, provisioning
 /// and operating status).
 async fn recorded_members_since(world: &World) -> BTreeMap<String, (String, String)> {

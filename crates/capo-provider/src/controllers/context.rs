@@ -123,6 +123,23 @@ pub struct Context {
     /// In-memory notes about objects (when a member was created, when a removal began), by
     /// object key and what. Lost on a restart; every use of them is safe without.
     notes: Mutex<HashMap<(String, String), tokio::time::Instant>>,
+    /// New `membersAsOf` stamps held back, by OpenStackCluster key.
+    held_stamps: Mutex<HashMap<String, HeldStamp>>,
+}
+
+/// A new `membersAsOf` a cluster pass held back (it was the only news), with the version of
+/// the copy it was computed over. A graceful stop writes it while the object is still at that
+/// version: the stamp vouches only for the members that copy records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldStamp {
+    /// The OpenStackCluster's namespace.
+    pub namespace: String,
+    /// The OpenStackCluster's name.
+    pub name: String,
+    /// The resourceVersion of the copy the pass read.
+    pub version: String,
+    /// The `membersAsOf` held back.
+    pub stamp: String,
 }
 
 impl Context {
@@ -154,6 +171,7 @@ impl Context {
             versions: Mutex::default(),
             last_writes: LastWrites::default(),
             notes: Mutex::default(),
+            held_stamps: Mutex::default(),
             config,
         })
     }
@@ -210,6 +228,7 @@ impl Context {
         lock(&self.versions).remove(key);
         self.last_writes.forget(key);
         lock(&self.notes).retain(|(object, _), _| object != key);
+        self.release_stamp(key);
     }
 
     /// Forgets what is held about `controller`'s objects that left its store (`live`: the keys
@@ -223,6 +242,7 @@ impl Context {
         lock(&self.steps).retain(keep);
         lock(&self.versions).retain(|key, _| keep(key));
         lock(&self.notes).retain(|(key, _), _| keep(key));
+        self.update_held_stamps(|held| held.retain(|key, _| keep(key)));
         let live: HashSet<u64> = live.iter().map(|key| key_digest(key)).collect();
         self.last_writes.retain(controller, &live);
     }
@@ -244,6 +264,34 @@ impl Context {
     /// Forgets one note.
     pub fn unnote(&self, key: &str, what: &str) {
         lock(&self.notes).remove(&(key.to_owned(), what.to_owned()));
+    }
+
+    /// Holds `key`'s new stamp (replacing one held before).
+    pub fn hold_stamp(&self, key: &str, held: HeldStamp) {
+        self.update_held_stamps(|stamps| {
+            stamps.insert(key.to_owned(), held);
+        });
+    }
+
+    /// `key` holds no stamp back any more (written, cleared, or gone).
+    pub fn release_stamp(&self, key: &str) {
+        self.update_held_stamps(|stamps| {
+            stamps.remove(key);
+        });
+    }
+
+    /// Every stamp held back, no longer held.
+    pub fn take_held_stamps(&self) -> Vec<HeldStamp> {
+        let mut taken = Vec::new();
+        self.update_held_stamps(|stamps| taken.extend(stamps.drain().map(|(_, held)| held)));
+        taken
+    }
+
+    fn update_held_stamps(&self, change: impl FnOnce(&mut HashMap<String, HeldStamp>)) {
+        let mut stamps = lock(&self.held_stamps);
+        change(&mut stamps);
+        let held = i64::try_from(stamps.len()).unwrap_or(i64::MAX);
+        self.metrics.held_stamps.set(held);
     }
 
     /// The engine observed something about `key` at `observed`; the earliest unwritten

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use super::error::ErrorCategory;
@@ -48,6 +48,8 @@ pub struct ReconcileMetrics {
     gate_latency: HistogramVec,
     member_drain: Histogram,
     queue_depth: IntGaugeVec,
+    /// OpenStackClusters whose new `membersAsOf` waits to be written.
+    pub held_stamps: IntGauge,
     /// Objects waiting for a worker, by controller. kube-runtime's scheduler does not show its
     /// queue, so it is counted at its edges: a trigger adds its object (repeats merge, as in
     /// the scheduler), the start of the object's reconcile takes it out. Delayed requeues are
@@ -133,8 +135,14 @@ impl ReconcileMetrics {
                 ),
                 &["controller", "name"],
             )?,
+            held_stamps: IntGauge::with_opts(Opts::new(
+                "capo_lb_members_as_of_held",
+                "OpenStackClusters whose new membersAsOf stamp waits to be written (alone, it \
+                 waits 60 s; a graceful stop writes it)",
+            ))?,
             waiting: Arc::default(),
         };
+        registry.register(Box::new(metrics.held_stamps.clone()))?;
         registry.register(Box::new(metrics.queue_depth.clone()))?;
         registry.register(Box::new(metrics.gate_latency.clone()))?;
         registry.register(Box::new(metrics.member_drain.clone()))?;

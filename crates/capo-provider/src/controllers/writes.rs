@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::context::{FIELD_MANAGER, LastWrites};
 
-fn params() -> PatchParams {
+pub(super) fn params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()

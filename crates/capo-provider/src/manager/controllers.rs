@@ -678,14 +678,18 @@ pub fn run_clusters(
             .run(
                 lanes.starting(cluster::reconcile),
                 cluster::error_policy,
-                ctx,
+                ctx.clone(),
             )
             .for_each(log_errors(queue, lanes));
         let synced = Synced {
             health,
             controller: queue_name,
         };
-        until_stopped(controller, listed, synced, shutdown).await;
+        until_stopped(controller, listed, synced, shutdown.clone()).await;
+        // Still leading (a lost Lease drops this future): what passes held back goes out now.
+        if shutdown.is_cancelled() {
+            cluster::write_held_stamps(&ctx).await;
+        }
     })
 }
 

@@ -36,6 +36,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::context::HeldStamp;
 use super::error::{Categorized, ErrorCategory, FromPanic};
 use super::identity::IdentityError;
 use super::outcome::Outcome;
@@ -373,7 +374,7 @@ async fn reconcile_cluster(
     let own_write = pass.own_write.get().copied();
     let observed = &mut status.observed_generation;
     conditions::advance_generation(&mut status.conditions, observed, generation, own_write);
-    let stamp_due = hold_lone_stamp(ctx, key, before.as_ref(), &mut status);
+    let stamp_due = hold_lone_stamp(ctx, key, cluster, before.as_ref(), &mut status);
     write_status(ctx, key, &api, cluster, before.as_ref(), &status).await?;
     if let Some(observed) = woke {
         ctx.metrics.gate_written(observed, kind);
@@ -417,15 +418,18 @@ const LONE_STAMP: &str = "lone-members-as-of";
 /// Keeps the recorded `membersAsOf` when a new stamp is all that changed and it has not been
 /// the only news for [`LONE_STAMP_QUIET`]; says when it is due. A stamp cleared, or one that
 /// comes with any other change, goes out at once: a recorded stamp must never vouch for
-/// members other than the recorded ones, and those are written as soon as they change.
+/// members other than the recorded ones, and those are written as soon as they change. A
+/// held stamp is also kept in `ctx` for [`write_held_stamps`].
 fn hold_lone_stamp(
     ctx: &Context,
     key: &str,
+    cluster: &OpenStackCluster,
     before: Option<&OpenStackClusterStatus>,
     status: &mut OpenStackClusterStatus,
 ) -> Option<Duration> {
     let Some(recorded) = lone_stamp(before, status) else {
         ctx.unnote(key, LONE_STAMP);
+        ctx.release_stamp(key);
         return None;
     };
     let now = tokio::time::Instant::now();
@@ -435,12 +439,74 @@ fn hold_lone_stamp(
         .map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
     if waited >= LONE_STAMP_QUIET {
         ctx.unnote(key, LONE_STAMP);
+        ctx.release_stamp(key);
         return None;
     }
-    if let Some(lb) = status.api_server_managed_load_balancer.as_mut() {
-        lb.members_as_of = recorded;
+    let lb = status.api_server_managed_load_balancer.as_mut()?;
+    let new = std::mem::replace(&mut lb.members_as_of, recorded);
+    match (new, cluster.resource_version()) {
+        (Some(stamp), Some(version)) => ctx.hold_stamp(
+            key,
+            HeldStamp {
+                namespace: cluster.namespace().unwrap_or_default(),
+                name: cluster.name_any(),
+                version,
+                stamp,
+            },
+        ),
+        _ => ctx.release_stamp(key),
     }
     Some(LONE_STAMP_QUIET - waited)
+}
+
+/// How long a graceful stop may spend writing held stamps: well inside a pod's 30 s grace.
+const HELD_STAMPS_WITHIN: Duration = Duration::from_secs(5);
+
+/// Writes every `membersAsOf` held back, on a graceful stop while this process still leads: a
+/// restarted replica then trusts those load balancers' recorded members from one list instead
+/// of reading each one's tree. Each write is conditional on the version the stamp was computed
+/// over; an object changed since keeps what it records (its next leader reads its tree).
+/// Returns how many were written.
+pub async fn write_held_stamps(ctx: &Context) -> usize {
+    let held = ctx.take_held_stamps();
+    if held.is_empty() {
+        return 0;
+    }
+    let asked = held.len();
+    use futures::StreamExt;
+    let writes = futures::stream::iter(held)
+        .map(|held| write_held_stamp(ctx, held))
+        .buffer_unordered(16)
+        .filter(|written| std::future::ready(*written));
+    let written = tokio::time::timeout(HELD_STAMPS_WITHIN, writes.count()).await;
+    let written = written.unwrap_or_else(|_| {
+        tracing::warn!(
+            asked,
+            "stopping: not every held membersAsOf was written in time"
+        );
+        0
+    });
+    tracing::info!(asked, written, "stopping: held membersAsOf stamps written");
+    written
+}
+
+async fn write_held_stamp(ctx: &Context, held: HeldStamp) -> bool {
+    let api: Api<OpenStackCluster> = Api::namespaced(ctx.client.clone(), &held.namespace);
+    // A resourceVersion in a merge patch makes it conditional: 409 if the object moved.
+    let patch = json!({
+        "metadata": { "resourceVersion": held.version },
+        "status": { "apiServerManagedLoadBalancer": { "membersAsOf": held.stamp } },
+    });
+    match api
+        .patch_status(&held.name, &writes::params(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::debug!(name = held.name, %error, "held membersAsOf not written");
+            false
+        }
+    }
 }
 
 /// The Cluster API Cluster: by label, else by owner reference.
