@@ -476,6 +476,8 @@ pub(crate) fn per_service_seconds(log: &serde_json::Value) -> BTreeMap<String, B
 /// the old controller's stop: what binds the restart.
 #[derive(Clone, Copy, Debug, Default)]
 struct Milestones {
+    /// The old controller exited (SIGTERM, reconciles in flight finished, held writes made).
+    stopped: Option<f64>,
     /// `/readyz` answered: leading, its caches listed.
     ready: Option<f64>,
     /// As many OpenStackCluster reconciles as clusters (the count, not each cluster's own).
@@ -489,7 +491,8 @@ impl std::fmt::Display for Milestones {
         let at = |mark: Option<f64>| mark.map_or("-".to_owned(), |s| format!("{s:.1} s"));
         write!(
             f,
-            "ready {}, as many cluster passes as clusters {}, every gate open {}, every member ACTIVE {}",
+            "the old one exited {}, ready {}, as many cluster passes as clusters {}, every gate open {}, every member ACTIVE {}",
+            at(self.stopped),
             at(self.ready),
             at(self.reconciled),
             at(self.gates_open),
@@ -1244,6 +1247,7 @@ impl Restarts<'_> {
         let restart = Instant::now();
         self.sims.carry_over().await?;
         controller.terminate().await?;
+        let stopped = restart.elapsed().as_secs_f64();
         let controller = start_controller(
             self.config,
             self.kubeconfig,
@@ -1258,7 +1262,10 @@ impl Restarts<'_> {
             self.every_verdict_known(restart),
             self.change_reconciled(name)
         );
-        let milestones = verdicts?;
+        let milestones = Milestones {
+            stopped: Some(stopped),
+            ..verdicts?
+        };
         let restarted = Restarted {
             milestones,
             to_verdicts: restart.elapsed().as_secs_f64(),
