@@ -138,9 +138,7 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
 
     create_capi_cluster(e2e, &name, &name).await;
     for object in [&infra, &template] {
-        let created: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
-        api_for(e2e, object)
-            .create(&PostParams::default(), &created)
+        create_as_a_user_would(e2e, object)
             .await
             .unwrap_or_else(|e| panic!("{file}: {} refused: {e}", object["kind"]));
     }
@@ -189,6 +187,29 @@ fn infrastructure(e2e: &E2e, file: &str, text: &str) -> Value {
         read("OpenStackCluster", ""),
         read("OpenStackMachineTemplate", "probe-control-plane")
     ])
+}
+
+/// Creates `object` as `kubectl apply` run again would: an API server error (5xx) is tried
+/// again, a few times. In CI the real API server's handler timed out in the suite's first
+/// minute, while the tests' worlds were creating the CRDs ("failed calling webhook ... context
+/// canceled"); kube's client sends a create again after such a 504, so a 409 on this test's
+/// own unique name is the object a try stored.
+async fn create_as_a_user_would(e2e: &E2e, object: &Value) -> Result<(), kube::Error> {
+    let created: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
+    let api = api_for(e2e, object);
+    let mut attempt = 1;
+    loop {
+        match api.create(&PostParams::default(), &created).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code >= 500 && attempt < 5 => {
+                eprintln!("{}: tried again after {}", e2e.label, status.message);
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 async fn every_capo_template(e2e: &mut E2e) {

@@ -533,9 +533,13 @@ pub(crate) async fn create_capi_cluster(e2e: &E2e, name: &str, infra: &str) {
                                         "kind": "OpenStackCluster", "name": infra}}
     }))
     .expect("cluster");
-    capi.create(&PostParams::default(), &owner)
-        .await
-        .expect("Cluster created");
+    match capi.create(&PostParams::default(), &owner).await {
+        // kube's client sends a create again after a 504 (the API server's handler timed out
+        // after storing it): the name is this test's own, so the Cluster is ours.
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => panic!("Cluster {name} not created: {error}"),
+    }
 }
 
 /// Every member of the cluster's API pool on 6443, by address, with its provisioning status,
