@@ -923,7 +923,7 @@ async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_rea
     }
     let registry = world.registry.clone();
     eventually("both clusters' membersAsOf held back", || {
-        let held = gauge(&registry, "capo_lb_members_as_of_held");
+        let held = crate::server_controller::metric_sum(&registry, "capo_lb_members_as_of_held");
         async move { (held >= 2.0).then_some(()) }
     })
     .await;
@@ -983,16 +983,6 @@ async fn recorded_members_as_of(world: &World) -> BTreeMap<String, Option<String
             (cluster.metadata.name.unwrap_or_default(), stamp)
         })
         .collect()
-}
-
-fn gauge(registry: &prometheus::Registry, name: &str) -> f64 {
-    registry
-        .gather()
-        .iter()
-        .filter(|family| family.name() == name)
-        .flat_map(|family| family.get_metric())
-        .map(|m| m.get_gauge().get_value())
-        .sum()
 }
 
 /// Each member the cluster records, by name: its `since`, and its state (id, provisioning

@@ -438,7 +438,8 @@ pub(crate) fn metric_sum(registry: &Registry, name: &str) -> f64 {
         .iter()
         .filter(|family| family.name() == name)
         .flat_map(|family| family.get_metric())
-        .map(|m| m.get_counter().get_value())
+        // A series is a counter or a gauge: the other reads 0.
+        .map(|m| m.get_counter().get_value() + m.get_gauge().get_value())
         .sum()
 }
 
