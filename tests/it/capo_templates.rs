@@ -152,9 +152,10 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
     let mut plane = plane(&name, 1);
     plane.template = stored.spec.template.spec.clone();
     let released = format!("{name}'s control-plane machine released");
-    waited(released, actor.scale_control_plane(&plane))
-        .await
-        .unwrap_or_else(|e| panic!("{file}: the control-plane machine was never released: {e}"));
+    if let Err(e) = waited(released, actor.scale_control_plane(&plane)).await {
+        let why = machines_story(e2e, &name).await;
+        panic!("{file}: the control-plane machine was never released: {e}; {why}");
+    }
     eprintln!(
         "FIGURES e2e {} {file}: provisioned, endpoint {:?}, control-plane machine released",
         e2e.label,
@@ -166,6 +167,51 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
         .delete(&control_plane, &DeleteParams::default())
         .await
         .expect("template deleted");
+}
+
+/// One line per OpenStackMachine and OpenStackServer of `cluster`: what it says that is not
+/// yet true (a failed scenario has a few hundred characters to say why).
+async fn machines_story(e2e: &E2e, cluster: &str) -> String {
+    let selector = format!("{}={cluster}", capo_api::capi::labels::CLUSTER_NAME);
+    let params = kube::api::ListParams::default().labels(&selector);
+    let mut lines = Vec::new();
+    let machines = e2e.machines().list(&params).await.map(|l| l.items);
+    for machine in machines.unwrap_or_default() {
+        lines.push(status_story("OpenStackMachine", &machine));
+    }
+    let servers = e2e.servers().list(&params).await.map(|l| l.items);
+    for server in servers.unwrap_or_default() {
+        lines.push(status_story("OpenStackServer", &server));
+    }
+    if lines.is_empty() {
+        lines.push(format!(
+            "no OpenStackMachine or OpenStackServer labelled {selector}"
+        ));
+    }
+    lines.join("; ")
+}
+
+/// An object's name, instance state, and each condition not True with its reason and message.
+fn status_story<K: kube::Resource + serde::Serialize>(kind: &str, object: &K) -> String {
+    let value = serde_json::to_value(object).unwrap_or_default();
+    let status = &value["status"];
+    let mut said = vec![format!(
+        "{kind} {} state {}",
+        object.meta().name.as_deref().unwrap_or("?"),
+        status["instanceState"].as_str().unwrap_or("-")
+    )];
+    for condition in status["conditions"].as_array().into_iter().flatten() {
+        if condition["status"] != "True" {
+            said.push(format!(
+                "{}={} {}: {}",
+                condition["type"].as_str().unwrap_or("?"),
+                condition["status"].as_str().unwrap_or("?"),
+                condition["reason"].as_str().unwrap_or(""),
+                condition["message"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    said.join(", ")
 }
 
 /// What capo-rs reads of a template: its OpenStackCluster and control-plane
