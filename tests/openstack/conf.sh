@@ -200,6 +200,11 @@ api_paste_config = $ETC/nova/api-paste.ini
 [scheduler]
 # The compute host is mapped to its cell as soon as it reports.
 discover_hosts_in_cells_interval = 2
+# One worker: the parent asks Placement for its version before it forks, and with idle
+# connections kept 5 minutes (lib.sh) every forked worker inherited that one pooled
+# connection. Two workers then read each other's answers (measured: a GET /allocations read
+# an allocation_candidates body, KeyError 'allocations', and a server failed to schedule).
+workers = 1
 
 [conductor]
 workers = 1
