@@ -9,13 +9,13 @@ use std::path::PathBuf;
 
 use capo_api::{OpenStackCluster, OpenStackMachineTemplate};
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject};
 use serde_json::{Value, json};
 
 use crate::real_cloud::{PASSWORD_CLOUD, REAL, census, fault, real_cloud};
 use crate::real_provider::{
     E2e, FLAVOR, IMAGE, KEY_PAIR, SECRET, actor, assert_nothing_left, both, create_capi_cluster,
-    delete_cluster, on_real, on_sim, plane, unique_cluster_name, wait_provisioned,
+    create_ours, delete_cluster, on_real, on_sim, plane, unique_cluster_name, wait_provisioned,
 };
 use crate::waits::waited;
 
@@ -138,7 +138,8 @@ async fn one_template(e2e: &E2e, file: &str, text: &str) {
 
     create_capi_cluster(e2e, &name, &name).await;
     for object in [&infra, &template] {
-        create_as_a_user_would(e2e, object)
+        let created: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
+        create_ours(&api_for(e2e, object), &created)
             .await
             .unwrap_or_else(|e| panic!("{file}: {} refused: {e}", object["kind"]));
     }
@@ -233,29 +234,6 @@ fn infrastructure(e2e: &E2e, file: &str, text: &str) -> Value {
         read("OpenStackCluster", ""),
         read("OpenStackMachineTemplate", "probe-control-plane")
     ])
-}
-
-/// Creates `object` as `kubectl apply` run again would: an API server error (5xx) is tried
-/// again, a few times. In CI the real API server's handler timed out in the suite's first
-/// minute, while the tests' worlds were creating the CRDs ("failed calling webhook ... context
-/// canceled"); kube's client sends a create again after such a 504, so a 409 on this test's
-/// own unique name is the object a try stored.
-async fn create_as_a_user_would(e2e: &E2e, object: &Value) -> Result<(), kube::Error> {
-    let created: DynamicObject = serde_json::from_value(object.clone()).expect("an object");
-    let api = api_for(e2e, object);
-    let mut attempt = 1;
-    loop {
-        match api.create(&PostParams::default(), &created).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code >= 500 && attempt < 5 => {
-                eprintln!("{}: tried again after {}", e2e.label, status.message);
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            }
-            Err(error) => return Err(error),
-        }
-    }
 }
 
 async fn every_capo_template(e2e: &mut E2e) {

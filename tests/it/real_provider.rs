@@ -533,12 +533,32 @@ pub(crate) async fn create_capi_cluster(e2e: &E2e, name: &str, infra: &str) {
                                         "kind": "OpenStackCluster", "name": infra}}
     }))
     .expect("cluster");
-    match capi.create(&PostParams::default(), &owner).await {
-        // kube's client sends a create again after a 504 (the API server's handler timed out
-        // after storing it): the name is this test's own, so the Cluster is ours.
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
-        Err(error) => panic!("Cluster {name} not created: {error}"),
+    create_ours(&capi, &owner)
+        .await
+        .unwrap_or_else(|error| panic!("Cluster {name} not created: {error}"));
+}
+
+/// Creates `object`, named uniquely by its test, as `kubectl apply` run again would: an API
+/// server error (5xx) is tried again, a few times, and a 409 is the object a try stored. In CI
+/// the real API server's handler timed out in the suite's first minute after storing a create
+/// ("failed calling webhook ... context canceled"), and kube's client sends a create again
+/// after such a 504 by default.
+pub(crate) async fn create_ours<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let mut attempt = 1;
+    loop {
+        match api.create(&PostParams::default(), object).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code >= 500 && attempt < 5 => {
+                eprintln!("tried a create again after: {}", status.message);
+                attempt += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            Err(error) => return Err(error),
+        }
     }
 }
 
