@@ -370,10 +370,21 @@ impl Engine {
         );
     }
 
-    /// A reconciler just changed something under this LB (a listener, a pool): poll it soon,
-    /// and publish a change once it is seen ACTIVE again, whatever the verdict, so the
-    /// reconciler is woken for its next step instead of polling.
+    /// A reconciler just changed members under this LB, or found it locked: poll it soon (as
+    /// new desired state, never later than a look already due), and publish a change once it
+    /// is seen ACTIVE again, whatever the verdict, so the reconciler is woken for its next
+    /// step instead of polling.
     pub fn changed_under(&self, lb_id: &str) {
+        self.changed(lb_id, Scheduler::wake);
+    }
+
+    /// [`Engine::changed_under`] for a change of the LB itself (made, or a listener, pool or
+    /// monitor added): looked at after `look_after_lb_change`, and not before.
+    pub fn changed_lb(&self, lb_id: &str) {
+        self.changed(lb_id, Scheduler::lb_changed);
+    }
+
+    fn changed(&self, lb_id: &str, wake: fn(&mut Scheduler, &str, bool, Instant)) {
         let now = Instant::now();
         let endpoint = {
             let mut state = self.inner.lock();
@@ -390,7 +401,7 @@ impl Engine {
                 .map(|e| (e, rollout_waiting))
         };
         if let Some((endpoint, rollout_waiting)) = endpoint {
-            lock(&endpoint.scheduler).wake(lb_id, rollout_waiting, now);
+            wake(&mut lock(&endpoint.scheduler), lb_id, rollout_waiting, now);
             endpoint.notify.notify_one();
         }
     }

@@ -59,6 +59,12 @@ pub struct ScheduleConfig {
     pub urgent_initial: Duration,
     /// How long after new desired state a known LB is looked at.
     pub look_after_change: Duration,
+    /// How long after a reconciler changed the LB itself (made it, or a listener, pool or
+    /// monitor under it) it is looked at. Octavia's LB-level flows settle in well under a
+    /// second where the driver does little (ovn, amphora's no-op: 0.1-0.6 s on the real
+    /// tier), and CAPO's inline wait looks at one second too; a slower driver's lock is then
+    /// followed at `urgent_initial`.
+    pub look_after_lb_change: Duration,
     /// How long a state is polled at `urgent_initial` before backing off.
     pub urgent_fresh: Duration,
     /// The longest wait between urgent polls once they have backed off.
@@ -110,6 +116,7 @@ impl Default for ScheduleConfig {
             drift_share: 0.5,
             urgent_initial: Duration::from_millis(1900),
             look_after_change: Duration::from_millis(1900),
+            look_after_lb_change: Duration::from_millis(1000),
             urgent_fresh: Duration::from_secs(180),
             urgent_max: Duration::from_secs(10),
             learned_max: Duration::from_secs(60),
@@ -494,6 +501,25 @@ impl Scheduler {
                 }
             }
             None => entry.due = entry.due.min(now + first_look),
+        }
+    }
+
+    /// A reconciler has just changed `lb` itself ([`ScheduleConfig::look_after_lb_change`]).
+    /// Octavia holds it locked this instant, so a look due sooner (a new LB's first) would
+    /// only see the lock: the look, or the list that watches for the unlock, comes then.
+    pub fn lb_changed(&mut self, lb: &str, rollout_waiting: bool, now: Instant) {
+        self.wake(lb, rollout_waiting, now);
+        let first_look = now + self.config.look_after_lb_change;
+        let list = self.listing(lb).map(str::to_owned);
+        let Some(entry) = self.entries.get_mut(lb).filter(|e| !e.in_flight) else {
+            return;
+        };
+        match list.and_then(|list| self.sweeps.get_mut(&list)) {
+            Some(sweep) => {
+                entry.due = entry.due.max(first_look);
+                sweep.due = sweep.due.min(first_look);
+            }
+            None => entry.due = first_look,
         }
     }
 
@@ -1335,6 +1361,41 @@ mod tests {
         s.done("lb", &outcome(false, false, None), t0);
         s.wake("lb", false, t0 + secs(5.0));
         assert_eq!(s.wake_at(t0 + secs(5.0)), Some(t0 + secs(6.5)));
+    }
+
+    #[test]
+    fn an_lb_the_reconciler_just_changed_is_looked_at_a_second_later() {
+        let t0 = Instant::now();
+        let mut s = Scheduler::new(config(10.0), t0);
+        // Just made: its first look, due at once, would only see PENDING_CREATE.
+        s.wake("lb", false, t0);
+        s.lb_changed("lb", false, t0);
+        assert_eq!(s.next(t0), None, "no look at the lock it was just given");
+        assert_eq!(s.wake_at(t0), Some(t0 + secs(1.0)));
+        s.next(t0 + secs(1.0)).expect("the first look");
+        // Still locked (a slow driver): followed at the urgent pace from there.
+        s.done("lb", &outcome(true, false, None), t0 + secs(1.0));
+        assert_eq!(s.wake_at(t0 + secs(1.0)), Some(t0 + secs(2.5)));
+        // A later change of its own brings the next look forward, to a second after it.
+        s.next(t0 + secs(2.5)).expect("the second look");
+        s.done("lb", &outcome(false, true, None), t0 + secs(2.5));
+        s.lb_changed("lb", false, t0 + secs(9.0));
+        assert_eq!(s.wake_at(t0 + secs(9.0)), Some(t0 + secs(10.0)));
+    }
+
+    #[test]
+    fn an_lb_changed_under_a_working_list_is_seen_unlocked_by_the_list_a_second_later() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled_with(config(10.0), &["a", "b"], t0);
+        let changed = t0 + secs(5.0);
+        s.lb_changed("a", false, changed);
+        assert_eq!(s.wake_at(changed), Some(changed + secs(1.0)));
+        let pick = s.next(changed + secs(1.0)).expect("due");
+        assert_eq!(
+            pick.target,
+            Target::List("me".into()),
+            "the list, not a tree"
+        );
     }
 
     #[test]

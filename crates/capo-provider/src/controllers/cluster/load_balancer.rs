@@ -35,8 +35,12 @@ pub enum LbProgress {
         /// The provider implements no health monitors: the pools have none (Octavia's word).
         monitor_skipped: Option<String>,
     },
-    /// Being created or changed (by us or anyone): look again when it unlocks.
-    Pending(ProvisioningStatus),
+    /// Being created or changed: look again when it unlocks. `by_us`: this pass's own change
+    /// (the create, or a listener, pool or monitor) locked it a moment ago.
+    Pending {
+        state: ProvisioningStatus,
+        by_us: bool,
+    },
     /// In ERROR: a person must look; the gate says so.
     Failed,
 }
@@ -86,9 +90,11 @@ pub async fn reconcile(
     monitor: MonitorKind,
 ) -> Result<LbProgress, ClusterError> {
     let vip_network = vip_network(lb_spec, cloud, status).await?;
+    let mut created = false;
     let lb = match find(names, cloud, status).await? {
         Some(lb) => lb,
         None => {
+            created = true;
             let children = Children {
                 ports: plan::lb_ports(spec, lb_spec),
                 allowed: allowed_cidrs(lb_spec, cloud, status).await?.0,
@@ -119,7 +125,12 @@ pub async fn reconcile(
     match lb.provisioning_status {
         ProvisioningStatus::Active => {}
         ProvisioningStatus::Error => return Ok(LbProgress::Failed),
-        other => return Ok(LbProgress::Pending(other)),
+        state => {
+            return Ok(LbProgress::Pending {
+                state,
+                by_us: created,
+            });
+        }
     }
     let listeners = cloud
         .octavia()
@@ -147,7 +158,10 @@ pub async fn reconcile(
             }
             PortStep::Changed => {
                 record_pools(status, recorded_pools);
-                return Ok(LbProgress::Pending(ProvisioningStatus::PendingUpdate));
+                return Ok(LbProgress::Pending {
+                    state: ProvisioningStatus::PendingUpdate,
+                    by_us: true,
+                });
             }
         }
     }

@@ -234,6 +234,9 @@ struct Pass<'a> {
     /// The generation our own spec write (the control-plane endpoint) moved the object to,
     /// when nothing else moved it.
     own_write: std::sync::OnceLock<i64>,
+    /// The API load balancer this pass changed (made it, or something under it): the engine
+    /// is told once the gate has given it the LB, since it does not know a new one before.
+    lb_changed: std::sync::OnceLock<String>,
 }
 
 impl Pass<'_> {
@@ -349,6 +352,7 @@ async fn reconcile_cluster(
         generation,
         now,
         own_write: std::sync::OnceLock::new(),
+        lb_changed: std::sync::OnceLock::new(),
     };
     let result = if deleting {
         delete::run(&pass, &api, &mut status).await
@@ -542,9 +546,11 @@ async fn provision(
             pass.done(COMPLETE);
         }
     }
-    publish_gate(pass, &cloud, status)
-        .await
-        .map_err(at(types::API_SERVER_LOAD_BALANCER_READY))?;
+    let gate = publish_gate(pass, &cloud, status).await;
+    if let Some(lb) = pass.lb_changed.get() {
+        pass.ctx.engine.changed_lb(lb);
+    }
+    gate.map_err(at(types::API_SERVER_LOAD_BALANCER_READY))?;
     Ok(outcome)
 }
 
@@ -604,9 +610,10 @@ async fn build(
             )
             .await
             {
-                Err(e) if e.is_busy() => {
-                    LbProgress::Pending(crate::cloud::octavia::ProvisioningStatus::PendingUpdate)
-                }
+                Err(e) if e.is_busy() => LbProgress::Pending {
+                    state: crate::cloud::octavia::ProvisioningStatus::PendingUpdate,
+                    by_us: false,
+                },
                 other => other.map_err(at(types::API_ENDPOINT_READY))?,
             };
             match progress {
@@ -625,10 +632,13 @@ async fn build(
                         .await
                         .map_err(at(types::API_ENDPOINT_READY))?
                 }
-                LbProgress::Pending(state) => {
+                LbProgress::Pending { state, by_us } => {
                     // The engine wakes us when the LB settles; this is the safety net.
                     if let Some(lb) = &status.api_server_managed_load_balancer {
-                        pass.ctx.engine.changed_under(&lb.id);
+                        match by_us {
+                            true => _ = pass.lb_changed.set(lb.id.clone()),
+                            false => pass.ctx.engine.changed_under(&lb.id),
+                        }
                     }
                     outcome = Outcome::Poll(pass.ctx.config.poll_max);
                     // A working endpoint stays Ready while the LB is busy (a member being
