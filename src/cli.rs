@@ -12,6 +12,7 @@ use std::time::Duration;
 use capo_api::crds;
 use capo_provider::cloud::CloudOptions;
 use capo_provider::manager::LeaderElection;
+use capo_provider::membership::ScheduleConfig;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
@@ -346,6 +347,23 @@ pub struct LeaderArgs {
     pub leader_election_namespace: Option<String>,
 }
 
+/// The engine's polls share each endpoint's limiter with the controllers' requests, so they
+/// are paced within the same budget (this shard's part of it): a budget raised for a large
+/// cloud speeds the looks that gate every cluster and machine, not only the controllers.
+/// The settled LBs' background checks keep the defaults' rates (their shares shrink as the
+/// budget grows): a larger budget is room for urgent work, not a reason to ask more often.
+fn engine_schedule(cloud: &CloudOptions, defaults: &ScheduleConfig) -> ScheduleConfig {
+    let budget_qps = f64::from(cloud.rate_limit.qps.get());
+    let share_of = |share: f64| share.min(defaults.budget_qps * share / budget_qps);
+    ScheduleConfig {
+        budget_qps,
+        burst: f64::from(cloud.rate_limit.burst.get()),
+        drift_share: share_of(defaults.drift_share),
+        safety_share: share_of(defaults.safety_share),
+        ..defaults.clone()
+    }
+}
+
 /// A shard's part of each endpoint's budget: the rate and the burst scaled by its share (at
 /// least one request each).
 fn shared_budget(mut options: CloudOptions, share: Option<f64>) -> CloudOptions {
@@ -374,6 +392,10 @@ impl RunArgs {
     fn manager_config(&self) -> anyhow::Result<capo_provider::manager::ManagerConfig> {
         use capo_provider::manager::{ManagerConfig, WatchScope};
         let defaults = ManagerConfig::default();
+        let cloud = CloudOptions {
+            session_cache_max: usize::try_from(self.scope_cache_max_size).unwrap_or(0),
+            ..shared_budget(self.openstack.options()?, self.openstack_budget_share)
+        };
         Ok(ManagerConfig {
             scope: WatchScope {
                 namespace: self.namespace.clone(),
@@ -406,12 +428,10 @@ impl RunArgs {
                         not_serving_after: self.member_not_serving_after,
                     },
                 ),
+                schedule: engine_schedule(&cloud, &defaults.engine.schedule),
                 ..defaults.engine.clone()
             },
-            cloud: CloudOptions {
-                session_cache_max: usize::try_from(self.scope_cache_max_size).unwrap_or(0),
-                ..shared_budget(self.openstack.options()?, self.openstack_budget_share)
-            },
+            cloud,
             budget_share: self.openstack_budget_share.or(Some(1.0)),
             crd_wait: Some(self.crd_wait),
             ..defaults
@@ -745,6 +765,40 @@ mod tests {
         assert_eq!(tiny.rate_limit.qps.get(), 1, "never below one request");
         let refused = parse(&["--openstack-budget-share", "1.5"]).expect_err("over the whole");
         assert!(refused.to_string().contains("(0, 1]"), "{refused}");
+    }
+
+    #[test]
+    fn the_engine_polls_within_the_budget_the_process_is_given() {
+        let budget = |flags: &[&str]| {
+            let config = run_args(flags).manager_config().expect("a config");
+            let schedule = &config.engine.schedule;
+            (schedule.budget_qps, schedule.burst)
+        };
+        assert_eq!(budget(&[]), (10.0, 20.0), "the defaults, as before");
+        let raised = ["--openstack-qps", "100", "--openstack-burst", "200"];
+        assert_eq!(budget(&raised), (100.0, 200.0));
+        let shard = [&raised[..], &["--openstack-budget-share", "0.25"]].concat();
+        assert_eq!(budget(&shard), (25.0, 50.0), "a shard's part of it");
+        let background = |flags: &[&str]| {
+            let config = run_args(flags).manager_config().expect("a config");
+            let s = config.engine.schedule;
+            (s.budget_qps * s.drift_share, s.budget_qps * s.safety_share)
+        };
+        let (drift, safety) = background(&[]);
+        let (raised_drift, raised_safety) = background(&raised);
+        assert!(
+            (raised_drift - drift).abs() < 1e-9,
+            "drift checks no more often"
+        );
+        assert!(
+            (raised_safety - safety).abs() < 1e-9,
+            "safety trees no more often"
+        );
+        let small = background(&["--openstack-qps", "4"]);
+        assert!(
+            small.0 < drift,
+            "a smaller budget keeps its shares: {small:?}"
+        );
     }
 
     #[test]
