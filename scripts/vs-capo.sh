@@ -5,7 +5,10 @@
 # 15 minutes at 100 clusters on 2 cores).
 #
 # Usage: scripts/vs-capo.sh [CLUSTERS]     (default 100; CAPO_VS_WINDOW=SECONDS for the idle
-#                                           and steady windows, default 60)
+#                                           and steady windows, default 60;
+#                                           CAPO_VS_CAPO_RS_ARGS="--openstack-qps 100" adds
+#                                           flags to capo-rs's command; CAPO_VS_SIDES=capo-rs
+#                                           measures that side alone)
 # Needs what the real Kubernetes tier needs (Go 1.26, openssl, curl, iproute2, socat): the
 # peers are built by tests/kube, tests/capi and tests/capo's build.sh, from Go's module proxy,
 # into caches outside the clone. capo-rs is measured in its release build.

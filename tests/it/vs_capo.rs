@@ -9,8 +9,9 @@
 //! provider pairs with (v1.12.10 for CAPO, v1.14.2 for capo-rs), and the provider as a process
 //! of its own with its shipped defaults, serving its own webhooks: CAPO's `capo-manager`, and
 //! capo-rs's `capo-rs run` (the binary `CAPO_VS_CAPO_RS` names: the script builds the release
-//! profile; by default this test's own build). Both are given the same objects, in CAPO 0.14's
-//! v1beta1 API.
+//! profile; by default this test's own build; `CAPO_VS_CAPO_RS_ARGS` adds flags to its
+//! command). Both are given the same objects, in CAPO 0.14's v1beta1 API. `CAPO_VS_SIDES`
+//! (`CAPO v0.14.7` or `capo-rs`) measures one side alone.
 //!
 //! Measured: OpenStack requests (every request the simulator served, Keystone's included)
 //! and time, for one cluster's creation, one control-plane machine, a rollout of 3 and the
@@ -66,18 +67,32 @@ async fn capo_v0_14_7_and_capo_rs_side_by_side() {
         || PathBuf::from(env!("CARGO_BIN_EXE_capo-rs")),
         PathBuf::from,
     );
+    let args: Vec<String> = std::env::var("CAPO_VS_CAPO_RS_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if !args.is_empty() {
+        eprintln!("capo-rs runs with {}", args.join(" "));
+    }
     let sides = [
         Side::Capo(&capo),
         Side::CapoRs {
             release: capi.release(),
             binary: capo_rs,
+            args,
         },
     ];
+    let only = std::env::var("CAPO_VS_SIDES").ok();
     let mut figures = Vec::new();
-    for side in &sides {
+    for side in sides
+        .iter()
+        .filter(|side| only.as_deref().is_none_or(|o| o == side.name()))
+    {
         figures.push(measure(side, clusters, window).await);
     }
-    print_table(&figures[0], &figures[1], clusters);
+    assert!(!figures.is_empty(), "CAPO_VS_SIDES names no side: {only:?}");
+    print_table(&figures, clusters);
 }
 
 /// A provider under measure, and what it runs with.
@@ -86,6 +101,8 @@ enum Side<'a> {
     CapoRs {
         release: CapiRelease,
         binary: PathBuf,
+        /// Flags added to `capo-rs run` (`CAPO_VS_CAPO_RS_ARGS`).
+        args: Vec<String>,
     },
 }
 
@@ -109,8 +126,8 @@ impl Side<'_> {
             Side::Capo(peers) => {
                 Provider::Capo(CapoManager::start(kube, peers, &[sim.addr().port()]).await)
             }
-            Side::CapoRs { binary, .. } => {
-                Provider::CapoRs(CapoRsProcess::start(kube, binary).await)
+            Side::CapoRs { binary, args, .. } => {
+                Provider::CapoRs(CapoRsProcess::start(kube, binary, args).await)
             }
         }
     }
@@ -156,7 +173,7 @@ struct CapoRsProcess {
 }
 
 impl CapoRsProcess {
-    async fn start(kube: &KubeWorld, binary: &Path) -> Self {
+    async fn start(kube: &KubeWorld, binary: &Path, args: &[String]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let certs = WebhookCerts::issue(&["127.0.0.1".to_owned()]).unwrap();
         certs.write(&dir.path().join("certs")).unwrap();
@@ -171,7 +188,9 @@ impl CapoRsProcess {
         let tier = kube.own_tier_dir().expect("a tier of the side's own");
         let log = std::fs::File::create(dir.path().join("capo-rs.log")).unwrap();
         let child = std::process::Command::new(binary)
-            .args(["--log-level", "warn", "run", "--kubeconfig"])
+            .args(["--log-level", "warn", "run"])
+            .args(args)
+            .arg("--kubeconfig")
             .arg(tier.join("capo-rs.kubeconfig"))
             .args(["--admin-address", &format!("127.0.0.1:{admin}")])
             .args(["--webhook-address", &format!("127.0.0.1:{webhook}")])
@@ -601,110 +620,102 @@ async fn usage_over(pid: u32, window: Duration) -> Usage {
     }
 }
 
-fn print_table(capo: &Figures, rs: &Figures, clusters: u32) {
-    let mut rows: Vec<(String, f64, f64, &str)> = Vec::new();
-    let mut row = |what: String, a: f64, b: f64, unit: &'static str| rows.push((what, a, b, unit));
-    for (what, a, b) in [
-        ("create a cluster", capo.create_cluster, rs.create_cluster),
-        ("one control-plane machine", capo.machine, rs.machine),
-        (
-            "rollout of 3 control-plane machines",
-            capo.rollout,
-            rs.rollout,
-        ),
-        ("delete the cluster (3 machines)", capo.delete, rs.delete),
+/// A side's figures as the table's rows: what, the figure, its unit.
+fn rows(f: &Figures, clusters: u32) -> Vec<(String, f64, &'static str)> {
+    let mut rows = Vec::new();
+    for (what, (requests, seconds)) in [
+        ("create a cluster", f.create_cluster),
+        ("one control-plane machine", f.machine),
+        ("rollout of 3 control-plane machines", f.rollout),
+        ("delete the cluster (3 machines)", f.delete),
     ] {
-        row(
-            format!("OpenStack requests: {what}"),
-            a.0 as f64,
-            b.0 as f64,
-            "",
-        );
-        row(format!("seconds: {what}"), a.1, b.1, "s");
+        rows.push((format!("OpenStack requests: {what}"), requests as f64, ""));
+        rows.push((format!("seconds: {what}"), seconds, "s"));
     }
-    row(
-        "seconds: create a cluster, from Cluster API's adoption".into(),
-        capo.create_from_adoption,
-        rs.create_from_adoption,
-        "s",
-    );
-    row(
-        "Kubernetes writes per OpenStackCluster".into(),
-        capo.writes_per_cluster,
-        rs.writes_per_cluster,
-        "",
-    );
-    row(
-        "Kubernetes writes per OpenStackMachine (its OpenStackServer's included)".into(),
-        capo.writes_per_machine,
-        rs.writes_per_machine,
-        "",
-    );
-    row("RSS idle".into(), capo.idle.rss_mib, rs.idle.rss_mib, "MiB");
-    row(
-        "CPU idle".into(),
-        capo.idle.cpu_percent,
-        rs.idle.cpu_percent,
-        "%",
-    );
-    row(
-        format!("seconds to {clusters} clusters provisioned, machines released"),
-        capo.scale_up.1,
-        rs.scale_up.1,
-        "s",
-    );
-    row(
-        format!("OpenStack requests to {clusters} clusters"),
-        capo.scale_up.0 as f64,
-        rs.scale_up.0 as f64,
-        "",
-    );
-    row(
-        format!("RSS at {clusters} clusters, steady"),
-        capo.steady.rss_mib,
-        rs.steady.rss_mib,
-        "MiB",
-    );
-    row(
-        format!("RSS at {clusters} clusters, peak"),
-        capo.steady.peak_mib,
-        rs.steady.peak_mib,
-        "MiB",
-    );
-    row(
-        format!("CPU at {clusters} clusters, steady"),
-        capo.steady.cpu_percent,
-        rs.steady.cpu_percent,
-        "%",
-    );
-    row(
-        format!("OpenStack requests per second at {clusters} clusters, steady"),
-        capo.steady_requests_per_second,
-        rs.steady_requests_per_second,
-        "",
-    );
-    row(
-        format!("seconds from a restart to every load balancer read ({clusters} clusters)"),
-        capo.restart.1,
-        rs.restart.1,
-        "s",
-    );
-    row(
-        "OpenStack requests from a restart to every load balancer read".to_owned(),
-        capo.restart.0 as f64,
-        rs.restart.0 as f64,
-        "",
-    );
+    let (requests_up, seconds_up) = f.scale_up;
+    let (requests_restart, seconds_restart) = f.restart;
+    rows.extend([
+        (
+            "seconds: create a cluster, from Cluster API's adoption".to_owned(),
+            f.create_from_adoption,
+            "s",
+        ),
+        (
+            "Kubernetes writes per OpenStackCluster".to_owned(),
+            f.writes_per_cluster,
+            "",
+        ),
+        (
+            "Kubernetes writes per OpenStackMachine (its OpenStackServer's included)".to_owned(),
+            f.writes_per_machine,
+            "",
+        ),
+        ("RSS idle".to_owned(), f.idle.rss_mib, "MiB"),
+        ("CPU idle".to_owned(), f.idle.cpu_percent, "%"),
+        (
+            format!("seconds to {clusters} clusters provisioned, machines released"),
+            seconds_up,
+            "s",
+        ),
+        (
+            format!("OpenStack requests to {clusters} clusters"),
+            requests_up as f64,
+            "",
+        ),
+        (
+            format!("RSS at {clusters} clusters, steady"),
+            f.steady.rss_mib,
+            "MiB",
+        ),
+        (
+            format!("RSS at {clusters} clusters, peak"),
+            f.steady.peak_mib,
+            "MiB",
+        ),
+        (
+            format!("CPU at {clusters} clusters, steady"),
+            f.steady.cpu_percent,
+            "%",
+        ),
+        (
+            format!("OpenStack requests per second at {clusters} clusters, steady"),
+            f.steady_requests_per_second,
+            "",
+        ),
+        (
+            format!("seconds from a restart to every load balancer read ({clusters} clusters)"),
+            seconds_restart,
+            "s",
+        ),
+        (
+            "OpenStack requests from a restart to every load balancer read".to_owned(),
+            requests_restart as f64,
+            "",
+        ),
+    ]);
+    rows
+}
+
+/// The table: a column per side measured, and capo-rs / CAPO when both were.
+fn print_table(sides: &[Figures], clusters: u32) {
+    let names: Vec<&str> = sides.iter().map(|f| f.name).collect();
+    let both = sides.len() == 2;
+    let ratio_head = if both { " capo-rs / CAPO |" } else { "" };
+    println!("\n| figure | {} |{ratio_head}", names.join(" | "));
     println!(
-        "\n| figure | {} | {} | capo-rs / CAPO |\n|---|---|---|---|",
-        capo.name, rs.name
+        "|---|{}{}",
+        "---|".repeat(sides.len()),
+        if both { "---|" } else { "" }
     );
-    for (what, a, b, unit) in rows {
-        let ratio = if a > 0.0 {
-            format!("{:.2}", b / a)
-        } else {
-            "-".to_owned()
+    let columns: Vec<_> = sides.iter().map(|f| rows(f, clusters)).collect();
+    for (i, (what, _, unit)) in columns[0].iter().enumerate() {
+        let values: Vec<f64> = columns.iter().map(|rows| rows[i].1).collect();
+        let cells: Vec<String> = values.iter().map(|v| format!("{v:.2} {unit}")).collect();
+        let ratio = match values.as_slice() {
+            [a, b] if *a > 0.0 => format!(" {:.2} |", b / a),
+            [_, _] => " - |".to_owned(),
+            _ => String::new(),
         };
-        println!("| {what} | {a:.2} {unit} | {b:.2} {unit} | {ratio} |");
+        println!("| {what} | {} |{ratio}", cells.join(" | "));
     }
 }
