@@ -323,6 +323,145 @@ async fn a_cluster_is_built_as_capo_builds_it_then_deleted_without_a_leak() {
     );
 }
 
+/// The OpenStackCluster of CAPO's cluster-template.yaml as a user applies it: the external
+/// network by its ID, Calico's BGP and IP-in-IP rules, no tags (`cluster_spec` adds one).
+fn capo_template_spec(external_network: &str) -> Value {
+    let calico = |name: &str, protocol: &str, ports: Option<u16>| {
+        let mut rule = json!({
+            "name": name, "description": format!("Created by cluster-api-provider-openstack - {name}"),
+            "direction": "ingress", "etherType": "IPv4", "protocol": protocol,
+            "remoteManagedGroups": ["controlplane", "worker"]
+        });
+        if let Some(port) = ports {
+            rule["portRangeMin"] = json!(port);
+            rule["portRangeMax"] = json!(port);
+        }
+        rule
+    };
+    json!({
+        "apiServer": {"managedLoadBalancer": {"enabled": true}},
+        "externalNetwork": {"id": external_network},
+        "identityRef": {"name": "cloud-config", "cloudName": "sim"},
+        "managedSecurityGroups": {
+            "clusterNodesSecurityGroupRules": [
+                calico("BGP (Calico)", "tcp", Some(179)),
+                calico("IP-in-IP (calico)", "4", None),
+            ]
+        },
+        "managedSubnets": [{"cidr": "10.6.0.0/24", "dnsNameservers": ["192.0.2.53"]}],
+    })
+}
+
+/// CAPO's template cluster (untagged, as the template leaves it) gets its floating IP in one
+/// request, made on the VIP's port. Prints the OpenStack requests to provisioned and Ready,
+/// by operation (issue 59's row for this template).
+#[tokio::test]
+async fn capo_s_template_cluster_gets_its_floating_ip_in_one_request() {
+    let world = World::start().await;
+    let public = world
+        .admin
+        .neutron()
+        .list_networks(&Filter::by_name("public"))
+        .await
+        .unwrap()
+        .remove(0);
+    world.cloud.reset_request_log();
+    create_cluster(&world, "c1", capo_template_spec(&public.id)).await;
+    let cluster = wait_cluster(&world, "c1", "provisioned, Ready and gated open", |c| {
+        settled(c) && condition(c, types::API_SERVER_LOAD_BALANCER_READY).0 == "True"
+    })
+    .await;
+    let log = world.cloud.request_log();
+    let count = |operation: &str| log["by_operation"][operation].as_u64().unwrap_or(0);
+    eprintln!(
+        "CAPO's template cluster: {} OpenStack requests; by operation: {}",
+        log["total"], log["by_operation"]
+    );
+    assert_eq!(count("network floating_ip_create"), 1);
+    assert_eq!(count("network floating_ip_update"), 0, "made on its port");
+    let status = cluster.status.clone().unwrap();
+    assert_eq!(status.external_network.as_ref().unwrap().id, public.id);
+    let lb = status.api_server_managed_load_balancer.clone().unwrap();
+    let on_port = world
+        .admin
+        .neutron()
+        .find_floating_ip(&lb.ip)
+        .await
+        .unwrap()
+        .expect("the endpoint's floating IP");
+    assert_eq!(
+        on_port.fixed_ip_address.as_deref(),
+        Some(lb.internal_ip.as_str())
+    );
+
+    delete_cluster(&world, "c1").await;
+}
+
+/// A floating IP put on the VIP's port by hand, without our description, before the cluster
+/// gets to its own: the create on the port is refused (Neutron: the fixed IP has one), and
+/// that one is adopted as the endpoint rather than a second allocated.
+#[tokio::test]
+async fn a_floating_ip_put_on_the_vip_port_by_hand_is_adopted_not_doubled() {
+    let world = World::start().await;
+    let neutron = world.admin.neutron();
+    let public = neutron
+        .list_networks(&Filter::by_name("public"))
+        .await
+        .unwrap()
+        .remove(0);
+    world.cloud.set_scenario(Scenario {
+        timings: timings(),
+        rules: vec![Rule {
+            kind: ObjectKind::Loadbalancer,
+            name: "*-kubeapi".into(),
+            effect: Effect::Stuck,
+            times: None,
+        }],
+        ..Scenario::default()
+    });
+    create_cluster(&world, "c1", capo_template_spec(&public.id)).await;
+    let octavia = world.admin.octavia();
+    let vip_port = eventually("the load balancer's VIP port", || async {
+        let lbs = octavia
+            .list_load_balancers(&Default::default())
+            .await
+            .ok()?;
+        lbs.into_iter()
+            .find(|lb| lb.name.ends_with("-c1-kubeapi"))?
+            .vip_port_id
+    })
+    .await;
+    let by_hand = neutron
+        .create_tagged_floating_ip(&public.id, None, Some(&vip_port), "attached by hand", &[])
+        .await
+        .unwrap();
+    world.cloud.clear_rules();
+    let cluster = wait_cluster(&world, "c1", "provisioned, Ready and gated open", |c| {
+        settled(c) && condition(c, types::API_SERVER_LOAD_BALANCER_READY).0 == "True"
+    })
+    .await;
+    let endpoint = cluster.spec.control_plane_endpoint.clone().unwrap();
+    assert_eq!(
+        endpoint.host.as_deref(),
+        Some(by_hand.floating_ip_address.as_str())
+    );
+    let on_vip = neutron
+        .list_floating_ips(&Filter::default().with("port_id", vip_port.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        on_vip.len(),
+        1,
+        "one floating IP on the VIP's port: {on_vip:?}"
+    );
+    assert_eq!(
+        world.cloud.request_log()["by_status"]["409"].as_u64(),
+        Some(1),
+        "our create on the port, refused"
+    );
+    delete_cluster(&world, "c1").await;
+}
+
 fn reconciles(world: &World) -> f64 {
     world
         .registry

@@ -151,6 +151,7 @@ async fn claims_on_a_pool(e2e: &mut E2e) {
         .create_tagged_floating_ip(
             &e2e.external_network,
             None,
+            None,
             "allocated by a pool that crashed before recording it",
             &[ipam::pool_tag(&pool)],
         )

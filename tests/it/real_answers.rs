@@ -891,6 +891,12 @@ async fn floating_ips(c: &CloudClient, r: &Recorder, made: &mut Made) {
         neutron.associate_floating_ip(&second.id, port),
     )
     .await;
+    refused(
+        r,
+        "floating_ip_create (on a port that has one)",
+        neutron.create_tagged_floating_ip(public, None, port, FIP_DESCRIPTION, &[]),
+    )
+    .await;
     poll_states(
         r,
         "floating ip",
@@ -913,6 +919,12 @@ async fn floating_ips(c: &CloudClient, r: &Recorder, made: &mut Made) {
         neutron.associate_floating_ip(&fip.id, None),
     )
     .await;
+    let on_port = must(
+        r,
+        "floating_ip_create (on a port)",
+        neutron.create_tagged_floating_ip(public, None, port, FIP_DESCRIPTION, &[]),
+    )
+    .await;
     let only = must(
         r,
         "floating_ip_create (last address)",
@@ -925,7 +937,7 @@ async fn floating_ips(c: &CloudClient, r: &Recorder, made: &mut Made) {
         neutron.create_floating_ip(tiny, None, FIP_DESCRIPTION),
     )
     .await;
-    made.floating_ips = vec![only.id, second.id, fip.id];
+    made.floating_ips = vec![only.id, on_port.id, second.id, fip.id];
 }
 
 /// Quota: the tenant's other project has no room for a port, a server or a volume.

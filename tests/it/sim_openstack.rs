@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use capo_provider::cloud::cinder::VolumeSpec;
+use capo_provider::cloud::neutron::Filter;
 use capo_provider::cloud::octavia::{
     ListenerSpec, LoadBalancerSpec, MemberSpec, OperatingStatus, ProvisioningStatus,
 };
@@ -2344,6 +2345,42 @@ async fn floating_ips_associate_through_a_router_and_taken_addresses_conflict() 
     assert_eq!((released.port_id, released.fixed_ip_address), (None, None));
     let (_, shown) = net(&sim, Method::GET, &format!("floatingips/{}", fip.id), None).await;
     assert_eq!(shown["floatingip"]["router_id"], Value::Null);
+
+    // Made on the port in one request (Neutron attaches it in the create's transaction); a
+    // second on the same fixed IP is refused, and the refusal allocates nothing.
+    let on_port = neutron
+        .create_tagged_floating_ip(&public, None, Some(&port), "", &[])
+        .await
+        .unwrap();
+    assert_eq!(on_port.status, "ACTIVE");
+    assert_eq!(on_port.fixed_ip_address.as_deref(), Some(fixed.as_str()));
+    let (_, shown) = net(
+        &sim,
+        Method::GET,
+        &format!("floatingips/{}", on_port.id),
+        None,
+    )
+    .await;
+    assert_eq!(shown["floatingip"]["router_id"], router.as_str());
+    let allocated = neutron
+        .list_floating_ips(&Filter::default())
+        .await
+        .unwrap()
+        .len();
+    let twice = neutron
+        .create_tagged_floating_ip(&public, None, Some(&port), "", &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(twice, CloudError::Conflict(_)), "{twice:?}");
+    assert_eq!(
+        neutron
+            .list_floating_ips(&Filter::default())
+            .await
+            .unwrap()
+            .len(),
+        allocated
+    );
+    neutron.delete_floating_ip(&on_port.id).await.unwrap();
 
     // A chosen address: once; not one that is out of the network's subnets.
     let chosen = neutron

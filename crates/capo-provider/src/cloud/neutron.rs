@@ -844,7 +844,7 @@ impl<'a> Neutron<'a> {
         address: Option<&str>,
         description: &str,
     ) -> Result<FloatingIp, CloudError> {
-        self.create_tagged_floating_ip(network_id, address, description, &[])
+        self.create_tagged_floating_ip(network_id, address, None, description, &[])
             .await
     }
 
@@ -854,11 +854,15 @@ impl<'a> Neutron<'a> {
         Ok(self.list_floating_ips(&filter).await?.into_iter().next())
     }
 
-    /// A floating IP on `network_id` (at `address` when given), tagged.
+    /// A floating IP on `network_id` (at `address` when given), tagged; pointing at `port`
+    /// when given. Neutron attaches it in the create's own transaction and allocates nothing
+    /// when the attach is refused (`_create_floatingip` in l3_db.py), so no attach request
+    /// follows and no unattached address is left behind by a refusal.
     pub async fn create_tagged_floating_ip(
         &self,
         network_id: &str,
         address: Option<&str>,
+        port: Option<&str>,
         description: &str,
         tags: &[String],
     ) -> Result<FloatingIp, CloudError> {
@@ -866,6 +870,9 @@ impl<'a> Neutron<'a> {
         let mut body = json!({ "floating_network_id": network_id, "description": description });
         if let Some(address) = address {
             body["floating_ip_address"] = json!(address);
+        }
+        if let Some(port) = port {
+            body["port_id"] = json!(port);
         }
         let mut ip: FloatingIp = self
             .create(op("floating_ip_create"), "floatingips", "floatingip", body)

@@ -485,6 +485,21 @@ fn validate(world: &Cx<'_>, path: &str, object: &Value) -> Result<(), Reply> {
                     ),
                 ));
             }
+            if let Some(port) = object["port_id"].as_str() {
+                // Neutron allocates the address (and the ID) before it checks the association,
+                // and names both in its refusal; the ID here stands in for the one it would get.
+                let address = match object["floating_ip_address"].as_str() {
+                    Some(ip) => Some(ip.to_owned()),
+                    None => world
+                        .neutron
+                        .find("networks", id)
+                        .and_then(|n| n["subnets"][0].as_str())
+                        .and_then(|subnet| allocate_ip(world, subnet)),
+                };
+                let fip = (PROVISIONAL_ID, address.as_deref().unwrap_or_default());
+                let fixed = object["fixed_ip_address"].as_str();
+                fip_association(world, Some(fip), id, port, fixed)?;
+            }
             match object["floating_ip_address"].as_str() {
                 Some(ip) => {
                     let Some(subnet) = subnet_for_ip(world, id, ip) else {
@@ -1136,7 +1151,12 @@ fn floating_ip_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
         .get("port_id")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    let fixed = port.as_deref().and_then(|p| first_ip(world, p));
+    let asked = object.get("fixed_ip_address").and_then(Value::as_str);
+    let fixed = match asked {
+        Some(ip) => Some(ip.to_owned()),
+        None => port.as_deref().and_then(|p| first_ip(world, p)),
+    }
+    .filter(|_| port.is_some());
     let router = port.as_deref().and_then(|p| router_for(world, &network, p));
     object.insert("fixed_ip_address".into(), json!(fixed));
     object.entry("port_id").or_insert(Value::Null);
@@ -1162,6 +1182,87 @@ fn first_v4(world: &Cx<'_>, port: &str) -> Option<Value> {
                 .is_some_and(|a| a.parse::<Ipv4Addr>().is_ok())
         })
         .cloned()
+}
+
+/// The ID a floating IP refused at its create is named by (Neutron names the one it had
+/// drawn before the refusal rolled it back).
+const PROVISIONAL_ID: &str = "00000000-0000-4000-8000-000000000000";
+
+/// Where a floating IP on `network` pointing at `port` lands: the fixed IP (`fixed`, else the
+/// port's first IPv4 one) and the router it goes through. As Neutron's
+/// `_check_and_get_fip_assoc` (l3_db.py), which both a create naming `port_id` and an update
+/// run: the port must exist and hold the fixed IP, no other floating IP on the network may
+/// point at that fixed IP, and a router must join the port's subnet to the network.
+/// `fip` is the floating IP's own (id, address), once it has them.
+fn fip_association(
+    world: &Cx<'_>,
+    fip: Option<(&str, &str)>,
+    network: &str,
+    port: &str,
+    fixed: Option<&str>,
+) -> Result<(String, String), Reply> {
+    let Some(port_object) = world.neutron.find("ports", port) else {
+        return Err(not_found("Port", port));
+    };
+    let fixed = match fixed {
+        Some(ip)
+            if port_object["fixed_ips"]
+                .as_array()
+                .is_some_and(|ips| ips.iter().any(|f| f["ip_address"] == ip)) =>
+        {
+            ip.to_owned()
+        }
+        Some(ip) => {
+            return Err(Reply::neutron(
+                400,
+                "BadRequest",
+                format!("Bad floatingip request: Port {port} does not have fixed ip {ip}."),
+            ));
+        }
+        None => match first_ip(world, port) {
+            Some(ip) => ip,
+            None => {
+                return Err(Reply::neutron(
+                    400,
+                    "BadRequest",
+                    format!("Bad floatingip request: Port {port} does not have any IPv4 address."),
+                ));
+            }
+        },
+    };
+    let (id, address) = fip.unwrap_or_default();
+    let taken = world.neutron.all("floatingips").iter().any(|f| {
+        f["id"] != id
+            && f["port_id"] == port
+            && f["fixed_ip_address"] == fixed.as_str()
+            && f["floating_network_id"] == network
+    });
+    if taken {
+        return Err(Reply::neutron(
+            409,
+            "FloatingIPPortAlreadyAssociated",
+            format!(
+                "Cannot associate floating IP {address} ({id}) with port {port} using \
+                 fixed IP {fixed}, as that fixed IP already has a floating IP on external \
+                 network {network}."
+            ),
+        ));
+    }
+    // As Neutron: only through a router with a gateway on the floating network.
+    let Some(router) = router_for(world, network, port) else {
+        let subnet = port_object["fixed_ips"][0]["subnet_id"]
+            .as_str()
+            .unwrap_or_default();
+        return Err(Reply::neutron(
+            404,
+            "ExternalGatewayForFloatingIPNotFound",
+            format!(
+                "External network {network} is not reachable from subnet {subnet}.  \
+                 Therefore, cannot associate Port {port} with a Floating IP."
+            ),
+        ));
+    };
+    Ok((fixed, router))
 }
 
 /// The router that joins `port`'s subnet to the external `network`: a gateway there and an
@@ -1408,71 +1509,16 @@ fn update(
     }
     let association = match (path, changes.get("port_id")) {
         ("floatingips", Some(Value::String(port))) => {
-            let Some(port_object) = world.neutron.find("ports", port) else {
-                return not_found("Port", port);
-            };
-            let fixed = match changes.get("fixed_ip_address").and_then(Value::as_str) {
-                Some(ip)
-                    if port_object["fixed_ips"]
-                        .as_array()
-                        .is_some_and(|ips| ips.iter().any(|f| f["ip_address"] == ip)) =>
-                {
-                    ip.to_owned()
-                }
-                Some(ip) => {
-                    return Reply::neutron(
-                        400,
-                        "BadRequest",
-                        format!("Bad floatingip request: Port {port} does not have fixed ip {ip}."),
-                    );
-                }
-                None => match first_ip(world, port) {
-                    Some(ip) => ip,
-                    None => {
-                        return Reply::neutron(
-                            400,
-                            "BadRequest",
-                            format!(
-                                "Bad floatingip request: Port {port} does not have any IPv4 address."
-                            ),
-                        );
-                    }
-                },
-            };
             let network = current["floating_network_id"].as_str().unwrap_or_default();
-            let taken = world.neutron.all("floatingips").iter().any(|f| {
-                f["id"] != id
-                    && f["port_id"] == port.as_str()
-                    && f["fixed_ip_address"] == fixed.as_str()
-                    && f["floating_network_id"] == network
-            });
-            if taken {
-                let address = current["floating_ip_address"].as_str().unwrap_or_default();
-                return Reply::neutron(
-                    409,
-                    "FloatingIPPortAlreadyAssociated",
-                    format!(
-                        "Cannot associate floating IP {address} ({id}) with port {port} using \
-                         fixed IP {fixed}, as that fixed IP already has a floating IP on external \
-                         network {network}."
-                    ),
-                );
+            let fip = (
+                id,
+                current["floating_ip_address"].as_str().unwrap_or_default(),
+            );
+            let fixed = changes.get("fixed_ip_address").and_then(Value::as_str);
+            match fip_association(world, Some(fip), network, port, fixed) {
+                Ok((fixed, router)) => Some((json!(fixed), json!(router))),
+                Err(refused) => return refused,
             }
-            // As Neutron: only through a router with a gateway on the floating network.
-            let Some(router) = router_for(world, network, port) else {
-                let subnet = port_object["fixed_ips"][0]["subnet_id"]
-                    .as_str()
-                    .unwrap_or_default();
-                return Reply::neutron(
-                    404,
-                    "ExternalGatewayForFloatingIPNotFound",
-                    format!(
-                        "External network {network} is not reachable from subnet {subnet}.  \
-                         Therefore, cannot associate Port {port} with a Floating IP."
-                    ),
-                );
-            };
-            Some((json!(fixed), json!(router)))
         }
         ("floatingips", Some(Value::Null)) => Some((Value::Null, Value::Null)),
         _ => None,

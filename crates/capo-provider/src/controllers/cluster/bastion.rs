@@ -206,23 +206,26 @@ async fn attach_floating_ip(
         None => None,
     };
     let ip = match existing {
-        Some(ip) => ip,
+        Some(ip) => {
+            cloud
+                .neutron()
+                .associate_floating_ip(&ip.id, Some(port))
+                .await
+                .map_err(ClusterError::cloud("attaching the bastion floating IP"))?;
+            ip
+        }
         None => cloud
             .neutron()
             .create_tagged_floating_ip(
                 external,
                 wanted.as_deref(),
+                Some(port),
                 &pass.names.description(),
                 &plan::tags(spec),
             )
             .await
             .map_err(ClusterError::cloud("allocating the bastion floating IP"))?,
     };
-    cloud
-        .neutron()
-        .associate_floating_ip(&ip.id, Some(port))
-        .await
-        .map_err(ClusterError::cloud("attaching the bastion floating IP"))?;
     tracing::info!(address = %ip.floating_ip_address, "bastion floating IP attached");
     Ok(ip.floating_ip_address)
 }

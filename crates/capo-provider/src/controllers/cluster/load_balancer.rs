@@ -709,73 +709,90 @@ pub async fn floating_ip(
             .as_ref()
             .and_then(|a| a.floating_ip.as_deref())
     });
-    let mut existing = match wanted {
-        Some(address) => find_floating_ip(cloud, address).await?,
-        None => None,
-    };
-    // One already on the port (CAPO's, or ours before a lost status write) is adopted.
-    if existing.is_none()
-        && let Some(port) = port
-    {
-        let filter = Filter::default().with("port_id", port);
-        existing = cloud
-            .neutron()
-            .list_floating_ips(&filter)
-            .await
-            .map_err(ClusterError::cloud("finding the API floating IP"))?
-            .into_iter()
-            .next();
-    }
-    // One we made whose attach or status write a restart cut off: unattached, with our
-    // description. Adopted rather than leaked beside a new one.
-    if existing.is_none() && wanted.is_none() {
-        existing = forgotten_floating_ips(cloud, names, external_network)
+    let existing = match wanted {
+        Some(address) => match find_floating_ip(cloud, address).await? {
+            None => on_port(cloud, port).await?,
+            found => found,
+        },
+        // Ours, found by the description both providers give it: on the port (a status
+        // write lost), or pointing at nothing (a restart between CAPO's create and its
+        // attach, or the floating IP of a cluster without a load balancer).
+        None => made_for_cluster(cloud, names, external_network)
             .await?
             .into_iter()
-            .next();
-    }
-    let created = existing.is_none();
-    let ip = match existing {
-        Some(ip) => ip,
-        None => {
-            let ip = cloud
-                .neutron()
-                .create_tagged_floating_ip(
-                    external_network,
-                    wanted,
-                    &names.description(),
-                    &plan::tags(spec),
-                )
-                .await
-                .map_err(ClusterError::cloud("allocating the API floating IP"))?;
-            tracing::info!(address = %ip.floating_ip_address, "allocated the API floating IP");
-            ip
-        }
+            .filter(|ip| ip.port_id.is_none() || ip.port_id.as_deref() == port)
+            .min_by_key(|ip| ip.port_id.is_none()),
+    };
+    let Some(ip) = existing else {
+        return allocate(spec, names, cloud, external_network, wanted, port).await;
     };
     let Some(port) = port.filter(|port| ip.port_id.as_deref() != Some(*port)) else {
         return Ok(ip);
     };
-    match cloud
+    cloud
         .neutron()
         .associate_floating_ip(&ip.id, Some(port))
         .await
-    {
-        Ok(attached) => Ok(attached),
-        Err(error) => {
-            // One made in this pass and not attached would be made again on the next (nothing
-            // records an address the spec does not name): give it back.
-            if created && let Err(e) = cloud.neutron().delete_floating_ip(&ip.id).await {
-                tracing::warn!(error = %e, address = %ip.floating_ip_address, "could not release the floating IP just made");
-            }
-            Err(ClusterError::cloud("attaching the API floating IP")(error))
+        .map_err(ClusterError::cloud("attaching the API floating IP"))
+}
+
+/// A new floating IP, made on `port` when given: one request, and a refused attach allocates
+/// nothing. A port that already has one (made by hand, without our description) refuses with
+/// a conflict, and that one is adopted.
+async fn allocate(
+    spec: &OpenStackClusterSpec,
+    names: &Names,
+    cloud: &CloudClient,
+    external_network: &str,
+    wanted: Option<&str>,
+    port: Option<&str>,
+) -> Result<FloatingIp, ClusterError> {
+    let created = cloud
+        .neutron()
+        .create_tagged_floating_ip(
+            external_network,
+            wanted,
+            port,
+            &names.description(),
+            &plan::tags(spec),
+        )
+        .await;
+    match created {
+        Ok(ip) => {
+            tracing::info!(address = %ip.floating_ip_address, "allocated the API floating IP");
+            Ok(ip)
         }
+        Err(CloudError::Conflict(ctx)) => match on_port(cloud, port).await? {
+            Some(ip) => Ok(ip),
+            None => Err(ClusterError::cloud("allocating the API floating IP")(
+                CloudError::Conflict(ctx),
+            )),
+        },
+        Err(error) => Err(ClusterError::cloud("allocating the API floating IP")(error)),
     }
 }
 
-/// The floating IPs on `external_network` that carry this cluster's description and point at
-/// nothing: made by capo-rs (or CAPO) for this cluster, and not recorded anywhere because a
-/// restart came between their create and their attach or status write.
-pub async fn forgotten_floating_ips(
+/// The floating IP already on `port`, whoever made it.
+async fn on_port(
+    cloud: &CloudClient,
+    port: Option<&str>,
+) -> Result<Option<FloatingIp>, ClusterError> {
+    let Some(port) = port else {
+        return Ok(None);
+    };
+    let filter = Filter::default().with("port_id", port);
+    Ok(cloud
+        .neutron()
+        .list_floating_ips(&filter)
+        .await
+        .map_err(ClusterError::cloud("finding the API floating IP"))?
+        .into_iter()
+        .next())
+}
+
+/// The floating IPs on `external_network` that carry this cluster's description: made by
+/// capo-rs or CAPO for this cluster.
+async fn made_for_cluster(
     cloud: &CloudClient,
     names: &Names,
     external_network: &str,
@@ -795,8 +812,20 @@ pub async fn forgotten_floating_ips(
         ))?;
     Ok(found
         .into_iter()
-        .filter(|ip| ip.description == description && ip.port_id.is_none())
+        .filter(|ip| ip.description == description)
         .collect())
+}
+
+/// The floating IPs made for this cluster that point at nothing, and are recorded nowhere: a
+/// restart came between their create and their attach or status write.
+pub async fn forgotten_floating_ips(
+    cloud: &CloudClient,
+    names: &Names,
+    external_network: &str,
+) -> Result<Vec<FloatingIp>, ClusterError> {
+    let mut found = made_for_cluster(cloud, names, external_network).await?;
+    found.retain(|ip| ip.port_id.is_none());
+    Ok(found)
 }
 
 pub async fn find_floating_ip(

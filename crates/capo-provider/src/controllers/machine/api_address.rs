@@ -244,6 +244,7 @@ async fn find_or_allocate(
         .create_tagged_floating_ip(
             &api.external_network,
             Some(&api.address),
+            None,
             &api.names.description(),
             &api.tags,
         )
