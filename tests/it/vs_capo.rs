@@ -316,6 +316,7 @@ async fn measure(side: &Side<'_>, clusters: u32, window: Duration) -> Figures {
     drop(provider);
     sim.watch_load_balancers(balancers);
     let (restarted, from) = (Instant::now(), requests(&sim));
+    let by_operation_before = sim.request_log()["by_operation"].clone();
     provider = side.start(&kube, &sim).await;
     let logs = || provider.log_tail();
     until(
@@ -332,6 +333,10 @@ async fn measure(side: &Side<'_>, clusters: u32, window: Duration) -> Figures {
     )
     .await;
     figures.restart = (requests(&sim) - from, restarted.elapsed().as_secs_f64());
+    eprintln!(
+        "{name}: the restart's requests by operation: {}",
+        operations_since(&by_operation_before, &sim.request_log()["by_operation"])
+    );
     eprintln!(
         "{name}: restarted, every load balancer read in {:.1} s",
         figures.restart.1
@@ -539,6 +544,22 @@ async fn cloud_secret(kube: &KubeWorld, sim: &OpenStackSim) {
         .create(&PostParams::default(), &secret)
         .await
         .expect("the Secret");
+}
+
+/// `"<operation> <count>"` for each operation counted more in `after` than in `before`.
+fn operations_since(before: &Value, after: &Value) -> String {
+    let count = |log: &Value, operation: &str| log[operation].as_u64().unwrap_or(0);
+    let Some(after_map) = after.as_object() else {
+        return String::new();
+    };
+    after_map
+        .keys()
+        .filter_map(|operation| {
+            let n = count(after, operation).saturating_sub(count(before, operation));
+            (n > 0).then(|| format!("{operation} {n}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn requests(sim: &OpenStackSim) -> u64 {
