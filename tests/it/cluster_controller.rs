@@ -358,13 +358,7 @@ fn capo_template_spec(external_network: &str) -> Value {
 #[tokio::test]
 async fn capo_s_template_cluster_gets_its_floating_ip_in_one_request() {
     let world = World::start().await;
-    let public = world
-        .admin
-        .neutron()
-        .list_networks(&Filter::by_name("public"))
-        .await
-        .unwrap()
-        .remove(0);
+    let public = public_network(&world).await;
     world.cloud.reset_request_log();
     create_cluster(&world, "c1", capo_template_spec(&public.id)).await;
     let cluster = wait_cluster(&world, "c1", "provisioned, Ready and gated open", |c| {
@@ -404,11 +398,7 @@ async fn capo_s_template_cluster_gets_its_floating_ip_in_one_request() {
 async fn a_floating_ip_put_on_the_vip_port_by_hand_is_adopted_not_doubled() {
     let world = World::start().await;
     let neutron = world.admin.neutron();
-    let public = neutron
-        .list_networks(&Filter::by_name("public"))
-        .await
-        .unwrap()
-        .remove(0);
+    let public = public_network(&world).await;
     world.cloud.set_scenario(Scenario {
         timings: timings(),
         rules: vec![Rule {
@@ -460,6 +450,17 @@ async fn a_floating_ip_put_on_the_vip_port_by_hand_is_adopted_not_doubled() {
         "our create on the port, refused"
     );
     delete_cluster(&world, "c1").await;
+}
+
+/// The simulated cloud's external network.
+async fn public_network(world: &World) -> capo_provider::cloud::neutron::Network {
+    world
+        .admin
+        .neutron()
+        .list_networks(&Filter::by_name("public"))
+        .await
+        .unwrap()
+        .remove(0)
 }
 
 fn reconciles(world: &World) -> f64 {
@@ -961,14 +962,7 @@ async fn every_capo_template_cluster_is_provisioned() {
         return;
     };
     let world = World::start().await;
-    let public = world
-        .admin
-        .neutron()
-        .list_networks(&Filter::by_name("public"))
-        .await
-        .unwrap()[0]
-        .id
-        .clone();
+    let public = public_network(&world).await.id;
     let mut names = Vec::new();
     for (index, (file, doc)) in docs.iter().enumerate() {
         let spec = match doc["kind"].as_str() {
