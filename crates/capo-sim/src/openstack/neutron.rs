@@ -1151,13 +1151,12 @@ fn floating_ip_defaults(world: &mut Cx<'_>, object: &mut Map<String, Value>) {
         .get("port_id")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    // `validate` has checked the association already: this is where it lands.
     let asked = object.get("fixed_ip_address").and_then(Value::as_str);
-    let fixed = match asked {
-        Some(ip) => Some(ip.to_owned()),
-        None => port.as_deref().and_then(|p| first_ip(world, p)),
-    }
-    .filter(|_| port.is_some());
-    let router = port.as_deref().and_then(|p| router_for(world, &network, p));
+    let (fixed, router) = port
+        .as_deref()
+        .and_then(|p| fip_association(world, None, &network, p, asked).ok())
+        .unzip();
     object.insert("fixed_ip_address".into(), json!(fixed));
     object.entry("port_id").or_insert(Value::Null);
     object.insert(
