@@ -879,6 +879,38 @@ async fn a_locked_lb_is_not_polled_while_the_list_shows_it_locked() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_member_that_finishes_under_an_unlocked_lb_comes_with_its_row_in_the_same_change() {
+    let mut s = setup(vec![], Strategy::StatusTree).await;
+    let lbs = three_ready_lbs(&mut s).await;
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    s.changes = s.engine.subscribe();
+    // A join: the LB unlocks in 0.3 s and the member finishes 5 s later, which its row
+    // does not show.
+    let (lb, pool, _) = &lbs[0];
+    let (old, new) = (("cp-0", "10.0.0.1"), ("cp-9", "10.0.0.9"));
+    s.client
+        .octavia()
+        .create_member(pool, &MemberSpec::new(new.0, new.1, 6443))
+        .await
+        .unwrap();
+    s.engine.ensure(
+        common::desired_lb(lb, pool, &[(old.0, old.1, None), (new.0, new.1, None)]),
+        &s.client,
+    );
+    wait_for_lb(&mut s, lb, Reason::Ready).await;
+    // The change that says Ready already carries the row a list showed before the tree
+    // (its cluster writes both at once), not a moment later on its own.
+    let snapshot = s.engine.snapshot(lb).expect("tracked");
+    let rows = s.client.octavia().list_load_balancer_rows().await.unwrap();
+    let row = rows.iter().find(|row| row.id == *lb).expect("listed");
+    assert!(row.updated_at.is_some());
+    assert_eq!(snapshot.members_as_of, row.updated_at);
+    let recalled = snapshot.recalled().expect("vouched for");
+    assert_eq!(recalled.members.len(), 2);
+    assert!(truly_ready(&s, &[old.1, new.1]));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarted_engine_trusts_recalled_members_while_their_lb_row_is_unchanged() {
     let mut s = setup(vec![], Strategy::StatusTree).await;
     let lbs = three_ready_lbs(&mut s).await;

@@ -902,7 +902,8 @@ async fn restart_leaves_what_the_machines_said(config: ManagerConfig) {
 /// A graceful stop writes the `membersAsOf` stamps passes held back (alone, a new stamp waits
 /// 60 s to go out with other news): the next process trusts the load balancers' recorded
 /// members from one list, and reads no status tree. (Two clusters: a list is read only when
-/// it covers two load balancers or more.)
+/// it covers two load balancers or more.) A join's stamp goes out with its Ready; a removal's
+/// and a new LB's come alone, from the list after the tree the unlock brought at once.
 #[tokio::test]
 async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_reads_no_tree() {
     let mut config = config(Strategy::StatusTree, Duration::from_secs(600));
@@ -921,6 +922,7 @@ async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_rea
         )
         .await;
     }
+    actor.scale_control_plane(&plane(1)).await.unwrap();
     let registry = world.registry.clone();
     eventually("both clusters' membersAsOf held back", || {
         let held = crate::server_controller::metric_sum(&registry, "capo_lb_members_as_of_held");

@@ -725,7 +725,7 @@ fn apply_findings(inner: &Inner, endpoint: &Endpoint, findings: ListFindings, no
             };
             let generation = entry.generation;
             let seen = Seen::Observed(observation);
-            let (outcome, _) = fold(inner, entry, &seen, generation, observed, now);
+            let (outcome, _) = fold(inner, entry, &seen, generation, None, observed, now);
             entry.members_as_of = Some(recalled.updated_at);
             tracing::debug!(%lb, "recalled members stand: the load balancer is unchanged");
             outcomes.push((lb, outcome));
@@ -808,12 +808,13 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bo
         }
     };
     inner.metrics.poll_finished(observer.name(), kind, "ok");
+    let row = lock(&endpoint.scheduler).row_before_tree(&lb);
     let (outcome, learnt) = {
         let mut state = inner.lock();
         let Some(entry) = state.lbs.get_mut(&lb) else {
             return;
         };
-        let (mut outcome, learnt) = fold(&inner, entry, &seen, generation, observed, now);
+        let (mut outcome, learnt) = fold(&inner, entry, &seen, generation, row, observed, now);
         outcome.read = true;
         (outcome, learnt)
     };
@@ -826,11 +827,14 @@ async fn poll(inner: Arc<Inner>, endpoint: Arc<Endpoint>, lb: String, urgent: bo
 
 /// Folds one observation of `entry`'s LB into its track and verdict (publishing a change),
 /// and says how to schedule its next poll and what it taught about provisioning times.
+/// `row_before` is the LB's row a list showed before the observation and can vouch for it
+/// ([`Scheduler::row_before_tree`]).
 fn fold(
     inner: &Inner,
     entry: &mut LbEntry,
     seen: &Seen,
     generation: u64,
+    row_before: Option<String>,
     observed: std::time::Instant,
     now: Instant,
 ) -> (PollOutcome, Vec<Finish>) {
@@ -847,9 +851,19 @@ fn fold(
         Seen::Gone => entry.track.observe_gone(now),
     };
     if changed {
-        // Only a list read after this observation can say which row it belongs to.
+        // Only a row a list showed a second before this observation, or one a list shows
+        // after it, can say which row it belongs to.
         entry.members_as_of = None;
     }
+    // Vouched for at once, the stamp goes out in the same status write as the change.
+    let stamped = row_before
+        .filter(|row| {
+            generation == entry.generation
+                && vouchable(&entry.track)
+                && entry.members_as_of.as_ref() != Some(row)
+        })
+        .map(|row| entry.members_as_of = Some(row))
+        .is_some();
     let verdict = lb_verdict(&entry.track, now, &inner.config.rules());
     let learnt = record_member_metrics(inner, entry, &before, &verdict, previous_poll, now);
     // A newer desired state arrived during the poll: this verdict is still about the one
@@ -868,7 +882,7 @@ fn fold(
     inner
         .metrics
         .gate_time(&entry.track.desired.cluster, &gate_time);
-    if verdict_changed || settled_after_change {
+    if verdict_changed || settled_after_change || stamped {
         publish(inner, entry, observed);
     }
     let deadline = [

@@ -967,16 +967,28 @@ impl Scheduler {
     /// Whether a list could vouch for the tree of `lb` in flight: it was sent at least a
     /// second after a list first showed the LB's current row.
     fn vouchable(&self, lb: &str) -> bool {
-        let Some(entry) = self.entries.get(lb) else {
-            return false;
-        };
-        let row_since = entry
-            .list
-            .as_ref()
-            .and_then(|list| self.sweeps.get(list))
-            .and_then(|sweep| sweep.rows.get(lb))
-            .map(|(_, since)| *since);
-        matches!((entry.tree_sent, row_since), (Some(sent), Some(since)) if sent >= since + ROW_STAMP_RESOLUTION)
+        self.row_under_tree(lb).is_some()
+    }
+
+    /// The LB's row a list showed, settled, at least a second before the tree of `lb` in
+    /// flight was sent: Octavia wrote nothing stamped with it after the tree was sent, so the
+    /// row vouches for what the tree reads, without waiting for the next list. Were the LB
+    /// written again after that list, the row is older than the tree: a restart that finds a
+    /// newer row reads a tree again, so the stamp is never trusted for older members.
+    pub fn row_before_tree(&self, lb: &str) -> Option<String> {
+        let (mark, _) = self.row_under_tree(lb)?;
+        if mark.provisioning.is_pending() {
+            return None;
+        }
+        mark.updated_at.clone()
+    }
+
+    fn row_under_tree(&self, lb: &str) -> Option<&(LbRowMark, Instant)> {
+        let entry = self.entries.get(lb)?;
+        let sent = entry.tree_sent?;
+        let list = entry.list.as_ref()?;
+        let row = self.sweeps.get(list)?.rows.get(lb)?;
+        (sent >= row.1 + ROW_STAMP_RESOLUTION).then_some(row)
     }
 
     /// `lb`'s state as of `updated_at` is recalled from before a restart: it waits for the
@@ -2066,6 +2078,66 @@ mod tests {
         );
         let later = s.wake_at(next).expect("the next list");
         assert_eq!(answer(&mut s, later, &rows), [ListFindings::default()]);
+    }
+
+    /// Answers the lists due at `now` with `rows` and sends the first tree due: its LB.
+    fn send_tree(s: &mut Scheduler, now: Instant, rows: &[LoadBalancerRow]) -> String {
+        while let Some(pick) = s.next(now) {
+            match pick.target {
+                Target::List(list) => {
+                    s.listed(&list, rows, now);
+                }
+                Target::Lb(lb) => return lb,
+            }
+        }
+        panic!("no tree due at {now:?}");
+    }
+
+    #[test]
+    fn a_row_listed_a_second_before_a_tree_vouches_for_it_and_a_newer_or_locked_one_does_not() {
+        let t0 = Instant::now();
+        let mut s = listed_and_settled(&["a", "b"], t0);
+        // `a` is woken; the list shows its row as it was for 5 s: the tree sent then is
+        // vouched for by that row while it is in flight.
+        let t1 = t0 + secs(5.0);
+        s.wake("a", false, t1);
+        let look = s.wake_at(t1).expect("the list is brought forward");
+        assert_eq!(
+            send_tree(&mut s, look, &active_rows(&["a", "b"], "t0")),
+            "a"
+        );
+        assert_eq!(s.row_before_tree("a"), Some("t0".to_owned()));
+        assert_eq!(s.row_before_tree("b"), None, "no tree of b in flight");
+        s.done("a", &read(false), look);
+        assert_eq!(s.row_before_tree("a"), None, "no tree in flight");
+        // A new row, and the tree it brings at once: Octavia may still write under it.
+        let t2 = look + secs(30.0);
+        let mut rows = active_rows(&["a", "b"], "t0");
+        rows[0].updated_at = Some("t2".into());
+        assert_eq!(send_tree(&mut s, t2, &rows), "a");
+        assert_eq!(
+            s.row_before_tree("a"),
+            None,
+            "the row is under a second old"
+        );
+        s.done("a", &read(false), t2);
+        // A row that shows the LB locked vouches for nothing, however old.
+        let t3 = t2 + secs(30.0);
+        rows[0].provisioning_status = ProvisioningStatus::PendingUpdate;
+        s.wake("a", true, t3);
+        let t4 = s.wake_at(t3).expect("the list");
+        assert!(
+            s.next(t4)
+                .is_some_and(|p| p.target == Target::List("me".into()))
+        );
+        s.listed("me", &rows, t4);
+        let t5 = t4 + secs(40.0);
+        assert_eq!(
+            send_tree(&mut s, t5, &rows),
+            "a",
+            "the lock is looked at on its own"
+        );
+        assert_eq!(s.row_before_tree("a"), None);
     }
 
     #[test]
