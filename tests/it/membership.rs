@@ -908,6 +908,26 @@ async fn a_member_that_finishes_under_an_unlocked_lb_comes_with_its_row_in_the_s
     let recalled = snapshot.recalled().expect("vouched for");
     assert_eq!(recalled.members.len(), 2);
     assert!(truly_ready(&s, &[old.1, new.1]));
+    // The machine is released and the rollout stops waiting: the same members, so the
+    // stamp stands (clearing it would be one more write, and another later to set it).
+    let members = [(old.0, old.1, None), (new.0, new.1, None)];
+    let mut released = common::desired_lb(lb, pool, &members);
+    released.rollout_waiting = false;
+    for member in &mut released.members {
+        member.served = true;
+    }
+    s.engine.ensure(released, &s.client);
+    let stamp = |s: &Setup| s.engine.snapshot(lb).and_then(|snap| snap.members_as_of);
+    assert_eq!(stamp(&s), row.updated_at);
+    // Another member wanted: what the cluster records changes, and the stamp goes with it.
+    let more = [
+        members[0].clone(),
+        members[1].clone(),
+        ("cp-8", "10.0.0.8", None),
+    ];
+    s.engine
+        .ensure(common::desired_lb(lb, pool, &more), &s.client);
+    assert_eq!(stamp(&s), None);
 }
 
 #[tokio::test(start_paused = true)]

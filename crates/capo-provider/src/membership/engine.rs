@@ -23,7 +23,9 @@ use tokio_util::task::TaskTracker;
 
 use super::changes::{Change, Changes};
 use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
-use super::model::{DesiredLb, LbTrack, MemberTrack, Observation, Presence, Recalled, SeenMember};
+use super::model::{
+    DesiredLb, DesiredMember, LbTrack, MemberTrack, Observation, Presence, Recalled, SeenMember,
+};
 use super::observe::{Observer, Seen, StatusTreeObserver};
 use super::schedule::{
     Finish, ListFindings, ListState, PollOutcome, ScheduleConfig, Scheduler, Target,
@@ -301,10 +303,14 @@ impl Engine {
                 }
                 Some(entry) => {
                     entry.generation += 1;
-                    entry.track.set_desired(desired);
                     // What its cluster records follows the desired members (one gone from
                     // them may still be in its pool): vouched for again after the next tree.
-                    entry.members_as_of = None;
+                    // A wish that differs only in how it is waited on (a rollout waiting, a
+                    // machine released, a member's id learnt) records the same members.
+                    if !same_members(&entry.track.desired, &desired) {
+                        entry.members_as_of = None;
+                    }
+                    entry.track.set_desired(desired);
                     entry.client = client.clone();
                     entry.generation
                 }
@@ -749,6 +755,17 @@ fn apply_findings(inner: &Inner, endpoint: &Endpoint, findings: ListFindings, no
     for (lb, outcome) in outcomes {
         scheduler.done(&lb, &outcome, now);
     }
+}
+
+/// Whether two wishes for one LB want the same members in the same pools: what its cluster
+/// records of them is then the same.
+fn same_members(a: &DesiredLb, b: &DesiredLb) -> bool {
+    fn key(m: &DesiredMember) -> (&super::model::ObjectName, &str, &str, u16) {
+        (&m.owner, &m.name, &m.address, m.port)
+    }
+    a.pools == b.pools
+        && a.members.len() == b.members.len()
+        && a.members.iter().map(key).eq(b.members.iter().map(key))
 }
 
 /// Whether the LB's row can vouch for what the engine knows of it: nothing under it is on
