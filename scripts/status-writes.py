@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Counts a controller's status writes from its log, by kind and by what each write changed.
 
-Run the controller with `--log-level warn,capo_provider::controllers::writes=debug` (for
-`capo-rs bench scale`, through a `--controller` wrapper that rewrites the log level and keeps
-what the controller prints), then:
+Run the controller with `--log-level warn,capo_provider::controllers::writes=debug`. For
+`capo-rs bench scale`, through a `--controller` wrapper that rewrites the log level the bench
+passes first and keeps what the controller prints:
 
-    scripts/status-writes.py CONTROLLER.log
+    #!/bin/bash
+    args=("$@"); args[1]="warn,capo_provider::controllers::writes=debug"
+    exec target/release/capo-rs "${args[@]}" >> /tmp/controller.log 2>&1
+
+then:
+
+    scripts/status-writes.py /tmp/controller.log
 
 Each write logs its kind, its object and the names of the fields it changed, never their
 values. A write is sorted into the first class it fits: a condition's status or reason changed;

@@ -920,11 +920,7 @@ async fn a_member_that_finishes_under_an_unlocked_lb_comes_with_its_row_in_the_s
     let stamp = |s: &Setup| s.engine.snapshot(lb).and_then(|snap| snap.members_as_of);
     assert_eq!(stamp(&s), row.updated_at);
     // Another member wanted: what the cluster records changes, and the stamp goes with it.
-    let more = [
-        members[0].clone(),
-        members[1].clone(),
-        ("cp-8", "10.0.0.8", None),
-    ];
+    let more = [members[0], members[1], ("cp-8", "10.0.0.8", None)];
     s.engine
         .ensure(common::desired_lb(lb, pool, &more), &s.client);
     assert_eq!(stamp(&s), None);
