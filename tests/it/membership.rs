@@ -773,6 +773,20 @@ async fn drift_seen_after(
     wait_for_lb(s, lb, Reason::MembersMissing).await - deleted
 }
 
+/// Creates member `cp-9` in `pool` beside `cp-0` (the first of `three_ready_lbs`); returns
+/// both, as wanted.
+async fn join_cp9(
+    s: &Setup,
+    pool: &str,
+) -> [(&'static str, &'static str, Option<&'static str>); 2] {
+    s.client
+        .octavia()
+        .create_member(pool, &MemberSpec::new("cp-9", "10.0.0.9", 6443))
+        .await
+        .unwrap();
+    [("cp-0", "10.0.0.1", None), ("cp-9", "10.0.0.9", None)]
+}
+
 fn requests(s: &Setup) -> (u64, u64) {
     (
         s.sim.request_count("load-balancer loadbalancer_status_get"),
@@ -852,21 +866,14 @@ async fn a_locked_lb_is_not_polled_while_the_list_shows_it_locked() {
         scenario.timings.lb_waits_for_members = true;
     });
     let (lb, pool, _) = &lbs[0];
-    let (old, new) = (("cp-0", "10.0.0.1"), ("cp-9", "10.0.0.9"));
-    s.client
-        .octavia()
-        .create_member(pool, &MemberSpec::new(new.0, new.1, 6443))
-        .await
-        .unwrap();
+    let members = join_cp9(&s, pool).await;
     let asked = Instant::now();
     let (trees, lists) = requests(&s);
-    s.engine.ensure(
-        common::desired_lb(lb, pool, &[(old.0, old.1, None), (new.0, new.1, None)]),
-        &s.client,
-    );
+    s.engine
+        .ensure(common::desired_lb(lb, pool, &members), &s.client);
     let ready = wait_for_lb(&mut s, lb, Reason::Ready).await;
     let (trees_after, lists_after) = requests(&s);
-    assert!(truly_ready(&s, &[old.1, new.1]));
+    assert!(truly_ready(&s, &[members[0].1, members[1].1]));
     // Seen within a locked sweep (1.5 s) of the unlock, for a couple of trees rather than
     // one every 1.5 s (the lock is looked at on its own every 30 s).
     assert!(
@@ -887,16 +894,9 @@ async fn a_member_that_finishes_under_an_unlocked_lb_comes_with_its_row_in_the_s
     // A join: the LB unlocks in 0.3 s and the member finishes 5 s later, which its row
     // does not show.
     let (lb, pool, _) = &lbs[0];
-    let (old, new) = (("cp-0", "10.0.0.1"), ("cp-9", "10.0.0.9"));
-    s.client
-        .octavia()
-        .create_member(pool, &MemberSpec::new(new.0, new.1, 6443))
-        .await
-        .unwrap();
-    s.engine.ensure(
-        common::desired_lb(lb, pool, &[(old.0, old.1, None), (new.0, new.1, None)]),
-        &s.client,
-    );
+    let members = join_cp9(&s, pool).await;
+    s.engine
+        .ensure(common::desired_lb(lb, pool, &members), &s.client);
     wait_for_lb(&mut s, lb, Reason::Ready).await;
     // The change that says Ready already carries the row a list showed before the tree
     // (its cluster writes both at once), not a moment later on its own.
@@ -907,10 +907,9 @@ async fn a_member_that_finishes_under_an_unlocked_lb_comes_with_its_row_in_the_s
     assert_eq!(snapshot.members_as_of, row.updated_at);
     let recalled = snapshot.recalled().expect("vouched for");
     assert_eq!(recalled.members.len(), 2);
-    assert!(truly_ready(&s, &[old.1, new.1]));
+    assert!(truly_ready(&s, &[members[0].1, members[1].1]));
     // The machine is released and the rollout stops waiting: the same members, so the
     // stamp stands (clearing it would be one more write, and another later to set it).
-    let members = [(old.0, old.1, None), (new.0, new.1, None)];
     let mut released = common::desired_lb(lb, pool, &members);
     released.rollout_waiting = false;
     for member in &mut released.members {
