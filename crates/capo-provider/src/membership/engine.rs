@@ -873,14 +873,17 @@ fn fold(
         entry.members_as_of = None;
     }
     // Vouched for at once, the stamp goes out in the same status write as the change.
-    let stamped = row_before
-        .filter(|row| {
-            generation == entry.generation
+    let stamped = match row_before {
+        Some(row)
+            if generation == entry.generation
                 && vouchable(&entry.track)
-                && entry.members_as_of.as_ref() != Some(row)
-        })
-        .map(|row| entry.members_as_of = Some(row))
-        .is_some();
+                && entry.members_as_of.as_ref() != Some(&row) =>
+        {
+            entry.members_as_of = Some(row);
+            true
+        }
+        _ => false,
+    };
     let verdict = lb_verdict(&entry.track, now, &inner.config.rules());
     let learnt = record_member_metrics(inner, entry, &before, &verdict, previous_poll, now);
     // A newer desired state arrived during the poll: this verdict is still about the one
