@@ -512,7 +512,26 @@ async fn a_server_goes_build_to_active_with_its_ports_and_addresses() {
     manifest["spec"]["schedulerHintAdditionalProperties"] =
         json!([{"name": "same_host", "value": {"type": "Bool", "bool": true}}]);
     let created = world.create(manifest).await;
-    let ready = world.wait_for("bastion", "Ready", is_ready).await;
+    // Every status the watch delivers on the way: Nova lists the addresses while it builds,
+    // and they must come in the write that says ACTIVE, not in one of their own.
+    let seen = std::sync::Mutex::new(Vec::new());
+    let ready = world
+        .wait_for("bastion", "Ready", |object| {
+            let status = object.status.clone().unwrap_or_default();
+            seen.lock().unwrap().push(status);
+            is_ready(object)
+        })
+        .await;
+    let seen = seen.into_inner().unwrap();
+    let building: Vec<_> = seen
+        .iter()
+        .filter(|s| s.instance_state.as_deref() == Some("BUILD"))
+        .collect();
+    assert!(!building.is_empty(), "the watch saw the server build");
+    assert!(
+        building.iter().all(|s| s.addresses.is_empty()),
+        "no addresses while the server builds: {building:#?}"
+    );
     let status = ready.status.clone().unwrap();
 
     // Every owned condition, Paused False, observedGeneration stamped, provisioned.

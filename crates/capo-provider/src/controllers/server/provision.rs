@@ -631,7 +631,13 @@ impl Pass<'_> {
         record_ports(status, &self.observed.ports);
         status.instance_id = Some(server.id.clone());
         status.instance_state = Some(server.status.clone()).filter(|s| !s.is_empty());
-        status.addresses = plan::addresses(server);
+        // Nova lists a building server's addresses as soon as its ports are bound; they go out
+        // with the server's first state past BUILD, in the write that says so, as CAPO gives a
+        // machine its addresses only once its server is ACTIVE. Nothing waits on them earlier:
+        // a machine joins its load balancer only once its server is ready.
+        if server.status != "BUILD" {
+            status.addresses = plan::addresses(server);
+        }
         let age = plan::age(server.created.as_deref(), chrono::Utc::now());
         let view = plan::instance_view(server, age, |waited| self.ctx.config.poll_after(waited));
         let was_provisioned = Initialization::is_provisioned(status.initialization.as_ref());
