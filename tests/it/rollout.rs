@@ -913,6 +913,8 @@ async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_rea
     let (mut world, actor, _) = cluster_with_actor_configured(config.clone()).await;
     create_cluster(&world, "c2", cluster_spec()).await;
     wait_cluster(&world, "c2", "provisioned", |c| provisioned(c) && ready(c)).await;
+    let stop = CancellationToken::new();
+    let versions = record_cluster_versions(&world, stop.clone());
     actor.scale_control_plane(&plane(2)).await.unwrap();
     for machine in machines(&world).list(&ListParams::default()).await.unwrap() {
         wait_member_reason(
@@ -922,6 +924,8 @@ async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_rea
         )
         .await;
     }
+    stop.cancel();
+    assert_joins_come_with_their_verdict(&versions.await.unwrap(), "c1");
     actor.scale_control_plane(&plane(1)).await.unwrap();
     let registry = world.registry.clone();
     eventually("both clusters' membersAsOf held back", || {
@@ -967,6 +971,63 @@ async fn a_graceful_stop_writes_the_held_members_stamps_and_the_next_process_rea
     assert!(
         matches!(&refused, Err(kube::Error::Api(status)) if status.code == 409),
         "{refused:?}"
+    );
+}
+
+/// Every version of every OpenStackCluster until `stop`.
+fn record_cluster_versions(
+    world: &World,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Vec<capo_api::OpenStackCluster>> {
+    use futures::StreamExt;
+    let clusters = crate::cluster_controller::clusters(world);
+    let stream = kube::runtime::watcher(clusters, Default::default());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
+        let mut versions = Vec::new();
+        loop {
+            let next = tokio::select! {
+                () = stop.cancelled() => return versions,
+                next = stream.next() => next,
+            };
+            if let Some(Ok(cluster)) = next {
+                versions.push(cluster);
+            }
+        }
+    })
+}
+
+/// A joining machine's members first show in cluster `name`'s status with the gate's verdict
+/// on them (not yet ready), never on their own under the verdict from before they were
+/// wanted: one status write for the join, not two.
+fn assert_joins_come_with_their_verdict(versions: &[capo_api::OpenStackCluster], name: &str) {
+    let members = |cluster: &capo_api::OpenStackCluster| -> usize {
+        let names: std::collections::BTreeSet<_> = cluster
+            .status
+            .iter()
+            .flat_map(|s| &s.api_server_managed_load_balancer)
+            .flat_map(|lb| &lb.members)
+            .map(|m| m.name.clone())
+            .collect();
+        names.len()
+    };
+    let own: Vec<_> = versions
+        .iter()
+        .filter(|c| kube::ResourceExt::name_any(*c) == name)
+        .collect();
+    let before = own.first().map_or(0, |c| members(c));
+    let joined = own
+        .iter()
+        .find(|c| members(c) > before)
+        .unwrap_or_else(|| panic!("{name}: the join never showed in its status"));
+    let gate = joined
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_READY));
+    assert_eq!(
+        gate.map(|c| c.status.as_str()),
+        Some("False"),
+        "{name}: the join's members showed with {gate:?}"
     );
 }
 

@@ -930,7 +930,7 @@ async fn publish_gate(
         None => gate::recalled(&lb),
         Some(_) => None,
     };
-    pass.ctx.engine.ensure_recalled(desired, cloud, recalled);
+    let wish = pass.ctx.engine.ensure_recalled(desired, cloud, recalled);
     let Some(snapshot) = pass.ctx.engine.snapshot(&lb.id) else {
         return Ok(());
     };
@@ -947,6 +947,13 @@ async fn publish_gate(
         status,
         gate::health_condition(&snapshot.health, &snapshot.verdict, monitor_note.as_ref()),
     );
+    // A new wish's members are a look away from their verdict, and that look's change wakes
+    // this cluster: the recorded members and their stamp stand until then, so the members
+    // a machine's join or removal changes go out with what the engine saw of them, in one
+    // write, not two.
+    if snapshot.generation < wish {
+        return Ok(());
+    }
     if let Some(recorded) = status.api_server_managed_load_balancer.as_mut() {
         let members = gate::member_statuses(&snapshot.members, &pools, now, pass.now);
         recorded.members = gate::keep_recorded_since(members, &snapshot.members, &recorded.members);
