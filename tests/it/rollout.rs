@@ -979,9 +979,22 @@ fn record_cluster_versions(
     world: &World,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<Vec<capo_api::OpenStackCluster>> {
+    record_versions(crate::cluster_controller::clusters(world), stop, |c| c)
+}
+
+/// What `keep` takes of every version of every object of `api` the watch delivers until `stop`.
+fn record_versions<K, T>(
+    api: Api<K>,
+    stop: CancellationToken,
+    keep: impl Fn(K) -> T + Send + 'static,
+) -> tokio::task::JoinHandle<Vec<T>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+    T: Send + 'static,
+{
     use futures::StreamExt;
-    let clusters = crate::cluster_controller::clusters(world);
-    let stream = kube::runtime::watcher(clusters, Default::default());
+    let stream = kube::runtime::watcher(api, Default::default());
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
         let mut versions = Vec::new();
@@ -990,8 +1003,8 @@ fn record_cluster_versions(
                 () = stop.cancelled() => return versions,
                 next = stream.next() => next,
             };
-            if let Some(Ok(cluster)) = next {
-                versions.push(cluster);
+            if let Some(Ok(object)) = next {
+                versions.push(keep(object));
             }
         }
     })
@@ -1080,23 +1093,12 @@ fn record_member_conditions(
     world: &World,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<Vec<MachineVersion>> {
-    use futures::StreamExt;
-    let stream = kube::runtime::watcher(machines(world), Default::default());
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
-        let mut changes = Vec::new();
-        loop {
-            let next = tokio::select! {
-                () = stop.cancelled() => return changes,
-                next = stream.next() => next,
-            };
-            let Some(Ok(machine)) = next else { continue };
-            changes.push((
-                kube::ResourceExt::name_any(&machine),
-                kube::ResourceExt::resource_version(&machine).unwrap_or_default(),
-                member_condition(&machine),
-            ));
-        }
+    record_versions(machines(world), stop, |machine| {
+        (
+            kube::ResourceExt::name_any(&machine),
+            kube::ResourceExt::resource_version(&machine).unwrap_or_default(),
+            member_condition(&machine),
+        )
     })
 }
 
