@@ -24,7 +24,8 @@ use tokio_util::task::TaskTracker;
 use super::changes::{Change, Changes};
 use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
 use super::model::{
-    DesiredLb, DesiredMember, LbTrack, MemberTrack, Observation, Presence, Recalled, SeenMember,
+    DesiredLb, DesiredMember, LbTrack, MemberTrack, ObjectName, Observation, Presence, Recalled,
+    SeenMember,
 };
 use super::observe::{Observer, Seen, StatusTreeObserver};
 use super::schedule::{
@@ -760,12 +761,10 @@ fn apply_findings(inner: &Inner, endpoint: &Endpoint, findings: ListFindings, no
 /// Whether two wishes for one LB want the same members in the same pools: what its cluster
 /// records of them is then the same.
 fn same_members(a: &DesiredLb, b: &DesiredLb) -> bool {
-    fn key(m: &DesiredMember) -> (&super::model::ObjectName, &str, &str, u16) {
+    fn key(m: &DesiredMember) -> (&ObjectName, &str, &str, u16) {
         (&m.owner, &m.name, &m.address, m.port)
     }
-    a.pools == b.pools
-        && a.members.len() == b.members.len()
-        && a.members.iter().map(key).eq(b.members.iter().map(key))
+    a.pools == b.pools && a.members.iter().map(key).eq(b.members.iter().map(key))
 }
 
 /// Whether the LB's row can vouch for what the engine knows of it: nothing under it is on
@@ -1086,10 +1085,7 @@ fn record_member_metrics(
     learnt
 }
 
-fn member_state_labels(
-    cluster: &super::model::ObjectName,
-    track: &MemberTrack,
-) -> MemberStateLabels {
+fn member_state_labels(cluster: &ObjectName, track: &MemberTrack) -> MemberStateLabels {
     let (provisioning, operating) = match track.presence {
         Presence::Seen(p) => (
             p.as_str(),

@@ -533,7 +533,7 @@ pub fn instance_view(
             provisioned: true,
             ..view(Status::True, reasons::READY, String::new(), false, None)
         },
-        "BUILD" | "" => view(
+        _ if is_building(server) => view(
             Status::False,
             reasons::INSTANCE_BUILDING,
             // No duration: a message that moves each poll would be a status write each poll
@@ -563,6 +563,11 @@ pub fn instance_view(
             Some(poll(Duration::MAX)),
         ),
     }
+}
+
+/// Whether Nova is still building the server (an empty status is taken as building too).
+pub fn is_building(server: &Server) -> bool {
+    matches!(server.status.as_str(), "BUILD" | "")
 }
 
 /// The server's addresses as Cluster API reports them: fixed IPs are internal, floating IPs
@@ -962,6 +967,10 @@ mod tests {
         assert_eq!(active.poll_after, None);
         let building = instance_view(&server("BUILD"), Duration::from_secs(3), poll);
         assert_eq!(building.condition.reason, reasons::INSTANCE_BUILDING);
+        let no_status = instance_view(&server(""), Duration::from_secs(3), poll);
+        assert_eq!(no_status.condition.reason, reasons::INSTANCE_BUILDING);
+        assert!(is_building(&server("")) && is_building(&server("BUILD")));
+        assert!(!is_building(&server("ACTIVE")) && !is_building(&server("ERROR")));
         assert_eq!(building.poll_after, Some(Duration::from_secs(3)));
         let error = instance_view(&server("ERROR"), Duration::ZERO, poll);
         assert_eq!(error.condition.reason, reasons::INSTANCE_ERROR);

@@ -635,7 +635,7 @@ impl Pass<'_> {
         // with the server's first state past BUILD, in the write that says so, as CAPO gives a
         // machine its addresses only once its server is ACTIVE. Nothing waits on them earlier:
         // a machine joins its load balancer only once its server is ready.
-        if server.status != "BUILD" {
+        if !plan::is_building(server) {
             status.addresses = plan::addresses(server);
         }
         let age = plan::age(server.created.as_deref(), chrono::Utc::now());
