@@ -531,6 +531,7 @@ pub fn bench(
                     },
                     detection_target,
                 ),
+                floor_lag: detection_target.unwrap_or(2.0),
                 ..BenchConfig::default()
             };
             if !pareto.is_empty() {

@@ -1,6 +1,7 @@
 //! `capo-rs bench ...`: measurements that print figures, and the comparison strategies they
 //! run against ours. Never part of the production build.
 
+pub mod floor;
 pub mod membership;
 pub mod request_path;
 pub mod safety;

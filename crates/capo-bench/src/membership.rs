@@ -53,6 +53,8 @@ pub struct BenchConfig {
     pub octavia_ordered: bool,
     /// The status-tree engine's scheduling (budget fields are set from `qps` and `burst`).
     pub schedule: ScheduleConfig,
+    /// The lag the floor's poller sees every finish within (`crate::floor`).
+    pub floor_lag: f64,
 }
 
 impl Default for BenchConfig {
@@ -73,6 +75,7 @@ impl Default for BenchConfig {
             seed: 42,
             octavia_ordered: false,
             schedule: ScheduleConfig::default(),
+            floor_lag: 2.0,
         }
     }
 }
@@ -116,6 +119,11 @@ pub struct StrategyReport {
     pub detection_lag_samples: u64,
     /// Requests per rollout (its LB and pool; lists aside), by the worst fate it met.
     pub requests_by_fate: Vec<FateCost>,
+    /// The fewest requests any poller told the scenario's windows could have spent on the same
+    /// rollouts, seeing every finish within `floor_lag` (`crate::floor`); `None` when the LB
+    /// waits for its members (a list then shows each finish, and the floor does not apply).
+    pub floor_requests: Option<u64>,
+    pub floor_per_transition: Option<f64>,
     /// Ready verdicts acted on while a desired member was not ACTIVE.
     pub false_ready: u64,
     pub stuck_members: u64,
@@ -286,6 +294,10 @@ type GateState = (Reason, Instant, u64);
 #[derive(Default)]
 struct Record {
     lags: Vec<f64>,
+    /// Each member created (its id) and when it was asked for.
+    created: Vec<(String, Instant)>,
+    /// Removals whose verdict was waited on.
+    removals: u64,
     false_ready: u64,
     transitions: u64,
     rollouts_completed: u64,
@@ -461,6 +473,7 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
     let driver_clouds = Clouds::new(unlimited_options(), &registry, CancellationToken::new())?;
     let driver = driver_clouds.client(sim.session());
     let fleet = build_fleet(&driver, config).await?;
+    let load_balancers = fleet.lbs.len() as u64;
     tracing::info!(load_balancers = fleet.lbs.len(), "fleet built");
     sim.reset_request_log();
     let sim = Arc::new(sim);
@@ -659,6 +672,10 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
             .unwrap_or(0.0)
     };
     let max_of = |v: &[f64]| v.iter().copied().reduce(f64::max);
+    let floor_requests = (!config.octavia_ordered).then(|| {
+        let asked = asked_of(&record, &sim.member_truth(), load_balancers);
+        crate::floor::requests(&floor_windows(config), &asked)
+    });
     Ok(StrategyReport {
         strategy: strategy.as_str().to_owned(),
         requests: sent.len() as u64,
@@ -684,6 +701,9 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         detection_lag_max: lags.last().copied().unwrap_or(0.0),
         detection_lag_samples: lags.len() as u64,
         requests_by_fate: requests_by_fate(&worst_fates, &per_object),
+        floor_requests,
+        floor_per_transition: floor_requests
+            .map(|floor| floor as f64 / (record.transitions.max(1) as f64)),
         false_ready: record.false_ready,
         stuck_members: record.stuck_late.len() as u64 + record.stuck_unflagged,
         stuck_flag_late_max: max_of(&record.stuck_late),
@@ -697,6 +717,40 @@ async fn rollouts(config: &BenchConfig, strategy: Strategy) -> anyhow::Result<St
         cpu_seconds: 0.0,
         simulator_cpu_seconds: (sim.busy() - cpu_sim_start).as_secs_f64(),
     })
+}
+
+/// Where the scenario's finishes fall, and the lag the floor sees them within.
+fn floor_windows(config: &BenchConfig) -> crate::floor::Windows {
+    crate::floor::Windows {
+        first: config.provision_min,
+        last: config.provision_max,
+        lag: config.floor_lag,
+    }
+}
+
+/// What the run asked of a poller: each created member's finish, from the cloud's truth.
+fn asked_of(
+    record: &Record,
+    truth: &[capo_sim::openstack::MemberTruth],
+    load_balancers: u64,
+) -> crate::floor::Asked {
+    let settled: HashMap<&str, Option<Instant>> = truth
+        .iter()
+        .map(|m| (m.id.as_str(), m.settled_at))
+        .collect();
+    let finishes = record
+        .created
+        .iter()
+        .map(|(id, requested)| {
+            let settled = settled.get(id.as_str()).copied().flatten()?;
+            Some(settled.saturating_duration_since(*requested).as_secs_f64())
+        })
+        .collect();
+    crate::floor::Asked {
+        finishes,
+        removals: record.removals,
+        load_balancers,
+    }
 }
 
 /// The worst fate a rollout meets: it stops at the first stuck or ERROR member.
@@ -771,6 +825,8 @@ pub struct ParetoPoint {
     pub stuck_unflagged: u64,
     pub error_unflagged: u64,
     pub requests_by_fate: Vec<FateCost>,
+    /// The floor at this target's lag (`StrategyReport::floor_per_transition`).
+    pub floor_per_transition: Option<f64>,
 }
 
 impl ParetoPoint {
@@ -785,6 +841,7 @@ impl ParetoPoint {
             stuck_unflagged: report.stuck_unflagged,
             error_unflagged: report.error_unflagged,
             requests_by_fate: report.requests_by_fate.clone(),
+            floor_per_transition: report.floor_per_transition,
         }
     }
 }
@@ -795,6 +852,7 @@ pub fn pareto(config: &BenchConfig, targets: &[f64]) -> anyhow::Result<Vec<Paret
     for target in targets {
         let aimed = BenchConfig {
             schedule: aim_at(config.schedule.clone(), Some(*target)),
+            floor_lag: *target,
             ..config.clone()
         };
         let report = run_one(&aimed, Strategy::StatusTree)?;
@@ -818,8 +876,8 @@ pub fn print_pareto(config: &BenchConfig, points: &[ParetoPoint]) {
         config.qps
     );
     println!(
-        "{:<14}{:>10}{:>14}{:>16}{:>13}{:>13}   req. per rollout: normal/slow/stuck/error",
-        "strategy", "target s", "req/trans.", "without drift", "lag p99 s", "false-ready"
+        "{:<14}{:>10}{:>14}{:>16}{:>13}{:>13}{:>13}   req. per rollout: normal/slow/stuck/error",
+        "strategy", "target s", "req/trans.", "without drift", "floor", "lag p99 s", "false-ready"
     );
     for p in points {
         let target = p
@@ -835,12 +893,16 @@ pub fn print_pareto(config: &BenchConfig, points: &[ParetoPoint]) {
                     .map_or_else(|| "-".into(), |c| format!("{:.0}", c.requests_per_rollout))
             })
             .collect();
+        let floor = p
+            .floor_per_transition
+            .map_or_else(|| "-".into(), |f| format!("{f:.2}"));
         println!(
-            "{:<14}{:>10}{:>14.2}{:>16.2}{:>13.2}{:>13}   {}",
+            "{:<14}{:>10}{:>14.2}{:>16.2}{:>13}{:>13.2}{:>13}   {}",
             p.strategy,
             target,
             p.requests_per_transition,
             p.rollout_requests_per_transition,
+            floor,
             p.detection_lag_p99,
             p.false_ready,
             by_fate.join("/")
@@ -985,6 +1047,7 @@ impl Rollout {
                 &address,
             )
             .await?;
+            self.record(|r| r.created.push((id.clone(), requested)));
             current.push(DesiredMember {
                 owner: ObjectName::new("bench", name.clone()),
                 name: name.clone(),
@@ -1058,6 +1121,7 @@ impl Rollout {
             let generation = self
                 .engine
                 .ensure(self.desired(&current), &self.engine_client);
+            self.record(|r| r.removals += 1);
             if let Gate::Ready(_) = self.wait_gate(&mut gate, generation).await {
                 self.record(|r| r.transitions += 1);
             }
@@ -1110,6 +1174,7 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         config.stuck_after.as_secs()
     );
     let opt = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let floor_row = format!("floor, every finish in {} s", config.floor_lag);
     let rows: Vec<(&str, Column)> = vec![
         (
             "OpenStack requests (engine)",
@@ -1130,6 +1195,27 @@ pub fn print_table(config: &BenchConfig, reports: &[StrategyReport]) {
         (
             "  without drift checks",
             Box::new(|r| format!("{:.2}", r.rollout_requests_per_transition)),
+        ),
+        (
+            &floor_row,
+            Box::new(|r| {
+                r.floor_requests
+                    .map_or_else(|| "-".into(), |f| f.to_string())
+            }),
+        ),
+        (
+            "  per member transition",
+            Box::new(|r| {
+                r.floor_per_transition
+                    .map_or_else(|| "-".into(), |f| format!("{f:.2}"))
+            }),
+        ),
+        (
+            "  requests / floor",
+            Box::new(|r| match r.floor_requests {
+                Some(floor) if floor > 0 => format!("{:.2}", r.requests as f64 / floor as f64),
+                _ => "-".into(),
+            }),
         ),
         (
             "peak requests/s",
