@@ -531,7 +531,7 @@ pub fn bench(
                     },
                     detection_target,
                 ),
-                floor_lag: detection_target.unwrap_or(2.0),
+                floor_lag: detection_target.unwrap_or(BenchConfig::default().floor_lag),
                 ..BenchConfig::default()
             };
             if !pareto.is_empty() {
