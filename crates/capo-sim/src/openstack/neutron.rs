@@ -552,9 +552,9 @@ fn check_group_name(object: &Value) -> Result<(), Reply> {
 /// rule like it yet.
 fn check_rule(world: &Cx<'_>, object: &Value) -> Result<(), Reply> {
     let id = object["security_group_id"].as_str().unwrap_or_default();
-    if world.neutron.find("security-groups", id).is_none() {
+    let Some(group) = world.neutron.find("security-groups", id) else {
         return Err(not_found("SecurityGroup", id));
-    }
+    };
     if let Some(remote) = object["remote_group_id"].as_str() {
         if world.neutron.find("security-groups", remote).is_none() {
             return Err(not_found("SecurityGroup", remote));
@@ -568,11 +568,14 @@ fn check_rule(world: &Cx<'_>, object: &Value) -> Result<(), Reply> {
         }
     }
     let key = rule_key(object);
-    match world
-        .neutron
-        .all("security-group-rules")
+    // The group's rules as it shows them inline (kept in step by `sync_rules` and
+    // `show_new_rule`): a scan of every rule in the cloud per rule made was the simulator's
+    // bottleneck at thousands of clusters.
+    let rules = group["security_group_rules"].as_array().map(Vec::as_slice);
+    match rules
+        .unwrap_or_default()
         .iter()
-        .find(|r| r["security_group_id"] == id && rule_key(r) == key)
+        .find(|r| rule_key(r) == key)
     {
         Some(existing) => Err(Reply::neutron(
             409,
@@ -909,10 +912,7 @@ pub fn create_object(world: &mut Cx<'_>, path: &str, request: Value) -> Value {
         port["trunk_details"] = json!({"trunk_id": object["id"], "sub_ports": object["sub_ports"]});
     }
     if path == "security-group-rules" {
-        sync_rules(
-            world,
-            object["security_group_id"].as_str().unwrap_or_default(),
-        );
+        show_new_rule(world, &object);
     }
     if path == "security-groups" {
         return default_rules(world, &id, object["name"] == "default");
@@ -1762,6 +1762,21 @@ fn in_use(world: &Cx<'_>, path: &str, id: &str) -> Option<Reply> {
         _ => return None,
     };
     Some(Reply::neutron(409, kind, message))
+}
+
+/// A new rule joins its group's inline rules, as `sync_rules` would show it.
+fn show_new_rule(world: &mut Cx<'_>, rule: &Value) {
+    let group = rule["security_group_id"].as_str().unwrap_or_default();
+    let Some(group) = world.neutron.find_mut("security-groups", group) else {
+        return;
+    };
+    let Some(rules) = group["security_group_rules"].as_array_mut() else {
+        return;
+    };
+    let mut shown = rule.clone();
+    shown["tags"] = json!([]);
+    shown["standard_attr_id"] = json!(rules.len() + 1);
+    rules.push(shown);
 }
 
 /// A security group shows its rules inline, as Neutron's database holds them (with their tags

@@ -616,7 +616,10 @@ fn get(rendered: Option<Value>, key: &str, kind: &str, id: &str) -> Reply {
     }
 }
 
-type Renderer = fn(&Cx<'_>) -> Vec<(u64, Value)>;
+/// Renders a collection's objects; `query` lets it pass over those a `loadbalancer_id` filter
+/// rules out before rendering them (a listener or pool list per load balancer would render
+/// every one in the cloud otherwise: at thousands of clusters, most of the simulator's time).
+type Renderer = fn(&Cx<'_>, &[(String, String)]) -> Vec<(u64, Value)>;
 
 /// A filtered, paginated list (`limit` + `marker`, `<key>_links` with a `next`).
 fn list(
@@ -626,7 +629,7 @@ fn list(
     href: &str,
     render: Renderer,
 ) -> Reply {
-    let mut items = render(world);
+    let mut items = render(world, query);
     items.sort_by_key(|(seq, _)| *seq);
     let items: Vec<Value> = items
         .into_iter()
@@ -648,6 +651,14 @@ fn on_load_balancer(item: &Value, query: &[(String, String)]) -> bool {
             (None, Some(lbs)) => lbs.iter().any(|lb| lb["id"] == id.as_str()),
             _ => true,
         })
+}
+
+/// Whether an object of load balancer `lb` passes the query's `loadbalancer_id` filters.
+fn under_load_balancers(lb: &str, query: &[(String, String)]) -> bool {
+    query
+        .iter()
+        .filter(|(key, _)| key == "loadbalancer_id")
+        .all(|(_, id)| id == lb)
 }
 
 /// One page as Octavia 19 cuts it (`octavia/api/common/pagination.py`): `limit` defaults to
@@ -2284,7 +2295,7 @@ fn only_row_fields(query: &[(String, String)]) -> bool {
 }
 
 /// Load balancers with only the attributes [`ROW_FIELDS`] names.
-fn render_lb_rows(world: &Cx<'_>) -> Vec<(u64, Value)> {
+fn render_lb_rows(world: &Cx<'_>, _query: &[(String, String)]) -> Vec<(u64, Value)> {
     world
         .octavia
         .lbs
@@ -2301,7 +2312,7 @@ fn render_lb_rows(world: &Cx<'_>) -> Vec<(u64, Value)> {
         .collect()
 }
 
-fn render_lbs(world: &Cx<'_>) -> Vec<(u64, Value)> {
+fn render_lbs(world: &Cx<'_>, _query: &[(String, String)]) -> Vec<(u64, Value)> {
     world
         .octavia
         .lbs
@@ -2330,11 +2341,12 @@ fn render_listener(world: &Cx<'_>, listener: &Listener) -> Value {
     })
 }
 
-fn render_listeners(world: &Cx<'_>) -> Vec<(u64, Value)> {
+fn render_listeners(world: &Cx<'_>, query: &[(String, String)]) -> Vec<(u64, Value)> {
     world
         .octavia
         .listeners
         .values()
+        .filter(|l| under_load_balancers(&l.lb, query))
         .map(|l| (l.meta.seq, render_listener(world, l)))
         .collect()
 }
@@ -2369,11 +2381,12 @@ fn render_pool(world: &Cx<'_>, pool: &Pool) -> Value {
     rendered
 }
 
-fn render_pools(world: &Cx<'_>) -> Vec<(u64, Value)> {
+fn render_pools(world: &Cx<'_>, query: &[(String, String)]) -> Vec<(u64, Value)> {
     world
         .octavia
         .pools
         .values()
+        .filter(|p| under_load_balancers(&p.lb, query))
         .map(|p| (p.meta.seq, render_pool(world, p)))
         .collect()
 }
@@ -2397,7 +2410,7 @@ fn render_monitor(world: &Cx<'_>, monitor: &HealthMonitor) -> Value {
     })
 }
 
-fn render_monitors(world: &Cx<'_>) -> Vec<(u64, Value)> {
+fn render_monitors(world: &Cx<'_>, _query: &[(String, String)]) -> Vec<(u64, Value)> {
     world
         .octavia
         .monitors
