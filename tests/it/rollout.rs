@@ -731,6 +731,90 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
     world.stop_manager().await;
 }
 
+/// A member no health check covers: ACTIVE and NO_MONITOR in a pool with a monitor, as
+/// ovn-octavia-provider reports a member it failed to add to OVN (`helper.py` `member_create`).
+/// The serving gate holds its machine (MemberNotServing, no providerID, the condition saying
+/// why) though its API serves, and releases it once a check covers it.
+#[tokio::test]
+async fn the_serving_gate_holds_a_machine_whose_member_no_health_check_covers() {
+    let config = serving_gate_config(Duration::from_secs(1));
+    let (mut world, actor, _) = cluster_with_actor_configured(config).await;
+    let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
+    // No new API server answers /readyz until told: the new member cannot serve before it
+    // reads NO_MONITOR.
+    world
+        .cloud
+        .set_api_server("*", capo_sim::openstack::ApiServer::NeverReady);
+    let first_address = {
+        let machine = machines(&world).get(&first).await.unwrap();
+        gate::member_address(&machine, &[]).unwrap().to_owned()
+    };
+    world
+        .cloud
+        .set_api_server(&first_address, capo_sim::openstack::ApiServer::Serving);
+    let two = plane(2);
+    let scaling = actor.scale_control_plane(&two);
+    let check = async {
+        let api = machines(&world);
+        let (second, member) = eventually("a second machine with its member", || async {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            let second = list
+                .items
+                .iter()
+                .find(|m| kube::ResourceExt::name_any(*m) != first)?;
+            let address = gate::member_address(second, &[])?;
+            let member = world
+                .cloud
+                .member_truth()
+                .into_iter()
+                .find(|m| m.address == address)?;
+            Some((kube::ResourceExt::name_any(second), member))
+        })
+        .await;
+        assert!(
+            world
+                .cloud
+                .set_operating_status(&member.id, Some("NO_MONITOR")),
+            "pinned"
+        );
+        world
+            .cloud
+            .set_api_server(&member.address, capo_sim::openstack::ApiServer::Serving);
+        let held = wait_member_reason(&world, &second, reasons::MEMBER_NOT_SERVING).await;
+        assert!(
+            held.spec.provider_id.is_none(),
+            "held while nothing checks it"
+        );
+        let message = held
+            .status
+            .as_ref()
+            .and_then(|s| {
+                conditions::find(&s.conditions, types::API_SERVER_LOAD_BALANCER_MEMBER_READY)
+            })
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(message.contains("NO_MONITOR"), "{message}");
+        assert!(!message.contains("kube-apiserver"), "{message}");
+        let truth = world
+            .cloud
+            .member_truth()
+            .into_iter()
+            .find(|m| m.id == member.id)
+            .expect("its member");
+        assert_eq!(
+            (truth.provisioning_status, truth.operating_status),
+            ("ACTIVE", "NO_MONITOR")
+        );
+        // A check covers it again, and its API serves: released.
+        world.cloud.set_operating_status(&member.id, None);
+        wait_member_reason(&world, &second, reasons::READY).await;
+    };
+    let (scaled, ()) = tokio::join!(scaling, check);
+    scaled.unwrap();
+    actor.stop().await;
+    world.stop_manager().await;
+}
+
 /// A drain undone: the new machine's API stops serving while the old member drains. The old
 /// member takes traffic again and its machine waits; once the new API serves again, the old
 /// member is drained afresh and goes.

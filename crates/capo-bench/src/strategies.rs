@@ -203,6 +203,7 @@ fn assumed(
         operating: OperatingStatus::Unknown,
         members,
         pools_seen: desired.pools.values().cloned().collect(),
+        monitored_pools: None,
     }
 }
 

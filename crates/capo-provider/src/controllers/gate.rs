@@ -652,6 +652,7 @@ mod tests {
             stale: Vec::new(),
             serving: 0,
             unmonitored,
+            unchecked: Vec::new(),
             serving_gate: true,
         }
     }
@@ -713,6 +714,7 @@ mod tests {
             pool_id: Some("pool-1".into()),
             presence,
             operating: Some(OperatingStatus::Online),
+            pool_monitored: Some(true),
             operating_since: now,
             up_since: Some(now),
             fell_at: None,

@@ -316,7 +316,10 @@ impl Engine {
                     entry.generation
                 }
                 None => {
-                    recall = recalled.filter(|_| self.inner.observer.uses_list());
+                    let serving = self.inner.config.serving.is_some();
+                    recall = recalled
+                        .filter(|_| self.inner.observer.uses_list())
+                        .filter(|r| !serving || r.may_stand_for_serving(&desired));
                     self.inner.metrics.track_cluster(&desired.cluster);
                     let track = LbTrack::new(desired, now);
                     let verdict = lb_verdict(&track, now, &self.inner.config.rules());
@@ -729,6 +732,7 @@ fn apply_findings(inner: &Inner, endpoint: &Endpoint, findings: ListFindings, no
                 operating,
                 members: recalled.members,
                 pools_seen: entry.track.desired.pools.values().cloned().collect(),
+                monitored_pools: None,
             };
             let generation = entry.generation;
             let seen = Seen::Observed(observation);

@@ -113,6 +113,25 @@ pub struct Recalled {
     pub members: Vec<SeenMember>,
 }
 
+impl Recalled {
+    /// Whether the recalled members may stand without a status tree under the serving gate.
+    /// Not when one reads NO_MONITOR and its machine has not been released: only a tree tells
+    /// whether its pool has a monitor, and so whether anything checks it; trusted, a member
+    /// held because nothing checks it would be released by the restart.
+    pub fn may_stand_for_serving(&self, desired: &DesiredLb) -> bool {
+        let held = |m: &SeenMember| {
+            desired
+                .members
+                .iter()
+                .any(|d| d.address == m.address && d.port == m.port && !d.served)
+        };
+        !self
+            .members
+            .iter()
+            .any(|m| m.operating == OperatingStatus::NoMonitor && held(m))
+    }
+}
+
 /// A member as one poll saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SeenMember {
@@ -144,6 +163,9 @@ pub struct Observation {
     pub members: Vec<SeenMember>,
     /// Pools whose members were read (a member list covers only its pool; the tree, all).
     pub pools_seen: Vec<String>,
+    /// Of `pools_seen`, those with a working health monitor (ACTIVE, or an update of one on
+    /// its way); `None` when the poll could not tell (member lists, a recalled state).
+    pub monitored_pools: Option<Vec<String>>,
 }
 
 impl Observation {
@@ -151,11 +173,20 @@ impl Observation {
     pub fn from_tree(tree: &StatusTree) -> Self {
         let mut members = Vec::new();
         let mut pools_seen = Vec::new();
+        let mut monitored_pools = Vec::new();
         for pool in tree.listeners.iter().flat_map(|l| &l.pools) {
             if pools_seen.contains(&pool.id) {
                 continue;
             }
             pools_seen.push(pool.id.clone());
+            if pool.health_monitor.as_ref().is_some_and(|monitor| {
+                matches!(
+                    monitor.provisioning_status,
+                    ProvisioningStatus::Active | ProvisioningStatus::PendingUpdate
+                )
+            }) {
+                monitored_pools.push(pool.id.clone());
+            }
             members.extend(pool.members.iter().map(|m| SeenMember {
                 pool_id: pool.id.clone(),
                 id: m.id.clone(),
@@ -171,6 +202,7 @@ impl Observation {
             operating: tree.operating_status,
             members,
             pools_seen,
+            monitored_pools: Some(monitored_pools),
         }
     }
 }
@@ -196,6 +228,10 @@ pub struct MemberTrack {
     pub presence: Presence,
     /// Its `operating_status` as last seen; `None` while it is not seen.
     pub operating: Option<OperatingStatus>,
+    /// Whether its pool has a working health monitor, as the last status tree showed; `None`
+    /// until a tree has said. NO_MONITOR under a monitor means nothing checks this member
+    /// (ovn-octavia-provider reports a member it failed to add ACTIVE and NO_MONITOR).
+    pub pool_monitored: Option<bool>,
     /// When `operating` last changed (or the member was requested, while never seen).
     pub operating_since: Instant,
     /// Since when it has read up (ONLINE, or DRAINING: up at weight 0) without a break; `None`
@@ -273,6 +309,7 @@ impl LbTrack {
                         pool_id,
                         presence: Presence::Absent,
                         operating: None,
+                        pool_monitored: None,
                         operating_since: want.requested_at,
                         up_since: None,
                         fell_at: None,
@@ -319,6 +356,11 @@ impl LbTrack {
                 None => Presence::Absent,
             };
             let operating = found.map(|m| m.operating);
+            if let Some(monitored) = &seen.monitored_pools {
+                let monitored = Some(monitored.contains(pool));
+                changed |= monitored != track.pool_monitored;
+                track.pool_monitored = monitored;
+            }
             if presence != track.presence {
                 track.presence = presence;
                 track.since = now;
@@ -487,7 +529,33 @@ pub(crate) mod tests {
                 })
                 .collect(),
             pools_seen: vec!["pool".into()],
+            monitored_pools: Some(Vec::new()),
         }
+    }
+
+    #[test]
+    fn recalled_members_reading_no_monitor_wait_for_a_tree_while_their_machine_is_held() {
+        let mut recalled = Recalled {
+            updated_at: "2026-12-01T03:00:00".into(),
+            members: seen(
+                ProvisioningStatus::Active,
+                &[("10.0.0.1", ProvisioningStatus::Active)],
+            )
+            .members,
+        };
+        let mut wanted = desired(vec![member("m1", "10.0.0.1", Instant::now())]);
+        assert!(
+            !recalled.may_stand_for_serving(&wanted),
+            "only a tree says whether a monitor checks it"
+        );
+        wanted.members[0].served = true;
+        assert!(
+            recalled.may_stand_for_serving(&wanted),
+            "released before the restart: nothing to hold"
+        );
+        wanted.members[0].served = false;
+        recalled.members[0].operating = OperatingStatus::Online;
+        assert!(recalled.may_stand_for_serving(&wanted));
     }
 
     #[test]

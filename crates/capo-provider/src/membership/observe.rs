@@ -109,5 +109,7 @@ async fn observe_lists(client: &CloudClient, desired: &DesiredLb) -> Result<Seen
         operating: lb.operating_status,
         members,
         pools_seen,
+        // A member list does not say whether its pool has a monitor.
+        monitored_pools: None,
     }))
 }

@@ -4,8 +4,10 @@
 //! `provisioning_status` ACTIVE. Under the serving gate ([`GateRules::serving`]) a member whose
 //! pool has a health monitor must also read `operating_status` ONLINE, and have read it for the
 //! settle time: ovn reports a new member ONLINE before any check, and an amphora's haproxy
-//! starts a new server UP until its first check fails. A member reading NO_MONITOR falls back
-//! to provisioning status (and [`LbVerdict::unmonitored`] says so).
+//! starts a new server UP until its first check fails. A member reading NO_MONITOR in a pool
+//! with no health monitor falls back to provisioning status (and [`LbVerdict::unmonitored`]
+//! says so); under a monitor, NO_MONITOR means nothing checks it, so it does not serve
+//! ([`unchecked`]).
 
 use std::time::Duration;
 
@@ -185,7 +187,7 @@ pub fn member_verdict(track: &MemberTrack, now: Instant, rules: &GateRules) -> M
 /// time to count again. Its not-serving clock starts when it went ACTIVE, or when it stopped
 /// serving; short good stretches do not restart it, so a flapping member is flagged too.
 fn serving_verdict(track: &MemberTrack, now: Instant, rules: &ServingRules) -> MemberVerdict {
-    if track.operating == Some(OperatingStatus::NoMonitor) {
+    if track.operating == Some(OperatingStatus::NoMonitor) && !unchecked(track) {
         return MemberVerdict::Active;
     }
     let needed = rules.steady_for(track);
@@ -205,6 +207,15 @@ fn serving_verdict(track: &MemberTrack, now: Instant, rules: &ServingRules) -> M
     } else {
         MemberVerdict::NotYetServing { since }
     }
+}
+
+/// A member reading NO_MONITOR though a status tree showed a working monitor on its pool: no
+/// health check covers it. ovn-octavia-provider reports a member whose addition to OVN failed
+/// ACTIVE and NO_MONITOR (`helper.py` `member_create`, which reports every member it has
+/// recorded ACTIVE); an amphora's haproxy reports a server it does not check the same way.
+/// Where no tree has said (a recalled state, member lists), NO_MONITOR reads as no monitor.
+pub fn unchecked(track: &MemberTrack) -> bool {
+    track.operating == Some(OperatingStatus::NoMonitor) && track.pool_monitored == Some(true)
 }
 
 fn provisioning_verdict(track: &MemberTrack, now: Instant, stuck_after: Duration) -> MemberVerdict {
@@ -333,6 +344,9 @@ pub struct LbVerdict {
     /// The serving gate is on but some ACTIVE member reads NO_MONITOR: for those the gate
     /// fell back to provisioning status.
     pub unmonitored: bool,
+    /// Under the serving gate, ACTIVE members (`name:port`) that read NO_MONITOR though their
+    /// pool has a health monitor: nothing checks them, so they do not count as serving.
+    pub unchecked: Vec<String>,
     /// The serving gate was on.
     pub serving_gate: bool,
 }
@@ -360,7 +374,19 @@ impl LbVerdict {
         self.reason == other.reason
             && self.stale == other.stale
             && self.unmonitored == other.unmonitored
+            && self.unchecked == other.unchecked
             && kinds(self) == kinds(other)
+    }
+
+    /// Names the members no health check covers, for the not-serving messages.
+    fn unchecked_note(&self) -> String {
+        if self.unchecked.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; read NO_MONITOR though their pool has a health monitor, so nothing checks them: {}",
+            self.unchecked.join(", ")
+        )
     }
 
     /// A sentence for a condition message: which members, and for how long (relative to
@@ -399,20 +425,22 @@ impl LbVerdict {
                 }
             ),
             Reason::MemberNotServing => format!(
-                "members ACTIVE whose API does not serve: {} ({} of {} serving)",
+                "members ACTIVE whose API does not serve: {} ({} of {} serving){}",
                 named(MemberVerdictKind::NotServing).join(", "),
                 self.serving,
-                self.members.len()
+                self.members.len(),
+                self.unchecked_note()
             ),
             Reason::MembersNotYetServing => format!(
-                "members ACTIVE, waiting for their API to serve: {} ({} of {} serving)",
+                "members ACTIVE, waiting for their API to serve: {} ({} of {} serving){}",
                 named(MemberVerdictKind::NotYetServing)
                     .into_iter()
                     .chain(named(MemberVerdictKind::OutOfTraffic))
                     .collect::<Vec<_>>()
                     .join(", "),
                 self.serving,
-                self.members.len()
+                self.members.len(),
+                self.unchecked_note()
             ),
             Reason::LoadBalancerError => match self.lb_status {
                 None => "load balancer not found".into(),
@@ -471,11 +499,23 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict
             )
         })
         .collect();
+    let active = |m: &&MemberTrack| m.presence == Presence::Seen(ProvisioningStatus::Active);
     let unmonitored = rules.serving.is_some()
-        && track.members.iter().any(|m| {
-            m.operating == Some(OperatingStatus::NoMonitor)
-                && m.presence == Presence::Seen(ProvisioningStatus::Active)
-        });
+        && track
+            .members
+            .iter()
+            .filter(active)
+            .any(|m| m.operating == Some(OperatingStatus::NoMonitor) && !unchecked(m));
+    let unchecked_members = match rules.serving {
+        Some(_) => track
+            .members
+            .iter()
+            .filter(active)
+            .filter(|m| unchecked(m))
+            .map(|m| format!("{}:{}", m.desired.name, m.desired.port))
+            .collect(),
+        None => Vec::new(),
+    };
     let serving = members
         .iter()
         .filter(|(_, _, v)| *v == MemberVerdict::Active)
@@ -521,6 +561,7 @@ pub fn lb_verdict(track: &LbTrack, now: Instant, rules: &GateRules) -> LbVerdict
             .collect(),
         serving,
         unmonitored,
+        unchecked: unchecked_members,
         serving_gate: rules.serving.is_some(),
     }
 }
@@ -546,11 +587,15 @@ pub fn health(track: &LbTrack) -> Health {
     if track.lb.is_none() {
         return Health::Unknown;
     }
+    let healthy = |m: &MemberTrack, o: OperatingStatus| {
+        !unchecked(m) && matches!(o, OperatingStatus::Online | OperatingStatus::NoMonitor)
+    };
     let members: Vec<(String, OperatingStatus)> = track
         .members
         .iter()
-        .filter_map(|m| m.operating.map(|o| (m.desired.name.clone(), o)))
-        .filter(|(_, o)| !matches!(o, OperatingStatus::Online | OperatingStatus::NoMonitor))
+        .filter_map(|m| m.operating.map(|o| (m, o)))
+        .filter(|(m, o)| !healthy(m, *o))
+        .map(|(m, o)| (m.desired.name.clone(), o))
         .collect();
     if members.is_empty() {
         Health::Healthy
@@ -563,7 +608,7 @@ pub fn health(track: &LbTrack) -> Health {
 mod tests {
     use super::*;
     use crate::membership::model::tests::{desired, member, seen};
-    use crate::membership::model::{LbTrack, Presence};
+    use crate::membership::model::{LbTrack, Observation, Presence};
     use ProvisioningStatus::*;
 
     const STUCK: Duration = Duration::from_secs(600);
@@ -1027,5 +1072,77 @@ mod tests {
         assert!(verdict.unmonitored && !verdict.checks_serving());
         assert!(verdict.message(t0).contains("no health monitor"));
         assert!(!lb_verdict(&track, t0, &RULES).unmonitored);
+    }
+
+    /// A status tree recorded from a real Octavia: an HTTP monitor ACTIVE on the pool, and
+    /// two members reading NO_MONITOR under it (made before the monitor; no health manager
+    /// ran to check them).
+    fn recorded_tree() -> crate::cloud::octavia::StatusTree {
+        serde_json::from_value(recorded_tree_json()).unwrap()
+    }
+
+    #[test]
+    fn a_member_no_health_check_covers_under_a_monitored_pool_never_serves() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let tree = recorded_tree();
+        let pool = tree.listeners[0].pools[0].id.clone();
+        let mut wanted = member("m1", "192.0.2.10", t0);
+        wanted.port = 8080;
+        let mut lb = desired(vec![wanted]);
+        lb.pools = std::collections::BTreeMap::from([(8080, pool.clone())]);
+        let mut track = LbTrack::new(lb, t0);
+        let seen = Observation::from_tree(&tree);
+        assert_eq!(seen.monitored_pools, Some(vec![pool]));
+        track.observe(&seen, t0, SERVING.serving.as_ref());
+        assert!(unchecked(&track.members[0]));
+        let waiting = lb_verdict(&track, t0, &SERVING);
+        assert_eq!(waiting.reason, Reason::MembersNotYetServing);
+        assert!(!waiting.unmonitored, "the pool has a monitor");
+        assert_eq!(waiting.unchecked, vec!["m1:8080".to_owned()]);
+        assert!(waiting.message(t0).contains("nothing checks them: m1:8080"));
+        let held = lb_verdict(&track, at(300), &SERVING);
+        assert_eq!(held.reason, Reason::MemberNotServing);
+        assert_eq!(held.serving, 0);
+        assert!(matches!(health(&track), Health::Degraded { .. }));
+        assert!(
+            lb_verdict(&track, at(300), &RULES).is_ready(),
+            "the provisioning gate takes ACTIVE alone"
+        );
+        // A later tree without the monitor (deleted): NO_MONITOR means no monitor again.
+        let mut unmonitored = seen.clone();
+        unmonitored.monitored_pools = Some(Vec::new());
+        track.observe(&unmonitored, at(301), SERVING.serving.as_ref());
+        let fallback = lb_verdict(&track, at(301), &SERVING);
+        assert!(fallback.is_ready() && fallback.unmonitored);
+        // A poll that cannot tell (member lists) keeps what the last tree said.
+        let mut told = seen.clone();
+        track.observe(&told, at(302), SERVING.serving.as_ref());
+        told.monitored_pools = None;
+        track.observe(&told, at(303), SERVING.serving.as_ref());
+        assert!(unchecked(&track.members[0]));
+    }
+
+    #[test]
+    fn a_monitor_on_its_way_or_in_error_does_not_make_no_monitor_unchecked() {
+        for status in ["PENDING_CREATE", "ERROR", "PENDING_DELETE"] {
+            let mut answer = recorded_tree_json();
+            answer["listeners"][0]["pools"][0]["health_monitor"]["provisioning_status"] =
+                status.into();
+            let tree: crate::cloud::octavia::StatusTree = serde_json::from_value(answer).unwrap();
+            assert_eq!(
+                Observation::from_tree(&tree).monitored_pools,
+                Some(Vec::new()),
+                "{status}"
+            );
+        }
+    }
+
+    fn recorded_tree_json() -> serde_json::Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/octavia/status_tree_with_hm_and_operating_error.json");
+        let answer: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        answer["statuses"]["loadbalancer"].clone()
     }
 }

@@ -347,6 +347,20 @@ pub fn join_step(
     }
 }
 
+/// What to look at for a member held as not serving: its kube-apiserver, or, when its pool's
+/// monitor does not check it (NO_MONITOR), the member in Octavia: ovn-octavia-provider reports
+/// a member it failed to add to OVN so.
+fn not_serving_advice(members: &[MemberView], port: u16) -> &'static str {
+    let unchecked = members
+        .iter()
+        .any(|m| m.port == port && m.operating == Some(OperatingStatus::NoMonitor));
+    if unchecked {
+        "the pool's health monitor does not check this machine's member (NO_MONITOR); look at the member in Octavia (ovn reports one it failed to add so)"
+    } else {
+        "the health monitor has not seen this machine's API serve; look at its kube-apiserver"
+    }
+}
+
 fn not_in_pool(port: u16) -> String {
     format!("{port} not in its pool")
 }
@@ -385,6 +399,17 @@ pub fn join_condition(
             // pass) is in the cluster's members; here it would be a write per check.
             MemberVerdict::NotYetServing { .. } => {
                 format!("{} ACTIVE, its API not yet seen serving", m.port)
+            }
+            // Not serving and NO_MONITOR: its pool has a monitor that does not check it.
+            MemberVerdict::NotServing { since }
+                if m.operating == Some(OperatingStatus::NoMonitor) =>
+            {
+                format!(
+                    "{}{} ACTIVE but no health check covers it (NO_MONITOR under its pool's monitor) for {}s",
+                    m.port,
+                    named(m),
+                    ago(since)
+                )
             }
             MemberVerdict::NotServing { since } => format!(
                 "{}{} ACTIVE but its API does not serve ({}) for {}s",
@@ -452,12 +477,13 @@ pub fn join_condition(
             reasons::MEMBER_STUCK,
             format!("the rollout is held: {state}"),
         ),
-        JoinStep::NotServing { .. } => Desired::new(
+        JoinStep::NotServing { port } => Desired::new(
             type_,
             Status::False,
             reasons::MEMBER_NOT_SERVING,
             format!(
-                "the rollout is held: the health monitor has not seen this machine's API serve; look at its kube-apiserver ({state})"
+                "the rollout is held: {} ({state})",
+                not_serving_advice(members, *port)
             ),
         ),
         JoinStep::Create { .. } | JoinStep::Wait => {
