@@ -341,8 +341,8 @@ pub struct LbVerdict {
     pub stale: Vec<String>,
     /// Desired members ready to take traffic (ACTIVE; and serving, under the serving gate).
     pub serving: usize,
-    /// The serving gate is on but some ACTIVE member reads NO_MONITOR: for those the gate
-    /// fell back to provisioning status.
+    /// The serving gate is on but some ACTIVE member reads NO_MONITOR in a pool without a
+    /// working monitor: for those the gate fell back to provisioning status.
     pub unmonitored: bool,
     /// Under the serving gate, ACTIVE members (`name:port`) that read NO_MONITOR though their
     /// pool has a health monitor: nothing checks them, so they do not count as serving.
