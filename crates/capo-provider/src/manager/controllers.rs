@@ -34,6 +34,7 @@ use crate::controllers::{
 };
 use crate::manager::Health;
 use crate::manager::priority::Lanes;
+use crate::manager::secret_readers::SecretReaders;
 use crate::manager::shared::{Origin, SharedWatch, changed};
 use crate::manager::sweep::due_passes;
 use crate::manager::watch_backoff::{WatchBackoff, WatchBackoffExt};
@@ -451,6 +452,12 @@ pub fn run_servers(
     let claims = claim_wakeups(scope, &ctx.client);
     let clusters = watches.paused_clusters();
     let by_secret = reader.clone();
+    let readers = SecretReaders::new(|object: &Watched| {
+        object
+            .unpack()
+            .map(|s| secrets_named(&s))
+            .unwrap_or_default()
+    });
     let by_cluster = reader.clone();
     let listed = reader.clone();
     let due = due_passes(ctx.clone(), server::CONTROLLER, reader.clone());
@@ -466,12 +473,7 @@ pub fn run_servers(
             .watches_stream(
                 secrets,
                 queue.mapping(move |secret: PartialObjectMeta<Secret>| {
-                    let name = secret.name_any();
-                    pick(&by_secret, secret.namespace(), |object: &Watched| {
-                        object
-                            .unpack()
-                            .is_ok_and(|server| names_secret(&server, &name))
-                    })
+                    readers.naming(&by_secret, secret.namespace(), &secret.name_any())
                 }),
             )
             .reconcile_on(lanes.related(clusters, queue.mapping(labelled_for_cluster(by_cluster))))
@@ -625,6 +627,14 @@ pub fn run_clusters(
         StoredMeta::stored_version,
     );
     let by_secret = reader.clone();
+    let readers = SecretReaders::new(|object: &Watched| {
+        let identity = object.unpack().ok().map(|c| c.spec.identity_ref);
+        identity
+            .filter(|i| i.kind() == capo_api::common::IdentityRefType::Secret)
+            .map(|i| i.name)
+            .into_iter()
+            .collect()
+    });
     let by_cluster = reader.clone();
     let by_machine = reader.clone();
     let listed = reader.clone();
@@ -641,13 +651,7 @@ pub fn run_clusters(
             .watches_stream(
                 secrets,
                 queue.mapping(move |secret: PartialObjectMeta<Secret>| {
-                    let name = secret.name_any();
-                    pick(&by_secret, secret.namespace(), |object: &Watched| {
-                        object.unpack().is_ok_and(|c| {
-                            c.spec.identity_ref.kind() == capo_api::common::IdentityRefType::Secret
-                                && c.spec.identity_ref.name == name
-                        })
-                    })
+                    readers.naming(&by_secret, secret.namespace(), &secret.name_any())
                 }),
             )
             .reconcile_on(lanes.related(
@@ -1001,18 +1005,17 @@ where
         .collect()
 }
 
-/// Whether the server names this Secret, for credentials or user data.
-fn names_secret(server: &OpenStackServer, secret: &str) -> bool {
+/// The Secrets the server names, for credentials and user data.
+fn secrets_named(server: &OpenStackServer) -> Vec<String> {
     let identity = &server.spec.identity_ref;
-    let credentials =
-        identity.kind() == capo_api::common::IdentityRefType::Secret && identity.name == secret;
+    let credentials = (identity.kind() == capo_api::common::IdentityRefType::Secret)
+        .then(|| identity.name.clone());
     let user_data = server
         .spec
         .user_data_ref
         .as_ref()
-        .and_then(|r| r.name.as_deref())
-        == Some(secret);
-    credentials || user_data
+        .and_then(|r| r.name.clone());
+    credentials.into_iter().chain(user_data).collect()
 }
 
 /// One reconcile's end, as a controller's stream hands it back.

@@ -22,6 +22,7 @@ pub mod metrics_auth;
 pub mod metrics_server;
 pub mod migration;
 pub mod priority;
+mod secret_readers;
 pub mod shards;
 pub mod shared;
 pub mod sweep;
