@@ -614,11 +614,14 @@ impl Store {
 
     /// Every stored object of a resource, in every namespace.
     pub fn all_of(&self, group: &str, plural: &str) -> Vec<Arc<Value>> {
-        self.objects
-            .iter()
-            .filter(|((key, _, _), _)| key.group == group && key.plural == plural)
-            .map(|(_, object)| object.clone())
-            .collect()
+        // A range of the map, not a scan of it: admission reads the webhook configurations
+        // on every write, and at 3,000 clusters a scan of every object was a third of the
+        // simulated API server's time.
+        let key = ResourceKey {
+            group: group.to_owned(),
+            plural: plural.to_owned(),
+        };
+        self.objects_of(&key, None).cloned().collect()
     }
 
     /// Checks an object against the schema and CEL rules of the version it was sent in, with
