@@ -648,15 +648,12 @@ fn serving_gate_config(drain_period: Duration) -> ManagerConfig {
     config
 }
 
-/// The serving gate's rollout: a new machine whose API never answers `/readyz` is held with
-/// MemberNotServing (its member ACTIVE all along), released once its API serves; the old
-/// machine's member is drained at weight 0 before it is deleted.
-#[tokio::test]
-async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_old_one() {
+/// A cluster of one control-plane machine whose API serves, under the serving gate (its drain
+/// 1 s); every API server made from now on listens but never answers `/readyz` with 200.
+async fn one_serving_machine_under_the_serving_gate() -> (World, CapiActor, String) {
     let config = serving_gate_config(Duration::from_secs(1));
-    let (mut world, actor, _) = cluster_with_actor_configured(config).await;
+    let (world, actor, _) = cluster_with_actor_configured(config).await;
     let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
-    // Every API server from now on listens but never answers /readyz with 200.
     world
         .cloud
         .set_api_server("*", capo_sim::openstack::ApiServer::NeverReady);
@@ -667,6 +664,15 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
     world
         .cloud
         .set_api_server(&first_address, capo_sim::openstack::ApiServer::Serving);
+    (world, actor, first)
+}
+
+/// The serving gate's rollout: a new machine whose API never answers `/readyz` is held with
+/// MemberNotServing (its member ACTIVE all along), released once its API serves; the old
+/// machine's member is drained at weight 0 before it is deleted.
+#[tokio::test]
+async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_old_one() {
+    let (mut world, actor, first) = one_serving_machine_under_the_serving_gate().await;
     let two = plane(2);
     let scaling = actor.scale_control_plane(&two);
     let check = async {
@@ -737,21 +743,7 @@ async fn the_serving_gate_holds_a_machine_whose_api_never_serves_and_drains_the_
 /// why) though its API serves, and releases it once a check covers it.
 #[tokio::test]
 async fn the_serving_gate_holds_a_machine_whose_member_no_health_check_covers() {
-    let config = serving_gate_config(Duration::from_secs(1));
-    let (mut world, actor, _) = cluster_with_actor_configured(config).await;
-    let first = actor.scale_control_plane(&plane(1)).await.unwrap()[0].clone();
-    // No new API server answers /readyz until told: the new member cannot serve before it
-    // reads NO_MONITOR.
-    world
-        .cloud
-        .set_api_server("*", capo_sim::openstack::ApiServer::NeverReady);
-    let first_address = {
-        let machine = machines(&world).get(&first).await.unwrap();
-        gate::member_address(&machine, &[]).unwrap().to_owned()
-    };
-    world
-        .cloud
-        .set_api_server(&first_address, capo_sim::openstack::ApiServer::Serving);
+    let (mut world, actor, first) = one_serving_machine_under_the_serving_gate().await;
     let two = plane(2);
     let scaling = actor.scale_control_plane(&two);
     let check = async {
