@@ -926,10 +926,11 @@ pub(crate) fn seg(value: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample(name: &str) -> serde_json::Value {
+    /// A recorded Octavia answer from `tests/fixtures/octavia`.
+    pub(crate) fn sample(name: &str) -> serde_json::Value {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/octavia")
             .join(name);

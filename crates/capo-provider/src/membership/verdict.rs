@@ -1139,10 +1139,8 @@ mod tests {
     }
 
     fn recorded_tree_json() -> serde_json::Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/octavia/status_tree_with_hm_and_operating_error.json");
-        let answer: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        answer["statuses"]["loadbalancer"].clone()
+        crate::cloud::octavia::tests::sample("status_tree_with_hm_and_operating_error.json")
+            ["statuses"]["loadbalancer"]
+            .clone()
     }
 }

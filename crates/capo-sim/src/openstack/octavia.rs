@@ -634,26 +634,15 @@ fn list(
     let items: Vec<Value> = items
         .into_iter()
         .map(|(_, item)| item)
-        .filter(|item| on_load_balancer(item, query) && super::filters::matches(item, query))
+        .filter(|item| super::filters::matches(item, query))
         .collect();
     paginate(items, query, key, href, world.env.settings.octavia_page_max)
 }
 
-/// Octavia takes `loadbalancer_id` as the filter on its `load_balancer_id` column
+/// Whether a listener or pool of load balancer `lb` passes the query's `loadbalancer_id`
+/// filters. Octavia takes `loadbalancer_id` as the filter on its `load_balancer_id` column
 /// (`api/common/pagination.py`), which listeners and pools have though they show their load
 /// balancer only in `loadbalancers`: filtered there, not ignored as an absent field is.
-fn on_load_balancer(item: &Value, query: &[(String, String)]) -> bool {
-    let shown = item["loadbalancers"].as_array();
-    query
-        .iter()
-        .filter(|(key, _)| key == "loadbalancer_id")
-        .all(|(_, id)| match (item.get("loadbalancer_id"), shown) {
-            (None, Some(lbs)) => lbs.iter().any(|lb| lb["id"] == id.as_str()),
-            _ => true,
-        })
-}
-
-/// Whether an object of load balancer `lb` passes the query's `loadbalancer_id` filters.
 fn under_load_balancers(lb: &str, query: &[(String, String)]) -> bool {
     query
         .iter()
