@@ -495,6 +495,7 @@ async fn rules_ratchet_on_what_an_update_leaves_unchanged(world: KubeWorld) {
     .expect("a reason the old schema took");
 
     world.apply(&[osc_crd(true)]).await;
+    rule_in_force(&api, &cluster("probe")).await;
 
     let accepted = [
         (
@@ -554,6 +555,27 @@ async fn rules_ratchet_on_what_an_update_leaves_unchanged(world: KubeWorld) {
         "{}",
         e.message
     );
+}
+
+/// A replaced CRD stays established, and a real API server takes its new schema into its
+/// handler asynchronously: a dry-run create the tightened rule refuses says it is in force.
+async fn rule_in_force(api: &Api<DynamicObject>, refused: &DynamicObject) {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let no_logs = || String::new();
+    crate::go_peer::until(
+        "the tightened rule in force",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        &no_logs,
+        async || match api.create(&dry_run, refused).await {
+            Err(kube::Error::Api(e)) if e.code == 422 => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "created"))),
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
