@@ -70,14 +70,17 @@ impl Cli {
     /// The demo and the benchmarks that run whole stacks print their own results: their
     /// logs are errors only, unless asked.
     pub fn is_demo(&self) -> bool {
-        #[cfg(feature = "dev-tools")]
+        #[cfg(feature = "demo")]
+        if matches!(self.command, Command::Demo(_)) {
+            return true;
+        }
+        #[cfg(feature = "bench")]
         if matches!(
             self.command,
-            Command::Demo(_)
-                | Command::Bench(
-                    crate::dev::BenchCommand::RolloutSafety { .. }
-                        | crate::dev::BenchCommand::Scale { .. }
-                )
+            Command::Bench(
+                crate::bench::BenchCommand::RolloutSafety { .. }
+                    | crate::bench::BenchCommand::Scale { .. }
+            )
         ) {
             return true;
         }
@@ -117,25 +120,32 @@ pub enum Command {
         out: Option<PathBuf>,
     },
     /// Run a simulator standalone.
-    #[cfg(feature = "dev-tools")]
+    #[cfg(feature = "demo")]
     #[command(subcommand)]
     Sim(crate::dev::SimCommand),
     /// Measurements that print figures.
-    #[cfg(feature = "dev-tools")]
+    #[cfg(feature = "bench")]
     #[command(subcommand)]
-    Bench(crate::dev::BenchCommand),
+    Bench(crate::bench::BenchCommand),
+    /// Measurements that print figures: not in this build (`--features bench`).
+    #[cfg(all(feature = "demo", not(feature = "bench")))]
+    #[command(hide = true, disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// capo-rs end to end, in one process, with no cloud: a cluster from a CAPO template
     /// brought up and its control plane rolled on the simulators, with a live view.
     ///
     /// Exit codes: 0 the cluster's API stayed up and nothing leaked; 1 it went down (the API
     /// pool reached zero ACTIVE members, as with --strategy lb-only) or something leaked.
-    #[cfg(feature = "dev-tools")]
+    #[cfg(feature = "demo")]
     Demo(crate::dev::DemoArgs),
     /// Prove the dashboards and alerts on real data: a real Prometheus (Debian's
     /// `prometheus` package) scrapes `capo-rs demo --hold`; every panel query must return
     /// data, the stuck and ERROR alerts must fire, promtool must pass the rules and our
     /// /metrics; the key panels are drawn as PNGs. Exit code 1 when anything fails.
-    #[cfg(feature = "dev-tools")]
+    #[cfg(feature = "demo")]
     ProveDashboards(crate::dev::ProveArgs),
     /// Watch load balancers' members through the membership engine, live.
     ///
@@ -636,13 +646,21 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             write_manifests(out)?;
             Ok(ExitCode::SUCCESS)
         }
-        #[cfg(feature = "dev-tools")]
-        Command::Bench(command) => crate::dev::bench(command, runtime),
-        #[cfg(feature = "dev-tools")]
+        #[cfg(feature = "bench")]
+        Command::Bench(command) => crate::bench::bench(command, runtime),
+        #[cfg(all(feature = "demo", not(feature = "bench")))]
+        Command::Bench { .. } => {
+            eprintln!(
+                "Error: this capo-rs was built without the benchmarks; build it with them: \
+                 cargo run --release --features bench -- bench ..."
+            );
+            Ok(ExitCode::from(2))
+        }
+        #[cfg(feature = "demo")]
         Command::Sim(command) => runtime()?.block_on(crate::dev::sim(command)),
-        #[cfg(feature = "dev-tools")]
+        #[cfg(feature = "demo")]
         Command::Demo(args) => runtime()?.block_on(crate::dev::demo(args)),
-        #[cfg(feature = "dev-tools")]
+        #[cfg(feature = "demo")]
         Command::ProveDashboards(args) => runtime()?.block_on(crate::dev::prove_dashboards(args)),
         Command::WatchLb {
             clouds_yaml,

@@ -4,8 +4,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+#[cfg(feature = "bench")]
+mod bench;
 mod cli;
-#[cfg(feature = "dev-tools")]
+#[cfg(feature = "demo")]
 mod dev;
 mod openstack_args;
 mod watch_lb;

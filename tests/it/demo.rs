@@ -108,6 +108,28 @@ fn the_dashboards_and_alerts_hold_on_a_real_prometheus_scraping_the_demo() {
     assert!(output.status.success());
 }
 
+/// A newcomer's `cargo run --release -- demo` builds no benchmark: the default build, asked
+/// for one, says how to get them and exits 2; the `bench` feature's build has them.
+#[test]
+fn the_benchmarks_come_with_the_bench_feature_only() {
+    let output = run(&["bench", "--help"]);
+    let said = String::from_utf8_lossy(&output.stderr);
+    if cfg!(feature = "bench") {
+        assert!(output.status.success(), "{said}");
+        assert!(
+            stdout(&output).contains("rollout-safety"),
+            "{}",
+            stdout(&output)
+        );
+    } else {
+        assert_eq!(output.status.code(), Some(2), "{said}");
+        assert!(
+            said.contains("cargo run --release --features bench -- bench"),
+            "{said}"
+        );
+    }
+}
+
 #[test]
 fn trusting_the_lb_the_demo_says_the_api_went_down_and_fails() {
     let output = run(&[

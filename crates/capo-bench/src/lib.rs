@@ -10,7 +10,7 @@ pub mod servers;
 pub mod shards;
 pub mod sim_status_tree;
 pub mod store_memory;
-pub mod strategies;
 pub mod webhook;
 
-pub use strategies::Strategy;
+// The strategies compared live with the demo, which shows them without the benchmarks.
+pub use capo_demo::strategies::{self, Strategy};

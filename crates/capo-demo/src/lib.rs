@@ -1,7 +1,8 @@
 //! `capo-rs demo`: a cluster from a CAPO template, brought up and rolled on the embedded
 //! simulators by the real manager, with a live view and a summary; and `capo-rs
 //! prove-dashboards`, which checks the dashboards and alerts against a real Prometheus
-//! scraping the demo and draws the key panels. Built only with the `dev-tools` feature.
+//! scraping the demo and draws the key panels; and the other providers' ways of watching
+//! members it plays against ours. Built only with the `demo` feature (on by default).
 
 pub mod board;
 pub mod pace;
@@ -10,6 +11,7 @@ pub mod prometheus_api;
 pub mod prove;
 pub mod serve;
 pub mod story;
+pub mod strategies;
 pub mod summary;
 pub mod template;
 pub mod view;
@@ -21,12 +23,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use capo_bench::Strategy;
 use capo_provider::manager::{self, Health};
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 pub use pace::Pace;
+pub use strategies::Strategy;
 pub use summary::Summary;
 
 /// The namespace and cluster the demo plays in.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use capo_bench::Strategy;
+use crate::Strategy;
 
 use crate::board::Stats;
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use capo_bench::Strategy;
+use crate::Strategy;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::board::{self, Board, Stage};

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::Strategy;
 use anyhow::Context as _;
-use capo_bench::Strategy;
 use capo_provider::controllers::gate::MonitorKind;
 use capo_provider::controllers::{BackoffPolicy, ControllerConfig};
 use capo_provider::manager::{
