@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::changes::{Change, Changes};
-use super::metrics::{EngineMetrics, EngineTask, GateClock, MemberStateLabels, PollKind};
+use super::metrics::{EngineMetrics, EngineTask, GateClock, PollKind};
 use super::model::{
     DesiredLb, DesiredMember, LbTrack, MemberTrack, ObjectName, Observation, Presence, Recalled,
     SeenMember,
@@ -31,6 +31,7 @@ use super::observe::{Observer, Seen, StatusTreeObserver};
 use super::schedule::{
     Finish, ListFindings, ListState, PollOutcome, ScheduleConfig, Scheduler, Target,
 };
+use super::series::MemberRow;
 use super::verdict::{
     GateRules, Health, LbVerdict, MemberVerdict, MemberVerdictKind, Reason, ServingRules, health,
     lb_verdict,
@@ -144,10 +145,6 @@ struct LbEntry {
     verdict: LbVerdict,
     endpoint: String,
     client: CloudClient,
-    /// Metric label sets written for this LB, removed when they change or the LB goes.
-    member_labels: Vec<MemberStateLabels>,
-    /// The reason the gate metrics show.
-    reason_label: Option<Reason>,
     /// How long the gate has held, for the hold metrics.
     gate_clock: GateClock,
     /// Someone changed the LB: publish a change when it is next seen ACTIVE, even if the
@@ -332,8 +329,6 @@ impl Engine {
                             verdict,
                             endpoint: key.clone(),
                             client: client.clone(),
-                            member_labels: Vec::new(),
-                            reason_label: None,
                             gate_clock: GateClock::default(),
                             wake_when_settled: false,
                             members_as_of: None,
@@ -494,15 +489,7 @@ impl Inner {
         let gate_time = entry.gate_clock.stop(Instant::now());
         let cluster = &entry.track.desired.cluster;
         self.metrics.gate_time(cluster, &gate_time);
-        self.metrics.forget_cluster(cluster);
-        for labels in &entry.member_labels {
-            self.metrics.clear_member_state(labels);
-        }
-        self.metrics.clear_gate(
-            &entry.track.desired.cluster,
-            &entry.track.desired.lb_id,
-            entry.reason_label,
-        );
+        self.metrics.forget_lb(cluster, &entry.track.desired.lb_id);
     }
 }
 
@@ -1012,9 +999,7 @@ fn publish(inner: &Inner, entry: &mut LbEntry, observed: std::time::Instant) {
     let cluster = &entry.track.desired.cluster;
     let lb = &entry.track.desired.lb_id;
     let reason = entry.verdict.reason;
-    inner
-        .metrics
-        .set_gate(cluster, lb, reason, entry.reason_label.replace(reason));
+    inner.metrics.set_gate(cluster, lb, reason);
     tracing::debug!(%lb, %cluster, reason = reason.as_str(), "gate verdict changed");
     // Nobody listening is fine: reconcilers also read snapshots.
     let _ = inner.changes.send(Change {
@@ -1041,16 +1026,12 @@ fn record_member_metrics(
     let metrics = &inner.metrics;
     let observer = inner.observer.name();
     let cluster = &entry.track.desired.cluster;
-    for labels in entry.member_labels.drain(..) {
-        metrics.clear_member_state(&labels);
-    }
+    let rows = entry.track.members.iter().map(member_row).collect();
+    metrics.set_members(cluster, &entry.track.desired.lb_id, rows);
     for (index, track) in entry.track.members.iter().enumerate() {
         let old = before.iter().find(|b| {
             b.desired.address == track.desired.address && b.desired.port == track.desired.port
         });
-        let labels = member_state_labels(cluster, track);
-        metrics.set_member_state(&labels);
-        entry.member_labels.push(labels);
         let newly_active = track.active_at.is_some() && old.is_none_or(|o| o.active_at.is_none());
         if newly_active {
             let took = now.saturating_duration_since(track.desired.requested_at);
@@ -1089,7 +1070,7 @@ fn record_member_metrics(
     learnt
 }
 
-fn member_state_labels(cluster: &ObjectName, track: &MemberTrack) -> MemberStateLabels {
+fn member_row(track: &MemberTrack) -> MemberRow {
     let (provisioning, operating) = match track.presence {
         Presence::Seen(p) => (
             p.as_str(),
@@ -1100,9 +1081,7 @@ fn member_state_labels(cluster: &ObjectName, track: &MemberTrack) -> MemberState
         ),
         Presence::Absent => ("ABSENT", "UNKNOWN"),
     };
-    MemberStateLabels {
-        namespace: cluster.namespace.clone(),
-        cluster: cluster.name.clone(),
+    MemberRow {
         pool: track.pool_id.clone().unwrap_or_default(),
         member: track.desired.name.clone(),
         machine: track.desired.owner.name.clone(),

@@ -10,29 +10,22 @@ use prometheus::{
 use tokio::time::Instant;
 
 use super::model::ObjectName;
+use super::series::{LbSeries, MemberRow};
 use super::verdict::{MemberVerdictKind, Reason};
 
 /// The membership engine's Prometheus metrics, registered once per engine.
 #[derive(Clone, Debug)]
 pub struct EngineMetrics {
-    /// 1 for each member's current (provisioning, operating) pair.
-    pub member_state: IntGaugeVec,
-    /// 1 when the LB's gate is open (verdict Ready), else 0; `reason` on the verdict gauge.
-    pub gate_ready: IntGaugeVec,
-    /// `capo_lb_gate_reason`: 1 for each LB's current gate reason (`reason` label).
-    pub gate_reason: IntGaugeVec,
+    /// The series that grow with the clusters: each member's state, each LB's gate
+    /// (`capo_lb_gate_ready`, `capo_lb_gate_reason`) and each cluster's counters of stuck,
+    /// ERROR and not-serving members and of holds.
+    series: LbSeries,
     /// Desired members by verdict.
     pub members_by_verdict: IntGaugeVec,
     /// Requested -> first seen ACTIVE.
     pub provisioning_seconds: HistogramVec,
     /// Upper bound of how late a transition was noticed: time since the previous poll.
     pub detection_lag_seconds: HistogramVec,
-    /// Members whose verdict became stuck (PENDING_* past the stuck threshold), per cluster.
-    pub stuck_total: IntCounterVec,
-    /// Members whose verdict became ERROR, per cluster.
-    pub error_total: IntCounterVec,
-    /// Members ACTIVE whose API did not serve past the not-serving threshold.
-    pub not_serving_total: IntCounterVec,
     /// Polls by observer (`strategy`), kind and result (`ok`, or the cloud error's kind).
     pub polls_total: IntCounterVec,
     /// How late polls ran against their due time.
@@ -50,8 +43,6 @@ pub struct EngineMetrics {
     pub change_resyncs_total: IntCounter,
     /// Seconds gates held rollouts, by the reason that held them.
     pub gate_held_seconds: CounterVec,
-    /// Holds begun, per cluster.
-    pub gate_holds_total: IntCounterVec,
     /// How long each finished hold lasted.
     pub gate_hold_duration: Histogram,
 }
@@ -65,32 +56,7 @@ impl EngineMetrics {
         };
         let lag_buckets = vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0];
         let metrics = EngineMetrics {
-            member_state: IntGaugeVec::new(
-                Opts::new(
-                    "capo_lb_member_state",
-                    "1 for the member's current provisioning and operating status",
-                ),
-                &[
-                    "namespace",
-                    "cluster",
-                    "pool",
-                    "member",
-                    "machine",
-                    "provisioning_status",
-                    "operating_status",
-                ],
-            )?,
-            gate_ready: IntGaugeVec::new(
-                Opts::new(
-                    "capo_lb_gate_ready",
-                    "1 when the API load balancer gate is open (every desired member ACTIVE)",
-                ),
-                &["namespace", "cluster", "loadbalancer"],
-            )?,
-            gate_reason: IntGaugeVec::new(
-                Opts::new("capo_lb_gate_reason", "1 for the gate's current reason"),
-                &["namespace", "cluster", "loadbalancer", "reason"],
-            )?,
+            series: LbSeries::new()?,
             members_by_verdict: IntGaugeVec::new(
                 Opts::new("capo_lb_members", "Desired members by verdict"),
                 &["verdict"],
@@ -108,24 +74,6 @@ impl EngineMetrics {
                 "Upper bound of how late a member transition was seen: time since the previous poll",
                 lag_buckets.clone(),
                 &["strategy"],
-            )?,
-            stuck_total: IntCounterVec::new(
-                Opts::new(
-                    "capo_lb_member_stuck_total",
-                    "Members that became stuck in PENDING_*",
-                ),
-                &["namespace", "cluster"],
-            )?,
-            error_total: IntCounterVec::new(
-                Opts::new("capo_lb_member_error_total", "Members seen going to ERROR"),
-                &["namespace", "cluster"],
-            )?,
-            not_serving_total: IntCounterVec::new(
-                Opts::new(
-                    "capo_lb_member_not_serving_total",
-                    "Members ACTIVE whose health monitor did not see their API serve past the not-serving threshold",
-                ),
-                &["namespace", "cluster"],
             )?,
             polls_total: IntCounterVec::new(
                 Opts::new(
@@ -179,13 +127,6 @@ impl EngineMetrics {
                 ),
                 &["reason"],
             )?,
-            gate_holds_total: IntCounterVec::new(
-                Opts::new(
-                    "capo_lb_gate_holds_total",
-                    "Times a cluster's API load balancer gate closed and began to hold its rollout",
-                ),
-                &["namespace", "cluster"],
-            )?,
             gate_hold_duration: Histogram::with_opts(
                 HistogramOpts::new(
                     "capo_lb_gate_hold_duration_seconds",
@@ -208,15 +149,10 @@ impl EngineMetrics {
                 .gate_held_seconds
                 .with_label_values(&[reason.as_str()]);
         }
-        registry.register(Box::new(metrics.member_state.clone()))?;
-        registry.register(Box::new(metrics.gate_ready.clone()))?;
-        registry.register(Box::new(metrics.gate_reason.clone()))?;
+        registry.register(Box::new(metrics.series.clone()))?;
         registry.register(Box::new(metrics.members_by_verdict.clone()))?;
         registry.register(Box::new(metrics.provisioning_seconds.clone()))?;
         registry.register(Box::new(metrics.detection_lag_seconds.clone()))?;
-        registry.register(Box::new(metrics.stuck_total.clone()))?;
-        registry.register(Box::new(metrics.error_total.clone()))?;
-        registry.register(Box::new(metrics.not_serving_total.clone()))?;
         registry.register(Box::new(metrics.polls_total.clone()))?;
         registry.register(Box::new(metrics.scheduler_lag_seconds.clone()))?;
         registry.register(Box::new(metrics.drift_interval_seconds.clone()))?;
@@ -225,50 +161,19 @@ impl EngineMetrics {
         registry.register(Box::new(metrics.panics_total.clone()))?;
         registry.register(Box::new(metrics.change_resyncs_total.clone()))?;
         registry.register(Box::new(metrics.gate_held_seconds.clone()))?;
-        registry.register(Box::new(metrics.gate_holds_total.clone()))?;
         registry.register(Box::new(metrics.gate_hold_duration.clone()))?;
         Ok(metrics)
     }
 
     /// The gate gauges of one LB: ready, and its reason (the previous reason's series goes).
-    pub(crate) fn set_gate(
-        &self,
-        cluster: &ObjectName,
-        lb: &str,
-        reason: Reason,
-        previous: Option<Reason>,
-    ) {
-        let gate = [cluster.namespace.as_str(), cluster.name.as_str(), lb];
-        self.gate_ready
-            .with_label_values(&gate)
-            .set(i64::from(reason == Reason::Ready));
-        if let Some(previous) = previous.filter(|p| *p != reason) {
-            let _ =
-                self.gate_reason
-                    .remove_label_values(&[gate[0], gate[1], lb, previous.as_str()]);
-        }
-        self.gate_reason
-            .with_label_values(&[gate[0], gate[1], lb, reason.as_str()])
-            .set(1);
+    pub(crate) fn set_gate(&self, cluster: &ObjectName, lb: &str, reason: Reason) {
+        self.series.set_gate(cluster, lb, reason);
     }
 
     /// A cluster's LB is tracked: its counters start at zero, so that the first stuck or
     /// ERROR member is an increase Prometheus can see.
     pub(crate) fn track_cluster(&self, cluster: &ObjectName) {
-        let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
-        self.stuck_total.with_label_values(&labels);
-        self.error_total.with_label_values(&labels);
-        self.not_serving_total.with_label_values(&labels);
-        self.gate_holds_total.with_label_values(&labels);
-    }
-
-    /// A cluster's LB is no longer tracked: its counters go with it.
-    pub(crate) fn forget_cluster(&self, cluster: &ObjectName) {
-        let labels = [cluster.namespace.as_str(), cluster.name.as_str()];
-        let _ = self.stuck_total.remove_label_values(&labels);
-        let _ = self.error_total.remove_label_values(&labels);
-        let _ = self.not_serving_total.remove_label_values(&labels);
-        let _ = self.gate_holds_total.remove_label_values(&labels);
+        self.series.track_cluster(cluster);
     }
 
     /// Counts what a [`GateClock`] measured.
@@ -279,49 +184,28 @@ impl EngineMetrics {
                 .inc_by(held.as_secs_f64());
         }
         if time.hold_began {
-            self.gate_holds_total
-                .with_label_values(&[&cluster.namespace, &cluster.name])
-                .inc();
+            self.series.hold_began(cluster);
         }
         if let Some(lasted) = time.hold_ended {
             self.gate_hold_duration.observe(lasted.as_secs_f64());
         }
     }
 
-    /// Removes an LB's gate series.
-    pub(crate) fn clear_gate(&self, cluster: &ObjectName, lb: &str, reason: Option<Reason>) {
-        let _ = self
-            .gate_ready
-            .remove_label_values(&[&cluster.namespace, &cluster.name, lb]);
-        if let Some(reason) = reason {
-            let _ = self.gate_reason.remove_label_values(&[
-                &cluster.namespace,
-                &cluster.name,
-                lb,
-                reason.as_str(),
-            ]);
-        }
+    /// An LB is no longer tracked: its gate and member series go, and its cluster's
+    /// counters.
+    pub(crate) fn forget_lb(&self, cluster: &ObjectName, lb: &str) {
+        self.series.forget_lb(lb);
+        self.series.forget_cluster(cluster);
     }
 
-    pub(crate) fn set_member_state(&self, labels: &MemberStateLabels) {
-        self.member_state.with_label_values(&labels.values()).set(1);
-    }
-
-    pub(crate) fn clear_member_state(&self, labels: &MemberStateLabels) {
-        let _ = self.member_state.remove_label_values(&labels.values());
+    /// The members of `lb` now read `members`; the series of those no longer there go.
+    pub(crate) fn set_members(&self, cluster: &ObjectName, lb: &str, members: Vec<MemberRow>) {
+        self.series.set_members(cluster, lb, members);
     }
 
     /// A member's verdict became `kind`: counts the ones people are paged for.
     pub(crate) fn member_became(&self, cluster: &ObjectName, kind: MemberVerdictKind) {
-        let counter = match kind {
-            MemberVerdictKind::Stuck => &self.stuck_total,
-            MemberVerdictKind::Error => &self.error_total,
-            MemberVerdictKind::NotServing => &self.not_serving_total,
-            _ => return,
-        };
-        counter
-            .with_label_values(&[&cluster.namespace, &cluster.name])
-            .inc();
+        self.series.member_became(cluster, kind);
     }
 
     pub(crate) fn add_members_by_verdict(&self, kind: MemberVerdictKind, delta: i64) {
@@ -500,33 +384,6 @@ impl EngineTask {
             EngineTask::Poll => "poll",
             EngineTask::Loop => "loop",
         }
-    }
-}
-
-/// The labels of `capo_lb_member_state`, kept per LB to remove them when they change.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct MemberStateLabels {
-    pub namespace: String,
-    pub cluster: String,
-    pub pool: String,
-    pub member: String,
-    /// The OpenStackMachine that wants the member.
-    pub machine: String,
-    pub provisioning: &'static str,
-    pub operating: &'static str,
-}
-
-impl MemberStateLabels {
-    fn values(&self) -> [&str; 7] {
-        [
-            &self.namespace,
-            &self.cluster,
-            &self.pool,
-            &self.member,
-            &self.machine,
-            self.provisioning,
-            self.operating,
-        ]
     }
 }
 

@@ -1,0 +1,462 @@
+//! The engine's series that grow with the clusters: a member's state, an LB's gate, a cluster's
+//! counters. They are kept as plain rows and turned into samples only when scraped.
+//!
+//! A prometheus `*Vec` child owns a whole copy of its metric's description (name, help, label
+//! names) beside its label pairs: about 1.5 KB for a member's seven labels, 9,400 children at
+//! 1,000 clusters. A row here holds its label values and nothing else. The scrape builds the
+//! same samples a `*Vec` would (names, help, types, labels sorted by name).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+
+use super::model::ObjectName;
+use super::verdict::{MemberVerdictKind, Reason};
+
+/// One member as `capo_lb_member_state` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct MemberRow {
+    pub pool: String,
+    pub member: String,
+    /// The OpenStackMachine that wants the member.
+    pub machine: String,
+    pub provisioning: &'static str,
+    pub operating: &'static str,
+}
+
+/// A cluster's counters: they start at zero when its LB is tracked, so that the first
+/// increase is one Prometheus can see, and go with it.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClusterCounts {
+    stuck: u64,
+    error: u64,
+    not_serving: u64,
+    holds: u64,
+}
+
+/// One LB: its cluster, the gate's reason once published, its members' rows.
+#[derive(Debug)]
+struct LbRow {
+    cluster: ObjectName,
+    reason: Option<Reason>,
+    members: Vec<MemberRow>,
+}
+
+#[derive(Debug, Default)]
+struct Rows {
+    clusters: HashMap<ObjectName, ClusterCounts>,
+    lbs: HashMap<String, LbRow>,
+}
+
+/// The families, in the order [`Collector::desc`] gives them.
+const FAMILIES: [(&str, &str, MetricType); 7] = [
+    (
+        "capo_lb_member_state",
+        "1 for the member's current provisioning and operating status",
+        MetricType::GAUGE,
+    ),
+    (
+        "capo_lb_gate_ready",
+        "1 when the API load balancer gate is open (every desired member ACTIVE)",
+        MetricType::GAUGE,
+    ),
+    (
+        "capo_lb_gate_reason",
+        "1 for the gate's current reason",
+        MetricType::GAUGE,
+    ),
+    (
+        "capo_lb_member_stuck_total",
+        "Members that became stuck in PENDING_*",
+        MetricType::COUNTER,
+    ),
+    (
+        "capo_lb_member_error_total",
+        "Members seen going to ERROR",
+        MetricType::COUNTER,
+    ),
+    (
+        "capo_lb_member_not_serving_total",
+        "Members ACTIVE whose health monitor did not see their API serve past the not-serving threshold",
+        MetricType::COUNTER,
+    ),
+    (
+        "capo_lb_gate_holds_total",
+        "Times a cluster's API load balancer gate closed and began to hold its rollout",
+        MetricType::COUNTER,
+    ),
+];
+
+/// The label names of each family, in [`FAMILIES`]' order.
+const LABELS: [&[&str]; 7] = [
+    &[
+        "namespace",
+        "cluster",
+        "pool",
+        "member",
+        "machine",
+        "provisioning_status",
+        "operating_status",
+    ],
+    &["namespace", "cluster", "loadbalancer"],
+    &["namespace", "cluster", "loadbalancer", "reason"],
+    &["namespace", "cluster"],
+    &["namespace", "cluster"],
+    &["namespace", "cluster"],
+    &["namespace", "cluster"],
+];
+
+/// The per-cluster and per-LB series; clones share the rows. Registered once per engine.
+#[derive(Clone, Debug)]
+pub(crate) struct LbSeries {
+    rows: Arc<Mutex<Rows>>,
+    descs: Arc<Vec<Desc>>,
+}
+
+impl LbSeries {
+    pub(crate) fn new() -> prometheus::Result<Self> {
+        let descs = FAMILIES
+            .iter()
+            .zip(LABELS)
+            .map(|((name, help, _), labels)| {
+                let labels = labels.iter().map(|l| l.to_string()).collect();
+                Desc::new(name.to_string(), help.to_string(), labels, HashMap::new())
+            })
+            .collect::<prometheus::Result<Vec<_>>>()?;
+        Ok(LbSeries {
+            rows: Arc::default(),
+            descs: Arc::new(descs),
+        })
+    }
+
+    fn rows(&self) -> MutexGuard<'_, Rows> {
+        // A panic elsewhere while the lock was held leaves rows that are still whole.
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A cluster's LB is tracked: its counters show, at zero if they are new.
+    pub(crate) fn track_cluster(&self, cluster: &ObjectName) {
+        self.rows().clusters.entry(cluster.clone()).or_default();
+    }
+
+    /// A cluster's LB is no longer tracked: its counters go.
+    pub(crate) fn forget_cluster(&self, cluster: &ObjectName) {
+        self.rows().clusters.remove(cluster);
+    }
+
+    /// A member's verdict became `kind`: counts the ones people are paged for.
+    pub(crate) fn member_became(&self, cluster: &ObjectName, kind: MemberVerdictKind) {
+        self.count(cluster, |counts| match kind {
+            MemberVerdictKind::Stuck => Some(&mut counts.stuck),
+            MemberVerdictKind::Error => Some(&mut counts.error),
+            MemberVerdictKind::NotServing => Some(&mut counts.not_serving),
+            _ => None,
+        });
+    }
+
+    /// A hold of the cluster's gate began.
+    pub(crate) fn hold_began(&self, cluster: &ObjectName) {
+        self.count(cluster, |counts| Some(&mut counts.holds));
+    }
+
+    fn count(
+        &self,
+        cluster: &ObjectName,
+        pick: impl FnOnce(&mut ClusterCounts) -> Option<&mut u64>,
+    ) {
+        let mut rows = self.rows();
+        // As a `*Vec` does, counting for a cluster no longer tracked shows it again.
+        let counts = rows.clusters.entry(cluster.clone()).or_default();
+        if let Some(counter) = pick(counts) {
+            *counter += 1;
+        }
+    }
+
+    /// The gate of `lb` reads `reason`.
+    pub(crate) fn set_gate(&self, cluster: &ObjectName, lb: &str, reason: Reason) {
+        let mut rows = self.rows();
+        let row = lb_row(&mut rows, cluster, lb);
+        row.reason = Some(reason);
+    }
+
+    /// The members of `lb` now read `members` (duplicates show once, as one series).
+    pub(crate) fn set_members(&self, cluster: &ObjectName, lb: &str, mut members: Vec<MemberRow>) {
+        members.sort();
+        members.dedup();
+        members.shrink_to_fit();
+        let mut rows = self.rows();
+        lb_row(&mut rows, cluster, lb).members = members;
+    }
+
+    /// `lb` is no longer tracked: its gate and members go.
+    pub(crate) fn forget_lb(&self, lb: &str) {
+        self.rows().lbs.remove(lb);
+    }
+
+    /// The families with at least one sample, each as its `*Vec` would show it.
+    fn families(&self) -> Vec<MetricFamily> {
+        let rows = self.rows();
+        let mut samples: [Vec<Metric>; 7] = Default::default();
+        for (lb, row) in &rows.lbs {
+            let (namespace, cluster) = (&row.cluster.namespace, &row.cluster.name);
+            for m in &row.members {
+                let labels = [
+                    ("cluster", cluster.as_str()),
+                    ("machine", m.machine.as_str()),
+                    ("member", m.member.as_str()),
+                    ("namespace", namespace.as_str()),
+                    ("operating_status", m.operating),
+                    ("pool", m.pool.as_str()),
+                    ("provisioning_status", m.provisioning),
+                ];
+                samples[0].push(gauge(&labels, 1.0));
+            }
+            if let Some(reason) = row.reason {
+                let gate = [
+                    ("cluster", cluster.as_str()),
+                    ("loadbalancer", lb.as_str()),
+                    ("namespace", namespace.as_str()),
+                ];
+                samples[1].push(gauge(&gate, f64::from(u8::from(reason == Reason::Ready))));
+                let with_reason = [
+                    ("cluster", cluster.as_str()),
+                    ("loadbalancer", lb.as_str()),
+                    ("namespace", namespace.as_str()),
+                    ("reason", reason.as_str()),
+                ];
+                samples[2].push(gauge(&with_reason, 1.0));
+            }
+        }
+        for (cluster, counts) in &rows.clusters {
+            let labels = [
+                ("cluster", cluster.name.as_str()),
+                ("namespace", cluster.namespace.as_str()),
+            ];
+            let values = [counts.stuck, counts.error, counts.not_serving, counts.holds];
+            for (family, value) in samples[3..].iter_mut().zip(values) {
+                family.push(counter(&labels, value as f64));
+            }
+        }
+        drop(rows);
+        FAMILIES
+            .iter()
+            .zip(samples)
+            .filter(|(_, metrics)| !metrics.is_empty())
+            .map(|((name, help, kind), metrics)| {
+                let mut family = MetricFamily::default();
+                family.set_name(name.to_string());
+                family.set_help(help.to_string());
+                family.set_field_type(*kind);
+                family.set_metric(metrics);
+                family
+            })
+            .collect()
+    }
+}
+
+fn lb_row<'a>(rows: &'a mut Rows, cluster: &ObjectName, lb: &str) -> &'a mut LbRow {
+    let row = rows.lbs.entry(lb.to_string()).or_insert_with(|| LbRow {
+        cluster: cluster.clone(),
+        reason: None,
+        members: Vec::new(),
+    });
+    if row.cluster != *cluster {
+        row.cluster = cluster.clone();
+    }
+    row
+}
+
+/// Label pairs, given sorted by name (as a `*Vec` sorts them).
+fn label_pairs(labels: &[(&str, &str)]) -> Vec<LabelPair> {
+    labels
+        .iter()
+        .map(|(name, value)| {
+            let mut pair = LabelPair::default();
+            pair.set_name(name.to_string());
+            pair.set_value(value.to_string());
+            pair
+        })
+        .collect()
+}
+
+fn gauge(labels: &[(&str, &str)], value: f64) -> Metric {
+    let mut gauge = Gauge::default();
+    gauge.set_value(value);
+    let mut metric = Metric::from_label(label_pairs(labels));
+    metric.set_gauge(gauge);
+    metric
+}
+
+fn counter(labels: &[(&str, &str)], value: f64) -> Metric {
+    let mut counter = Counter::default();
+    counter.set_value(value);
+    let mut metric = Metric::from_label(label_pairs(labels));
+    metric.set_counter(counter);
+    metric
+}
+
+impl Collector for LbSeries {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.families()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+
+    use super::*;
+
+    fn cluster(name: &str) -> ObjectName {
+        ObjectName {
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn member(machine: &str, provisioning: &'static str) -> MemberRow {
+        MemberRow {
+            pool: "pool-1".into(),
+            member: format!("{machine}-6443"),
+            machine: machine.into(),
+            provisioning,
+            operating: "ONLINE",
+        }
+    }
+
+    fn scrape(registry: &Registry) -> String {
+        let mut body = Vec::new();
+        TextEncoder::new()
+            .encode(&registry.gather(), &mut body)
+            .expect("the text encoder writes to a Vec");
+        String::from_utf8(body).expect("the exposition is UTF-8")
+    }
+
+    /// What the same story scraped from prometheus's own `*Vec`s, as the engine used to keep
+    /// these series, shows.
+    fn scraped_from_vecs() -> String {
+        let registry = Registry::new();
+        let vec = |i: usize| {
+            let (name, help, _) = FAMILIES[i];
+            (Opts::new(name, help), LABELS[i])
+        };
+        let gauges: Vec<IntGaugeVec> = (0..3)
+            .map(|i| {
+                let (opts, labels) = vec(i);
+                IntGaugeVec::new(opts, labels).expect("valid names")
+            })
+            .collect();
+        let counters: Vec<IntCounterVec> = (3..7)
+            .map(|i| {
+                let (opts, labels) = vec(i);
+                IntCounterVec::new(opts, labels).expect("valid names")
+            })
+            .collect();
+        for g in &gauges {
+            registry
+                .register(Box::new(g.clone()))
+                .expect("registers once");
+        }
+        for c in &counters {
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registers once");
+        }
+        for (machine, provisioning) in [("m1", "ACTIVE"), ("m2", "PENDING_CREATE")] {
+            gauges[0]
+                .with_label_values(&[
+                    "default",
+                    "c1",
+                    "pool-1",
+                    &format!("{machine}-6443"),
+                    machine,
+                    provisioning,
+                    "ONLINE",
+                ])
+                .set(1);
+        }
+        gauges[1]
+            .with_label_values(&["default", "c1", "lb-1"])
+            .set(0);
+        gauges[2]
+            .with_label_values(&["default", "c1", "lb-1", "MembersPending"])
+            .set(1);
+        for c in &counters {
+            c.with_label_values(&["default", "c1"]);
+            c.with_label_values(&["default", "c2"]);
+        }
+        counters[1].with_label_values(&["default", "c1"]).inc();
+        counters[3].with_label_values(&["default", "c1"]).inc();
+        scrape(&registry)
+    }
+
+    #[test]
+    fn the_scrape_reads_as_the_vecs_it_replaces_did() {
+        let series = LbSeries::new().expect("valid names");
+        let registry = Registry::new();
+        registry
+            .register(Box::new(series.clone()))
+            .expect("registers once");
+        series.track_cluster(&cluster("c1"));
+        series.track_cluster(&cluster("c2"));
+        series.set_members(
+            &cluster("c1"),
+            "lb-1",
+            vec![member("m2", "PENDING_CREATE"), member("m1", "ACTIVE")],
+        );
+        series.set_gate(&cluster("c1"), "lb-1", Reason::MembersPending);
+        series.member_became(&cluster("c1"), MemberVerdictKind::Error);
+        series.member_became(&cluster("c1"), MemberVerdictKind::Active);
+        series.hold_began(&cluster("c1"));
+
+        assert_eq!(scrape(&registry), scraped_from_vecs());
+    }
+
+    #[test]
+    fn a_forgotten_lb_and_cluster_leave_no_series() {
+        let series = LbSeries::new().expect("valid names");
+        let registry = Registry::new();
+        registry
+            .register(Box::new(series.clone()))
+            .expect("registers once");
+        series.track_cluster(&cluster("c1"));
+        series.set_members(&cluster("c1"), "lb-1", vec![member("m1", "ACTIVE")]);
+        series.set_gate(&cluster("c1"), "lb-1", Reason::Ready);
+        assert!(scrape(&registry).contains(
+            r#"capo_lb_gate_ready{cluster="c1",loadbalancer="lb-1",namespace="default"} 1"#
+        ));
+
+        series.forget_lb("lb-1");
+        series.forget_cluster(&cluster("c1"));
+        assert_eq!(scrape(&registry), "");
+    }
+
+    #[test]
+    fn a_new_reason_replaces_the_old_one_and_members_are_replaced_whole() {
+        let series = LbSeries::new().expect("valid names");
+        let registry = Registry::new();
+        registry
+            .register(Box::new(series.clone()))
+            .expect("registers once");
+        series.set_gate(&cluster("c1"), "lb-1", Reason::MembersPending);
+        series.set_gate(&cluster("c1"), "lb-1", Reason::Ready);
+        series.set_members(&cluster("c1"), "lb-1", vec![member("m1", "PENDING_CREATE")]);
+        series.set_members(
+            &cluster("c1"),
+            "lb-1",
+            vec![member("m1", "ACTIVE"), member("m1", "ACTIVE")],
+        );
+
+        let text = scrape(&registry);
+        assert!(!text.contains("MembersPending"), "{text}");
+        assert!(text.contains(r#"reason="Ready"} 1"#), "{text}");
+        assert!(!text.contains("PENDING_CREATE"), "{text}");
+        assert_eq!(text.matches("capo_lb_member_state{").count(), 1, "{text}");
+    }
+}
