@@ -97,6 +97,23 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Memory of the engine's per-cluster and per-LB series (gate, reason, members,
+    /// counters): kept as plain rows, as the engine keeps them, against prometheus's `*Vec`s,
+    /// each in a process of its own; both must scrape the same text.
+    SeriesMemory {
+        /// Clusters, one load balancer each.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        clusters: u32,
+        /// Members per load balancer.
+        #[arg(long, default_value_t = 6)]
+        members: u32,
+        /// Measure this layout only (`rows` or `vecs`), in this process, and print JSON.
+        #[arg(long)]
+        layout: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The webhook's latency per review (one object per ConversionReview, as the API server
     /// sends them; one AdmissionReview per update), over HTTPS and, for conversions, in process.
     Webhook {
@@ -460,6 +477,27 @@ pub fn bench(
                 println!("{}", serde_json::to_string_pretty(&figures)?);
             } else {
                 capo_bench::store_memory::print(&figures);
+            }
+        }
+        BenchCommand::SeriesMemory {
+            clusters,
+            members,
+            layout,
+            json,
+        } => {
+            if let Some(layout) = layout {
+                println!(
+                    "{}",
+                    capo_bench::series_memory::measure_here(&layout, clusters, members)?
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            let binary = std::env::current_exe()?;
+            let figures = capo_bench::series_memory::run(&binary, clusters, members)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&figures)?);
+            } else {
+                capo_bench::series_memory::print(&figures);
             }
         }
         BenchCommand::Webhook { requests, json } => {

@@ -6,6 +6,7 @@ pub mod membership;
 pub mod request_path;
 pub mod safety;
 pub mod scale;
+pub mod series_memory;
 pub mod servers;
 pub mod shards;
 pub mod sim_status_tree;

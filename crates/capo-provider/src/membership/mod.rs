@@ -9,7 +9,7 @@ pub mod metrics;
 pub mod model;
 pub mod observe;
 pub mod schedule;
-mod series;
+pub mod series;
 pub mod verdict;
 pub mod vocabulary;
 

@@ -17,12 +17,16 @@ use super::verdict::{MemberVerdictKind, Reason};
 
 /// One member as `capo_lb_member_state` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct MemberRow {
+pub struct MemberRow {
+    /// The pool's name.
     pub pool: String,
+    /// The member's name in its pool.
     pub member: String,
     /// The OpenStackMachine that wants the member.
     pub machine: String,
+    /// Octavia's `provisioning_status`, or `ABSENT`.
     pub provisioning: &'static str,
+    /// Octavia's `operating_status`.
     pub operating: &'static str,
 }
 
@@ -50,8 +54,8 @@ struct Rows {
     lbs: HashMap<String, LbRow>,
 }
 
-/// The families, in the order [`Collector::desc`] gives them.
-const FAMILIES: [(&str, &str, MetricType); 7] = [
+/// The families (name, help, type), in the order [`Collector::desc`] gives them.
+pub const FAMILIES: [(&str, &str, MetricType); 7] = [
     (
         "capo_lb_member_state",
         "1 for the member's current provisioning and operating status",
@@ -90,7 +94,7 @@ const FAMILIES: [(&str, &str, MetricType); 7] = [
 ];
 
 /// The label names of each family, in [`FAMILIES`]' order.
-const LABELS: [&[&str]; 7] = [
+pub const LABELS: [&[&str]; 7] = [
     &[
         "namespace",
         "cluster",
@@ -110,13 +114,14 @@ const LABELS: [&[&str]; 7] = [
 
 /// The per-cluster and per-LB series; clones share the rows. Registered once per engine.
 #[derive(Clone, Debug)]
-pub(crate) struct LbSeries {
+pub struct LbSeries {
     rows: Arc<Mutex<Rows>>,
     descs: Arc<Vec<Desc>>,
 }
 
 impl LbSeries {
-    pub(crate) fn new() -> prometheus::Result<Self> {
+    /// Empty rows; an error only if a family's name or labels are not valid (they are).
+    pub fn new() -> prometheus::Result<Self> {
         let descs = FAMILIES
             .iter()
             .zip(LABELS)
@@ -137,17 +142,17 @@ impl LbSeries {
     }
 
     /// A cluster's LB is tracked: its counters show, at zero if they are new.
-    pub(crate) fn track_cluster(&self, cluster: &ObjectName) {
+    pub fn track_cluster(&self, cluster: &ObjectName) {
         self.rows().clusters.entry(cluster.clone()).or_default();
     }
 
     /// A cluster's LB is no longer tracked: its counters go.
-    pub(crate) fn forget_cluster(&self, cluster: &ObjectName) {
+    pub fn forget_cluster(&self, cluster: &ObjectName) {
         self.rows().clusters.remove(cluster);
     }
 
     /// A member's verdict became `kind`: counts the ones people are paged for.
-    pub(crate) fn member_became(&self, cluster: &ObjectName, kind: MemberVerdictKind) {
+    pub fn member_became(&self, cluster: &ObjectName, kind: MemberVerdictKind) {
         self.count(cluster, |counts| match kind {
             MemberVerdictKind::Stuck => Some(&mut counts.stuck),
             MemberVerdictKind::Error => Some(&mut counts.error),
@@ -157,7 +162,7 @@ impl LbSeries {
     }
 
     /// A hold of the cluster's gate began.
-    pub(crate) fn hold_began(&self, cluster: &ObjectName) {
+    pub fn hold_began(&self, cluster: &ObjectName) {
         self.count(cluster, |counts| Some(&mut counts.holds));
     }
 
@@ -175,14 +180,14 @@ impl LbSeries {
     }
 
     /// The gate of `lb` reads `reason`.
-    pub(crate) fn set_gate(&self, cluster: &ObjectName, lb: &str, reason: Reason) {
+    pub fn set_gate(&self, cluster: &ObjectName, lb: &str, reason: Reason) {
         let mut rows = self.rows();
         let row = lb_row(&mut rows, cluster, lb);
         row.reason = Some(reason);
     }
 
     /// The members of `lb` now read `members` (duplicates show once, as one series).
-    pub(crate) fn set_members(&self, cluster: &ObjectName, lb: &str, mut members: Vec<MemberRow>) {
+    pub fn set_members(&self, cluster: &ObjectName, lb: &str, mut members: Vec<MemberRow>) {
         members.sort();
         members.dedup();
         members.shrink_to_fit();
@@ -191,7 +196,7 @@ impl LbSeries {
     }
 
     /// `lb` is no longer tracked: its gate and members go.
-    pub(crate) fn forget_lb(&self, lb: &str) {
+    pub fn forget_lb(&self, lb: &str) {
         self.rows().lbs.remove(lb);
     }
 
