@@ -401,13 +401,19 @@ mod tests {
         scrape(&registry)
     }
 
-    #[test]
-    fn the_scrape_reads_as_the_vecs_it_replaces_did() {
+    /// Fresh series, registered as the engine registers them.
+    fn registered() -> (LbSeries, Registry) {
         let series = LbSeries::new().expect("valid names");
         let registry = Registry::new();
         registry
             .register(Box::new(series.clone()))
             .expect("registers once");
+        (series, registry)
+    }
+
+    #[test]
+    fn the_scrape_reads_as_the_vecs_it_replaces_did() {
+        let (series, registry) = registered();
         series.track_cluster(&cluster("c1"));
         series.track_cluster(&cluster("c2"));
         series.set_members(
@@ -425,11 +431,7 @@ mod tests {
 
     #[test]
     fn a_forgotten_lb_and_cluster_leave_no_series() {
-        let series = LbSeries::new().expect("valid names");
-        let registry = Registry::new();
-        registry
-            .register(Box::new(series.clone()))
-            .expect("registers once");
+        let (series, registry) = registered();
         series.track_cluster(&cluster("c1"));
         series.set_members(&cluster("c1"), "lb-1", vec![member("m1", "ACTIVE")]);
         series.set_gate(&cluster("c1"), "lb-1", Reason::Ready);
@@ -444,11 +446,7 @@ mod tests {
 
     #[test]
     fn a_new_reason_replaces_the_old_one_and_members_are_replaced_whole() {
-        let series = LbSeries::new().expect("valid names");
-        let registry = Registry::new();
-        registry
-            .register(Box::new(series.clone()))
-            .expect("registers once");
+        let (series, registry) = registered();
         series.set_gate(&cluster("c1"), "lb-1", Reason::MembersPending);
         series.set_gate(&cluster("c1"), "lb-1", Reason::Ready);
         series.set_members(&cluster("c1"), "lb-1", vec![member("m1", "PENDING_CREATE")]);
