@@ -14,4 +14,4 @@ pub mod store_memory;
 pub mod webhook;
 
 // The strategies compared live with the demo, which shows them without the benchmarks.
-pub use capo_demo::strategies::{self, Strategy};
+pub use capo_demo::strategies::Strategy;

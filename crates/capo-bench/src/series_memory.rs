@@ -11,60 +11,47 @@ use std::path::Path;
 use anyhow::Context as _;
 use capo_provider::membership::series::{FAMILIES, LABELS, LbSeries, MemberRow};
 use capo_provider::membership::{MemberVerdictKind, ObjectName, Reason};
-use prometheus::core::Collector;
 use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::scale::proc_sample;
 
 /// The two ways to keep the series.
 pub const LAYOUTS: [&str; 2] = ["rows", "vecs"];
 
-/// One layout's figures.
-#[derive(Clone, Debug, Serialize)]
+/// One layout's figures, as its own process measured them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LayoutFigure {
     pub layout: String,
     /// Series held (one sample each in the scrape).
     pub series: usize,
-    /// Resident memory the series added.
+    /// Resident memory the series added, held between scrapes.
     pub bytes: u64,
+    /// How far a scrape (gathering every sample, then the text) raised the peak above that.
+    pub scrape_peak_bytes: u64,
     /// The scrape's size.
     pub scrape_bytes: usize,
-}
-
-/// What one layout's child process prints: its figure, and a digest of its scrape.
-#[derive(Debug, Serialize, serde::Deserialize)]
-struct ChildReport {
-    series: usize,
-    bytes: u64,
-    scrape_bytes: usize,
-    scrape_digest: u64,
+    /// A digest of the scrape: equal across layouts when they expose the same text.
+    pub scrape_digest: u64,
 }
 
 /// Measures each layout in a child process (`binary bench series-memory --layout L`) and
 /// checks that both scrape the same text.
 pub fn run(binary: &Path, clusters: u32, members: u32) -> anyhow::Result<Vec<LayoutFigure>> {
-    let reports = LAYOUTS
+    let figures = LAYOUTS
         .iter()
-        .map(|layout| child(binary, layout, clusters, members).map(|r| (*layout, r)))
+        .map(|layout| child(binary, layout, clusters, members))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let digests: Vec<u64> = reports.iter().map(|(_, r)| r.scrape_digest).collect();
     anyhow::ensure!(
-        digests.windows(2).all(|w| w[0] == w[1]),
+        figures
+            .windows(2)
+            .all(|w| w[0].scrape_digest == w[1].scrape_digest),
         "the layouts scrape differently: the comparison would not be of the same series"
     );
-    Ok(reports
-        .into_iter()
-        .map(|(layout, r)| LayoutFigure {
-            layout: layout.to_owned(),
-            series: r.series,
-            bytes: r.bytes,
-            scrape_bytes: r.scrape_bytes,
-        })
-        .collect())
+    Ok(figures)
 }
 
-fn child(binary: &Path, layout: &str, clusters: u32, members: u32) -> anyhow::Result<ChildReport> {
+fn child(binary: &Path, layout: &str, clusters: u32, members: u32) -> anyhow::Result<LayoutFigure> {
     let output = std::process::Command::new(binary)
         .args(["bench", "series-memory", "--layout", layout])
         .args(["--clusters", &clusters.to_string()])
@@ -85,18 +72,23 @@ fn child(binary: &Path, layout: &str, clusters: u32, members: u32) -> anyhow::Re
 pub fn measure_here(layout: &str, clusters: u32, members: u32) -> anyhow::Result<String> {
     let registry = Registry::new();
     let before = proc_sample(std::process::id()).rss;
-    let series = match layout {
+    match layout {
         "rows" => fill_rows(&registry, clusters, members)?,
         "vecs" => fill_vecs(&registry, clusters, members)?,
         other => anyhow::bail!("no layout {other}: one of {}", LAYOUTS.join(", ")),
-    };
-    let after = proc_sample(std::process::id()).rss;
+    }
+    // Sampled before anything is gathered: a scrape's samples are transient, measured apart.
+    let held = proc_sample(std::process::id()).rss;
     let families = registry.gather();
     let mut scrape = Vec::new();
     TextEncoder::new().encode(&families, &mut scrape)?;
-    let report = ChildReport {
-        series,
-        bytes: after.saturating_sub(before),
+    let report = LayoutFigure {
+        layout: layout.to_owned(),
+        series: families.iter().map(|f| f.get_metric().len()).sum(),
+        bytes: held.saturating_sub(before),
+        scrape_peak_bytes: proc_sample(std::process::id())
+            .peak_rss
+            .saturating_sub(held),
         scrape_bytes: scrape.len(),
         scrape_digest: digest(&scrape),
     };
@@ -143,7 +135,7 @@ fn fixture(i: u32, members: u32) -> Fixture {
 
 /// Every kind of series the engine keeps for a cluster: its gate and reason, its members, and
 /// its counters, one of which has counted.
-fn fill_rows(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result<usize> {
+fn fill_rows(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result<()> {
     let series = LbSeries::new()?;
     registry.register(Box::new(series.clone()))?;
     for i in 0..clusters {
@@ -154,11 +146,11 @@ fn fill_rows(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result
         series.member_became(&f.cluster, MemberVerdictKind::Stuck);
         series.hold_began(&f.cluster);
     }
-    Ok(count_series(&series))
+    Ok(())
 }
 
 /// The same series as prometheus's `IntGaugeVec`s and `IntCounterVec`s hold them.
-fn fill_vecs(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result<usize> {
+fn fill_vecs(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result<()> {
     let opts = |i: usize| Opts::new(FAMILIES[i].0, FAMILIES[i].1);
     let gauges = (0..3)
         .map(|i| IntGaugeVec::new(opts(i), LABELS[i]))
@@ -200,34 +192,23 @@ fn fill_vecs(registry: &Registry, clusters: u32, members: u32) -> anyhow::Result
         counters[0].with_label_values(&[namespace, cluster]).inc();
         counters[3].with_label_values(&[namespace, cluster]).inc();
     }
-    let collectors = gauges
-        .iter()
-        .map(|g| g as &dyn Collector)
-        .chain(counters.iter().map(|c| c as &dyn Collector));
-    Ok(collectors.map(count_series).sum())
-}
-
-fn count_series(collector: &dyn Collector) -> usize {
-    collector
-        .collect()
-        .iter()
-        .map(|family| family.get_metric().len())
-        .sum()
+    Ok(())
 }
 
 /// The table `capo-rs bench series-memory` prints.
 pub fn print(figures: &[LayoutFigure]) {
     println!(
-        "{:<6} {:>8} {:>10} {:>12} {:>12}",
-        "layout", "series", "MiB", "B/series", "scrape KiB"
+        "{:<6} {:>8} {:>10} {:>12} {:>17} {:>12}",
+        "layout", "series", "MiB held", "B/series", "scrape peak MiB", "scrape KiB"
     );
     for f in figures {
         println!(
-            "{:<6} {:>8} {:>10.1} {:>12.0} {:>12.0}",
+            "{:<6} {:>8} {:>10.1} {:>12.0} {:>17.1} {:>12.0}",
             f.layout,
             f.series,
             f.bytes as f64 / 1_048_576.0,
             f.bytes as f64 / f.series.max(1) as f64,
+            f.scrape_peak_bytes as f64 / 1_048_576.0,
             f.scrape_bytes as f64 / 1024.0,
         );
     }
@@ -249,7 +230,7 @@ mod tests {
     fn both_layouts_hold_the_same_series_and_scrape_the_same_text() {
         let scrape = |layout: &str| {
             let text = measure_here(layout, 3, 2).expect("fills");
-            serde_json::from_str::<ChildReport>(&text).expect("its report")
+            serde_json::from_str::<LayoutFigure>(&text).expect("its report")
         };
         let (rows, vecs) = (scrape("rows"), scrape("vecs"));
         // Per cluster: 2 members, gate, reason, 4 counters.
