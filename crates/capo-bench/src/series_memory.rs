@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use capo_provider::membership::series::{FAMILIES, LABELS, LbSeries, MemberRow};
 use capo_provider::membership::{MemberVerdictKind, ObjectName, Reason};
-use prometheus::{Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::{Deserialize, Serialize};
 
 use crate::scale::proc_sample;
@@ -79,16 +79,14 @@ pub fn measure_here(layout: &str, clusters: u32, members: u32) -> anyhow::Result
     }
     // Sampled before anything is gathered: a scrape's samples are transient, measured apart.
     let held = proc_sample(std::process::id()).rss;
-    let families = registry.gather();
-    let mut scrape = Vec::new();
-    TextEncoder::new().encode(&families, &mut scrape)?;
+    // As `/metrics` writes it.
+    let scrape = capo_provider::exposition::text(&registry)?;
+    let scrape_peak = proc_sample(std::process::id()).peak_rss;
     let report = LayoutFigure {
         layout: layout.to_owned(),
-        series: families.iter().map(|f| f.get_metric().len()).sum(),
+        series: registry.gather().iter().map(|f| f.get_metric().len()).sum(),
         bytes: held.saturating_sub(before),
-        scrape_peak_bytes: proc_sample(std::process::id())
-            .peak_rss
-            .saturating_sub(held),
+        scrape_peak_bytes: scrape_peak.saturating_sub(held),
         scrape_bytes: scrape.len(),
         scrape_digest: digest(&scrape),
     };

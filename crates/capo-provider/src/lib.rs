@@ -8,5 +8,6 @@
 pub mod clock;
 pub mod cloud;
 pub mod controllers;
+pub mod exposition;
 pub mod manager;
 pub mod membership;

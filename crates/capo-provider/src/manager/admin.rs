@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -100,9 +100,8 @@ async fn metrics_elsewhere() -> Response {
 
 /// The registry in Prometheus' text format.
 pub(crate) fn encode(registry: &Registry) -> Response {
-    let mut body = Vec::new();
-    match TextEncoder::new().encode(&registry.gather(), &mut body) {
-        Ok(()) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
+    match crate::exposition::text(registry) {
+        Ok(body) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
 }

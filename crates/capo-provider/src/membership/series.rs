@@ -200,54 +200,62 @@ impl LbSeries {
         self.rows().lbs.remove(lb);
     }
 
-    /// The families with at least one sample, each as its `*Vec` would show it.
-    fn families(&self) -> Vec<MetricFamily> {
-        let rows = self.rows();
-        let mut samples: [Vec<Metric>; 7] = Default::default();
+    /// Every sample, borrowed from the rows.
+    fn samples<'a>(rows: &'a Rows) -> Samples<'a> {
+        let mut samples = Samples::default();
         for (lb, row) in &rows.lbs {
-            let (namespace, cluster) = (&row.cluster.namespace, &row.cluster.name);
+            let lb = lb.as_str();
+            let (namespace, cluster) = (row.cluster.namespace.as_str(), row.cluster.name.as_str());
             for m in &row.members {
-                let labels = [
-                    ("cluster", cluster.as_str()),
-                    ("machine", m.machine.as_str()),
-                    ("member", m.member.as_str()),
-                    ("namespace", namespace.as_str()),
-                    ("operating_status", m.operating),
-                    ("pool", m.pool.as_str()),
-                    ("provisioning_status", m.provisioning),
-                ];
-                samples[0].push(gauge(&labels, 1.0));
+                samples.members.push((
+                    [
+                        cluster,
+                        m.machine.as_str(),
+                        m.member.as_str(),
+                        namespace,
+                        m.operating,
+                        m.pool.as_str(),
+                        m.provisioning,
+                    ],
+                    1.0,
+                ));
             }
             if let Some(reason) = row.reason {
-                let gate = [
-                    ("cluster", cluster.as_str()),
-                    ("loadbalancer", lb.as_str()),
-                    ("namespace", namespace.as_str()),
-                ];
-                samples[1].push(gauge(&gate, f64::from(u8::from(reason == Reason::Ready))));
-                let with_reason = [
-                    ("cluster", cluster.as_str()),
-                    ("loadbalancer", lb.as_str()),
-                    ("namespace", namespace.as_str()),
-                    ("reason", reason.as_str()),
-                ];
-                samples[2].push(gauge(&with_reason, 1.0));
+                let ready = f64::from(u8::from(reason == Reason::Ready));
+                samples.gates.push(([cluster, lb, namespace], ready));
+                samples
+                    .reasons
+                    .push(([cluster, lb, namespace, reason.as_str()], 1.0));
             }
         }
         for (cluster, counts) in &rows.clusters {
-            let labels = [
-                ("cluster", cluster.name.as_str()),
-                ("namespace", cluster.namespace.as_str()),
-            ];
+            let labels = [cluster.name.as_str(), cluster.namespace.as_str()];
             let values = [counts.stuck, counts.error, counts.not_serving, counts.holds];
-            for (family, value) in samples[3..].iter_mut().zip(values) {
-                family.push(counter(&labels, value as f64));
+            for (family, value) in samples.counts.iter_mut().zip(values) {
+                family.push((labels, value as f64));
             }
         }
+        samples
+    }
+
+    /// The families with at least one sample, each as its `*Vec` would show it.
+    fn families(&self) -> Vec<MetricFamily> {
+        let rows = self.rows();
+        let samples = Self::samples(&rows);
+        let [stuck, error, not_serving, holds] = &samples.counts;
+        let metrics: [Vec<Metric>; 7] = [
+            metrics(MEMBER_LABELS, &samples.members, Kind::Gauge),
+            metrics(GATE_LABELS, &samples.gates, Kind::Gauge),
+            metrics(REASON_LABELS, &samples.reasons, Kind::Gauge),
+            metrics(COUNT_LABELS, stuck, Kind::Counter),
+            metrics(COUNT_LABELS, error, Kind::Counter),
+            metrics(COUNT_LABELS, not_serving, Kind::Counter),
+            metrics(COUNT_LABELS, holds, Kind::Counter),
+        ];
         drop(rows);
         FAMILIES
             .iter()
-            .zip(samples)
+            .zip(metrics)
             .filter(|(_, metrics)| !metrics.is_empty())
             .map(|((name, help, kind), metrics)| {
                 let mut family = MetricFamily::default();
@@ -259,6 +267,130 @@ impl LbSeries {
             })
             .collect()
     }
+
+    /// The families in Prometheus' text format, as prometheus' registry and encoder write them
+    /// (families by name, samples by label values), without building a message per sample.
+    pub fn write_text(&self, out: &mut Vec<u8>) {
+        let rows = self.rows();
+        let mut samples = Self::samples(&rows);
+        let [stuck, error, not_serving, holds] = &mut samples.counts;
+        // By family name: capo_lb_gate_holds_total, capo_lb_gate_ready, capo_lb_gate_reason,
+        // capo_lb_member_error_total, ..._not_serving_total, ..._state, ..._stuck_total.
+        write_family(out, 6, COUNT_LABELS, holds);
+        write_family(out, 1, GATE_LABELS, &mut samples.gates);
+        write_family(out, 2, REASON_LABELS, &mut samples.reasons);
+        write_family(out, 4, COUNT_LABELS, error);
+        write_family(out, 5, COUNT_LABELS, not_serving);
+        write_family(out, 0, MEMBER_LABELS, &mut samples.members);
+        write_family(out, 3, COUNT_LABELS, stuck);
+    }
+}
+
+/// Each family's label names sorted, as a `*Vec`'s samples carry them.
+const MEMBER_LABELS: [&str; 7] = [
+    "cluster",
+    "machine",
+    "member",
+    "namespace",
+    "operating_status",
+    "pool",
+    "provisioning_status",
+];
+const GATE_LABELS: [&str; 3] = ["cluster", "loadbalancer", "namespace"];
+const REASON_LABELS: [&str; 4] = ["cluster", "loadbalancer", "namespace", "reason"];
+const COUNT_LABELS: [&str; 2] = ["cluster", "namespace"];
+
+/// Label values (in their names' sorted order) and the value of each sample.
+type Family<'a, const N: usize> = Vec<([&'a str; N], f64)>;
+
+#[derive(Default)]
+struct Samples<'a> {
+    members: Family<'a, 7>,
+    gates: Family<'a, 3>,
+    reasons: Family<'a, 4>,
+    /// Stuck, ERROR, not serving, holds.
+    counts: [Family<'a, 2>; 4],
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+fn metrics<const N: usize>(names: [&str; N], samples: &Family<'_, N>, kind: Kind) -> Vec<Metric> {
+    samples
+        .iter()
+        .map(|(values, value)| {
+            let labels: Vec<(&str, &str)> =
+                names.iter().copied().zip(values.iter().copied()).collect();
+            match kind {
+                Kind::Gauge => gauge(&labels, *value),
+                Kind::Counter => counter(&labels, *value),
+            }
+        })
+        .collect()
+}
+
+/// One family as text, its samples sorted by label values as prometheus' registry sorts them;
+/// nothing when it has no sample.
+fn write_family<const N: usize>(
+    out: &mut Vec<u8>,
+    family: usize,
+    names: [&str; N],
+    samples: &mut Family<'_, N>,
+) {
+    use std::io::Write as _;
+    if samples.is_empty() {
+        return;
+    }
+    samples.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let (name, help, kind) = FAMILIES[family];
+    let kind = if kind == MetricType::COUNTER {
+        "counter"
+    } else {
+        "gauge"
+    };
+    out.extend_from_slice(
+        format!(
+            "# HELP {name} {}\n# TYPE {name} {kind}\n",
+            escape(help, false)
+        )
+        .as_bytes(),
+    );
+    for (values, value) in samples.iter() {
+        out.extend_from_slice(name.as_bytes());
+        for (i, (label, text)) in names.iter().zip(values).enumerate() {
+            out.extend_from_slice(if i == 0 { b"{" } else { b"," });
+            out.extend_from_slice(label.as_bytes());
+            out.extend_from_slice(b"=\"");
+            out.extend_from_slice(escape(text, true).as_bytes());
+            out.push(b'"');
+        }
+        // Writing to a Vec does not fail.
+        let _ = writeln!(out, "}} {value}");
+    }
+}
+
+/// A label value (`quote`) or help text as the text format escapes it: `\`, a new line, and in
+/// a label value `"`, each behind a backslash.
+fn escape(text: &str, quote: bool) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| c == '\\' || c == '\n' || (quote && c == '"');
+    if !text.contains(special) {
+        return text.into();
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            c if special(c) => {
+                escaped.push('\\');
+                escaped.push(c);
+            }
+            c => escaped.push(c),
+        }
+    }
+    escaped.into()
 }
 
 fn lb_row<'a>(rows: &'a mut Rows, cluster: &ObjectName, lb: &str) -> &'a mut LbRow {
@@ -308,6 +440,10 @@ impl Collector for LbSeries {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
+        // In a scrape, the text goes straight into it: no message per sample.
+        if crate::exposition::write_direct(|out| self.write_text(out)) {
+            return Vec::new();
+        }
         self.families()
     }
 }
@@ -427,6 +563,49 @@ mod tests {
         series.hold_began(&cluster("c1"));
 
         assert_eq!(scrape(&registry), scraped_from_vecs());
+    }
+
+    #[test]
+    fn a_scrape_writes_the_text_the_encoder_writes_of_the_gathered_samples() {
+        let (series, registry) = registered();
+        for (lb, name) in [("lb-3", "c3"), ("lb-1", "c1"), ("lb-2", "c2")] {
+            series.track_cluster(&cluster(name));
+            series.set_gate(&cluster(name), lb, Reason::MembersPending);
+            let mut odd = member("m-b", "ERROR");
+            odd.pool = "pool \"quoted\" \\ and\nnew line".into();
+            series.set_members(&cluster(name), lb, vec![odd, member("m-a", "ACTIVE")]);
+        }
+        series.set_gate(&cluster("c2"), "lb-2", Reason::Ready);
+        series.member_became(&cluster("c3"), MemberVerdictKind::Stuck);
+        series.hold_began(&cluster("c1"));
+
+        let direct = crate::exposition::text(&registry).expect("encodes");
+        let direct = String::from_utf8(direct).expect("UTF-8");
+        assert!(
+            direct.contains(r#"pool="pool \"quoted\" \\ and\nnew line""#),
+            "{direct}"
+        );
+        assert_eq!(direct, scrape(&registry));
+    }
+
+    #[test]
+    fn a_scrape_takes_the_rows_straight_and_gathers_no_sample_of_them() {
+        let (series, registry) = registered();
+        series.set_gate(&cluster("c1"), "lb-1", Reason::Ready);
+        // Gathered, it would sort before every capo_lb_ family.
+        let first = prometheus::IntCounter::new("a_first_total", "sorts first").expect("valid");
+        registry.register(Box::new(first)).expect("registers once");
+
+        let text = crate::exposition::text(&registry).expect("encodes");
+        let text = String::from_utf8(text).expect("UTF-8");
+        let position = |name: &str| {
+            text.find(name)
+                .unwrap_or_else(|| panic!("{name} in {text}"))
+        };
+        assert!(
+            position("capo_lb_gate_ready{") < position("a_first_total "),
+            "{text}"
+        );
     }
 
     #[test]
