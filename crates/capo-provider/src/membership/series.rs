@@ -93,6 +93,15 @@ pub const FAMILIES: [(&str, &str, MetricType); 7] = [
     ),
 ];
 
+/// Each family's index in [`FAMILIES`] and [`LABELS`].
+const MEMBER_STATE: usize = 0;
+const GATE_READY: usize = 1;
+const GATE_REASON: usize = 2;
+const STUCK: usize = 3;
+const ERROR: usize = 4;
+const NOT_SERVING: usize = 5;
+const HOLDS: usize = 6;
+
 /// The label names of each family, in [`FAMILIES`]' order.
 pub const LABELS: [&[&str]; 7] = [
     &[
@@ -243,14 +252,15 @@ impl LbSeries {
         let rows = self.rows();
         let samples = Self::samples(&rows);
         let [stuck, error, not_serving, holds] = &samples.counts;
+        let type_of = |family: usize| FAMILIES[family].2;
         let metrics: [Vec<Metric>; 7] = [
-            metrics(MEMBER_LABELS, &samples.members, Kind::Gauge),
-            metrics(GATE_LABELS, &samples.gates, Kind::Gauge),
-            metrics(REASON_LABELS, &samples.reasons, Kind::Gauge),
-            metrics(COUNT_LABELS, stuck, Kind::Counter),
-            metrics(COUNT_LABELS, error, Kind::Counter),
-            metrics(COUNT_LABELS, not_serving, Kind::Counter),
-            metrics(COUNT_LABELS, holds, Kind::Counter),
+            metrics(MEMBER_LABELS, &samples.members, type_of(MEMBER_STATE)),
+            metrics(GATE_LABELS, &samples.gates, type_of(GATE_READY)),
+            metrics(REASON_LABELS, &samples.reasons, type_of(GATE_REASON)),
+            metrics(COUNT_LABELS, stuck, type_of(STUCK)),
+            metrics(COUNT_LABELS, error, type_of(ERROR)),
+            metrics(COUNT_LABELS, not_serving, type_of(NOT_SERVING)),
+            metrics(COUNT_LABELS, holds, type_of(HOLDS)),
         ];
         drop(rows);
         FAMILIES
@@ -274,15 +284,14 @@ impl LbSeries {
         let rows = self.rows();
         let mut samples = Self::samples(&rows);
         let [stuck, error, not_serving, holds] = &mut samples.counts;
-        // By family name: capo_lb_gate_holds_total, capo_lb_gate_ready, capo_lb_gate_reason,
-        // capo_lb_member_error_total, ..._not_serving_total, ..._state, ..._stuck_total.
-        write_family(out, 6, COUNT_LABELS, holds);
-        write_family(out, 1, GATE_LABELS, &mut samples.gates);
-        write_family(out, 2, REASON_LABELS, &mut samples.reasons);
-        write_family(out, 4, COUNT_LABELS, error);
-        write_family(out, 5, COUNT_LABELS, not_serving);
-        write_family(out, 0, MEMBER_LABELS, &mut samples.members);
-        write_family(out, 3, COUNT_LABELS, stuck);
+        // In the families' name order, as the registry sorts them (a test holds the order).
+        write_family(out, HOLDS, COUNT_LABELS, holds);
+        write_family(out, GATE_READY, GATE_LABELS, &mut samples.gates);
+        write_family(out, GATE_REASON, REASON_LABELS, &mut samples.reasons);
+        write_family(out, ERROR, COUNT_LABELS, error);
+        write_family(out, NOT_SERVING, COUNT_LABELS, not_serving);
+        write_family(out, MEMBER_STATE, MEMBER_LABELS, &mut samples.members);
+        write_family(out, STUCK, COUNT_LABELS, stuck);
     }
 }
 
@@ -312,21 +321,20 @@ struct Samples<'a> {
     counts: [Family<'a, 2>; 4],
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
-    Gauge,
-    Counter,
-}
-
-fn metrics<const N: usize>(names: [&str; N], samples: &Family<'_, N>, kind: Kind) -> Vec<Metric> {
+fn metrics<const N: usize>(
+    names: [&str; N],
+    samples: &Family<'_, N>,
+    kind: MetricType,
+) -> Vec<Metric> {
     samples
         .iter()
         .map(|(values, value)| {
             let labels: Vec<(&str, &str)> =
                 names.iter().copied().zip(values.iter().copied()).collect();
-            match kind {
-                Kind::Gauge => gauge(&labels, *value),
-                Kind::Counter => counter(&labels, *value),
+            if kind == MetricType::COUNTER {
+                counter(&labels, *value)
+            } else {
+                gauge(&labels, *value)
             }
         })
         .collect()
