@@ -23,7 +23,10 @@
 //!   `watched_enough` other members were seen still on their way. So the first slow members
 //!   of an endpoint, before any like them finished, are noticed within `unwatched_max`, and
 //!   backing off waits for evidence instead of assuming it. A member already flagged stuck is
-//!   exempt: its verdict is said, and a recovery is seen within the slow pace.
+//!   exempt: its verdict is said, and a recovery is seen within the slow pace. So is one on
+//!   its way longer than `unwatched_for` (3 min): that late, it is an anomaly, most often
+//!   stuck, and watching it every few seconds until its stuck deadline would cost a stuck
+//!   member about a hundred looks.
 //! - Where the cloud lets us list load balancers, one list ([`Target::List`], a request per
 //!   1,000 LBs) watches every LB its identity sees: a settled LB gets a status tree only when
 //!   its row (statuses, `updated_at`) changed since the last list, and otherwise a safety-net
@@ -81,6 +84,10 @@ pub struct ScheduleConfig {
     /// How many other members must have been seen on their way past an age before polls
     /// may be further apart than `unwatched_max` there.
     pub watched_enough: usize,
+    /// `unwatched_max` holds for members on their way less than this long; an older one that
+    /// has outlasted every finish seen backs off to `outlasted_max` without evidence (a member
+    /// this late is an anomaly, most often stuck, and is seen within the slow pace).
+    pub unwatched_for: Duration,
     /// The factor by which the wait between urgent polls grows while nothing changes.
     pub urgent_backoff: f64,
     /// The shortest wait between drift checks of a settled LB, however few there are.
@@ -123,6 +130,7 @@ impl Default for ScheduleConfig {
             outlasted_max: Duration::from_secs(60),
             unwatched_max: Duration::from_secs(4),
             watched_enough: 3,
+            unwatched_for: Duration::from_secs(180),
             urgent_backoff: 1.5,
             drift_min: Duration::from_secs(60),
             drift_max: Duration::from_secs(300),
@@ -858,12 +866,14 @@ impl Scheduler {
     }
 
     /// The longest wait that keeps members on their way for `creating_for` within
-    /// `unwatched_max` of any finish, except across ages others were `watched` through.
+    /// `unwatched_max` of any finish, except across ages others were `watched` through and
+    /// past `unwatched_for`.
     fn evidence_cap(&self, creating_for: &[Duration], watched: Option<Duration>) -> Duration {
         // A pace set slower than the bound is the operator's choice.
         let floor = self.config.unwatched_max.max(self.config.urgent_initial);
         creating_for
             .iter()
+            .filter(|elapsed| **elapsed < self.config.unwatched_for)
             .map(|elapsed| {
                 let quiet = watched.and_then(|w| w.checked_sub(*elapsed));
                 quiet.map_or(floor, |quiet| quiet.max(floor))
@@ -1564,7 +1574,7 @@ mod tests {
         };
         s.wake("a", true, t0);
         // Past every finish seen, and no member ever watched this long: polls stay within
-        // `unwatched_max`, however long it lasts.
+        // `unwatched_max` while it is younger than `unwatched_for`.
         let waits = walk(&mut s, t0, 12, false);
         assert!(waits[2..].iter().all(|w| *w <= 4.0), "{waits:?}");
         assert_eq!(waits.last(), Some(&4.0), "{waits:?}");
@@ -1584,6 +1594,24 @@ mod tests {
         lone.wake("a", true, t0);
         let waits = walk(&mut lone, t0, 12, true);
         assert!(waits.iter().any(|w| *w > 4.0), "{waits:?}");
+        // Older than `unwatched_for`, it backs off to the slow pace with no evidence either.
+        let mut late = Scheduler::new(config(10.0), t0);
+        for _ in 0..ENOUGH_TO_LEARN {
+            late.learn(finish(2.0, 3.5));
+        }
+        late.wake("a", true, t0);
+        let (mut now, mut polls) = (t0, Vec::new());
+        while polls.len() < 40 {
+            let age = 150.0 + (now - t0).as_secs_f64();
+            late.done("a", &creating(age, false), now);
+            let due = late.entries.get("a").map(|e| e.due).unwrap();
+            polls.push((age, (due - now).as_secs_f64()));
+            now = due;
+        }
+        let (young, old): (Vec<_>, Vec<_>) = polls.iter().partition(|(age, _)| *age < 180.0);
+        assert!(young.iter().all(|(_, wait)| *wait <= 4.0), "{polls:?}");
+        assert!(old.iter().all(|(_, wait)| *wait > 30.0), "{polls:?}");
+        assert_eq!(old.last().map(|(_, wait)| *wait), Some(60.0), "{polls:?}");
     }
 
     #[test]
