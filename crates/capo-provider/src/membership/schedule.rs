@@ -84,9 +84,9 @@ pub struct ScheduleConfig {
     /// How many other members must have been seen on their way past an age before polls
     /// may be further apart than `unwatched_max` there.
     pub watched_enough: usize,
-    /// `unwatched_max` holds for members on their way less than this long; an older one that
-    /// has outlasted every finish seen backs off to `outlasted_max` without evidence (a member
-    /// this late is an anomaly, most often stuck, and is seen within the slow pace).
+    /// `unwatched_max` holds for members on their way less than this long; an older one's
+    /// polls are not held to it (a member this late is an anomaly, most often stuck: past every
+    /// finish seen it backs off to `outlasted_max` without evidence that others lived as long).
     pub unwatched_for: Duration,
     /// The factor by which the wait between urgent polls grows while nothing changes.
     pub urgent_backoff: f64,
@@ -836,21 +836,28 @@ impl Scheduler {
 
     /// When to look again at members being created, from what finished before: the soonest
     /// any of them could finish (no sooner than the fast pace, no later than `learned_max`), or
-    /// `Outlasted` when one has outlasted every window. `Unknown` until enough are known.
+    /// `Outlasted` when every one has outlasted every window (an outlier beside a member still
+    /// inside the windows does not slow the look that member needs). `Unknown` until enough
+    /// are known.
     fn learned_wait(&self, creating_for: &[Duration]) -> NextFinish {
         let c = &self.config;
         let mut soonest: Option<Duration> = None;
+        let mut outlasted = false;
         for elapsed in creating_for {
             match self.times.next_finish(*elapsed) {
                 NextFinish::Unknown => return NextFinish::Unknown,
-                NextFinish::Outlasted => return NextFinish::Outlasted,
+                NextFinish::Outlasted => outlasted = true,
                 NextFinish::In(gap) => {
                     let gap = gap.min(c.learned_max).max(c.urgent_initial);
                     soonest = Some(soonest.map_or(gap, |s| s.min(gap)));
                 }
             }
         }
-        soonest.map_or(NextFinish::Unknown, NextFinish::In)
+        match soonest {
+            Some(gap) => NextFinish::In(gap),
+            None if outlasted => NextFinish::Outlasted,
+            None => NextFinish::Unknown,
+        }
     }
 
     /// The age through which `watched_enough` members other than `lb`'s were seen on their
@@ -1543,6 +1550,43 @@ mod tests {
         // wait, through the next window at the fast pace, then, once past every window seen,
         // backing off (an outlier: its stuck deadline brings a poll of its own).
         assert_eq!(waits, [2.0, 1.5, 25.0, 1.5, 1.5, 2.25, 3.375]);
+    }
+
+    #[test]
+    fn an_outlier_beside_a_member_on_its_way_does_not_slow_that_members_polls() {
+        // The waits between polls of one LB whose new member was requested at the first poll,
+        // with or without an outlier on its way since `old` seconds before.
+        let waits = |old: Option<f64>| {
+            let t0 = Instant::now();
+            let mut s = Scheduler::new(config(10.0), t0);
+            for _ in 0..ENOUGH_TO_LEARN {
+                s.learn(finish(2.0, 3.5));
+                s.learn(finish(28.5, 30.0));
+            }
+            s.wake("lb", true, t0);
+            s.next(t0).unwrap();
+            let (mut now, mut waits) = (t0, Vec::new());
+            for _ in 0..6 {
+                let age = (now - t0).as_secs_f64();
+                let creating_for = std::iter::once(age)
+                    .chain(old.map(|old| old + age))
+                    .map(secs)
+                    .collect();
+                let outcome = PollOutcome {
+                    urgent: true,
+                    creating_for,
+                    ..PollOutcome::default()
+                };
+                s.done("lb", &outcome, now);
+                let due = s.wake_at(now).unwrap();
+                waits.push((due - now).as_secs_f64());
+                now = due;
+                s.next(now).unwrap();
+            }
+            waits
+        };
+        assert_eq!(waits(None), [2.0, 1.5, 25.0, 1.5, 1.5, 2.25]);
+        assert_eq!(waits(Some(200.0)), waits(None));
     }
 
     #[test]
