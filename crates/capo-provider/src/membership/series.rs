@@ -491,34 +491,34 @@ mod tests {
     /// these series, shows.
     fn scraped_from_vecs() -> String {
         let registry = Registry::new();
-        let vec = |i: usize| {
-            let (name, help, _) = FAMILIES[i];
-            (Opts::new(name, help), LABELS[i])
+        let opts = |family: usize| {
+            let (name, help, _) = FAMILIES[family];
+            Opts::new(name, help)
         };
-        let gauges: Vec<IntGaugeVec> = (0..3)
-            .map(|i| {
-                let (opts, labels) = vec(i);
-                IntGaugeVec::new(opts, labels).expect("valid names")
-            })
-            .collect();
-        let counters: Vec<IntCounterVec> = (3..7)
-            .map(|i| {
-                let (opts, labels) = vec(i);
-                IntCounterVec::new(opts, labels).expect("valid names")
-            })
-            .collect();
-        for g in &gauges {
+        let gauge = |family: usize| {
+            let gauge = IntGaugeVec::new(opts(family), LABELS[family]).expect("valid names");
             registry
-                .register(Box::new(g.clone()))
+                .register(Box::new(gauge.clone()))
                 .expect("registers once");
-        }
-        for c in &counters {
+            gauge
+        };
+        let counter = |family: usize| {
+            let counter = IntCounterVec::new(opts(family), LABELS[family]).expect("valid names");
             registry
-                .register(Box::new(c.clone()))
+                .register(Box::new(counter.clone()))
                 .expect("registers once");
-        }
+            counter
+        };
+        let (member_state, gate_ready, gate_reason) =
+            (gauge(MEMBER_STATE), gauge(GATE_READY), gauge(GATE_REASON));
+        let (stuck, error, not_serving, holds) = (
+            counter(STUCK),
+            counter(ERROR),
+            counter(NOT_SERVING),
+            counter(HOLDS),
+        );
         for (machine, provisioning) in [("m1", "ACTIVE"), ("m2", "PENDING_CREATE")] {
-            gauges[0]
+            member_state
                 .with_label_values(&[
                     "default",
                     "c1",
@@ -530,18 +530,18 @@ mod tests {
                 ])
                 .set(1);
         }
-        gauges[1]
+        gate_ready
             .with_label_values(&["default", "c1", "lb-1"])
             .set(0);
-        gauges[2]
+        gate_reason
             .with_label_values(&["default", "c1", "lb-1", "MembersPending"])
             .set(1);
-        for c in &counters {
-            c.with_label_values(&["default", "c1"]);
-            c.with_label_values(&["default", "c2"]);
+        for counter in [&stuck, &error, &not_serving, &holds] {
+            counter.with_label_values(&["default", "c1"]);
+            counter.with_label_values(&["default", "c2"]);
         }
-        counters[1].with_label_values(&["default", "c1"]).inc();
-        counters[3].with_label_values(&["default", "c1"]).inc();
+        error.with_label_values(&["default", "c1"]).inc();
+        holds.with_label_values(&["default", "c1"]).inc();
         scrape(&registry)
     }
 
