@@ -1522,9 +1522,8 @@ mod tests {
         assert_eq!(times.next_finish(secs(7.0)), NextFinish::Outlasted);
     }
 
-    #[test]
-    fn members_being_created_are_polled_where_members_finish() {
-        let t0 = Instant::now();
+    /// A scheduler that learnt finishes at 2-3.5 s and 28.5-30 s, its LB "lb" polled at `t0`.
+    fn learned_two_windows(t0: Instant) -> Scheduler {
         let mut s = Scheduler::new(config(10.0), t0);
         for _ in 0..ENOUGH_TO_LEARN {
             s.learn(finish(2.0, 3.5));
@@ -1532,6 +1531,13 @@ mod tests {
         }
         s.wake("lb", true, t0);
         s.next(t0).unwrap();
+        s
+    }
+
+    #[test]
+    fn members_being_created_are_polled_where_members_finish() {
+        let t0 = Instant::now();
+        let mut s = learned_two_windows(t0);
         let creating = |elapsed: f64| PollOutcome {
             urgent: true,
             creating_for: vec![secs(elapsed)],
@@ -1558,13 +1564,7 @@ mod tests {
         // with or without an outlier on its way since `old` seconds before.
         let waits = |old: Option<f64>| {
             let t0 = Instant::now();
-            let mut s = Scheduler::new(config(10.0), t0);
-            for _ in 0..ENOUGH_TO_LEARN {
-                s.learn(finish(2.0, 3.5));
-                s.learn(finish(28.5, 30.0));
-            }
-            s.wake("lb", true, t0);
-            s.next(t0).unwrap();
+            let mut s = learned_two_windows(t0);
             let (mut now, mut waits) = (t0, Vec::new());
             for _ in 0..6 {
                 let age = (now - t0).as_secs_f64();
