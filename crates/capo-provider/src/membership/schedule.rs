@@ -25,8 +25,8 @@
 //!   backing off waits for evidence instead of assuming it. A member already flagged stuck is
 //!   exempt: its verdict is said, and a recovery is seen within the slow pace. So is one on
 //!   its way longer than `unwatched_for` (3 min): that late, it is an anomaly, most often
-//!   stuck, and watching it every few seconds until its stuck deadline would cost a stuck
-//!   member about a hundred looks.
+//!   stuck, and watching it every 4 s from 3 min to its 10-minute stuck deadline would cost
+//!   up to a hundred looks.
 //! - Where the cloud lets us list load balancers, one list ([`Target::List`], a request per
 //!   1,000 LBs) watches every LB its identity sees: a settled LB gets a status tree only when
 //!   its row (statuses, `updated_at`) changed since the last list, and otherwise a safety-net
@@ -1592,10 +1592,16 @@ mod tests {
     #[test]
     fn a_member_past_every_finish_backs_off_only_as_far_as_others_were_watched() {
         let t0 = Instant::now();
-        let mut s = Scheduler::new(config(10.0), t0);
-        for _ in 0..ENOUGH_TO_LEARN {
-            s.learn(finish(2.0, 3.5));
-        }
+        // A scheduler that learnt finishes at 2-3.5 s, its LB "a" woken at `t0`.
+        let learned = || {
+            let mut s = Scheduler::new(config(10.0), t0);
+            for _ in 0..ENOUGH_TO_LEARN {
+                s.learn(finish(2.0, 3.5));
+            }
+            s.wake("a", true, t0);
+            s
+        };
+        let mut s = learned();
         let creating = |elapsed: f64, stuck: bool| PollOutcome {
             urgent: true,
             creating_for: vec![secs(elapsed)],
@@ -1616,7 +1622,6 @@ mod tests {
             }
             waits
         };
-        s.wake("a", true, t0);
         // Past every finish seen, and no member ever watched this long: polls stay within
         // `unwatched_max` while it is younger than `unwatched_for`.
         let waits = walk(&mut s, t0, 12, false);
@@ -1631,19 +1636,11 @@ mod tests {
         let waits = walk(&mut s, t0, 4, false);
         assert!(waits.iter().any(|w| *w > 4.0), "{waits:?}");
         // Flagged stuck, it backs off with no evidence needed.
-        let mut lone = Scheduler::new(config(10.0), t0);
-        for _ in 0..ENOUGH_TO_LEARN {
-            lone.learn(finish(2.0, 3.5));
-        }
-        lone.wake("a", true, t0);
+        let mut lone = learned();
         let waits = walk(&mut lone, t0, 12, true);
         assert!(waits.iter().any(|w| *w > 4.0), "{waits:?}");
         // Older than `unwatched_for`, it backs off to the slow pace with no evidence either.
-        let mut late = Scheduler::new(config(10.0), t0);
-        for _ in 0..ENOUGH_TO_LEARN {
-            late.learn(finish(2.0, 3.5));
-        }
-        late.wake("a", true, t0);
+        let mut late = learned();
         let (mut now, mut polls) = (t0, Vec::new());
         while polls.len() < 40 {
             let age = 150.0 + (now - t0).as_secs_f64();
