@@ -1,8 +1,9 @@
 //! Objects kept packed in the shared stores. A stored object keeps, decoded, only what
 //! kube-runtime and the wake-up mappers read of it: its name, namespace, resourceVersion,
-//! generation, deletion and owners; its uid as a digest (kube-runtime copies a `meta()`'s uid
-//! into every store key and every queued reconcile); and its labels and annotations, which
-//! are interned, so that the thousands of objects of one cluster share one copy of each set.
+//! generation and deletion; its owners as the kind, name and uid digest the mappers follow; its
+//! uid as a digest (kube-runtime copies a `meta()`'s uid into every store key and every queued
+//! reconcile); and its labels and annotations, which are interned, so that the thousands of
+//! objects of one cluster share one copy of each set.
 //! The whole object is kept as JSON deflated against another object of its kind
 //! (`dictionary.rs`) and decoded when a reconciler reads it. An
 //! OpenStackServer decoded takes about 6 KB of heap; packed, a fraction of that
@@ -17,7 +18,7 @@ use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
@@ -35,10 +36,11 @@ pub trait Packable: Resource + Serialize + DeserializeOwned + 'static {
 /// An object of kind `K`, packed: its identity and interned tags, and the whole of it
 /// deflated (or why it does not decode).
 pub struct Packed<K> {
-    /// Name, namespace, resourceVersion, generation, deletion and owners: labels and
-    /// annotations are in `tags`, the uid in `identity`, the rest in `body`.
+    /// Name, namespace, resourceVersion, generation and deletion: labels and annotations are
+    /// in `tags`, the owners in `owners`, the uid in `identity`, the rest in `body`.
     metadata: ObjectMeta,
     tags: Arc<Tags>,
+    owners: Box<[StoredOwner]>,
     /// See [`identity_of`].
     identity: u64,
     body: Result<Deflated, Arc<str>>,
@@ -50,6 +52,68 @@ pub struct Packed<K> {
 struct Tags {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
+}
+
+/// An owner reference as a packed object keeps it: the kind and name the mappers follow, and
+/// the owner's uid as a digest. The four strings of an `OwnerReference` took about 270 bytes
+/// an object; most objects have one owner, and no two the same (docs/memory.md).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StoredOwner {
+    kind: Cow<'static, str>,
+    name: Box<str>,
+    uid: u64,
+}
+
+/// The kinds that own the objects this provider watches, kept without an allocation each.
+const OWNER_KINDS: &[&str] = &[
+    "Cluster",
+    "Machine",
+    "MachineSet",
+    "MachinePool",
+    "KubeadmControlPlane",
+    "OpenStackCluster",
+    "OpenStackMachine",
+    "OpenStackServer",
+    "OpenStackFloatingIPPool",
+];
+
+impl StoredOwner {
+    fn of(reference: &OwnerReference) -> Self {
+        let kind = OWNER_KINDS
+            .iter()
+            .find(|kind| **kind == reference.kind)
+            .map_or_else(|| Cow::Owned(reference.kind.clone()), |kind| Cow::Borrowed(*kind));
+        let mut hasher = DefaultHasher::new();
+        reference.uid.hash(&mut hasher);
+        StoredOwner {
+            kind,
+            name: reference.name.as_str().into(),
+            uid: hasher.finish(),
+        }
+    }
+
+    /// The owner's kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The owner's name (in the owned object's namespace).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A digest of the owner's uid: a new owner of the same name is another one.
+    pub fn uid(&self) -> u64 {
+        self.uid
+    }
+}
+
+fn owners_of(meta: &ObjectMeta) -> Box<[StoredOwner]> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .map(StoredOwner::of)
+        .collect()
 }
 
 /// Where stored objects find their tags: each distinct set once.
@@ -106,6 +170,7 @@ impl<K> Clone for Packed<K> {
         Packed {
             metadata: self.metadata.clone(),
             tags: self.tags.clone(),
+            owners: self.owners.clone(),
             identity: self.identity,
             body: self.body.clone(),
             kind: PhantomData,
@@ -136,8 +201,9 @@ pub fn strip_metadata(meta: &mut ObjectMeta) {
 /// The annotation `kubectl apply` keeps its last input in.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// `meta` split into the identity a packed object keeps decoded and its interned tags.
-fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
+/// `meta` split into the identity a packed object keeps decoded, its interned tags and its
+/// owners.
+fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>, Box<[StoredOwner]>) {
     let kept = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
@@ -147,14 +213,13 @@ fn split(meta: &ObjectMeta) -> (ObjectMeta, Arc<Tags>) {
         resource_version: meta.resource_version.clone(),
         generation: meta.generation,
         deletion_timestamp: meta.deletion_timestamp.clone(),
-        owner_references: meta.owner_references.clone(),
         ..ObjectMeta::default()
     };
     let tags = Tags {
         labels: meta.labels.clone().unwrap_or_default(),
         annotations: meta.annotations.clone().unwrap_or_default(),
     };
-    (kept, intern(tags))
+    (kept, intern(tags), owners_of(meta))
 }
 
 impl<K: Packable> Packed<K> {
@@ -162,7 +227,7 @@ impl<K: Packable> Packed<K> {
     pub fn pack(mut object: K) -> Self {
         strip_metadata(object.meta_mut());
         object.trim();
-        let (metadata, tags) = split(object.meta());
+        let (metadata, tags, owners) = split(object.meta());
         let identity = identity_of(object.meta());
         let body = serde_json::to_vec(&object)
             .map_err(std::io::Error::from)
@@ -171,6 +236,7 @@ impl<K: Packable> Packed<K> {
         Packed {
             metadata,
             tags,
+            owners,
             identity,
             body,
             kind: PhantomData,
@@ -181,12 +247,14 @@ impl<K: Packable> Packed<K> {
     /// the error a reconcile reports).
     fn invalid(mut invalid: InvalidObject) -> Self {
         strip_metadata(&mut invalid.metadata);
-        let (mut metadata, tags) = split(&invalid.metadata);
+        let (mut metadata, tags, owners) = split(&invalid.metadata);
         metadata.uid = invalid.metadata.uid;
+        metadata.owner_references = invalid.metadata.owner_references;
         let identity = identity_of(&metadata);
         Packed {
             metadata,
             tags,
+            owners,
             identity,
             body: Err(Arc::from(invalid.error)),
             kind: PhantomData,
@@ -246,11 +314,11 @@ impl<'de, K: Packable> Deserialize<'de> for Packed<K> {
     }
 }
 
-/// What a store's readers read of an object beside `meta()`'s name, namespace, generation,
-/// deletion and owners: its tags (in its metadata, or interned beside a packed object's) and
+/// What a store's readers read of an object beside `meta()`'s name, namespace, generation and
+/// deletion: its tags (in its metadata, or interned beside a packed object's), its owners, and
 /// digests of its identity (a packed object keeps no more of its uid) and resourceVersion.
-/// Mappers and filters read stored objects through this, so that a packed object's tags are
-/// not read as empty nor its recreation missed.
+/// Mappers and filters read stored objects through this, so that a packed object's tags and
+/// owners are not read as empty nor its recreation missed.
 pub trait StoredMeta: Resource {
     /// The object's labels.
     fn stored_labels(&self) -> &BTreeMap<String, String> {
@@ -259,6 +327,10 @@ pub trait StoredMeta: Resource {
     /// The object's annotations.
     fn stored_annotations(&self) -> &BTreeMap<String, String> {
         self.meta().annotations.as_ref().unwrap_or(&NO_TAGS)
+    }
+    /// The objects that own it.
+    fn stored_owners(&self) -> Cow<'_, [StoredOwner]> {
+        Cow::Owned(owners_of(self.meta()).into_vec())
     }
     /// Which object this is (see [`identity_of`]).
     fn stored_identity(&self) -> u64 {
@@ -281,6 +353,10 @@ impl<K: Resource> StoredMeta for Packed<K> {
         self.annotations()
     }
 
+    fn stored_owners(&self) -> Cow<'_, [StoredOwner]> {
+        Cow::Borrowed(&self.owners)
+    }
+
     fn stored_identity(&self) -> u64 {
         self.identity
     }
@@ -289,6 +365,7 @@ impl<K: Resource> StoredMeta for Packed<K> {
 /// Objects kept decoded: all of it is in their metadata.
 impl<K: Resource> StoredMeta for DeserializeGuard<K> {}
 impl StoredMeta for capo_api::capi::Cluster {}
+impl StoredMeta for capo_api::ipam::IPAddressClaim {}
 
 impl<K: Resource> Resource for Packed<K> {
     type DynamicType = K::DynamicType;
@@ -414,6 +491,46 @@ mod tests {
         let decoded = DeserializeGuard(Ok(config_map("a", "one")));
         assert_eq!(decoded.stored_identity(), a.stored_identity());
         assert_eq!(decoded.stored_version(), a.stored_version());
+    }
+
+    #[test]
+    fn owners_are_kept_compact_and_read_as_the_decoded_object_reads_them() {
+        let owner = |kind: &str, name: &str, uid: &str| OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let mut object = config_map("a", "one");
+        object.metadata.owner_references = Some(vec![
+            owner("Machine", "m-1", "uid-m"),
+            owner("Widget", "w", "uid-w"),
+        ]);
+        let packed = Packed::pack(object.clone());
+        let decoded = DeserializeGuard(Ok(object.clone()));
+
+        let owners = packed.stored_owners();
+        assert_eq!(owners, decoded.stored_owners());
+        assert_eq!((owners[0].kind(), owners[0].name()), ("Machine", "m-1"));
+        assert_eq!((owners[1].kind(), owners[1].name()), ("Widget", "w"));
+        assert!(matches!(packed.owners[0].kind, Cow::Borrowed(_)));
+        // Kept decoded: none (readers go through `StoredMeta`); unpacked: all of each.
+        assert_eq!(packed.meta().owner_references, None);
+        assert_eq!(
+            packed.unpack().unwrap().metadata.owner_references,
+            object.metadata.owner_references
+        );
+
+        let mut adopted = object.clone();
+        adopted.metadata.owner_references = Some(vec![owner("Machine", "m-1", "uid-m-again")]);
+        let adopted = Packed::pack(adopted);
+        assert_ne!(
+            adopted.stored_owners()[0].uid(),
+            owners[0].uid(),
+            "a new owner of the same name is another one"
+        );
     }
 
     #[test]

@@ -170,12 +170,8 @@ fn reconcile_worthy<K: Resource + StoredMeta>(object: &K) -> Option<u64> {
     let meta = object.meta();
     let mut hasher = DefaultHasher::new();
     // An owner appearing matters: an OpenStackMachine waits for its Machine.
-    let owners: Vec<(&str, &str)> = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .map(|o| (o.kind.as_str(), o.uid.as_str()))
-        .collect();
+    let owners = object.stored_owners();
+    let owners: Vec<(&str, u64)> = owners.iter().map(|o| (o.kind(), o.uid())).collect();
     (
         meta.generation,
         object.stored_labels(),
@@ -988,17 +984,17 @@ async fn until_stopped<K: Resource + Clone>(
 }
 
 /// The objects of `K` (of kind `kind`) that own `object`, in its namespace.
-fn owned_by<K>(object: &impl Resource, kind: &str) -> Vec<ObjectRef<K>>
+fn owned_by<K>(object: &impl StoredMeta, kind: &str) -> Vec<ObjectRef<K>>
 where
     K: Resource<DynamicType = ()>,
 {
     let namespace = object.meta().namespace.clone();
     object
-        .owner_references()
+        .stored_owners()
         .iter()
-        .filter(|o| o.kind == kind)
+        .filter(|o| o.kind() == kind)
         .map(|o| {
-            let mut owner = ObjectRef::<K>::new(&o.name);
+            let mut owner = ObjectRef::<K>::new(o.name());
             owner.namespace.clone_from(&namespace);
             owner
         })
