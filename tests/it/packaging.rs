@@ -61,8 +61,6 @@ fn the_checked_in_manifests_are_what_capo_rs_manifests_writes() {
     }
 }
 
-/// clusterctl's `${VAR:=default}` replaced by its default, as `clusterctl init` does with
-/// nothing set.
 /// The allocator settings the Dockerfile's runtime stage sets (`ENV GLIBC_TUNABLES=...`).
 fn tunables_in(text: &str, prefix: &str) -> Option<String> {
     text.lines()
@@ -74,6 +72,27 @@ fn tunables_in(text: &str, prefix: &str) -> Option<String> {
                 .to_owned()
         })
         .next()
+}
+
+/// The `RUSTFLAGS="..."` a build script line sets.
+fn rustflags_in(text: &str) -> Option<&str> {
+    let (_, rest) = text.split_once("RUSTFLAGS=\"")?;
+    rest.split_once('"').map(|(flags, _)| flags)
+}
+
+#[test]
+fn the_binary_ci_checks_is_built_as_the_dockerfile_builds_it() {
+    let read = |path: &str| std::fs::read_to_string(repo().join(path)).unwrap();
+    let dockerfile = read("Dockerfile");
+    let ci = read(".ci/image");
+    let flags = rustflags_in(&dockerfile).expect("the Dockerfile sets RUSTFLAGS");
+    assert_eq!(Some(flags), rustflags_in(&ci), ".ci/image's RUSTFLAGS");
+    // Static, and not position-independent: a static PIE keeps its relocated tables resident.
+    assert!(flags.contains("+crt-static"), "{flags}");
+    assert!(flags.contains("relocation-model=static"), "{flags}");
+    let build = "cargo build --profile image --locked --no-default-features -p capo-rs";
+    assert!(dockerfile.contains(build));
+    assert!(ci.contains(&build.replace("cargo build", "cargo build --quiet")));
 }
 
 #[test]
@@ -101,6 +120,8 @@ fn the_image_ci_assembles_has_the_dockerfiles_allocator_settings() {
     );
 }
 
+/// clusterctl's `${VAR:=default}` replaced by its default, as `clusterctl init` does with
+/// nothing set.
 fn with_defaults(text: &str) -> String {
     let variable = regex::Regex::new(r"\$\{[A-Z0-9_]+:=([^}]*)\}").unwrap();
     variable.replace_all(text, "$1").into_owned()

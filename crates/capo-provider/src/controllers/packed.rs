@@ -82,7 +82,10 @@ impl StoredOwner {
         let kind = OWNER_KINDS
             .iter()
             .find(|kind| **kind == reference.kind)
-            .map_or_else(|| Cow::Owned(reference.kind.clone()), |kind| Cow::Borrowed(*kind));
+            .map_or_else(
+                || Cow::Owned(reference.kind.clone()),
+                |kind| Cow::Borrowed(*kind),
+            );
         let mut hasher = DefaultHasher::new();
         reference.uid.hash(&mut hasher);
         StoredOwner {
