@@ -86,12 +86,10 @@ impl StoredOwner {
                 || Cow::Owned(reference.kind.clone()),
                 |kind| Cow::Borrowed(*kind),
             );
-        let mut hasher = DefaultHasher::new();
-        reference.uid.hash(&mut hasher);
         StoredOwner {
             kind,
             name: reference.name.as_str().into(),
-            uid: hasher.finish(),
+            uid: digest(&reference.uid),
         }
     }
 
@@ -156,16 +154,18 @@ fn intern(tags: Tags) -> Arc<Tags> {
 /// object per subscriber. Two objects sharing a 64-bit digest would share an entry; the odds
 /// are nil at any number of objects a controller watches.
 pub fn identity_of(meta: &ObjectMeta) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    (&meta.namespace, &meta.name, &meta.uid).hash(&mut hasher);
-    hasher.finish()
+    digest(&(&meta.namespace, &meta.name, &meta.uid))
 }
 
 /// A digest of `meta`'s resourceVersion: it differs when the object changed.
 pub fn version_of(meta: &ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_ref().map(digest)
+}
+
+fn digest(value: &impl Hash) -> u64 {
     let mut hasher = DefaultHasher::new();
-    meta.resource_version.as_ref()?.hash(&mut hasher);
-    Some(hasher.finish())
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl<K> Clone for Packed<K> {

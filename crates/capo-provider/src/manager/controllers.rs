@@ -169,15 +169,13 @@ impl Queue {
 fn reconcile_worthy<K: Resource + StoredMeta>(object: &K) -> Option<u64> {
     let meta = object.meta();
     let mut hasher = DefaultHasher::new();
-    // An owner appearing matters: an OpenStackMachine waits for its Machine.
-    let owners = object.stored_owners();
-    let owners: Vec<(&str, u64)> = owners.iter().map(|o| (o.kind(), o.uid())).collect();
     (
         meta.generation,
         object.stored_labels(),
         object.stored_annotations(),
         meta.deletion_timestamp.is_some(),
-        owners,
+        // An owner appearing matters: an OpenStackMachine waits for its Machine.
+        object.stored_owners(),
     )
         .hash(&mut hasher);
     Some(hasher.finish())
